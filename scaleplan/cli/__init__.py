@@ -1,0 +1,79 @@
+"""The ``scaleplan`` command line: a typer app; each subcommand lives in its own module.
+
+The planner commands (estimate, layouts, search, law) never import torch, so they start fast.
+"""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from scaleplan.cli import _common
+from scaleplan.cli._common import STATE, stderr
+from scaleplan.errors import ScaleplanError
+from sqlalchemy.exc import DBAPIError
+
+from scaleplan.db.session import mask_url, resolve_url
+
+app = typer.Typer(name="scaleplan", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Plan sparse-MoE architecture, tokens and parallel layout for your cluster (MOSAIC).")
+
+
+@app.callback()
+def _globals(
+    db: str = typer.Option(None, "--db", help="Database URL or SQLite file (default: $SCALEPLAN_DB or user data dir)."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
+) -> None:
+    STATE.db, STATE.json, STATE.debug = db, json_out, debug
+
+
+def _register() -> None:
+    from scaleplan.cli import bench, calibrate, db, estimate, law, search, validate
+
+    app.add_typer(db.app, name="db", help="Create, migrate and inspect the calibration database; import tables.")
+    app.add_typer(bench.app, name="bench", help="Measure kernels and collectives into the database.")
+    app.command("estimate", help="Predict t_iter, MFU and memory of a spec under given layouts.")(estimate.estimate)
+    app.command("layouts", help="Rank the feasible execution plans of a spec on N devices.")(estimate.layouts)
+    app.add_typer(calibrate.app, name="calibrate", help="Fit chi_sys and the dispatch law from observed runs; report accuracy.")
+    app.add_typer(law.app, name="law", help="Evaluate, fit and optimise the joint MoE scaling law.")
+    app.command("search", help="MOSAIC: the loss-optimal MoE geometry, tokens and layout for a cluster and window.")(
+        search.search)
+    app.command("validate", help="Run real training steps of a spec and compare with the prediction.")(
+        validate.validate)
+
+
+_register()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the app; user errors become one line on stderr and exit status 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except ScaleplanError as e:
+        if STATE.debug:
+            raise
+        stderr.print(f"[red]error:[/red] {e}", highlight=False, markup=True)
+        sys.exit(e.exit_code)
+    except DBAPIError as e:
+        if STATE.debug:
+            raise
+        first = str(e.orig).strip().splitlines()[0] if e.orig else str(e).splitlines()[0]
+        stderr.print(f"[red]error:[/red] database {mask_url(resolve_url(STATE.url_in_use or STATE.db))}: {first}", highlight=False)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        stderr.print("interrupted")
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as e:  # click usage errors and aborts
+        import click
+
+        if isinstance(e, click.exceptions.Exit):
+            sys.exit(e.exit_code)
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(2)
+        if isinstance(e, click.exceptions.Abort):
+            sys.exit(130)
+        raise

@@ -1,0 +1,60 @@
+"""scaleplan's own recorded tables: CSV files, one per measurement table, exported from a bench run.
+
+Format: ``<suite>.csv`` with the measurement table's key and value columns plus the provenance
+columns ``profile``, ``host``, ``gpu_name``, ``gpu_uuid``, ``driver_version``, ``cuda_version``,
+``torch_version`` and ``run_started_at``. Written by ``scaleplan bench export``, read by
+``scaleplan db import-recorded``.
+"""
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from scaleplan.db import models as m
+from scaleplan.db.importers import ImportResult, insert_points
+from scaleplan.errors import ScaleplanError
+
+PROVENANCE = ("profile", "host", "gpu_name", "gpu_uuid", "driver_version", "cuda_version", "torch_version",
+              "run_started_at")
+
+
+def default_recorded_dir() -> Path:
+    return Path(str(resources.files("scaleplan.cluster_profiles"))) / "recorded"
+
+
+def import_recorded_dir(sess: Session, directory: str | Path) -> list[ImportResult]:
+    """Import every ``<suite>.csv`` in ``directory`` (idempotent). Raises ScaleplanError if none."""
+    d = Path(directory)
+    files = sorted(d.glob("*.csv")) if d.is_dir() else []
+    results = []
+    for p in files:
+        suite = p.stem.split(".")[0]
+        table = m.MEASUREMENT_TABLES.get(suite)
+        if table is None:
+            continue
+        df = pd.read_csv(p)
+        cols = {c.key for c in table.__table__.columns} - {"id", "run_id", "created_at"}
+        run_ids = []
+        inserted = 0
+        for prof, g in df.groupby("profile"):
+            key = f"scaleplan-recorded/{p.name}#{prof}"
+            run = sess.scalar(select(m.BenchRun).where(m.BenchRun.source_file == key, m.BenchRun.suite == suite))
+            if run is None:
+                first = g.iloc[0]
+                run = m.BenchRun(suite=suite, profile=str(prof), source="imported", source_file=key,
+                                 status="imported", **{c: (None if pd.isna(first.get(c)) else str(first.get(c)))
+                                                       for c in PROVENANCE[1:-1] if c in g.columns})
+                sess.add(run)
+                sess.flush()
+            run_ids.append(run.id)
+            rows = [{k: (None if pd.isna(v) else v) for k, v in r.items() if k in cols} | {"run_id": run.id}
+                    for r in g.to_dict("records")]
+            inserted += insert_points(sess, table, rows)
+        results.append(ImportResult(p.name, suite, len(df), len(df), inserted, run_ids))
+    if not results:
+        raise ScaleplanError(f"DIR: no recorded <suite>.csv tables in {str(directory)!r}")
+    return results

@@ -1,0 +1,173 @@
+"""Database connection: URL resolution, engines, sessions, migrations.
+
+Default: an SQLite file (``SCALEPLAN_DB`` env var, else ``<user data dir>/scaleplan/scaleplan.db``)
+in WAL mode with a busy timeout, so several writers on one node do not fail. Teams pass
+``postgresql+psycopg://user:pass@host/db`` (``--db`` or the env var) and get the same schema.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from importlib import resources
+from pathlib import Path
+from typing import TypeVar
+
+from sqlalchemy import create_engine, event, inspect
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from scaleplan.errors import ScaleplanError, SpecError
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+T = TypeVar("T")
+
+
+def default_url() -> str:
+    """``SCALEPLAN_DB`` if set (a URL or a file path), else an SQLite file in the user data dir."""
+    env = os.environ.get("SCALEPLAN_DB")
+    if env:
+        return env if "://" in env else f"sqlite:///{Path(env).expanduser().resolve()}"
+    from platformdirs import user_data_dir
+
+    d = Path(user_data_dir("scaleplan", appauthor=False))
+    d.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{d / 'scaleplan.db'}"
+
+
+def resolve_url(url: str | None) -> str:
+    """Normalise a ``--db`` value (URL or file path; None means the default). Raises SpecError."""
+    if not url:
+        return default_url()
+    if "://" not in url:
+        return f"sqlite:///{Path(url).expanduser().resolve()}"
+    try:
+        make_url(url)
+    except ArgumentError:
+        raise SpecError("--db", mask_url(url), "an SQLAlchemy URL such as sqlite:///file.db or "
+                        "postgresql+psycopg://user@host/db") from None
+    return url
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ***, safe to print or log."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<unparseable database URL>"
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()
+
+
+@functools.lru_cache(maxsize=16)
+def get_engine(url: str | None = None) -> Engine:
+    """A (cached) engine for ``url``. SQLite files get WAL, busy timeout and foreign keys."""
+    url = resolve_url(url)
+    if url.startswith("sqlite"):
+        path = make_url(url).database
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        eng = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+        event.listen(eng, "connect", _sqlite_pragmas)
+    else:
+        eng = create_engine(url, pool_pre_ping=True)
+    return eng
+
+
+@contextlib.contextmanager
+def session_scope(url: str | None = None) -> Iterator[Session]:
+    """A transaction: commit on success, roll back on any exception."""
+    sess = sessionmaker(get_engine(url), expire_on_commit=False)()
+    try:
+        yield sess
+        sess.commit()
+    except BaseException:
+        sess.rollback()
+        raise
+    finally:
+        sess.close()
+
+
+def with_retry(fn: Callable[[], T], attempts: int = 8, base_delay_s: float = 0.05) -> T:
+    """Run ``fn`` retrying transient lock/serialization errors with jittered exponential backoff.
+
+    SQLite's busy timeout handles most contention; this covers the rest (a writer that begins a
+    transaction before another commits, PostgreSQL serialization failures).
+    """
+    for i in range(attempts):
+        try:
+            return fn()
+        except OperationalError as e:
+            msg = str(e.orig).lower() if e.orig else str(e).lower()
+            transient = "locked" in msg or "busy" in msg or "serializ" in msg or "deadlock" in msg
+            if not transient or i == attempts - 1:
+                raise
+            time.sleep(base_delay_s * (2**i) * (0.5 + random.random()))
+    raise AssertionError("unreachable")
+
+
+# --- migrations --------------------------------------------------------------------------------
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(resources.files("scaleplan.db_migrations")))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg.attributes["engine"] = get_engine(url)
+    return cfg
+
+
+def upgrade(url: str | None = None, revision: str = "head") -> str:
+    """Apply migrations up to ``revision``; return the resulting revision id."""
+    from alembic import command
+
+    url = resolve_url(url)
+    command.upgrade(alembic_config(url), revision)
+    return current_revision(url) or "base"
+
+
+def downgrade(url: str | None = None, revision: str = "base") -> str:
+    from alembic import command
+
+    url = resolve_url(url)
+    command.downgrade(alembic_config(url), revision)
+    return current_revision(url) or "base"
+
+
+def current_revision(url: str | None = None) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with get_engine(resolve_url(url)).connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def ensure_schema(url: str | None = None) -> None:
+    """Upgrade to head if the database is not there yet (first use creates the schema)."""
+    url = resolve_url(url)
+    try:
+        if current_revision(url) != head_revision():
+            upgrade(url)
+    except OperationalError as e:
+        raise ScaleplanError(f"cannot open database {mask_url(url)}: {str(e.orig).splitlines()[0]}") from None
+
+
+def table_names(url: str | None = None) -> list[str]:
+    return sorted(inspect(get_engine(resolve_url(url))).get_table_names())

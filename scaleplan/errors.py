@@ -1,0 +1,41 @@
+"""Errors scaleplan raises on purpose.
+
+Every error a user can cause by bad input derives from :class:`ScaleplanError`; the CLI prints
+it as one line and exits with status 2 (no traceback unless ``--debug``).
+"""
+from __future__ import annotations
+
+
+class ScaleplanError(Exception):
+    """A user-facing error: bad input, missing data, or a refused operation (CLI exit status 2)."""
+
+    exit_code = 2
+
+
+class SpecError(ScaleplanError):
+    """A model spec, cluster profile, layout string or CSV field is invalid.
+
+    The message names the field path, the value given and what is allowed.
+    """
+
+    def __init__(self, field: str, value: object, allowed: str):
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}: got {value!r}; {allowed}")
+
+
+class OutOfRangeError(ScaleplanError):
+    """A measured-table lookup outside the measured range (never extrapolated silently).
+
+    Attributes name the table, the axis, the requested value and the measured ``[lo, hi]``.
+    """
+
+    def __init__(self, table: str, axis: str, value: float, lo: float, hi: float):
+        self.table, self.axis, self.value, self.lo, self.hi = table, axis, value, lo, hi
+        super().__init__(
+            f"table {table}: {axis}={value:g} is outside the measured range [{lo:g}, {hi:g}]; "
+            "measure it with `scaleplan bench` or pass --extrapolate clamp"
+        )
+
+
+class NotImplementedYet(ScaleplanError):
+    """A command that exists in the CLI but is not built yet (exit 2, never pretends)."""

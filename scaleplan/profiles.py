@@ -1,0 +1,94 @@
+"""Cluster profiles: one YAML per node type under ``cluster_profiles/`` (datasheet facts).
+
+Units: peak FLOP/s per GPU per precision lane (dense), bytes, bytes/s per GPU per direction.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import time
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from scaleplan.errors import SpecError
+
+
+class ClusterProfile(BaseModel):
+    """A node type. ``peak_flops[precision]`` is dense FLOP/s per GPU (C_peak uses bf16 by default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str
+    gpu_name: str
+    gpus_per_node: int = Field(gt=0)
+    peak_flops: dict[str, float]
+    hbm_bytes: float = Field(ge=0)
+    hbm_bandwidth: float = Field(gt=0)
+    scaleup_bandwidth: float = Field(ge=0)
+    scaleout_bandwidth: float = Field(ge=0)
+    measure_peak: bool = False
+
+    def peak(self, precision: str = "bf16") -> float:
+        """Peak dense FLOP/s per device for ``precision``; falls back to bf16, then fp32.
+
+        Raises SpecError when the profile has no lane for that precision.
+        """
+        for p in (precision, "bf16" if precision in ("fp16",) else precision):
+            if p in self.peak_flops:
+                return self.peak_flops[p]
+        raise SpecError("precision", precision, f"a lane of profile {self.name}: {sorted(self.peak_flops)}")
+
+
+def _profile_dir() -> Path:
+    return Path(str(resources.files("scaleplan.cluster_profiles")))
+
+
+def profile_names() -> list[str]:
+    """Names of the built-in profiles (file stems under cluster_profiles/)."""
+    return sorted(p.stem for p in _profile_dir().glob("*.yaml"))
+
+
+def measure_cpu_gemm_flops(n: int = 1024, reps: int = 5) -> float:
+    """Best fp32 GEMM throughput of this machine in FLOP/s (numpy BLAS, n x n x n, best of reps)."""
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+    a @ b  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def _ram_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8e9
+
+
+@functools.lru_cache(maxsize=None)
+def load_profile(name: str) -> ClusterProfile:
+    """Load a built-in profile by node type (or a path to a profile YAML).
+
+    Raises SpecError for an unknown name or an invalid file.
+    """
+    path = Path(name)
+    if not (path.suffix in (".yaml", ".yml") and path.exists()):
+        path = _profile_dir() / f"{name}.yaml"
+        if not path.exists():
+            raise SpecError("profile", name, f"one of {', '.join(profile_names())} or a profile YAML path")
+    data = yaml.safe_load(path.read_text())
+    try:
+        prof = ClusterProfile.model_validate(data)
+    except Exception as e:  # pydantic ValidationError -> one line
+        raise SpecError(f"profile {path.name}", "...", str(e).splitlines()[0]) from None
+    if prof.measure_peak:
+        flops = measure_cpu_gemm_flops()
+        lanes = {p: flops for p in ("fp32", "tf32", "bf16", "fp16")}
+        prof = prof.model_copy(update={"peak_flops": lanes, "hbm_bytes": prof.hbm_bytes or _ram_bytes()})
+    return prof

@@ -1,0 +1,246 @@
+"""Model specs (the paper's appendix "Performance Model Input/Outputs" format) and layouts.
+
+A spec is YAML with the blocks ``model`` (with ``model.moe``), ``search``, ``performance``,
+``optimizer``, ``data``, ``hardware`` and an optional ``parallelism`` block. Field names are the
+paper's listing (lst:perf-model-input). :func:`load_spec` validates and raises
+:class:`~scaleplan.errors.SpecError` naming the field path, value and what is allowed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from scaleplan.errors import SpecError
+
+PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "tf32", "fp32")
+OPTIMIZERS = ("adam", "adamw", "muon", "scion", "sgd")
+CKPT_MODES = ("none", "selective", "super-selective", "full")
+
+Precision = Literal["bf16", "fp16", "fp8", "fp4", "tf32", "fp32"]
+Optimizer = Literal["adam", "adamw", "muon", "scion", "sgd"]
+CkptMode = Literal["none", "selective", "super-selective", "full"]
+
+_Strict = ConfigDict(extra="forbid", frozen=True)
+
+
+class MoESpec(BaseModel):
+    """``model.moe``: routed experts E, top-K, expert width d_expert, shared expert, ETP."""
+
+    model_config = _Strict
+    n_experts: int = Field(gt=0)
+    experts_per_token: int = Field(gt=0)
+    capacity_factor: float = Field(default=1.0, gt=0)
+    expert_inter_sz: int = Field(gt=0)
+    shared_expert_inter_sz: int = Field(default=0, ge=0)
+    moe_frequency: int = Field(default=1, gt=0)
+    expert_tp_degree: int = Field(default=1, gt=0)
+    first_dense_layers: int = Field(default=1, ge=0)
+
+    @model_validator(mode="after")
+    def _k_le_e(self) -> "MoESpec":
+        if self.experts_per_token > self.n_experts:
+            raise ValueError(
+                f"experts_per_token={self.experts_per_token} must be <= n_experts={self.n_experts}"
+            )
+        return self
+
+
+class ModelBlock(BaseModel):
+    """``model``: the dense transformer geometry and precision."""
+
+    model_config = _Strict
+    n_layers: int = Field(gt=0)
+    hidden_sz: int = Field(gt=0)
+    inter_sz: int = Field(gt=0)
+    n_q_heads: int = Field(gt=0)
+    n_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    vocab_sz: int = Field(gt=0)
+    precision: Precision = "bf16"
+    sdpa_precision: Precision = "bf16"
+    glu: bool = True
+    rotary_embeds: bool = True
+    dropout: bool = False
+    tie_embeddings: bool = False
+    attn_gate: bool = True
+    moe: MoESpec | None = None
+
+    @model_validator(mode="after")
+    def _heads(self) -> "ModelBlock":
+        if self.n_q_heads * self.head_dim != self.hidden_sz:
+            raise ValueError(
+                f"n_q_heads*head_dim = {self.n_q_heads}*{self.head_dim} = "
+                f"{self.n_q_heads * self.head_dim} must equal hidden_sz={self.hidden_sz}"
+            )
+        if self.n_q_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_q_heads={self.n_q_heads}")
+        if self.moe is not None and self.moe.first_dense_layers > self.n_layers:
+            raise ValueError("moe.first_dense_layers must be <= n_layers")
+        return self
+
+
+class SearchBlock(BaseModel):
+    model_config = _Strict
+    num_devices: int | None = Field(default=None, gt=0)
+
+
+class PerformanceBlock(BaseModel):
+    model_config = _Strict
+    activation_checkpointing_type: CkptMode = "full"
+
+
+class OptimizerBlock(BaseModel):
+    model_config = _Strict
+    optimizer_type: Optimizer = "adamw"
+
+
+class DataBlock(BaseModel):
+    model_config = _Strict
+    gbs: int = Field(default=1024, gt=0)
+    seqlen: int = Field(default=2048, gt=0)
+    microbatch_sz: int = Field(default=1, gt=0)
+
+
+class HardwareBlock(BaseModel):
+    model_config = _Strict
+    node_type: str = "p6-b200.48xlarge"
+
+
+class Layout(BaseModel):
+    """An execution plan P_l = (TP, CP, PP, DP, EP, ETP, VPP, B_micro, A_ckpt).
+
+    ``dp`` may be left ``None`` and is then derived as N_dev / (tp*cp*pp) by the estimator.
+    EP repartitions DP (eq:mesh-moe): EP must divide DP.
+    """
+
+    model_config = _Strict
+    tp: int = Field(default=1, gt=0)
+    cp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int | None = Field(default=None, gt=0)
+    ep: int = Field(default=1, gt=0)
+    etp: int = Field(default=1, gt=0)
+    vpp: int = Field(default=1, gt=0)
+    mbs: int = Field(default=1, gt=0)
+    ckpt: CkptMode = "full"
+
+
+class ParallelismBlock(BaseModel):
+    model_config = _Strict
+    tp: int = Field(default=1, gt=0)
+    cp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    dp: int | None = Field(default=None, gt=0)
+    ep: int = Field(default=1, gt=0)
+    etp: int | None = Field(default=None, gt=0)
+    vpp: int = Field(default=1, gt=0)
+
+
+class Spec(BaseModel):
+    """A whole model spec (paper lst:perf-model-input plus an optional ``parallelism`` block)."""
+
+    model_config = _Strict
+    model: ModelBlock
+    search: SearchBlock = SearchBlock()
+    performance: PerformanceBlock = PerformanceBlock()
+    optimizer: OptimizerBlock = OptimizerBlock()
+    data: DataBlock = DataBlock()
+    hardware: HardwareBlock = HardwareBlock()
+    parallelism: ParallelismBlock | None = None
+
+    @model_validator(mode="after")
+    def _known_node(self) -> "Spec":
+        from scaleplan.profiles import profile_names
+
+        names = profile_names()
+        if self.hardware.node_type not in names:
+            raise ValueError(f"unknown node_type {self.hardware.node_type!r}; known: {', '.join(names)}")
+        return self
+
+    def default_layout(self) -> Layout:
+        """The layout the spec itself names (parallelism block, data.microbatch_sz, ckpt mode)."""
+        p = self.parallelism or ParallelismBlock()
+        etp = p.etp or (self.model.moe.expert_tp_degree if self.model.moe else 1)
+        return Layout(tp=p.tp, cp=p.cp, pp=p.pp, dp=p.dp, ep=p.ep, etp=etp, vpp=p.vpp,
+                      mbs=self.data.microbatch_sz, ckpt=self.performance.activation_checkpointing_type)
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(x) for x in loc) or "<spec>"
+
+
+def _first_error(err: ValidationError, data: Any) -> SpecError:
+    e = err.errors()[0]
+    loc = tuple(x for x in e["loc"] if x not in ("function-after",))
+    value: Any = e.get("input")
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "missing":
+        return SpecError(_field_path(loc), None, "this field is required")
+    if e["type"] == "extra_forbidden":
+        return SpecError(_field_path(loc), value, "unknown field (check the spelling against the paper's listing)")
+    if isinstance(value, dict):  # a model-level check: the message carries the values
+        return SpecError(_field_path(loc) or "<spec>", "...", msg)
+    return SpecError(_field_path(loc), value, msg)
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> Spec:
+    """Validate a spec given as a mapping. Raises SpecError (one line) on any bad field."""
+    if not isinstance(data, dict):
+        raise SpecError(source, type(data).__name__, "a spec must be a YAML mapping with a 'model' block")
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as err:
+        raise _first_error(err, data) from None
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Load and validate a model spec YAML file.
+
+    Raises:
+        SpecError: unreadable file, bad YAML, or an invalid field (message names the field path).
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise SpecError("spec", str(path), f"a readable YAML file ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise SpecError("spec", str(path), f"valid YAML (parse error{where})") from None
+    return parse_spec(data, source=str(path))
+
+
+_LAYOUT_KEYS = {"tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"}
+
+
+def parse_layout(text: str, base: Layout | None = None) -> Layout:
+    """Parse ``tp=1,cp=1,pp=2,ep=8,mbs=1,ckpt=full,vpp=1`` into a :class:`Layout`.
+
+    Keys not given keep the values of ``base`` (default: all ones, ckpt=full).
+    Raises SpecError naming the bad key or value.
+    """
+    values: dict[str, Any] = dict(base.model_dump()) if base else {}
+    for part in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, val = part.partition("=")
+        key = key.strip()
+        if not sep or key not in _LAYOUT_KEYS:
+            raise SpecError("--layout", part, f"key=value with key in {sorted(_LAYOUT_KEYS)}")
+        if key == "ckpt":
+            if val not in CKPT_MODES:
+                raise SpecError(f"--layout {key}", val, f"one of {', '.join(CKPT_MODES)}")
+            values[key] = val
+        else:
+            try:
+                n = int(val)
+            except ValueError:
+                raise SpecError(f"--layout {key}", val, "a positive integer") from None
+            if n <= 0:
+                raise SpecError(f"--layout {key}", val, "a positive integer")
+            values[key] = n
+    return Layout(**values)
