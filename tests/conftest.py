@@ -1,0 +1,82 @@
+"""Shared fixtures: the recorded tables from ../shared (read at test time, never copied) and databases."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("SCALEPLAN_SHARED", REPO.parent / "shared"))
+RECORDED = SHARED / "recorded" / "dmlc-scaleplan"
+VALIDATION = SHARED / "validation"
+
+
+@pytest.fixture(scope="session")
+def recorded_dir() -> Path:
+    if not RECORDED.is_dir():
+        pytest.skip(f"recorded tables not found at {RECORDED}")
+    return RECORDED
+
+
+@pytest.fixture(scope="session")
+def validation_dir() -> Path:
+    if not VALIDATION.is_dir():
+        pytest.skip(f"validation data not found at {VALIDATION}")
+    return VALIDATION
+
+
+@pytest.fixture(scope="session")
+def recorded_db(tmp_path_factory, recorded_dir) -> str:
+    """An SQLite URL with ../shared/recorded/dmlc-scaleplan imported (once per test session)."""
+    from scaleplan.db import session as dbs
+    from scaleplan.db.importers import import_scaleplan_dir
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('recorded') / 'recorded.db'}"
+    dbs.upgrade(url)
+    with dbs.session_scope(url) as s:
+        import_scaleplan_dir(s, recorded_dir)
+    return url
+
+
+@pytest.fixture()
+def sqlite_url(tmp_path) -> str:
+    """A fresh, migrated SQLite database."""
+    from scaleplan.db import session as dbs
+
+    url = f"sqlite:///{tmp_path / 'test.db'}"
+    dbs.upgrade(url)
+    return url
+
+
+def _pg_url() -> str | None:
+    url = os.environ.get("SCALEPLAN_TEST_PG_URL")
+    if not url:
+        return None
+    try:
+        from sqlalchemy import create_engine, text
+
+        with create_engine(url).connect() as c:
+            c.execute(text("select 1"))
+    except Exception:
+        return None
+    return url
+
+
+@pytest.fixture()
+def pg_url() -> str:
+    """A clean PostgreSQL database (schema dropped and re-created), or skip when no server is configured."""
+    url = _pg_url()
+    if url is None:
+        pytest.skip("no PostgreSQL server (set SCALEPLAN_TEST_PG_URL)")
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(url)
+    with eng.begin() as c:
+        c.execute(text("DROP SCHEMA public CASCADE"))
+        c.execute(text("CREATE SCHEMA public"))
+    eng.dispose()
+    from scaleplan.db import session as dbs
+
+    dbs.get_engine.cache_clear()
+    return url
