@@ -202,11 +202,10 @@ def insert_points(sess: Session, table: type[m.Base], rows: list[dict[str, Any]]
     ins = {"sqlite": sqlite.insert, "postgresql": postgresql.insert}.get(dialect)
     if ins is None:
         raise ScaleplanError(f"unsupported database dialect {dialect!r} (use SQLite or PostgreSQL)")
-    conn = sess.connection()
+    stmt = ins(table).on_conflict_do_nothing().returning(table.id)
     total = 0
-    for i in range(0, len(rows), 500):
-        res = conn.execute(ins(table).on_conflict_do_nothing(), rows[i:i + 500])
-        total += max(res.rowcount or 0, 0)
+    for i in range(0, len(rows), 500):  # RETURNING counts inserted rows on both dialects
+        total += len(sess.execute(stmt, rows[i:i + 500]).all())
     return total
 
 
