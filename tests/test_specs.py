@@ -1,0 +1,83 @@
+"""Spec validation: good specs load; each kind of mistake names its field path."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from scaleplan.errors import SpecError
+from scaleplan.specs import Layout, parse_layout, parse_spec
+
+GOOD = {
+    "model": {"n_layers": 48, "hidden_sz": 6144, "inter_sz": 15360, "n_q_heads": 48, "n_kv_heads": 8,
+              "head_dim": 128, "vocab_sz": 257536, "precision": "bf16",
+              "moe": {"n_experts": 128, "experts_per_token": 3, "expert_inter_sz": 3840}},
+    "search": {"num_devices": 512},
+    "performance": {"activation_checkpointing_type": "full"},
+    "optimizer": {"optimizer_type": "muon"},
+    "data": {"gbs": 8192, "seqlen": 8192, "microbatch_sz": 2},
+    "hardware": {"node_type": "p6-b200.48xlarge"},
+    "parallelism": {"tp": 1, "ep": 8, "pp": 16},
+}
+
+
+def with_change(path: str, value):
+    d = copy.deepcopy(GOOD)
+    *parents, leaf = path.split(".")
+    node = d
+    for p in parents:
+        node = node[p]
+    node[leaf] = value
+    return d
+
+
+def test_paper_listing_loads_and_gives_its_layout():
+    spec = parse_spec(GOOD)
+    lay = spec.default_layout()
+    assert (lay.tp, lay.ep, lay.pp, lay.mbs, lay.ckpt) == (1, 8, 16, 2, "full")
+    assert lay.dp is None  # derived later from the device count
+
+
+def test_validation_models_yaml_loads(validation_dir):
+    models = yaml.safe_load((validation_dir / "models.yaml").read_text())
+    for name, data in models.items():
+        spec = parse_spec(data)
+        assert spec.model.moe is not None, name
+
+
+@pytest.mark.parametrize("path,value,field,hint", [
+    ("model.head_dim", 64, "model", "must equal hidden_sz"),
+    ("model.n_kv_heads", 7, "model", "must divide n_q_heads"),
+    ("model.moe.experts_per_token", 129, "model.moe", "<= n_experts"),
+    ("model.n_layers", 0, "model.n_layers", "greater than 0"),
+    ("model.precision", "int3", "model.precision", "bf16"),
+    ("optimizer.optimizer_type", "adagrad", "optimizer.optimizer_type", "adamw"),
+    ("performance.activation_checkpointing_type", "partial", "performance.activation_checkpointing_type", "full"),
+    ("hardware.node_type", "dgx-9000", "<spec>", "unknown node_type"),
+    ("model.moe.n_experts", -4, "model.moe.n_experts", "greater than 0"),
+])
+def test_bad_field_is_named(path, value, field, hint):
+    with pytest.raises(SpecError) as ei:
+        parse_spec(with_change(path, value))
+    msg = str(ei.value)
+    assert msg.startswith(field), msg
+    assert hint in msg, msg
+    assert "\n" not in msg
+
+
+def test_unknown_field_and_missing_block():
+    with pytest.raises(SpecError, match=r"^model\.hidden_size: .*unknown field"):
+        parse_spec(with_change("model.hidden_size", 1))
+    with pytest.raises(SpecError, match=r"^model: .*required"):
+        parse_spec({"data": {"gbs": 8}})
+
+
+def test_parse_layout_keeps_base_and_rejects_bad_keys():
+    lay = parse_layout("tp=2,pp=4,ep=8,mbs=2,ckpt=selective", base=Layout(cp=2))
+    assert (lay.tp, lay.cp, lay.pp, lay.ep, lay.mbs, lay.ckpt) == (2, 2, 4, 8, 2, "selective")
+    for bad, field in [("tq=2", "--layout"), ("tp=0", "--layout tp"), ("tp=x", "--layout tp"),
+                       ("ckpt=some", "--layout ckpt"), ("pp", "--layout")]:
+        with pytest.raises(SpecError) as ei:
+            parse_layout(bad)
+        assert str(ei.value).startswith(field)
