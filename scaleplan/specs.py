@@ -26,6 +26,14 @@ CkptMode = Literal["none", "selective", "super-selective", "full"]
 _Strict = ConfigDict(extra="forbid", frozen=True)
 
 
+class _FieldCheck(ValueError):
+    """A cross-field check that fails: carries the (relative) field it blames, so the error names it."""
+
+    def __init__(self, field: str, value: Any, msg: str):
+        self.field, self.value = field, value
+        super().__init__(msg)
+
+
 class MoESpec(BaseModel):
     """``model.moe``: routed experts E, top-K, expert width d_expert, shared expert, ETP."""
 
@@ -42,9 +50,8 @@ class MoESpec(BaseModel):
     @model_validator(mode="after")
     def _k_le_e(self) -> "MoESpec":
         if self.experts_per_token > self.n_experts:
-            raise ValueError(
-                f"experts_per_token={self.experts_per_token} must be <= n_experts={self.n_experts}"
-            )
+            raise _FieldCheck("experts_per_token", self.experts_per_token,
+                              f"experts_per_token={self.experts_per_token} must be <= n_experts={self.n_experts}")
         return self
 
 
@@ -71,14 +78,15 @@ class ModelBlock(BaseModel):
     @model_validator(mode="after")
     def _heads(self) -> "ModelBlock":
         if self.n_q_heads * self.head_dim != self.hidden_sz:
-            raise ValueError(
-                f"n_q_heads*head_dim = {self.n_q_heads}*{self.head_dim} = "
-                f"{self.n_q_heads * self.head_dim} must equal hidden_sz={self.hidden_sz}"
-            )
+            raise _FieldCheck("head_dim", self.head_dim,
+                              f"n_q_heads*head_dim = {self.n_q_heads}*{self.head_dim} = "
+                              f"{self.n_q_heads * self.head_dim} must equal hidden_sz={self.hidden_sz}")
         if self.n_q_heads % self.n_kv_heads:
-            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_q_heads={self.n_q_heads}")
+            raise _FieldCheck("n_kv_heads", self.n_kv_heads,
+                              f"n_kv_heads={self.n_kv_heads} must divide n_q_heads={self.n_q_heads}")
         if self.moe is not None and self.moe.first_dense_layers > self.n_layers:
-            raise ValueError("moe.first_dense_layers must be <= n_layers")
+            raise _FieldCheck("moe.first_dense_layers", self.moe.first_dense_layers,
+                              f"moe.first_dense_layers must be <= n_layers={self.n_layers}")
         return self
 
 
@@ -157,7 +165,7 @@ class Spec(BaseModel):
 
         names = profile_names()
         if self.hardware.node_type not in names:
-            raise ValueError(f"unknown node_type {self.hardware.node_type!r}; known: {', '.join(names)}")
+            raise _FieldCheck("hardware.node_type", self.hardware.node_type, f"one of {', '.join(names)}")
         return self
 
     def default_layout(self) -> Layout:
@@ -177,6 +185,9 @@ def _first_error(err: ValidationError, data: Any) -> SpecError:
     loc = tuple(x for x in e["loc"] if x not in ("function-after",))
     value: Any = e.get("input")
     msg = e["msg"].removeprefix("Value error, ")
+    check = (e.get("ctx") or {}).get("error")
+    if isinstance(check, _FieldCheck):  # a cross-field check names the field it blames
+        return SpecError(_field_path((*loc, *check.field.split("."))), check.value, msg)
     if e["type"] == "missing":
         return SpecError(_field_path(loc), None, "this field is required")
     if e["type"] == "extra_forbidden":
@@ -207,6 +218,8 @@ def load_spec(path: str | Path) -> Spec:
         text = p.read_text()
     except OSError as e:
         raise SpecError("spec", str(path), f"a readable YAML file ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError("spec", str(path), "a UTF-8 text YAML file") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
