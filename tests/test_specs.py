@@ -47,14 +47,14 @@ def test_validation_models_yaml_loads(validation_dir):
 
 
 @pytest.mark.parametrize("path,value,field,hint", [
-    ("model.head_dim", 64, "model", "must equal hidden_sz"),
+    ("model.head_dim", 64, "model.head_dim", "must equal hidden_sz"),
     ("model.n_kv_heads", 7, "model", "must divide n_q_heads"),
     ("model.moe.experts_per_token", 129, "model.moe", "<= n_experts"),
     ("model.n_layers", 0, "model.n_layers", "greater than 0"),
     ("model.precision", "int3", "model.precision", "bf16"),
     ("optimizer.optimizer_type", "adagrad", "optimizer.optimizer_type", "adamw"),
     ("performance.activation_checkpointing_type", "partial", "performance.activation_checkpointing_type", "full"),
-    ("hardware.node_type", "dgx-9000", "<spec>", "unknown node_type"),
+    ("hardware.node_type", "dgx-9000", "hardware.node_type", "p6-b200.48xlarge"),
     ("model.moe.n_experts", -4, "model.moe.n_experts", "greater than 0"),
 ])
 def test_bad_field_is_named(path, value, field, hint):
