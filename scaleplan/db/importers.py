@@ -25,6 +25,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scaleplan.db import models as m
+from scaleplan.db.validation import validate_rows
 from scaleplan.errors import ScaleplanError
 
 MS = 1e-3
@@ -195,7 +196,9 @@ def insert_points(sess: Session, table: type[m.Base], rows: list[dict[str, Any]]
     """Insert rows, skipping any whose (run, key) already exists. Returns the number inserted.
 
     Uses the dialect's ON CONFLICT DO NOTHING, so it is idempotent and safe under concurrent writers.
+    Raises MeasurementError (nothing of the batch written) when a row is bad: see db/validation.py.
     """
+    rows = validate_rows(table, rows)
     if not rows:
         return 0
     dialect = sess.get_bind().dialect.name
