@@ -1,0 +1,340 @@
+"""Observed training runs: parse CSV/JSON rows into ObservedRun records and store them idempotently.
+
+An observation is one parallel layout of one model actually trained: the spec (JSON), the layout,
+the device count, global batch and sequence length, and what was measured: the step time
+(seconds), the MFU (a fraction, eq:mfu), or only the MFU normalised within its sweep (measured
+MFU divided by the sweep's largest; ratios only, section sec:perf-validation), plus peak memory
+(GB = 1e9 bytes) when known.
+
+CSV columns (header names; one row per run; the layout columns follow
+``shared/validation/mfu_sweeps.csv``):
+
+=====================  ========  =============================================================
+column                 required  meaning
+=====================  ========  =============================================================
+sweep                  no        sweep name (same model, devices, global batch); default: file stem
+model | spec           yes       a key of ``--specs`` (model) or a path to a spec YAML (spec)
+n_devices              yes       number of GPUs
+gbs, seqlen            yes       global batch (sequences), tokens per sequence
+tp, cp, pp, ep, dp     yes       the layout; tp*cp*pp*dp = n_devices, ep divides dp
+mbs                    yes       micro-batch size
+ckpt, vpp, etp         no        recompute mode (default: the spec's), VPP (1), ETP (the spec's)
+measured_t_iter_s      one of    measured seconds per optimizer step
+measured_mfu | mfu_pct   these   measured MFU as a fraction | in percent (real_mfu_pct_est too)
+mfu_norm               three     MFU / the sweep's maximum (real_mfu_norm too)
+peak_mem_gb            no        measured peak memory per device, GB
+reference_mfu(_pct)    no        a peer estimator's predicted MFU (reference_pred_mfu_pct too)
+=====================  ========  =============================================================
+
+A JSON file holding a list of such records (or ``{"runs": [...]}``, e.g. saved ``scaleplan
+validate --json`` results flattened to these keys) is accepted too. Runs that ``scaleplan
+validate`` performed are stored by it directly, with source 'validate'.
+
+Import is atomic: the first bad row raises :class:`SpecError` naming the row and column and
+nothing is written. Re-importing the same rows adds nothing (``dedup_key``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+from sqlalchemy import select
+
+from scaleplan.errors import ScaleplanError, SpecError
+from scaleplan.specs import CKPT_MODES, Layout, Spec, load_spec, parse_spec
+
+REQUIRED = ("n_devices", "gbs", "seqlen", "tp", "cp", "pp", "ep", "dp", "mbs")
+OPTIONAL_INT = ("vpp", "etp")
+# column aliases -> canonical name (mfu_sweeps.csv names on the left)
+ALIASES = {
+    "real_mfu_pct_est": "mfu_pct",
+    "real_mfu_norm": "mfu_norm",
+    "measured_mfu_norm": "mfu_norm",
+    "reference_pred_mfu_pct": "reference_mfu_pct",
+    "reference_pred_mfu_norm": "reference_mfu_norm",
+    "peak_mem": "peak_mem_gb",
+    "measured_peak_mem_gb": "peak_mem_gb",
+}
+
+
+@dataclass
+class Observation:
+    """One observed run, ready to store (field names follow the ObservedRun columns)."""
+
+    sweep: str
+    model_name: str | None
+    spec: dict[str, Any]
+    profile: str
+    n_devices: int
+    gbs: int
+    seqlen: int
+    layout: dict[str, Any]
+    measured_t_iter_s: float | None = None
+    measured_mfu: float | None = None
+    measured_mfu_norm: float | None = None
+    measured_peak_mem_gb: float | None = None
+    reference_mfu: float | None = None
+    source: str = "csv"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def dedup_key(self) -> str:
+        """sha256 over what the run *is* and what was measured (not where it was imported from)."""
+        ident = {k: getattr(self, k) for k in ("sweep", "spec", "profile", "n_devices", "gbs", "seqlen", "layout",
+                                               "measured_t_iter_s", "measured_mfu", "measured_mfu_norm",
+                                               "measured_peak_mem_gb")}
+        blob = json.dumps(ident, sort_keys=True, default=_round_float)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def to_row(self) -> dict[str, Any]:
+        lay = self.layout
+        return dict(dedup_key=self.dedup_key(), source=self.source, sweep=self.sweep, model_name=self.model_name,
+                    spec=self.spec, profile=self.profile, n_devices=self.n_devices, gbs=self.gbs,
+                    seqlen=self.seqlen, tp=lay["tp"], cp=lay["cp"], pp=lay["pp"], dp=lay["dp"], ep=lay["ep"],
+                    etp=lay["etp"], vpp=lay["vpp"], mbs=lay["mbs"], ckpt=lay["ckpt"],
+                    measured_t_iter_s=self.measured_t_iter_s, measured_mfu=self.measured_mfu,
+                    measured_mfu_norm=self.measured_mfu_norm, measured_peak_mem_gb=self.measured_peak_mem_gb,
+                    reference_mfu=self.reference_mfu, extra=self.extra or None)
+
+
+def _round_float(o: Any) -> Any:
+    return repr(o)
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+def read_table(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a CSV or JSON observations file as dicts (column names lower-cased, aliases resolved)."""
+    p = Path(path)
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(p.read_text())
+            records = data.get("runs", data) if isinstance(data, dict) else data
+            if not isinstance(records, list):
+                raise SpecError(str(p), type(records).__name__, "a JSON list of run records or {\"runs\": [...]}")
+            df = pd.DataFrame.from_records(records)
+        else:
+            df = pd.read_csv(p, skipinitialspace=True, comment=None)
+    except OSError as e:
+        raise SpecError("runs file", str(path), f"a readable CSV or JSON file ({e.strerror})") from None
+    except (ValueError, pd.errors.ParserError) as e:
+        raise SpecError("runs file", str(path), f"a valid CSV/JSON file ({str(e).splitlines()[0]})") from None
+    df.columns = [ALIASES.get(str(c).strip().lower(), str(c).strip().lower()) for c in df.columns]
+    return [{k: (None if _missing(v) else v) for k, v in rec.items()} for rec in df.to_dict("records")]
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
+
+
+def load_specs_file(path: str | Path | None) -> dict[str, Spec]:
+    """``models.yaml``: a mapping model key -> spec mapping (each validated). Raises SpecError."""
+    if path is None:
+        return {}
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except OSError as e:
+        raise SpecError("--specs", str(path), f"a readable YAML file ({e.strerror})") from None
+    except yaml.YAMLError:
+        raise SpecError("--specs", str(path), "valid YAML: a mapping of model name -> spec") from None
+    if not isinstance(data, dict):
+        raise SpecError("--specs", str(path), "a YAML mapping of model name -> spec")
+    out = {}
+    for key, body in data.items():
+        try:
+            out[str(key)] = parse_spec(body, source=f"{path}:{key}")
+        except SpecError as e:
+            raise SpecError(f"--specs {key}.{e.field}", e.value, e.allowed) from None
+    return out
+
+
+# --- converting rows -------------------------------------------------------------------------------
+
+class _Row:
+    """Typed access to one record with errors that name the row and column."""
+
+    def __init__(self, rec: dict[str, Any], where: str):
+        self.rec, self.where = rec, where
+
+    def err(self, col: str, value: Any, allowed: str) -> SpecError:
+        return SpecError(f"{self.where} column {col}", value, allowed)
+
+    def int_(self, col: str, default: int | None = None) -> int:
+        v = self.rec.get(col)
+        if v is None:
+            if default is None:
+                raise self.err(col, None, "this column is required")
+            return default
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise self.err(col, v, "a positive integer") from None
+        if not f.is_integer() or f <= 0:
+            raise self.err(col, v, "a positive integer")
+        return int(f)
+
+    def float_(self, col: str, lo: float = 0.0, hi: float = math.inf, unit: str = "") -> float | None:
+        v = self.rec.get(col)
+        if v is None:
+            return None
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise self.err(col, v, f"a number in ({lo:g}, {hi:g}]{unit}") from None
+        if not (lo < f <= hi):
+            raise self.err(col, v, f"a number in ({lo:g}, {hi:g}]{unit}")
+        return f
+
+
+def _resolve_spec(row: _Row, specs: dict[str, Spec], base_dir: Path, cache: dict[str, Spec]) -> tuple[Spec, str]:
+    rec = row.rec
+    if rec.get("spec") is not None:
+        sp = Path(str(rec["spec"]))
+        sp = sp if sp.is_absolute() else base_dir / sp
+        key = str(sp)
+        if key not in cache:
+            try:
+                cache[key] = load_spec(sp)
+            except SpecError as e:
+                raise row.err("spec", str(rec["spec"]), f"a valid spec YAML ({e})") from None
+        return cache[key], sp.stem
+    if rec.get("model") is not None:
+        name = str(rec["model"])
+        if name not in specs:
+            known = ", ".join(sorted(specs)) or "none (pass --specs models.yaml)"
+            raise row.err("model", name, f"a key of --specs; known: {known}")
+        return specs[name], name
+    raise row.err("model", None, "a 'model' (key of --specs) or 'spec' (YAML path) column is required")
+
+
+def row_to_observation(rec: dict[str, Any], where: str, specs: dict[str, Spec], base_dir: Path,
+                       default_sweep: str, profile: str | None, source: str,
+                       cache: dict[str, Spec] | None = None) -> Observation:
+    """Validate one record and build its :class:`Observation`. Raises SpecError naming row and column."""
+    row = _Row(rec, where)
+    spec, model_name = _resolve_spec(row, specs, base_dir, {} if cache is None else cache)
+    vals = {c: row.int_(c) for c in REQUIRED}
+    moe_etp = spec.model.moe.expert_tp_degree if spec.model.moe else 1
+    vpp, etp = row.int_("vpp", 1), row.int_("etp", moe_etp)
+    ckpt = str(rec.get("ckpt") or spec.performance.activation_checkpointing_type)
+    if ckpt not in CKPT_MODES:
+        raise row.err("ckpt", ckpt, f"one of {', '.join(CKPT_MODES)}")
+    prod = vals["tp"] * vals["cp"] * vals["pp"] * vals["dp"]
+    if prod != vals["n_devices"]:
+        raise row.err("dp", vals["dp"], f"tp*cp*pp*dp = {prod} must equal n_devices = {vals['n_devices']}")
+    if vals["dp"] % vals["ep"]:
+        raise row.err("ep", vals["ep"], f"a divisor of dp = {vals['dp']} (EP repartitions DP)")
+    if vals["gbs"] % (vals["dp"] * vals["mbs"]):
+        raise row.err("gbs", vals["gbs"], f"a multiple of dp*mbs = {vals['dp'] * vals['mbs']}")
+    t_iter = row.float_("measured_t_iter_s", unit=" seconds")
+    mfu = row.float_("measured_mfu", hi=1.0, unit=" (a fraction)")
+    pct = row.float_("mfu_pct", hi=100.0, unit=" (percent)")
+    if mfu is not None and pct is not None and not math.isclose(mfu, pct / 100, rel_tol=1e-6):
+        raise row.err("mfu_pct", pct, f"consistent with measured_mfu = {mfu} (or give only one)")
+    mfu = mfu if mfu is not None else (pct / 100 if pct is not None else None)
+    norm = row.float_("mfu_norm", hi=1.0 + 1e-9, unit=" (MFU / the sweep's max)")
+    if t_iter is None and mfu is None and norm is None:
+        raise row.err("measured_t_iter_s", None,
+                      "one of measured_t_iter_s, measured_mfu, mfu_pct or mfu_norm is required")
+    ref = row.float_("reference_mfu", hi=1.0)
+    ref_pct = row.float_("reference_mfu_pct", hi=100.0)
+    ref = ref if ref is not None else (ref_pct / 100 if ref_pct is not None else None)
+    extra = {}
+    ref_norm = row.float_("reference_mfu_norm", hi=10.0)
+    if ref_norm is not None:
+        extra["reference_mfu_norm"] = ref_norm
+    # the spec's data block carries this run's batch geometry, so the estimator sees the run itself
+    spec_d = spec.model_dump(mode="json")
+    spec_d["data"].update(gbs=vals["gbs"], seqlen=vals["seqlen"], microbatch_sz=vals["mbs"])
+    spec_d["performance"]["activation_checkpointing_type"] = ckpt
+    layout = Layout(tp=vals["tp"], cp=vals["cp"], pp=vals["pp"], dp=vals["dp"], ep=vals["ep"], etp=etp,
+                    vpp=vpp, mbs=vals["mbs"], ckpt=ckpt).model_dump()
+    return Observation(sweep=str(rec.get("sweep") or default_sweep), model_name=model_name, spec=spec_d,
+                       profile=profile or spec.hardware.node_type, n_devices=vals["n_devices"], gbs=vals["gbs"],
+                       seqlen=vals["seqlen"], layout=layout, measured_t_iter_s=t_iter, measured_mfu=mfu,
+                       measured_mfu_norm=norm, measured_peak_mem_gb=row.float_("peak_mem_gb", unit=" GB"),
+                       reference_mfu=ref, source=source, extra=extra)
+
+
+def parse_runs_file(path: str | Path, specs_path: str | Path | None = None, profile: str | None = None,
+                    source: str | None = None) -> list[Observation]:
+    """All observations of a CSV/JSON file; raises SpecError on the first bad row (nothing is kept)."""
+    p = Path(path)
+    specs = load_specs_file(specs_path)
+    if profile is not None:
+        from scaleplan.profiles import profile_names
+
+        if profile not in profile_names():
+            raise SpecError("--profile", profile, f"one of {', '.join(profile_names())}")
+    records = read_table(p)
+    if not records:
+        raise ScaleplanError(f"{p}: no rows")
+    cache: dict[str, Spec] = {}
+    return [row_to_observation(rec, f"{p.name}: row {i + 1}", specs, p.parent, p.stem, profile,
+                               source or f"csv:{p.name}", cache)
+            for i, rec in enumerate(records)]
+
+
+# --- storing ---------------------------------------------------------------------------------------
+
+def store_observations(sess, observations: list[Observation]) -> int:
+    """Insert observations not stored yet (by ``dedup_key``); returns the number inserted."""
+    from scaleplan.db import models as m
+    from scaleplan.db.importers import insert_points
+
+    rows, seen = [], set()
+    for o in observations:
+        r = o.to_row()
+        if r["dedup_key"] in seen:
+            continue
+        seen.add(r["dedup_key"])
+        rows.append(r)
+    if not rows:
+        return 0
+    existing = set(sess.scalars(select(m.ObservedRun.dedup_key)
+                                .where(m.ObservedRun.dedup_key.in_([r["dedup_key"] for r in rows]))))
+    rows = [r for r in rows if r["dedup_key"] not in existing]
+    if not rows:
+        return 0
+    return insert_points(sess, m.ObservedRun, rows)
+
+
+def add_runs(url: str | None, path: str | Path, specs_path: str | Path | None = None,
+             profile: str | None = None) -> dict[str, Any]:
+    """Parse ``path`` and store its observations in one transaction. Returns counts per sweep."""
+    from scaleplan.db import session as dbs
+
+    obs = parse_runs_file(path, specs_path, profile)
+    dbs.ensure_schema(url)
+
+    def _go() -> int:
+        with dbs.session_scope(url) as s:
+            return store_observations(s, obs)
+
+    inserted = dbs.with_retry(_go)
+    sweeps: dict[str, int] = {}
+    for o in obs:
+        sweeps[o.sweep] = sweeps.get(o.sweep, 0) + 1
+    return {"file": str(path), "rows": len(obs), "inserted": inserted, "already_present": len(obs) - inserted,
+            "sweeps": sweeps, "profiles": sorted({o.profile for o in obs})}
+
+
+def load_observed(sess, profile: str | None = None, sweeps: list[str] | None = None,
+                  sources: list[str] | None = None) -> list:
+    """ObservedRun rows (optionally one profile, some sweeps/sources), ordered by id."""
+    from scaleplan.db import models as m
+
+    q = select(m.ObservedRun).order_by(m.ObservedRun.id)
+    if profile:
+        q = q.where(m.ObservedRun.profile == profile)
+    if sweeps:
+        q = q.where(m.ObservedRun.sweep.in_(sweeps))
+    if sources:
+        q = q.where(m.ObservedRun.source.in_(sources))
+    return list(sess.scalars(q))
