@@ -52,6 +52,7 @@ class ChiData:
     deep_pp_in_node: np.ndarray
     y: np.ndarray
     sweep: np.ndarray
+    scale_free: np.ndarray | None = None  # per run: only ratios within its sweep are known
 
     def __post_init__(self):
         for k in ("t_analytic_s", "t_a2a_s", "y"):
@@ -60,6 +61,8 @@ class ChiData:
         self.pp_nodes = np.asarray(self.pp_nodes, dtype=int)
         self.deep_pp_in_node = np.asarray(self.deep_pp_in_node, dtype=bool)
         self.sweep = np.asarray(self.sweep, dtype=object)
+        self.scale_free = (np.zeros(self.y.size, dtype=bool) if self.scale_free is None
+                           else np.asarray(self.scale_free, dtype=bool))
 
     def __len__(self) -> int:
         return int(self.y.size)
@@ -80,19 +83,31 @@ def chi_from(coeffs: dict[str, float], d: ChiData) -> np.ndarray:
     return 1.0 + features(d) @ c
 
 
-def _demean(x: np.ndarray, sweep: np.ndarray) -> np.ndarray:
+def _demean(x: np.ndarray, sweep: np.ndarray, scale_free: np.ndarray) -> np.ndarray:
+    """Remove each scale-free sweep's own mean (its unknown absolute level); other rows unchanged."""
     out = np.array(x, dtype=float, copy=True)
-    for s in np.unique(sweep):
-        m = sweep == s
+    for s in np.unique(sweep[scale_free]):
+        m = (sweep == s) & scale_free
         out[m] -= out[m].mean(axis=0)
     return out
+
+
+def _with_mode(d: ChiData, mode: str) -> ChiData:
+    """mode 'normalized' treats every sweep as scale-free; 'absolute' keeps the per-run flags."""
+    if mode not in MODES:
+        raise ScaleplanError(f"--mode: got {mode!r}; one of {', '.join(MODES)}")
+    if mode == "normalized" and not d.scale_free.all():
+        d = d.subset(np.ones(len(d), dtype=bool))
+        d.scale_free = np.ones(len(d), dtype=bool)
+    return d
 
 
 def identifiability(d: ChiData, mode: str, fixed: dict[str, float] | None = None) -> tuple[list[str], dict[str, str]]:
     """Which terms the data can identify, and why the others cannot: (free terms, {term: reason})."""
     fixed = fixed or {}
+    d = _with_mode(d, mode)
     f = features(d)
-    g = _demean(f, d.sweep) if mode == "normalized" else f
+    g = _demean(f, d.sweep, d.scale_free)
     free: list[str] = []
     why: dict[str, str] = {}
     for j, t in enumerate(TERMS):
@@ -103,7 +118,7 @@ def identifiability(d: ChiData, mode: str, fixed: dict[str, float] | None = None
             why[t] = f"not identifiable: {_WHY_ZERO[t]}"
             continue
         if not np.any(np.abs(g[:, j]) > 1e-12):
-            why[t] = ("not identifiable in normalized mode: the term takes one value within every sweep, "
+            why[t] = ("not identifiable: the term takes one value within every scale-free sweep, "
                       "so each sweep's unknown scale absorbs it")
             continue
         cols = [TERMS.index(x) for x in free] + [j]
@@ -114,9 +129,8 @@ def identifiability(d: ChiData, mode: str, fixed: dict[str, float] | None = None
     return free, why
 
 
-def _residuals(d: ChiData, coeffs: dict[str, float], mode: str) -> np.ndarray:
-    r = np.log(chi_from(coeffs, d)) - d.y
-    return _demean(r, d.sweep) if mode == "normalized" else r
+def _residuals(d: ChiData, coeffs: dict[str, float]) -> np.ndarray:
+    return _demean(np.log(chi_from(coeffs, d)) - d.y, d.sweep, d.scale_free)
 
 
 @dataclass
@@ -139,18 +153,18 @@ def fit_chi(d: ChiData, mode: str = "absolute", fixed: dict[str, float] | None =
 
     Args:
         d: observations (see :class:`ChiData`).
-        mode: 'absolute' (measured level known) or 'normalized' (scale-free, per-sweep mean removed).
+        mode: 'absolute': each run as flagged in ``d.scale_free`` (runs of ratio-only sweeps are
+            scale-free, the rest compared on their level); 'normalized': every sweep scale-free.
         fixed: terms pinned by the user, e.g. {"c_pp": 0.5}; unidentifiable terms are fixed at 0.
         allow_identity: return chi = 1 (all fixed) instead of refusing when no term is identifiable.
 
     Raises:
         ScaleplanError: unknown mode, fewer observations than parameters, or nothing identifiable.
     """
-    if mode not in MODES:
-        raise ScaleplanError(f"--mode: got {mode!r}; one of {', '.join(MODES)}")
+    d = _with_mode(d, mode)
     fixed = dict(fixed or {})
     n = len(d)
-    n_scales = len(np.unique(d.sweep)) if mode == "normalized" else 0
+    n_scales = len(np.unique(d.sweep[d.scale_free]))
     free, why = identifiability(d, mode, fixed)
     n_par = max(len(TERMS), len(free) + n_scales)
     if n < n_par and not allow_identity:
@@ -167,13 +181,13 @@ def fit_chi(d: ChiData, mode: str = "absolute", fixed: dict[str, float] | None =
         x0 = np.array([l + 0.01 if l >= 0 else h - 0.01 for l, h in zip(lo, hi)])  # interior start
 
         def fun(x):
-            return _residuals(d, {**coeffs, **dict(zip(free, x))}, mode)
+            return _residuals(d, {**coeffs, **dict(zip(free, x))})
 
         sol = least_squares(fun, x0, bounds=(lo, hi), loss="soft_l1", f_scale=SOFT_L1_SCALE)
         coeffs.update({t: float(v) for t, v in zip(free, sol.x)})
     else:
         free = []
-    res = _residuals(d, coeffs, mode)
+    res = _residuals(d, coeffs)
     notes = [f"{t} fixed at {coeffs[t]:g}: {r}" for t, r in why.items()]
     at_bound = [t for t in free if np.isclose(coeffs[t], BOUNDS[t][0]) or np.isclose(coeffs[t], BOUNDS[t][1])]
     notes += [f"{t} sits at its physical bound {coeffs[t]:g}" for t in at_bound]

@@ -1,11 +1,186 @@
-"""`scaleplan calibrate`: not implemented yet (exits 2, never pretends)."""
+"""`scaleplan calibrate`: add | fit | report | list.
+
+Observed runs (CSV/JSON, see :mod:`scaleplan.calibrate.observations` for the columns) go into the
+database; `fit` turns them into a new versioned chi_sys calibration (eq:desync) and/or fits the
+dispatch floor from the dispatch benchmark; `report` shows what the calibration bought, per sweep.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
 import typer
+from rich.table import Table
 
-from scaleplan.errors import NotImplementedYet
+from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.errors import SpecError
 
-app = typer.Typer(no_args_is_help=False, invoke_without_command=True)
+app = typer.Typer(no_args_is_help=True, help="Fit chi_sys and the dispatch law from observed runs; report accuracy.")
+
+ProfileOpt = typer.Option("p6-b200.48xlarge", "--profile", help="Hardware profile (node type) to calibrate.")
+ModeOpt = typer.Option(None, "--mode", help="absolute (default for fit) or normalized (every sweep scale-free).")
 
 
-@app.callback()
-def _stub(ctx: typer.Context) -> None:
-    raise NotImplementedYet("scaleplan calibrate: not implemented yet")
+def _fixed(values: list[str] | None) -> dict[str, float] | None:
+    from scaleplan.calibrate.chi_sys import TERMS
+
+    out = {}
+    for v in values or []:
+        k, sep, x = v.partition("=")
+        if not sep or k.strip() not in TERMS:
+            raise SpecError("--fix", v, f"term=value with term in {', '.join(TERMS)}")
+        try:
+            out[k.strip()] = float(x)
+        except ValueError:
+            raise SpecError("--fix", v, "a number after '='") from None
+    return out or None
+
+
+def _check_mode(mode: str | None) -> None:
+    if mode is not None and mode not in ("absolute", "normalized"):
+        raise SpecError("--mode", mode, "absolute or normalized")
+
+
+def _check_extrapolate(x: str) -> None:
+    if x not in ("clamp", "error"):
+        raise SpecError("--extrapolate", x, "clamp or error")
+
+
+@app.command("add")
+def add(runs: Path = typer.Argument(..., help="CSV (or JSON) of observed runs; columns as mfu_sweeps.csv."),
+        specs: Path = typer.Option(None, "--specs", help="YAML mapping model name -> spec, for a 'model' column."),
+        profile: str = typer.Option(None, "--profile", help="Store under this profile (default: each spec's node_type)."),
+        db: str = DbOpt, json_out: bool = JsonOpt) -> None:
+    """Store observed training runs (idempotent: rows already stored are skipped; a bad row stores nothing).
+
+    Columns: sweep, model|spec, n_devices, gbs, seqlen, tp, cp, pp, ep, dp, mbs; optional ckpt, vpp,
+    etp, measured_t_iter_s, measured_mfu (fraction) or mfu_pct / real_mfu_pct_est (percent),
+    mfu_norm / real_mfu_norm (MFU / sweep max), peak_mem_gb, reference_pred_mfu_pct.
+    """
+    from scaleplan.calibrate.observations import add_runs
+
+    out = add_runs(db_url(db), runs, specs, profile)
+    if want_json(json_out):
+        print_json(out)
+    else:
+        stdout.print(f"{out['file']}: {out['rows']} rows, {out['inserted']} new, {out['already_present']} "
+                     f"already stored; sweeps " + ", ".join(f"{k} ({v})" for k, v in out["sweeps"].items()))
+
+
+def _print_chi(out: dict) -> None:
+    c = out["coefficients"]
+    stdout.print(f"chi_sys calibration id {out['calibration_id']} (version {out['version']}) for {out['profile']}, "
+                 f"mode {out['mode']}, {out['n_obs']} observations")
+    stdout.print("  " + "  ".join(f"{k}={v:.4g}" + ("" if k in out["free"] else " (fixed)") for k, v in c.items()))
+    stdout.print(f"  leave-one-sweep-out MFU MAPE {out['cv_error']:.1%}")
+    for n in out["notes"]:
+        stdout.print(f"  note: {n}")
+
+
+def _print_dispatch(out: dict) -> None:
+    c = out["coefficients"]
+    stdout.print(f"dispatch calibration id {out['calibration_id']} (version {out['version']}) for {out['profile']}, "
+                 f"{out['n_obs']} benchmark rows")
+    stdout.print(f"  t_gap={c['t_gap_s'] * 1e6:.2f} us  kappa0={c['kappa0']:.4g}  kappa1={c['kappa1']:.4g}  "
+                 f"t_host={c['t_host_s'] * 1e3:.3g} ms  (identified: {', '.join(out['identified'])})")
+    for n in out["notes"]:
+        stdout.print(f"  note: {n}")
+
+
+@app.command("fit")
+def fit(profile: str = ProfileOpt,
+        kind: str = typer.Option("chi_sys", "--kind", help="chi_sys, dispatch or all."),
+        mode: str = ModeOpt,
+        fix: list[str] = typer.Option(None, "--fix", help="Pin a chi_sys term, e.g. --fix c_pp=0.5 (repeatable)."),
+        sweep: list[str] = typer.Option(None, "--sweep", help="Only these sweeps (repeatable)."),
+        extrapolate: str = typer.Option("clamp", "--extrapolate", help="clamp or error, for table lookups."),
+        db: str = DbOpt, json_out: bool = JsonOpt) -> None:
+    """Fit and store a new calibration version (the estimator uses the newest)."""
+    from scaleplan.calibrate.runner import fit_chi_sys, fit_dispatch_floor
+
+    if kind not in ("chi_sys", "dispatch", "all"):
+        raise SpecError("--kind", kind, "chi_sys, dispatch or all")
+    _check_mode(mode)
+    _check_extrapolate(extrapolate)
+    url = db_url(db)
+    results = []
+    if kind in ("dispatch", "all"):
+        results.append(fit_dispatch_floor(url, profile))
+    if kind in ("chi_sys", "all"):
+        results.append(fit_chi_sys(url, profile, mode or "absolute", _fixed(fix), sweeps=sweep or None,
+                                   extrapolate=extrapolate))
+    if want_json(json_out):
+        print_json(results[0] if len(results) == 1 else {"fits": results})
+        return
+    for r in results:
+        (_print_chi if r["kind"] == "chi_sys" else _print_dispatch)(r)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+@app.command("report")
+def report(profile: str = ProfileOpt,
+           calibration: int = typer.Option(None, "--calibration", help="Report this calibration id (default: newest)."),
+           mode: str = ModeOpt,
+           plot: Path = typer.Option(None, "--plot", help="Write a parity plot (PNG)."),
+           sweep: list[str] = typer.Option(None, "--sweep", help="Only these sweeps (repeatable)."),
+           extrapolate: str = typer.Option("clamp", "--extrapolate", help="clamp or error, for table lookups."),
+           db: str = DbOpt, json_out: bool = JsonOpt) -> None:
+    """Per-sweep MFU MAPE, Spearman, top-k overlap and leave-one-sweep-out MAPE, before and after calibration."""
+    from scaleplan.calibrate.runner import build_report
+
+    _check_mode(mode)
+    _check_extrapolate(extrapolate)
+    out = build_report(db_url(db), profile, calibration, mode, plot=str(plot) if plot else None,
+                       sweeps=sweep or None, extrapolate=extrapolate)
+    if want_json(json_out):
+        print_json(out)
+        return
+    stdout.print(f"calibration {out['calibration_id']} ({out['profile']}, mode {out['mode']}): "
+                 + "  ".join(f"{k}={v:.4g}" for k, v in out["coefficients"].items()))
+    t = Table("sweep", "n", "scale", "MAPE before", "MAPE after", "LOSO MAPE", "Spearman", "top1 in top2",
+              "top5 overlap", "reference MAPE", "ref. top1 in top2")
+    for r in out["sweeps"]:
+        t.add_row(r["sweep"], str(r["n"]), "ratios" if r["normalized"] else "absolute", _pct(r["mape_before"]),
+                  _pct(r["mape_after"]), _pct(r["loso_mape"]), f"{r['spearman']:.2f}",
+                  "yes" if r["top1_in_top2"] else "no", f"{r['topk_overlap']['after']['5']:.0%}",
+                  _pct(r["reference_mape"]),
+                  "-" if r["reference_top1_in_top2"] is None else ("yes" if r["reference_top1_in_top2"] else "no"))
+    stdout.print(t)
+    if out.get("plot"):
+        stderr.print(f"parity plot: {out['plot']}")
+
+
+@app.command("list")
+def list_(profile: str = typer.Option(None, "--profile", help="Only this profile."),
+          db: str = DbOpt, json_out: bool = JsonOpt) -> None:
+    """Stored calibrations (all versions) and observed runs per sweep."""
+    from sqlalchemy import func, select
+
+    from scaleplan.calibrate.store import as_dict, list_calibrations
+    from scaleplan.db import models as m
+    from scaleplan.db import session as dbs
+
+    url = db_url(db)
+    dbs.ensure_schema(url)
+    with dbs.session_scope(url) as s:
+        cals = [as_dict(c) for c in list_calibrations(s, profile)]
+        q = select(m.ObservedRun.profile, m.ObservedRun.sweep, m.ObservedRun.source, func.count()).group_by(
+            m.ObservedRun.profile, m.ObservedRun.sweep, m.ObservedRun.source)
+        if profile:
+            q = q.where(m.ObservedRun.profile == profile)
+        obs = [{"profile": p, "sweep": sw, "source": src, "n": n} for p, sw, src, n in s.execute(q)]
+    if want_json(json_out):
+        print_json({"calibrations": cals, "observations": obs})
+        return
+    t = Table("id", "profile", "kind", "version", "coefficients", "n_obs", "cv MAPE", "created")
+    for c in cals:
+        coeffs = "  ".join(f"{k}={v:.4g}" for k, v in c["coefficients"].items())
+        t.add_row(str(c["id"]), c["profile"], c["kind"], str(c["version"]), coeffs, str(c["n_obs"]),
+                  _pct(c["cv_error"]), (c["created_at"] or "")[:19])
+    stdout.print(t)
+    t2 = Table("profile", "sweep", "source", "runs")
+    for o in obs:
+        t2.add_row(o["profile"], o["sweep"] or "-", o["source"], str(o["n"]))
+    stdout.print(t2)

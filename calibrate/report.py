@@ -1,0 +1,124 @@
+"""Accuracy report of a chi_sys calibration, per sweep, before and after (paper sec:mfu-pred).
+
+For each sweep: MAPE of MFU (on the sweep's own scale when only ratios are known, see
+:func:`scaleplan.calibrate.metrics.sweep_metrics`), Spearman, top-k overlap (k = 1, 5, 10), whether
+the best measured layout is in the predicted top 2, and the leave-one-sweep-out (LOSO) MAPE: the
+chi_sys fit redone without that sweep, then applied to it. With one sweep only, leave-one-out over
+its runs. A peer estimator's predictions (``reference_mfu``) get the same metrics.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from scaleplan.calibrate import metrics as M
+from scaleplan.calibrate.chi_sys import chi_from, fit_chi
+from scaleplan.calibrate.evaluate import Observed, Prediction, SweepBasis, chi_data, measured_mfu
+
+KS = (1, 5, 10)
+
+
+def _pred_after(d_coeffs: dict[str, float], obs: Sequence[Observed], preds: Sequence[Prediction],
+                bases: dict[str, SweepBasis]) -> np.ndarray:
+    d = chi_data(obs, preds, bases)
+    return np.array([p.mfu_analytic for p in preds]) / chi_from(d_coeffs, d)
+
+
+def _held_out(obs, preds, bases, mode, fixed, hold: np.ndarray) -> np.ndarray:
+    """MFU predictions for the runs in ``hold`` from a fit on the others (chi = 1 if nothing identifiable)."""
+    train = [i for i in range(len(obs)) if not hold[i]]
+    d = chi_data([obs[i] for i in train], [preds[i] for i in train], bases)
+    coeffs = fit_chi(d, mode, fixed, allow_identity=True).coefficients if len(d) else {}
+    held = [i for i in range(len(obs)) if hold[i]]
+    return _pred_after(coeffs, [obs[i] for i in held], [preds[i] for i in held], bases)
+
+
+def _metrics(pred: np.ndarray, meas: np.ndarray, normalized: bool) -> dict[str, Any]:
+    return M.sweep_metrics(pred, meas, normalized)
+
+
+def _reference(rows: list[Observed], meas: np.ndarray, normalized: bool) -> dict[str, Any] | None:
+    if all(o.reference_mfu is not None for o in rows):
+        return _metrics(np.array([o.reference_mfu for o in rows]), meas, normalized)
+    if all(o.reference_mfu_norm is not None for o in rows):  # a ratio-only peer: compare on ratios
+        return _metrics(np.array([o.reference_mfu_norm for o in rows]), meas, True)
+    return None
+
+
+def sweep_report(obs: Sequence[Observed], preds: Sequence[Prediction], bases: dict[str, SweepBasis],
+                 coeffs: dict[str, float], mode: str, fixed: dict[str, float] | None = None
+                 ) -> tuple[list[dict[str, Any]], dict[str, dict[str, np.ndarray]]]:
+    """Per-sweep metrics (the report's "sweeps" list) and the arrays behind them (for the parity plot)."""
+    if len(obs) != len(preds):
+        raise ValueError(f"obs and preds must align: {len(obs)} vs {len(preds)}")
+    pairs = [(o, p) for o, p in zip(obs, preds) if o.sweep in bases]
+    obs, preds = [o for o, _ in pairs], [p for _, p in pairs]
+    sweeps = list(dict.fromkeys(o.sweep for o in obs))
+    after_all = _pred_after(coeffs, obs, preds, bases)
+    out, arrays = [], {}
+    for s in sweeps:
+        idx = np.array([o.sweep == s for o in obs])
+        rows = [o for o, k in zip(obs, idx) if k]
+        prs = [p for p, k in zip(preds, idx) if k]
+        basis = bases[s]
+        meas = np.array([measured_mfu(o, p, basis.quantity) for o, p in zip(rows, prs)])
+        before = np.array([p.mfu_analytic for p in prs])
+        after = after_all[idx]
+        if len(sweeps) > 1:
+            loso, cv = _held_out(obs, preds, bases, mode, fixed, idx), "loso"
+        else:  # one sweep: leave one run out
+            loso = np.array([_held_out(obs, preds, bases, mode, fixed, np.arange(len(obs)) == i)[0]
+                             for i in np.flatnonzero(idx)])
+            cv = "loo"
+        mb, ma, ml = (_metrics(x, meas, basis.scale_free) for x in (before, after, loso))
+        ref = _reference(rows, meas, basis.scale_free)
+        out.append({
+            "sweep": s, "n": int(idx.sum()), "mape_before": mb["mape"], "mape_after": ma["mape"],
+            "loso_mape": ml["mape"], "spearman": ma["spearman"], "top1_in_top2": bool(ma["top1_in_top2"]),
+            "reference_mape": ref["mape"] if ref else None,
+            "normalized": basis.scale_free, "quantity": basis.quantity, "cv": cv,
+            "spearman_before": mb["spearman"], "loso_spearman": ml["spearman"],
+            "top1_in_top2_before": bool(mb["top1_in_top2"]), "loso_top1_in_top2": bool(ml["top1_in_top2"]),
+            "topk_overlap": {name: {str(k): m[f"top{k}_overlap"] for k in KS}
+                             for name, m in (("before", mb), ("after", ma), ("loso", ml), ("reference", ref)) if m},
+            "reference_spearman": ref["spearman"] if ref else None,
+            "reference_top1_in_top2": bool(ref["top1_in_top2"]) if ref else None,
+        })
+        scale = M.geomean_scale(after, meas) if basis.scale_free else 1.0
+        scale_b = M.geomean_scale(before, meas) if basis.scale_free else 1.0
+        arrays[s] = {"measured": meas, "after": after * scale, "before": before * scale_b,
+                     "normalized": np.array(basis.scale_free)}
+    return out, arrays
+
+
+def parity_plot(arrays: dict[str, dict[str, np.ndarray]], path: str, title: str = "") -> str:
+    """Predicted vs measured MFU, one colour per sweep (filled: calibrated, hollow: chi = 1); PNG at ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5.0))
+    lo, hi = np.inf, 0.0
+    for i, (s, a) in enumerate(arrays.items()):
+        c = f"C{i % 10}"
+        label = s + (" (ratios, rescaled)" if bool(a["normalized"]) else "")
+        ax.scatter(a["measured"] * 100, a["after"] * 100, color=c, label=label, s=28, zorder=3)
+        ax.scatter(a["measured"] * 100, a["before"] * 100, facecolors="none", edgecolors=c, s=28, zorder=2)
+        vals = np.concatenate([a["measured"], a["after"], a["before"]]) * 100
+        lo, hi = min(lo, vals.min()), max(hi, vals.max())
+    pad = 0.05 * (hi - lo if hi > lo else 1.0)
+    lim = (lo - pad, hi + pad)
+    ax.plot(lim, lim, color="grey", lw=1, ls="--", zorder=1)
+    ax.set_xlim(lim)
+    ax.set_ylim(lim)
+    ax.set_xlabel("measured MFU (%)")
+    ax.set_ylabel("predicted MFU (%)  (filled: calibrated, hollow: chi_sys = 1)")
+    ax.set_title(title or "MFU parity")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

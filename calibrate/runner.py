@@ -1,0 +1,136 @@
+"""What the CLI runs: fit chi_sys / the dispatch floor from the database and store them; build reports."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from scaleplan.calibrate import store
+from scaleplan.calibrate.chi_sys import TERMS, features, fit_chi
+from scaleplan.calibrate.dispatch import PRIOR, fit_dispatch, load_dispatch_rows
+from scaleplan.calibrate.evaluate import Predictor, bases_for, chi_data, estimator_predictor, observed_from_db
+from scaleplan.calibrate.report import parity_plot, sweep_report
+from scaleplan.errors import ScaleplanError
+
+DEFAULT_PROFILE = "p6-b200.48xlarge"
+
+
+def _observations(url, profile, sweeps=None, sources=None):
+    from scaleplan.db import session as dbs
+
+    dbs.ensure_schema(url)
+    with dbs.session_scope(url) as s:
+        obs = observed_from_db(s, profile, sweeps, sources)
+    if not obs:
+        raise ScaleplanError(f"no observed runs for profile {profile!r}"
+                             + (f" in sweeps {', '.join(sweeps)}" if sweeps else "")
+                             + "; add some with `scaleplan calibrate add runs.csv`")
+    return obs
+
+
+def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "absolute",
+                fixed: dict[str, float] | None = None, predictor: Predictor | None = None,
+                sweeps: list[str] | None = None, sources: list[str] | None = None,
+                extrapolate: str = "clamp", save: bool = True) -> dict[str, Any]:
+    """Fit chi_sys (eq:desync) on the profile's observed runs; store a new Calibration version.
+
+    Raises ScaleplanError: no observations, too few for the parameters, nothing identifiable.
+    """
+    from scaleplan.db import session as dbs
+
+    obs = _observations(url, profile, sweeps, sources)
+    predictor = predictor or estimator_predictor(profile, url, extrapolate)
+    preds = predictor(obs)
+    bases = bases_for(obs, mode)
+    d = chi_data(obs, preds, bases)
+    fit = fit_chi(d, mode, fixed)
+    rows, _ = sweep_report(obs, preds, bases, fit.coefficients, mode, fixed)
+    cv = float(np.mean([r["loso_mape"] for r in rows]))
+    used = [o for o in obs if o.sweep in bases]
+    inputs = {"mode": mode, "fixed": fixed or {}, "free": fit.free, "unidentified": fit.unidentified,
+              "observation_ids": [o.id for o in used],
+              "sweeps": {s: {"quantity": b.quantity, "scale_free": b.scale_free} for s, b in bases.items()},
+              "features": {t: features(d)[:, j].tolist() for j, t in enumerate(TERMS)}, "y": d.y.tolist(),
+              "cv": {r["sweep"]: {"loso_mape": r["loso_mape"], "mape_after": r["mape_after"]} for r in rows}}
+    out = {"profile": profile, "kind": "chi_sys", "mode": mode, "coefficients": fit.coefficients, "free": fit.free,
+           "unidentified": fit.unidentified, "n_obs": fit.n_obs, "cv_error": cv, "notes": fit.notes,
+           "sweeps": rows, "calibration_id": None, "version": None}
+    if save:
+        with dbs.session_scope(url) as s:
+            row = store.store_calibration(s, profile, "chi_sys", fit.coefficients, inputs=inputs,
+                                          residuals=fit.residuals.tolist(), cv_error=cv, n_obs=fit.n_obs,
+                                          notes="; ".join(fit.notes) or None)
+            out.update(calibration_id=row.id, version=row.version)
+    return out
+
+
+def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bool = True) -> dict[str, Any]:
+    """Fit t_gap (and t_host when measured) from DispatchPoint rows; store a new 'dispatch' version.
+
+    Terms the rows cannot identify keep the previous dispatch calibration's value, else PRIOR.
+    """
+    from scaleplan.db import session as dbs
+
+    dbs.ensure_schema(url)
+    with dbs.session_scope(url) as s:
+        rows = load_dispatch_rows(s, profile)
+        prev = store.newest(s, profile, "dispatch")
+        prior = {k: prev.coefficients[k] for k in PRIOR if prev and k in (prev.coefficients or {})}
+    if not rows:
+        raise ScaleplanError(f"no dispatch benchmark rows for profile {profile!r}; run `scaleplan bench dispatch` "
+                             "or import recorded tables")
+    fit = fit_dispatch(rows, prior)
+    out = {"profile": profile, "kind": "dispatch", "coefficients": fit.coefficients, "identified": fit.identified,
+           "unidentified": fit.unidentified, "n_obs": fit.n_obs, "per_mode_gap_s": fit.per_mode_gap_s,
+           "t_lat_s": fit.t_lat_s, "notes": fit.notes, "calibration_id": None, "version": None}
+    if save:
+        rms = float(np.sqrt(np.mean(np.square(fit.residuals))))
+        with dbs.session_scope(url) as s:
+            row = store.store_calibration(
+                s, profile, "dispatch", fit.coefficients,
+                inputs={"rows": rows, "identified": fit.identified, "unidentified": fit.unidentified,
+                        "per_mode_gap_s": fit.per_mode_gap_s, "t_lat_s": fit.t_lat_s},
+                residuals=fit.residuals, cv_error=None, n_obs=fit.n_obs, notes="; ".join(fit.notes))
+            out.update(calibration_id=row.id, version=row.version, rms_log_residual=rms)
+    return out
+
+
+def build_report(url: str | None, profile: str | None = None, calibration_id: int | None = None,
+                 mode: str | None = None, predictor: Predictor | None = None, plot: str | None = None,
+                 sweeps: list[str] | None = None, extrapolate: str = "clamp") -> dict[str, Any]:
+    """The accuracy report (JSON-ready) of a chi_sys calibration (given id, else the profile's newest).
+
+    Without any chi_sys calibration the report still runs, with chi_sys = 1 ("after" = "before").
+    """
+    from scaleplan.db import session as dbs
+
+    dbs.ensure_schema(url)
+    with dbs.session_scope(url) as s:
+        cal = store.by_id(s, calibration_id) if calibration_id is not None else None
+        if cal is not None and cal.kind != "chi_sys":
+            raise ScaleplanError(f"--calibration {calibration_id} is a {cal.kind!r} calibration; give a chi_sys one")
+        profile = cal.profile if cal is not None else (profile or DEFAULT_PROFILE)
+        cal = cal or store.newest(s, profile, "chi_sys")
+        info = store.as_dict(cal) if cal is not None else None
+        inputs = dict(cal.inputs or {}) if cal is not None else {}
+    coeffs = info["coefficients"] if info else {t: 0.0 for t in TERMS}
+    mode = mode or inputs.get("mode", "absolute")
+    fixed = inputs.get("fixed") or None
+    obs = _observations(url, profile, sweeps)
+    preds = (predictor or estimator_predictor(profile, url, extrapolate))(obs)
+    bases = bases_for(obs, mode)
+    rows, arrays = sweep_report(obs, preds, bases, coeffs, mode, fixed)
+    out = {"calibration_id": info["id"] if info else None, "coefficients": coeffs, "sweeps": rows,
+           "profile": profile, "mode": mode, "version": info["version"] if info else None,
+           "n_obs": int(sum(r["n"] for r in rows))}
+    if plot:
+        out["plot"] = parity_plot(arrays, plot, title=f"{profile}: MFU parity"
+                                  + (f" (calibration {info['id']})" if info else " (chi_sys = 1)"))
+    return out
+
+
+def chi_data_for(url, profile, mode="absolute", predictor=None):
+    """(observations, predictions, ChiData) for a profile: for scripts and notebooks."""
+    obs = _observations(url, profile)
+    preds = (predictor or estimator_predictor(profile, url))(obs)
+    return obs, preds, chi_data(obs, preds, bases_for(obs, mode))
