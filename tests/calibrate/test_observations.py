@@ -1,0 +1,82 @@
+"""Observed-run import: mfu_sweeps.csv as published, idempotent re-import, atomic rejection of bad rows."""
+import json
+
+import pytest
+from sqlalchemy import func, select
+
+from scaleplan.calibrate.observations import add_runs, parse_runs_file
+from scaleplan.db import models as m
+from scaleplan.db import session as dbs
+from scaleplan.errors import SpecError
+
+HEADER = "sweep,model,n_devices,gbs,seqlen,tp,cp,pp,ep,dp,mbs,real_mfu_pct_est"
+
+
+def _count(url):
+    with dbs.session_scope(url) as s:
+        return s.scalar(select(func.count()).select_from(m.ObservedRun))
+
+
+def test_mfu_sweeps_imports_20_and_reimport_adds_none(sqlite_url, validation_dir):
+    csv, specs = validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml"
+    first = add_runs(sqlite_url, csv, specs)
+    assert (first["rows"], first["inserted"]) == (20, 20)
+    assert first["sweeps"] == {"700m-32dev": 15, "5p4b-256dev": 5}
+    again = add_runs(sqlite_url, csv, specs)
+    assert (again["inserted"], again["already_present"]) == (0, 20)
+    assert _count(sqlite_url) == 20
+
+
+def test_mfu_sweeps_column_mapping(validation_dir):
+    obs = parse_runs_file(validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml")
+    o = obs[0]  # 700m-32dev,moe-700m,32,256,8192,1,1,2,8,16,1,0.910,0.882,6.48,6.27
+    assert o.measured_mfu == pytest.approx(0.0648)
+    assert o.measured_mfu_norm == pytest.approx(0.910)
+    assert o.reference_mfu == pytest.approx(0.0627)
+    assert o.extra["reference_mfu_norm"] == pytest.approx(0.882)
+    assert (o.layout["pp"], o.layout["ep"], o.layout["dp"], o.layout["ckpt"]) == (2, 8, 16, "full")
+    assert o.profile == "p6-b200.48xlarge"
+    # the stored spec carries the run's batch geometry
+    assert (o.spec["data"]["gbs"], o.spec["data"]["seqlen"]) == (256, 8192)
+    assert obs[-1].spec["model"]["hidden_sz"] == 4096  # a 5.4B row got the moe-5p4b spec
+
+
+@pytest.mark.parametrize("row,col", [
+    ("s,moe-700m,32,256,8192,1,1,2,8,8,1,6.0", "dp"),          # tp*cp*pp*dp != n_devices
+    ("s,moe-700m,32,256,8192,1,1,2,3,16,1,6.0", "ep"),         # ep does not divide dp
+    ("s,moe-700m,32,256,8192,1,1,2,8,16,1,150", "mfu_pct"),    # > 100 %
+    ("s,moe-700m,32,256,8192,1,1,two,8,16,1,6.0", "pp"),       # not an integer
+    ("s,moe-9b,32,256,8192,1,1,2,8,16,1,6.0", "model"),        # unknown model key
+    ("s,moe-700m,32,256,8192,1,1,2,8,16,1,", "measured_t_iter_s"),  # no measurement at all
+])
+def test_bad_row_names_row_and_column_and_writes_nothing(tmp_path, sqlite_url, validation_dir, row, col):
+    good = "s,moe-700m,32,256,8192,1,1,2,8,16,1,6.0"
+    p = tmp_path / "runs.csv"
+    p.write_text("\n".join([HEADER, good, row]) + "\n")
+    with pytest.raises(SpecError) as e:
+        add_runs(sqlite_url, p, validation_dir / "models.yaml")
+    msg = str(e.value)
+    assert "row 2" in msg and f"column {col}" in msg
+    assert "\n" not in msg
+    assert _count(sqlite_url) == 0  # the good first row was not written either
+
+
+def test_json_records_and_spec_path(tmp_path, sqlite_url, validation_dir):
+    import yaml
+
+    spec = yaml.safe_load((validation_dir / "models.yaml").read_text())["moe-700m"]
+    (tmp_path / "m700.yaml").write_text(yaml.safe_dump(spec))
+    recs = [{"sweep": "v", "spec": "m700.yaml", "n_devices": 8, "gbs": 64, "seqlen": 4096, "tp": 1, "cp": 1,
+             "pp": 1, "ep": 8, "dp": 8, "mbs": 1, "measured_t_iter_s": 2.5, "peak_mem_gb": 61.0}]
+    (tmp_path / "runs.json").write_text(json.dumps({"runs": recs}))
+    out = add_runs(sqlite_url, tmp_path / "runs.json")
+    assert out["inserted"] == 1
+    with dbs.session_scope(sqlite_url) as s:
+        r = s.scalars(select(m.ObservedRun)).one()
+        assert (r.measured_t_iter_s, r.measured_peak_mem_gb, r.measured_mfu, r.seqlen) == (2.5, 61.0, None, 4096)
+        assert r.spec["model"]["n_layers"] == 16
+
+
+def test_profile_override_must_exist(validation_dir):
+    with pytest.raises(SpecError, match="--profile"):
+        parse_runs_file(validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml", profile="no-such-node")
