@@ -1,0 +1,10 @@
+"""scaleplan.estimator: the performance model behind MFU(.) and Mem(.) (paper sec:performance-model).
+
+``Estimator`` loads a profile's measured tables (falling back to analytic models where none are
+measured), evaluates execution plans vectorised over numpy arrays, and ranks the realizable plan
+set P_disc(N_dev) (app:plan-realization). See /work/estimator_api.md for the contract.
+"""
+from scaleplan.estimator.api import EstimateResult, Estimator, LayoutsResult
+from scaleplan.estimator.plans import PlanConstraints
+
+__all__ = ["Estimator", "EstimateResult", "LayoutsResult", "PlanConstraints"]

@@ -1,0 +1,69 @@
+"""Analytic fallbacks used where a profile has no measured table (labelled "analytic").
+
+Roofline on the profile's datasheet peak and HBM bandwidth for kernels; ring formulas on the
+scale-up (NVLink) or scale-out (EFA) bandwidth for collectives. Everything is vectorised (numpy
+broadcasting). Units: seconds, bytes, FLOP, FLOP/s, bytes/s.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# Per-hop latencies of the ring algorithms (NCCL Simple protocol order of magnitude).
+ALPHA_INTRA_S = 5e-6
+ALPHA_INTER_S = 20e-6
+# Kernel launch floor: even a tiny kernel occupies the stream this long.
+KERNEL_FLOOR_S = 4e-6
+
+# nccl-tests bus-bandwidth factors: busbw = algbw * factor(n)
+def bus_factor(collective: str, n):
+    n = np.asarray(n, dtype=float)
+    if collective == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if collective in ("reduce_scatter", "all_gather", "all_to_all"):
+        return (n - 1) / n
+    return np.ones_like(n)
+
+
+def gemm_time(m, n, k, peak, hbm_bw, bytes_per_el=2.0):
+    """Roofline time of C[m,n] = A[m,k] B[k,n]: max(FLOPs / peak, bytes / HBM bandwidth)."""
+    m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+    flops = 2.0 * m * n * k
+    byts = bytes_per_el * (m * k + k * n + m * n)
+    return np.maximum(np.maximum(flops / peak, byts / hbm_bw), KERNEL_FLOOR_S)
+
+
+def grouped_gemm_time(num_gemms, tile, hidden, ffn, peak, hbm_bw, glu=True):
+    """Expert MLP (fc1 d -> (2 if GLU) d_expert, fc2 d_expert -> d) over ``num_gemms`` tiles, forward."""
+    f1 = gemm_time(tile, (2 if glu else 1) * ffn, hidden, peak, hbm_bw)
+    f2 = gemm_time(tile, hidden, ffn, peak, hbm_bw)
+    return np.asarray(num_gemms, dtype=float) * (f1 + f2)
+
+
+def sdpa_fwd_time(seq, mbs, q_heads, head_dim, peak, hbm_bw):
+    """Causal attention forward: 4 s^2 d_head n_q b / 2 FLOPs (QK^T and PV, half masked)."""
+    s, b, q, hd = (np.asarray(x, dtype=float) for x in (seq, mbs, q_heads, head_dim))
+    flops = 2.0 * s * s * hd * q * b
+    byts = 2.0 * 4 * s * q * hd * b
+    return np.maximum(np.maximum(flops / peak, byts / hbm_bw), KERNEL_FLOOR_S)
+
+
+SDPA_BWD_OVER_FWD = 2.5  # flash backward: 5 GEMM-equivalents vs 2 forward
+
+
+def memory_time(nbytes, hbm_bw):
+    """A bandwidth-bound kernel moving ``nbytes`` through HBM."""
+    return np.maximum(np.asarray(nbytes, dtype=float) / hbm_bw, KERNEL_FLOOR_S)
+
+
+def collective_time(collective: str, n, size_bytes, bw, inter):
+    """Ring collective (nccl-tests size convention) on per-GPU per-direction bandwidth ``bw``.
+
+    all_reduce 2(n-1)/n S/bw; reduce_scatter, all_gather, all_to_all (n-1)/n S/bw; plus (n-1)
+    hop latencies (alpha intra / inter node). send_recv: S/bw + alpha.
+    """
+    n = np.asarray(n, dtype=float)
+    alpha = np.where(inter, ALPHA_INTER_S, ALPHA_INTRA_S)
+    if collective == "send_recv":
+        return alpha + np.asarray(size_bytes, dtype=float) / bw
+    steps = 2 * (n - 1) if collective == "all_reduce" else (n - 1)
+    return np.where(n > 1, steps * alpha + bus_factor(collective, n) * np.asarray(size_bytes, dtype=float) / bw, 0.0)

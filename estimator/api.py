@@ -1,0 +1,290 @@
+"""The Estimator: MFU(.) and Mem(.) of execution plans (paper sec:performance-model).
+
+See /work/estimator_api.md for the contract. Tables are loaded once per (database URL, profile)
+and cached; every evaluation is vectorised over plans (``model.TimeModel``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from scaleplan.errors import OutOfRangeError, ScaleplanError, SpecError
+from scaleplan.estimator.geom import Geometry, geometry
+from scaleplan.estimator.memory import memory_breakdown
+from scaleplan.estimator.model import (CKPT_CODES, ChiCoefficients, DispatchLaw, Evaluation, Plans,
+                                       TimeModel)
+from scaleplan.estimator.plans import PlanConstraints, enumerate_plans, plans_from_layouts
+from scaleplan.estimator.tables import ANALYTIC, SOURCE_NAMES, Tables, build_tables, cached_tables
+from scaleplan.profiles import ClusterProfile, load_profile
+from scaleplan.specs import OPTIMIZERS, Layout, ModelBlock, Spec
+
+GB = 1e9
+
+
+@dataclass
+class EstimateResult:
+    """One plan's prediction (JSON keys per the API contract)."""
+
+    layout: dict[str, Any]
+    mfu: float
+    mfu_nonembed: float
+    hfu: float
+    t_iter_s: float
+    t_analytic_s: float
+    chi_sys: float
+    chi_inputs: dict[str, Any]
+    tokens_per_s: float
+    mem_per_device_gb: float
+    mem_breakdown_gb: dict[str, float]
+    n_act: float
+    n_tot: float
+    breakdown_s: dict[str, float]
+    sources: dict[str, str]
+    feasible: bool
+    reason: str | None
+    warnings: list[str] = field(default_factory=list)
+    n_clamped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class LayoutsResult:
+    ranked: list[EstimateResult]
+    infeasible_counts: dict[str, int]
+    n_plans: int
+    n_feasible: int = 0
+    analytic_components: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ranked": [r.to_dict() for r in self.ranked], "infeasible_counts": self.infeasible_counts,
+                "n_plans": self.n_plans, "n_feasible": self.n_feasible,
+                "analytic_components": self.analytic_components}
+
+
+def _check_positive(**kw) -> None:
+    for k, v in kw.items():
+        try:
+            bad = v is None or not math.isfinite(float(v)) or float(v) <= 0 or float(v) != int(v)
+        except (TypeError, ValueError):
+            bad = True
+        if bad:
+            raise SpecError(k, v, "a positive integer")
+
+
+class Estimator:
+    """Predict t_iter, MFU, HFU and memory of execution plans on one hardware profile.
+
+    Args:
+        profile: profile name or ClusterProfile.
+        db_url: calibration database (None: the default); tables cached per (url, profile).
+        extrapolate: "error" (out-of-range lookups raise / mark plans infeasible) or "clamp".
+        calibration_id: a Calibration row id to use for chi_sys (None: newest per kind).
+        use_calibration: False -> chi_sys = 1 and the default dispatch law (t_analytic).
+    Raises:
+        SpecError: unknown profile or extrapolate mode.
+    """
+
+    def __init__(self, profile: str | ClusterProfile = "p6-b200.48xlarge", db_url: str | None = None,
+                 extrapolate: str = "error", calibration_id: int | None = None, use_calibration: bool = True,
+                 tables: Tables | None = None):
+        if extrapolate not in ("error", "clamp"):
+            raise SpecError("extrapolate", extrapolate, "error or clamp")
+        self.profile = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
+        self.extrapolate = extrapolate
+        self.db_url = db_url
+        if tables is None:
+            from scaleplan.db.session import resolve_url
+
+            tables = cached_tables(resolve_url(db_url), self.profile.name, self.profile.peak("bf16"))
+        self.tables = tables
+        self.dispatch, self.chi = self._calibration(calibration_id, use_calibration)
+        self.model = TimeModel(self.profile, self.tables, extrapolate == "clamp", self.dispatch, self.chi)
+
+    @classmethod
+    def from_frames(cls, profile: str | ClusterProfile, frames, **kw) -> "Estimator":
+        prof = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
+        return cls(prof, tables=build_tables(prof.name, frames, prof.peak("bf16")), use_calibration=False, **kw)
+
+    # -- calibration ---------------------------------------------------------------------------
+    def _calibration(self, cal_id, use) -> tuple[DispatchLaw, ChiCoefficients]:
+        law = DispatchLaw()
+        if self.tables.t_gap_s:
+            law.t_gap_s, law.source = self.tables.t_gap_s, "dispatch table"
+        if self.tables.t_host_s:
+            law.t_host_s = self.tables.t_host_s
+        chi = ChiCoefficients()
+        if not use:
+            return law, chi
+        rows = self._calibration_rows(cal_id)
+        d = rows.get("dispatch")
+        if d is not None:
+            co = d.coefficients
+            law = DispatchLaw(float(co.get("kappa0", law.kappa0)), float(co.get("kappa1", law.kappa1)),
+                              float(co.get("t_gap_s", law.t_gap_s)), float(co.get("t_host_s", law.t_host_s)),
+                              f"calibration {d.id}")
+        c = rows.get("chi_sys")
+        if c is not None:
+            co = c.coefficients
+            chi = ChiCoefficients(float(co.get("c_a2a", 0.0)), float(co.get("c_pp", 0.0)),
+                                  float(co.get("c_ovl", 0.0)), c.id)
+        return law, chi
+
+    def _calibration_rows(self, cal_id) -> dict[str, Any]:
+        from sqlalchemy import inspect, select
+
+        from scaleplan.db.models import Calibration
+        from scaleplan.db.session import get_engine, resolve_url, session_scope
+
+        url = resolve_url(self.db_url)
+        if "calibration" not in inspect(get_engine(url)).get_table_names():
+            return {}
+        out: dict[str, Any] = {}
+        with session_scope(url) as s:
+            if cal_id is not None:
+                row = s.get(Calibration, int(cal_id))
+                if row is None or row.profile != self.profile.name:
+                    raise SpecError("--calibration", cal_id, f"the id of a calibration of profile {self.profile.name}")
+                out[row.kind] = row
+            for kind in ("chi_sys", "dispatch"):
+                if kind in out:
+                    continue
+                row = s.scalars(select(Calibration).where(Calibration.profile == self.profile.name,
+                                                          Calibration.kind == kind)
+                                .order_by(Calibration.version.desc(), Calibration.created_at.desc())).first()
+                if row is not None:
+                    out[kind] = row
+            for r in out.values():
+                s.expunge(r)
+        return out
+
+    # -- public API ----------------------------------------------------------------------------
+    def estimate(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> list[EstimateResult]:
+        """Evaluate explicit layouts (default: the spec's own). Raises OutOfRangeError or SpecError."""
+        _check_positive(n_devices=n_devices, gbs=spec.data.gbs, seqlen=spec.data.seqlen)
+        layouts = layouts or [spec.default_layout()]
+        g = geometry(spec.model)
+        for lo in layouts:
+            self._validate_layout(g, lo, n_devices, spec.data.gbs)
+        plans = plans_from_layouts(layouts, n_devices)
+        ev = self.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type)
+        if self.extrapolate == "error":
+            bad = np.nonzero(ev.oor.reason != None)[0]  # noqa: E711
+            if len(bad):
+                i = bad[0]
+                raise OutOfRangeError(str(ev.oor.table[i]), str(ev.oor.axis[i]), float(ev.oor.value[i]),
+                                      float(ev.oor.lo[i]), float(ev.oor.hi[i]))
+        mem = memory_breakdown(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type)
+        cap = self.profile.hbm_bytes
+        return [self._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, 1.0) for i in range(len(plans))]
+
+    def layouts(self, spec: Spec, n_devices: int, constraints: PlanConstraints = PlanConstraints(),
+                top: int | None = 10) -> LayoutsResult:
+        """Ranked feasible plans of P_disc(N_dev) with counts of infeasible plans by reason."""
+        _check_positive(n_devices=n_devices, gbs=spec.data.gbs, seqlen=spec.data.seqlen)
+        return self._search(spec.model, n_devices, spec.data.gbs, spec.data.seqlen,
+                            spec.optimizer.optimizer_type, constraints, top)
+
+    def best_plan(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str = "adamw",
+                  constraints: PlanConstraints = PlanConstraints()) -> EstimateResult | None:
+        """The inner max of eq:c-flops: the best feasible plan (None when none is feasible)."""
+        _check_positive(n_devices=n_devices, gbs=gbs, seqlen=seqlen)
+        if optimizer not in OPTIMIZERS:
+            raise SpecError("optimizer", optimizer, f"one of {', '.join(OPTIMIZERS)}")
+        r = self._search(model, n_devices, gbs, seqlen, optimizer, constraints, 1)
+        return r.ranked[0] if r.ranked else None
+
+    def evaluate_arrays(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str,
+                        constraints: PlanConstraints = PlanConstraints()):
+        """Vectorised core: (plans, evaluation, memory bytes, feasible mask, reasons, counts, n_total)."""
+        g = geometry(model)
+        plans, counts, total = enumerate_plans(g, n_devices, gbs, constraints)
+        if len(plans) == 0:
+            return g, plans, None, None, np.zeros(0, bool), np.zeros(0, object), counts, total
+        ev = self.model.evaluate(g, plans, gbs, seqlen, optimizer)
+        mem = memory_breakdown(g, plans, gbs, seqlen, optimizer)
+        tot = sum(mem.values())
+        reason = np.array(ev.oor.reason, dtype=object)
+        over = (tot > constraints.mem_fraction * self.profile.hbm_bytes) & (reason == None)  # noqa: E711
+        reason[over] = "memory"
+        feasible = reason == None  # noqa: E711
+        for r, n in zip(*np.unique(reason[~feasible].astype(str), return_counts=True)):
+            counts[str(r)] = counts.get(str(r), 0) + int(n)
+        return g, plans, ev, mem, feasible, reason, counts, total
+
+    def _search(self, model, n_devices, gbs, seqlen, optimizer, constraints, top) -> LayoutsResult:
+        g, plans, ev, mem, feasible, reason, counts, total = self.evaluate_arrays(
+            model, n_devices, gbs, seqlen, optimizer, constraints)
+        if ev is None:
+            return LayoutsResult([], counts, total, 0, [])
+        idx = np.nonzero(feasible)[0]
+        order = idx[np.argsort(-ev.mfu[idx], kind="stable")]
+        if top is not None:
+            order = order[:top]
+        ranked = [self._result(g, ev, mem, i, gbs * seqlen, self.profile.hbm_bytes, constraints.mem_fraction)
+                  for i in order]
+        analytic = sorted(k for k, v in ev.sources.items() if (v == ANALYTIC).any())
+        return LayoutsResult(ranked, counts, total, int(len(idx)), analytic)
+
+    def lookups(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> dict[str, list[dict]]:
+        """The exact table points the evaluation of ``layouts`` (default: the spec's) looks up."""
+        from scaleplan.estimator.lookups import table_points
+
+        layouts = layouts or [spec.default_layout()]
+        return table_points(geometry(spec.model), plans_from_layouts(layouts, n_devices), spec.data.gbs,
+                            spec.data.seqlen, self.profile.gpus_per_node, self.tables.vocab_size)
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _validate_layout(self, g: Geometry, lo: Layout, n: int, gbs: int) -> None:
+        dp = lo.dp if lo.dp is not None else n // (lo.tp * lo.cp * lo.pp)
+        if lo.tp * lo.cp * lo.pp * dp != n:
+            raise SpecError("layout", f"tp*cp*pp*dp={lo.tp}*{lo.cp}*{lo.pp}*{dp}", f"must equal --devices {n}")
+        checks = [
+            (dp % lo.ep == 0, "ep", lo.ep, f"must divide dp={dp} (eq:mesh-moe)"),
+            (g.E % lo.ep == 0 if g.is_moe else lo.ep == 1, "ep", lo.ep, f"must divide n_experts={g.E}"),
+            (gbs % (dp * lo.mbs) == 0, "mbs", lo.mbs, f"dp*mbs must divide gbs={gbs} (integral n_mb)"),
+            (g.L % (lo.pp * lo.vpp) == 0, "pp", lo.pp, f"pp*vpp must divide n_layers={g.L}"),
+            (g.nq % lo.tp == 0, "tp", lo.tp, f"must divide n_q_heads={g.nq}"),
+            (g.nkv % lo.tp == 0 or lo.tp % g.nkv == 0, "tp", lo.tp, f"must divide or be a multiple of n_kv_heads={g.nkv}"),
+            (lo.tp % lo.etp == 0 and g.dexp % lo.etp == 0, "etp", lo.etp, "must divide tp and expert_inter_sz"),
+        ]
+        for ok, field_, val, msg in checks:
+            if not ok:
+                raise SpecError(f"layout {field_}", val, msg)
+
+    def _result(self, g: Geometry, ev: Evaluation, mem, i: int, tokens: int, cap: float,
+                frac: float) -> EstimateResult:
+        bd = {k: float(v[i]) for k, v in ev.components.items()}
+        src = {k: SOURCE_NAMES[int(ev.sources.get(k, np.zeros(1, np.int8))[i] if k in ev.sources else 0)]
+               for k in ev.components}
+        memb = {k: float(v[i]) / GB for k, v in mem.items()}
+        tot = sum(memb.values())
+        reason = ev.oor.reason[i]
+        if reason is None and tot * GB > frac * cap:
+            reason = "memory"
+        warnings = list(ev.warnings)
+        ana = [k for k, v in src.items() if v == "analytic"]
+        if ana:
+            warnings.append("analytic (no measured table): " + ", ".join(ana))
+        if int(ev.n_clamped[i]):
+            warnings.append(f"{int(ev.n_clamped[i])} lookups clamped to the measured range")
+        if reason == "memory":
+            warnings.append(f"needs {tot:.1f} GB > {frac * cap / GB:.1f} GB per device")
+        return EstimateResult(
+            layout=ev.plans.layout(i), mfu=float(ev.mfu[i]), mfu_nonembed=float(ev.mfu_nonembed[i]),
+            hfu=float(ev.hfu[i]), t_iter_s=float(ev.t_iter[i]), t_analytic_s=float(ev.t_analytic[i]),
+            chi_sys=float(ev.chi[i]),
+            chi_inputs={"t_a2a_s": float(ev.t_a2a[i]), "ep_nodes": int(ev.ep_nodes[i]),
+                        "pp_nodes": int(ev.pp_nodes[i]), "deep_pp_in_node": bool(ev.deep_pp_in_node[i]),
+                        "gpus_per_node": int(self.profile.gpus_per_node)},
+            tokens_per_s=float(tokens / ev.t_iter[i]), mem_per_device_gb=tot, mem_breakdown_gb=memb,
+            n_act=float(g.n_act), n_tot=float(g.n_tot), breakdown_s=bd, sources=src,
+            feasible=reason is None, reason=reason, warnings=warnings, n_clamped=int(ev.n_clamped[i]))
+
+
+__all__ = ["Estimator", "EstimateResult", "LayoutsResult", "PlanConstraints", "ScaleplanError", "CKPT_CODES",
+           "Plans"]

@@ -1,0 +1,80 @@
+"""Scalar model geometry the time and memory models need, derived from a spec's model block.
+
+Parameter counts come from :mod:`scaleplan.geometry` (the one place they are counted); this module
+only adds per-layer shapes and the per-stage parameter split.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scaleplan.geometry import attention_params, moe_layer_count, spec_param_counts, swiglu_params
+from scaleplan.specs import ModelBlock
+
+# Megatron pads the vocabulary so the embedding splits evenly over TP ranks:
+# padded = ceil(V / (128 * TP)) * 128 * TP (--make-vocab-size-divisible-by 128).
+VOCAB_DIVISOR = 128
+
+
+def padded_vocab(vocab, tp=1):
+    """Megatron's padded vocabulary size (works on numpy arrays of TP)."""
+    mult = VOCAB_DIVISOR * tp
+    return -(-vocab // mult) * mult
+
+
+@dataclass(frozen=True)
+class Geometry:
+    L: int            # transformer blocks
+    d: int            # hidden
+    nq: int           # query heads
+    nkv: int          # kv heads
+    hd: int           # head dim
+    dff: int          # dense FFN width
+    vocab: int
+    tie: bool
+    glu: bool
+    gate: bool
+    E: int            # routed experts (1 for a dense model)
+    K: int
+    dexp: int         # routed expert width
+    dsh: int          # shared expert width (0: none)
+    n_dense: int      # dense blocks (the first blocks)
+    n_moe: int        # MoE blocks
+    precision: str
+    n_act: float      # non-embedding active params (geometry)
+    n_tot: float
+    embedding: float  # input embedding + untied LM head
+    attn_params: float      # per block
+    dense_mlp_params: float
+    moe_dense_params: float  # per MoE block: router + shared expert (replicated over EP)
+    expert_params: float     # per MoE block: all routed experts (sharded over EP)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_moe > 0
+
+    @property
+    def n_mfu(self) -> float:
+        """N counted as the validation data does: active params incl. input embedding and LM head."""
+        return self.n_act + self.embedding
+
+
+def geometry(m: ModelBlock) -> Geometry:
+    pc = spec_param_counts(m)
+    moe = m.moe
+    n_moe = moe_layer_count(m)
+    E = moe.n_experts if moe else 1
+    K = moe.experts_per_token if moe else 1
+    dexp = moe.expert_inter_sz if moe else m.inter_sz
+    dsh = moe.shared_expert_inter_sz if moe else 0
+    attn = float(attention_params(m.hidden_sz, m.n_q_heads, m.n_kv_heads, m.head_dim, m.attn_gate))
+    mlp_mult = 3 if m.glu else 2
+    dense_mlp = float(mlp_mult * m.hidden_sz * m.inter_sz) if m.glu else float(2 * m.hidden_sz * m.inter_sz)
+    shared = float(swiglu_params(m.hidden_sz, dsh)) if dsh else 0.0
+    return Geometry(
+        L=m.n_layers, d=m.hidden_sz, nq=m.n_q_heads, nkv=m.n_kv_heads, hd=m.head_dim, dff=m.inter_sz,
+        vocab=m.vocab_sz, tie=m.tie_embeddings, glu=m.glu, gate=m.attn_gate, E=E, K=K, dexp=dexp, dsh=dsh,
+        n_dense=m.n_layers - n_moe, n_moe=n_moe, precision=m.precision,
+        n_act=pc.n_act, n_tot=pc.n_tot, embedding=pc.embedding, attn_params=attn, dense_mlp_params=dense_mlp,
+        moe_dense_params=float(E * m.hidden_sz) + shared,
+        expert_params=float(E * swiglu_params(m.hidden_sz, dexp)) if moe else 0.0,
+    )

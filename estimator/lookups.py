@@ -1,0 +1,72 @@
+"""The table points an evaluation looks up, keyed by measurement-table column names.
+
+Used by ``scaleplan bench plan`` to measure exactly what a spec needs. Mirrors the keys of
+:mod:`scaleplan.estimator.model` (same shapes, same EP tile correction, same vocab mapping).
+"""
+from __future__ import annotations
+
+from scaleplan.estimator.geom import Geometry, padded_vocab
+from scaleplan.estimator.model import Plans
+
+
+def _add(out: dict[str, list[dict]], suite: str, row: dict) -> None:
+    lst = out.setdefault(suite, [])
+    if row not in lst:
+        lst.append(row)
+
+
+def _gemm3(out, m, n, k, dtype):
+    for a, b, c in ((m, n, k), (m, k, n), (k, n, m)):
+        _add(out, "gemm", {"m": int(round(a)), "n": int(round(b)), "k": int(round(c)), "dtype": dtype})
+
+
+def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_vocab: int | None) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    dt = g.precision
+    for i in range(len(pl)):
+        tp, cp, pp, dp, ep, etp, vpp, mbs = (int(getattr(pl, f)[i]) for f in
+                                             ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs"))
+        T = seqlen * mbs // cp
+        kv_loc = max(g.nkv // tp, 1)
+        n_qkv = (g.nq * g.hd + (g.nq if g.gate else 0)) // tp + 2 * kv_loc * g.hd
+        _gemm3(out, T, n_qkv, g.d, dt)
+        _gemm3(out, T, g.d, g.nq * g.hd // tp, dt)
+        w1 = 2 if g.glu else 1
+        if g.n_dense:
+            _gemm3(out, T, w1 * g.dff // tp, g.d, dt)
+            _gemm3(out, T, g.d, g.dff // tp, dt)
+        _add(out, "sdpa", {"seq_len": seqlen, "micro_bs": mbs, "n_q_heads": g.nq // tp, "n_kv_heads": kv_loc,
+                           "head_dim": g.hd, "causal": True, "dtype": g.precision})
+        V_loc = int(padded_vocab(g.vocab, tp)) // tp
+        for op in ("lm_head_gemm", "cross_entropy"):
+            _add(out, "vocab", {"op": op, "tokens": T, "hidden": g.d, "vocab": V_loc * 1,
+                                "dtype": "bf16" if op == "lm_head_gemm" else "fp32"})
+        for coll in ("all_gather", "reduce_scatter"):
+            if tp > 1:
+                _add(out, "collectives", {"collective": coll, "group_size": tp, "layout": "contiguous",
+                                          "inter_node": tp > gpn, "size_bytes": T * g.d * 2, "dtype": "bf16"})
+        if g.is_moe:
+            R = T * g.K * etp // tp
+            tile = R * ep // g.E
+            _add(out, "router", {"variant": "topk", "num_tokens": T // tp, "num_experts": g.E, "k": g.K,
+                                 "hidden": 0, "dtype": "fp32"})
+            _gemm3(out, T // tp, g.E, g.d, dt)
+            for proj in ("fc1", "fc2"):
+                _add(out, "grouped_gemm", {"proj": proj, "distribution": "balanced", "num_gemms": g.E // ep,
+                                           "tokens_per_expert": max(tile, 1), "hidden": g.d,
+                                           "ffn": g.dexp // etp, "dtype": dt})
+            if g.dsh:
+                _gemm3(out, T, w1 * g.dsh // tp, g.d, dt)
+                _gemm3(out, T, g.d, g.dsh // tp, dt)
+            if ep > 1:
+                _add(out, "collectives", {"collective": "all_to_all", "group_size": ep, "layout": "contiguous",
+                                          "inter_node": tp * cp * ep > gpn, "size_bytes": R * g.d * 2,
+                                          "dtype": "bf16"})
+        if dp * cp > 1:
+            for coll in ("reduce_scatter", "all_gather"):
+                _add(out, "collectives", {"collective": coll, "group_size": dp * cp, "layout": "contiguous",
+                                          "inter_node": tp * cp * dp > gpn, "size_bytes": 2 * 40_000_000,
+                                          "dtype": "bf16"})
+        _add(out, "dispatch", {"mode": "gemm", "m": 8, "n": 2048, "k": 2048, "dtype": "bf16", "chain_len": 512})
+    del table_vocab
+    return out

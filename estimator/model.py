@@ -1,0 +1,546 @@
+"""The iteration-time model (paper sec:iteration-time-model), vectorised over plans.
+
+Every quantity is a numpy array over P plans (one element per execution plan). Per micro-batch
+and pipeline stage we cost, forward and backward, the blocks of the paper's architecture:
+
+* attention: QKV(+head gate) and output projections, TP-sharded, sequence parallel (GEMM table);
+  SDPA on the TP-sharded query heads, CP-sharded sequence (SDPA table);
+* MoE: router GEMM + top-k (router table), permute/unpermute, grouped expert GEMMs keyed by the
+  local experts E_loc = E/EP and the per-expert tile (grouped table), the shared expert (GEMM
+  table) overlapped with the routed all-to-all, EP all-to-all dispatch + combine (collective
+  table, intra vs inter node by the group's span);
+* the first dense block's SwiGLU MLP; norms, RoPE, residual adds, SwiGLU (element-wise);
+* TP all-gather / reduce-scatter (sequence parallel) and CP key/value exchange;
+* activation recomputation per checkpointing mode.
+
+**EP tile (first-principles correction of sec:microbenchmarks).** The paper keys the grouped
+GEMM on M_expert = ceil(T_seq B_micro K / E) "invariant to expert parallelism". Under EP each rank
+holds E/EP local experts that receive tokens from all EP ranks, so with balanced routing a rank
+still processes T_seq B_micro K rows, and each local expert's tile is EP T_seq B_micro K / E. A
+lookup at tile T_seq B_micro K / E with E/EP groups under-counts expert work by EP. We key on
+(num_gemms = E/EP, tokens_per_expert = EP T_seq B_micro K / E) (tests/estimator/test_model.py).
+
+Then t_mb = max(t_cmp, t_disp), t_disp = L_stage kappa(E_loc) t_gap + t_host; the 1F1B bubble
+(eq:bubble) f_bubble = (PP-1)/(VPP n_mb); the vocabulary-stage term; PP send/recv; the DP
+gradient reduce-scatter and parameter all-gather of the distributed optimizer with the overlap
+1F1B allows; the optimizer step; and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
+
+**Vocabulary term for PP = 1.** The paper's t_vocab = (n_mb-1) max(t_first, t_last) + t_first
++ t_last assumes the embedding and the LM head sit on different stages. With one stage both run
+on the same GPU for every micro-batch, so t_vocab = n_mb (t_first + t_last) there.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scaleplan.estimator import analytic as an
+from scaleplan.estimator.geom import Geometry, padded_vocab
+from scaleplan.estimator.tables import ANALYTIC, CLAMPED, LookupResult, Tables
+from scaleplan.profiles import ClusterProfile
+from scaleplan.units import BYTES_PER_ELEMENT
+
+CKPT_CODES = {"none": 0, "selective": 1, "super-selective": 2, "full": 3}
+CKPT_NAMES = {v: k for k, v in CKPT_CODES.items()}
+
+# Kernel-count law kappa(E_loc) = kappa0 + kappa1 E_loc per transformer layer and micro-batch
+# (forward + backward + full recompute). Defaults: GPU kernel counts read from rank-0 profiler
+# traces of the Megatron-Core MoE stack (dmlc/ScalePlan dlcalc/utils/kernel_launch.py notes
+# ~759 kernels/layer-mb at E_loc=16 and ~1576 at E_loc=128): two counted points, not an MFU fit.
+KAPPA0_DEFAULT = 642.0
+KAPPA1_DEFAULT = 7.29
+# Share of those kernels issued per checkpoint mode, in forward-pass units: forward 1, backward 2,
+# full recompute +1 forward; selective re-runs attention only, super-selective also norms/activations.
+_KERNEL_UNITS = np.array([3.0, 3.1, 3.3, 4.0])
+T_GAP_DEFAULT_S = 15e-6   # launch-bound torch eager op on a modern host (dispatch table when present)
+T_HOST_DEFAULT_S = 0.0    # fixed per-micro-batch host time; only a measured/calibrated value is used
+
+# Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
+DDP_BUCKET_PARAMS = 40_000_000
+GRAD_BYTES_COMM = 2   # grads reduce-scattered in bf16 (grad_reduce_in_fp32=False default)
+P2P_LAT_INTRA_S, P2P_LAT_INTER_S = 10e-6, 25e-6
+
+
+@dataclass
+class DispatchLaw:
+    kappa0: float = KAPPA0_DEFAULT
+    kappa1: float = KAPPA1_DEFAULT
+    t_gap_s: float = T_GAP_DEFAULT_S
+    t_host_s: float = T_HOST_DEFAULT_S
+    source: str = "default"
+
+
+@dataclass
+class ChiCoefficients:
+    c_a2a: float = 0.0
+    c_pp: float = 0.0
+    c_ovl: float = 0.0
+    calibration_id: int | None = None
+
+
+@dataclass
+class Plans:
+    """Execution plans as parallel integer arrays (one element per plan)."""
+
+    tp: np.ndarray
+    cp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    vpp: np.ndarray
+    mbs: np.ndarray
+    ckpt: np.ndarray  # codes, CKPT_CODES
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    def take(self, idx) -> "Plans":
+        return Plans(*(getattr(self, f)[idx] for f in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt")))
+
+    def layout(self, i: int) -> dict:
+        return {"tp": int(self.tp[i]), "cp": int(self.cp[i]), "pp": int(self.pp[i]), "dp": int(self.dp[i]),
+                "ep": int(self.ep[i]), "etp": int(self.etp[i]), "vpp": int(self.vpp[i]), "mbs": int(self.mbs[i]),
+                "ckpt": CKPT_NAMES[int(self.ckpt[i])]}
+
+
+@dataclass
+class OOR:
+    """First out-of-range lookup per plan (reason string and the numbers for the error message)."""
+
+    reason: np.ndarray  # object: None or "out_of_range:<table>.<axis>"
+    table: np.ndarray
+    axis: np.ndarray
+    value: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+@dataclass
+class Evaluation:
+    """Per-plan results (arrays of length P)."""
+
+    plans: Plans
+    n_mb: np.ndarray
+    components: dict[str, np.ndarray]   # seconds per iteration, summing to t_analytic
+    sources: dict[str, np.ndarray]      # int8 source codes per component
+    t_analytic: np.ndarray
+    chi: np.ndarray
+    t_iter: np.ndarray
+    t_a2a: np.ndarray
+    ep_nodes: np.ndarray
+    pp_nodes: np.ndarray
+    deep_pp_in_node: np.ndarray
+    mfu: np.ndarray
+    mfu_nonembed: np.ndarray
+    hfu: np.ndarray
+    n_clamped: np.ndarray
+    oor: OOR
+    warnings: list[str] = field(default_factory=list)
+
+
+class _Recorder:
+    """Collects source codes, clamp counts and out-of-range reasons while the model looks up tables."""
+
+    def __init__(self, P: int, clamp: bool):
+        self.P, self.clamp = P, clamp
+        self.src: dict[str, np.ndarray] = {}
+        self.n_clamped = np.zeros(P, dtype=np.int64)
+        self.oor = OOR(*(np.full(P, None, dtype=object) for _ in range(3)), np.zeros(P), np.zeros(P), np.zeros(P))
+        self.warnings: list[str] = []
+
+    def mark(self, comp: str, code) -> None:
+        code = np.broadcast_to(np.asarray(code, dtype=np.int8), (self.P,))
+        self.src[comp] = np.maximum(self.src.get(comp, np.zeros(self.P, dtype=np.int8)), code)
+
+    def use(self, comp: str, res: LookupResult, active=True) -> np.ndarray:
+        """Record one lookup for component ``comp`` (``active``: plans where it really happens)."""
+        active = np.broadcast_to(np.asarray(active, dtype=bool), (self.P,))
+        t = np.broadcast_to(res.t, (self.P,))
+        bad = np.broadcast_to(res.oor_axis >= 0, (self.P,)) & active
+        code = np.broadcast_to(res.code, (self.P,))
+        if self.clamp:
+            code = np.where(bad, CLAMPED, code)
+            self.n_clamped += bad
+        else:
+            new = bad & (self.oor.reason == None)  # noqa: E711 (elementwise on an object array)
+            if new.any():
+                ax = np.broadcast_to(res.oor_axis, (self.P,))
+                for a in np.unique(ax[new]):
+                    sel = new & (ax == a)
+                    self.oor.reason[sel] = f"out_of_range:{res.table.split('[')[0]}.{res.axes[a]}"
+                    self.oor.table[sel] = res.table
+                    self.oor.axis[sel] = res.axes[a]
+                self.oor.value[new] = np.broadcast_to(res.oor_value, (self.P,))[new]
+                self.oor.lo[new] = np.broadcast_to(res.lo, (self.P,))[new]
+                self.oor.hi[new] = np.broadcast_to(res.hi, (self.P,))[new]
+        self.mark(comp, np.where(active, code, 0))
+        return np.where(active, t, 0.0)
+
+
+def _arr(x, P):
+    return np.broadcast_to(np.asarray(x, dtype=float), (P,)).copy()
+
+
+class TimeModel:
+    """Evaluate eq:mfu for arrays of plans of one geometry on one profile.
+
+    Args:
+        profile: the hardware profile (peaks, HBM bandwidth, link bandwidths, GPUs per node).
+        tables: measured tables (components without a table fall back to :mod:`analytic`).
+        clamp: extrapolate="clamp" (else out-of-range lookups are reported per plan).
+        dispatch: the dispatch law (kappa0, kappa1, t_gap, t_host).
+        chi: eq:desync coefficients (zeros: chi_sys = 1).
+    """
+
+    def __init__(self, profile: ClusterProfile, tables: Tables, clamp: bool, dispatch: DispatchLaw,
+                 chi: ChiCoefficients):
+        self.prof, self.tb, self.clamp, self.disp, self.chi_c = profile, tables, clamp, dispatch, chi
+        self.gpn = profile.gpus_per_node
+
+    # -- kernels -------------------------------------------------------------------------------
+    def _gemm(self, rec, comp, m, n, k, peak, active=True):
+        """Forward GEMM time; returns (fwd, bwd) where bwd = dgrad (m,k,n) + wgrad (k,n,m)."""
+        if self.tb.gemm is None:
+            rec.mark(comp, ANALYTIC)
+            f = an.gemm_time(m, n, k, peak, self.prof.hbm_bandwidth)
+            b = an.gemm_time(m, k, n, peak, self.prof.hbm_bandwidth) + an.gemm_time(k, n, m, peak, self.prof.hbm_bandwidth)
+            return np.where(active, f, 0.0), np.where(active, b, 0.0)
+        f = rec.use(comp, self.tb.gemm.lookup(m, n, k), active)
+        b = rec.use(comp, self.tb.gemm.lookup(m, k, n), active) + rec.use(comp, self.tb.gemm.lookup(k, n, m), active)
+        return f, b
+
+    def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True):
+        """Collective time from the table of the regime; analytic ring formula where unmeasured.
+
+        Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw
+        of ring algorithms does not depend on the group size once the bottleneck link is fixed, so
+        t(n, S) = t(n_ref, S') with S' chosen to keep the per-link bytes (labelled "analytic").
+        """
+        P = rec.P
+        n = _arr(n, P)
+        size = _arr(size, P)
+        inter = np.broadcast_to(np.asarray(inter, dtype=bool), (P,))
+        active = np.broadcast_to(np.asarray(active, dtype=bool), (P,)) & (n > 1)
+        out = np.zeros(P)
+        bw = np.where(inter, self.prof.scaleout_bandwidth, self.prof.scaleup_bandwidth)
+        ana = an.collective_time(coll, n, size, np.maximum(bw, 1.0), inter)
+        for flag in (False, True):
+            sel = active & (inter == flag)
+            if not sel.any():
+                continue
+            tab = self.tb.collectives.get((coll, layout, flag))
+            if tab is None and layout == "strided":
+                tab = self.tb.collectives.get((coll, "contiguous", flag))
+            if tab is None:
+                out[sel] = ana[sel]
+                rec.mark(comp, np.where(sel, ANALYTIC, 0))
+                continue
+            g_lo, g_hi = tab.groups[0], tab.groups[-1]
+            nref = np.clip(n, g_lo, g_hi)
+            # busbw invariance across group sizes: keep bytes per link, factor(n) S / busbw
+            s_ref = size * an.bus_factor(coll, n) / np.maximum(an.bus_factor(coll, nref), 1e-9)
+            t, lo, hi, exact = tab.time(nref, s_ref)
+            oor_s = (s_ref < lo * (1 - 1e-9)) | (s_ref > hi * (1 + 1e-9))
+            res = LookupResult(tab.name, ("size_bytes",), t, np.where(exact, 0, 1).astype(np.int8),
+                               np.where(oor_s, 0, -1).astype(np.int16), s_ref, lo, hi)
+            tt = rec.use(comp, res, sel)
+            out[sel] = tt[sel]
+            off_grid = sel & ((n < g_lo) | (n > g_hi))
+            if off_grid.any():
+                rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
+        return out
+
+    # -- the model -----------------------------------------------------------------------------
+    def evaluate(self, g: Geometry, pl: Plans, gbs: int, seqlen: int, optimizer: str) -> Evaluation:
+        P = len(pl)
+        rec = _Recorder(P, self.clamp)
+        prof = self.prof
+        peak = prof.peak(g.precision)
+        hbm = prof.hbm_bandwidth
+        b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
+        tp, cp, pp, dp, ep, etp, vpp, mbs, ck = (getattr(pl, f).astype(float) for f in
+                                                  ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"))
+        ckc = pl.ckpt
+        n_mb = gbs / (dp * mbs)
+        T = seqlen * mbs / cp                       # tokens of a rank's sequence shard (all TP ranks)
+        Tsp = T / tp                                # sequence-parallel shard
+        kv_loc = np.maximum(g.nkv / tp, 1.0)        # kv heads replicated when TP > n_kv
+        moe = g.is_moe
+
+        # attention projections (gate folded into the QKV GEMM: same input, n_q extra columns)
+        n_qkv = ((g.nq + 2 * kv_loc * 1.0) * g.hd + (g.nq if g.gate else 0)) / tp
+        n_qkv = (g.nq * g.hd + (g.nq if g.gate else 0)) / tp + 2 * kv_loc * g.hd
+        f_qkv, b_qkv = self._gemm(rec, "attn_proj", T, n_qkv, g.d, peak)
+        f_o, b_o = self._gemm(rec, "attn_proj", T, g.d, g.nq * g.hd / tp, peak)
+        attn_f, attn_b = f_qkv + f_o, b_qkv + b_o
+
+        # SDPA on TP-sharded heads; CP: each rank computes 1/CP of the (load-balanced) causal work
+        if self.tb.sdpa:
+            sd_f = rec.use("sdpa", self.tb.sdpa["fwd"].lookup(seqlen, mbs, g.nq / tp, g.hd)) / cp
+            sd_b = rec.use("sdpa", self.tb.sdpa["bwd"].lookup(seqlen, mbs, g.nq / tp, g.hd)) / cp
+        else:
+            rec.mark("sdpa", ANALYTIC)
+            sd_f = an.sdpa_fwd_time(seqlen, mbs, g.nq / tp, g.hd, peak, hbm) / cp
+            sd_b = an.SDPA_BWD_OVER_FWD * sd_f
+
+        # element-wise: 2 norms, 2 residual adds, RoPE on q/k, gate sigmoid*mul (bytes through HBM)
+        ew_bytes = b_el * Tsp * g.d * (2 * 2 + 2 * 3) + b_el * T * (g.nq / tp + kv_loc) * g.hd * 2 \
+            + (b_el * T * g.nq * g.hd / tp * 3 if g.gate else 0.0)
+        rec.mark("elementwise", ANALYTIC)
+        ew_f = an.memory_time(ew_bytes, hbm)
+
+        # dense MLP (first block(s)) and the MoE block
+        w1 = 2 if g.glu else 1
+        dm_f1, dm_b1 = self._gemm(rec, "dense_mlp", T, w1 * g.dff / tp, g.d, peak, active=g.n_dense > 0)
+        dm_f2, dm_b2 = self._gemm(rec, "dense_mlp", T, g.d, g.dff / tp, peak, active=g.n_dense > 0)
+        act_dense = an.memory_time(b_el * T * g.dff / tp * 3, hbm)
+        dense_f, dense_b = dm_f1 + dm_f2 + act_dense, dm_b1 + dm_b2 + 2 * act_dense
+
+        z = np.zeros(P)
+        moe_f = moe_b = a2a_f = a2a_b = sh_f = sh_b = z
+        E_loc = np.ones(P)
+        if moe:
+            E_loc = g.E / ep
+            R = T * g.K * etp / tp                       # routed rows per rank (balanced routing)
+            tile = R * ep / g.E                          # rows per local expert (EP correction)
+            # router GEMM (fp32 island costed as bf16 GEMM: d x E is tiny) + top-k
+            rg_f, rg_b = self._gemm(rec, "router", Tsp, g.E, g.d, peak)
+            if self.tb.topk:
+                tk_f = rec.use("router", self.tb.topk["fwd"].lookup(Tsp, g.E, g.K))
+                tk_b = rec.use("router", self.tb.topk["bwd"].lookup(Tsp, g.E, g.K)) if "bwd" in self.tb.topk \
+                    else tk_f
+            else:
+                rec.mark("router", ANALYTIC)
+                tk_f = an.memory_time(4.0 * Tsp * g.E * 3, hbm)
+                tk_b = tk_f
+            perm = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)   # permute + unpermute
+            rec.mark("permute", ANALYTIC)
+            ffn_loc = g.dexp / etp
+            ex_f, ex_b = np.zeros(P), np.zeros(P)
+            for e in np.unique(etp):  # one grouped table per expert shape (d, d_expert / ETP)
+                sel = etp == e
+                f_loc = int(round(g.dexp / e))
+                tabf, tabb = self.tb.grouped.get(("fwd", g.d, f_loc)), self.tb.grouped.get(("bwd", g.d, f_loc))
+                if tabf is not None and tabb is not None:
+                    ex_f += rec.use("experts", tabf.lookup(E_loc, tile), sel)
+                    ex_b += rec.use("experts", tabb.lookup(E_loc, tile), sel)
+                else:
+                    rec.mark("experts", np.where(sel, ANALYTIC, 0))
+                    fa = an.grouped_gemm_time(E_loc, tile, g.d, f_loc, peak, hbm, g.glu)
+                    ex_f += np.where(sel, fa, 0.0)
+                    ex_b += np.where(sel, 2 * fa, 0.0)
+            ex_act = an.memory_time(b_el * R * ffn_loc * 3, hbm)        # SwiGLU on routed rows
+            ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
+            if g.dsh:
+                s1f, s1b = self._gemm(rec, "shared_expert", T, w1 * g.dsh / tp, g.d, peak)
+                s2f, s2b = self._gemm(rec, "shared_expert", T, g.d, g.dsh / tp, peak)
+                s_act = an.memory_time(b_el * T * g.dsh / tp * 3, hbm)
+                sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
+            # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes
+            span = tp * cp * ep
+            a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, R * g.d * b_el, span > self.gpn,
+                                       active=ep > 1)
+            a2a_f, a2a_b = 2 * a2a_one, 2 * a2a_one
+            moe_f = rg_f + tk_f + perm + ex_f
+            moe_b = rg_b + tk_b + perm + ex_b
+
+        # TP (sequence parallel): 2 all-gathers + 2 reduce-scatters of the full [T, d] per pass
+        tp_inter = tp > self.gpn
+        tp_one = self._collective(rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
+            self._collective(rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
+        tp_f = tp_b = 2 * tp_one
+        # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
+        kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el
+        cp_inter = tp * cp > self.gpn
+        cp_f = self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter)
+        cp_b = cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
+
+        # per-layer totals (shared expert overlapped with the routed all-to-all: max of the two)
+        common_f = attn_f + sd_f + ew_f + tp_f + cp_f
+        common_b = attn_b + sd_b + 2 * ew_f + tp_b + cp_b
+        moe_lf = common_f + moe_f + np.maximum(sh_f, a2a_f)
+        moe_lb = common_b + moe_b + np.maximum(sh_b, a2a_b)
+        den_lf = common_f + dense_f
+        den_lb = common_b + dense_b
+        rc_moe = np.select([ckc == 3, ckc == 2, ckc == 1],
+                           [moe_lf, sd_f + ew_f + (perm if moe else 0.0), sd_f], 0.0)
+        rc_den = np.select([ckc == 3, ckc == 2, ckc == 1], [den_lf, sd_f + ew_f, sd_f], 0.0)
+        t_moe_layer = moe_lf + moe_lb + rc_moe
+        t_den_layer = den_lf + den_lb + rc_den
+
+        L_stage = g.L / pp
+        nd0 = np.minimum(g.n_dense, L_stage)  # dense blocks sit on the first stage
+        if moe:
+            t_stage0 = nd0 * t_den_layer + (L_stage - nd0) * t_moe_layer
+            t_other = np.where(pp > 1, L_stage * t_moe_layer, 0.0)
+        else:
+            t_stage0 = L_stage * t_den_layer
+            t_other = t_stage0
+        t_cmp = np.maximum(t_stage0, t_other)
+
+        # dispatch floor (self-limiting max): kernels per layer-micro-batch x gap + host time
+        kappa = (self.disp.kappa0 + self.disp.kappa1 * (E_loc if moe else 0.0)) * _KERNEL_UNITS[ckc] / 4.0
+        t_disp = L_stage * kappa * self.disp.t_gap_s + self.disp.t_host_s
+        t_mb = np.maximum(t_cmp, t_disp)
+        t_block = n_mb * t_mb
+        f_bub = (pp - 1) / (vpp * n_mb)
+        t_bubble = f_bub * t_block
+
+        # vocabulary stage: embedding on the first stage, LM head + fp32 cross-entropy on the last
+        t_first, t_last = self._vocab(rec, g, T, tp, peak, hbm, b_el)
+        t_vocab = np.where(pp > 1, (n_mb - 1) * np.maximum(t_first, t_last) + t_first + t_last
+                           + t_last * n_mb * f_bub, n_mb * (t_first + t_last))
+
+        # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); neighbours are TP*CP*DP ranks apart
+        p2p_inter = tp * cp * dp >= self.gpn
+        p2p_bytes = Tsp * g.d * b_el
+        p2p_bw = np.where(p2p_inter, prof.scaleout_bandwidth, prof.scaleup_bandwidth)
+        t_p2p = np.where(p2p_inter, P2P_LAT_INTER_S, P2P_LAT_INTRA_S) + p2p_bytes / np.maximum(p2p_bw, 1.0)
+        rec.mark("pp_p2p", np.where(pp > 1, ANALYTIC, 0))
+        t_pp = np.where(pp > 1, 2 * (n_mb + pp - 1) * t_p2p, 0.0)
+
+        # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed
+        w_bwd = L_stage * (moe_lb if moe else den_lb)
+        w_fwd = L_stage * (moe_lf if moe else den_lf)
+        t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd)
+        t_opt = self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm)
+
+        comps = {
+            "attn_proj": n_mb * L_stage * (attn_f + attn_b + np.where(ckc == 3, attn_f, 0.0)),
+            "sdpa": n_mb * L_stage * (sd_f + sd_b + np.where(ckc >= 1, sd_f, 0.0)),
+        }
+        # the remaining compute of the slowest stage, attributed by component (fwd + bwd + recompute)
+        rc = np.where(ckc == 3, 1.0, 0.0)
+        if moe:
+            n_m = L_stage - np.where(t_stage0 >= t_other, nd0, 0.0)
+            n_d = L_stage - n_m
+            comps["experts"] = n_mb * n_m * (ex_f * (1 + rc) + ex_b)
+            comps["router"] = n_mb * n_m * ((rg_f + tk_f) * (1 + rc) + rg_b + tk_b)
+            comps["permute"] = n_mb * n_m * perm * (2 + np.where(ckc >= 2, 1.0, 0.0))
+            comps["shared_expert"] = n_mb * n_m * (sh_f * (1 + rc) + sh_b)
+            comps["ep_a2a"] = n_mb * n_m * (np.maximum(a2a_f - sh_f, 0) * (1 + rc) + np.maximum(a2a_b - sh_b, 0))
+            comps["dense_mlp"] = n_mb * n_d * (dense_f * (1 + rc) + dense_b)
+        else:
+            n_m, n_d = 0.0, L_stage
+            comps["dense_mlp"] = n_mb * L_stage * (dense_f * (1 + rc) + dense_b)
+        comps["elementwise"] = n_mb * L_stage * (ew_f * (3 + np.where(ckc >= 2, 1.0, 0.0)))
+        comps["tp_comm"] = n_mb * L_stage * (tp_f * (1 + rc) + tp_b)
+        comps["cp_comm"] = n_mb * L_stage * (cp_f * (1 + rc) + cp_b)
+        # make the per-component split add up exactly to n_mb * t_cmp (slowest stage)
+        split = sum(comps.values())
+        scale = np.where(split > 0, n_mb * t_cmp / np.where(split > 0, split, 1.0), 1.0)
+        for k in comps:
+            comps[k] = comps[k] * scale
+        comps["dispatch_floor"] = n_mb * (t_mb - t_cmp)
+        comps["bubble"] = t_bubble
+        comps["vocab"] = t_vocab
+        comps["pp_p2p"] = t_pp
+        comps["dp_comm"] = t_dp
+        comps["optimizer"] = t_opt
+        rec.mark("dispatch_floor", 0)
+        rec.mark("bubble", rec.src.get("dispatch_floor", 0))
+        t_an = sum(comps.values())
+
+        # eq:desync
+        ep_nodes = np.ceil(ep * tp / self.gpn)
+        pp_nodes = np.ceil(pp / self.gpn)
+        deep = (pp >= self.gpn) & (pp_nodes == 1)
+        t_a2a_wire = n_mb * n_m * (a2a_f * (1 + rc) + a2a_b) if moe else np.zeros(P)
+        c = self.chi_c
+        chi = 1.0 + c.c_a2a * (t_a2a_wire / t_an) * (ep_nodes > 1) + c.c_pp * (pp_nodes - 1) + c.c_ovl * deep
+        t_iter = chi * t_an
+
+        tokens = gbs * seqlen
+        denom = t_iter * prof.peak(g.precision) * (tp * cp * pp * dp)
+        mfu = 6.0 * g.n_mfu * tokens / denom
+        mfu_ne = 6.0 * g.n_act * tokens / denom
+        # HFU: add the recomputed forward FLOPs (full: the transformer blocks' 2 N_act per token;
+        # selective / super-selective: the causal attention-score FLOPs)
+        attn_score = 2.0 * seqlen * g.nq * g.hd * g.L  # per token, causal fwd QK^T + PV
+        rec_flops = np.select([ckc == 3, ckc >= 1], [2.0 * g.n_act + attn_score, attn_score], 0.0) * tokens
+        hfu = (6.0 * g.n_mfu * tokens + rec_flops) / denom
+        return Evaluation(pl, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
+                          pp_nodes.astype(int), deep, mfu, mfu_ne, hfu, rec.n_clamped, rec.oor, rec.warnings)
+
+    def _vocab(self, rec, g, T, tp, peak, hbm, b_el):
+        """(t_first, t_last) per micro-batch: embedding gather/scatter; LM head GEMM + cross-entropy.
+
+        The vocab table has one vocab size V_t (Megatron-padded). Both kernels do work proportional
+        to the logit count, so a TP-sharded padded vocab V_loc = pad(V, TP)/TP is looked up at the
+        logit-equivalent token count T V_loc / V_t (in range or reported out of range like any axis).
+        """
+        V_loc = padded_vocab(g.vocab, tp.astype(np.int64)) / tp
+        t_first = an.memory_time(b_el * T * g.d * 2 + 4.0 * T * g.d * 2, hbm)  # gather fwd, fp32 scatter-add bwd
+        if self.tb.vocab and self.tb.vocab_size:
+            teq = T * V_loc / self.tb.vocab_size
+            t_last = np.zeros_like(T)
+            for op in ("lm_head_gemm", "cross_entropy"):
+                for dirn in ("fwd", "bwd"):
+                    tab = self.tb.vocab.get((op, dirn))
+                    if tab is not None:
+                        t_last = t_last + rec.use("vocab", tab.lookup(teq, g.d))
+        else:
+            rec.mark("vocab", ANALYTIC)
+            f, b = self._gemm(rec, "vocab", T, V_loc, g.d, peak)
+            ce = an.memory_time(4.0 * T * V_loc * 3, hbm)
+            rec.mark("vocab", ANALYTIC)
+            t_last = f + b + 2 * ce
+        return t_first, t_last
+
+    def _dp_comm(self, rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd):
+        """Exposed distributed-optimizer traffic per iteration.
+
+        Dense grads: reduce-scatter over the DP x CP group (contiguous ranks); params all-gathered
+        back. Expert grads: over EDP = TP CP DP / (EP ETP) strided ranks. Megatron buckets grads
+        (max(40M, 1M x DP) params per bucket) and overlaps reduce-scatter with the last micro-batch's
+        backward and the all-gather with the next first forward; the last bucket is always exposed.
+        """
+        P = len(pl)
+        L_stage = g.L / pp
+        dense_p = (L_stage * g.attn_params + np.minimum(g.n_dense, L_stage) * g.dense_mlp_params
+                   + np.maximum(L_stage - g.n_dense, 0) * g.moe_dense_params) / tp
+        dense_p = dense_p + g.vocab * g.d / tp  # embedding (first) or LM head (last): the heavier stage
+        exp_p = np.maximum(L_stage - np.where(pp > 1, 0, g.n_dense), 0) * g.expert_params / (ep * etp)
+        n_dp = dp * cp
+        edp = tp * cp * dp / (ep * etp)
+        out = np.zeros(P)
+        for params, group, layout, inter in (
+                (dense_p, n_dp, "contiguous", tp * cp * dp > self.gpn),
+                (exp_p, edp, "strided", tp * cp * ep >= self.gpn)):
+            bucket = np.maximum(DDP_BUCKET_PARAMS, 1e6 * group)
+            nb = np.maximum(np.ceil(params / bucket), 1)
+            bsz = params / nb * GRAD_BYTES_COMM
+            act = (group > 1) & (params > 0)
+            rs = nb * self._collective(rec, "dp_comm", "reduce_scatter", group, bsz, inter, layout, act)
+            ag = nb * self._collective(rec, "dp_comm", "all_gather", group, bsz, inter, layout, act)
+            out += np.maximum(rs - w_bwd, rs / nb) + np.maximum(ag - w_fwd, ag / nb)
+        return out
+
+    def _optimizer(self, rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm):
+        """Optimizer step on this rank's shard (distributed optimizer), bandwidth/FLOP roofline.
+
+        adam/adamw: read fp32 master, m, v and the grad, write master, m, v and the bf16 param
+        (30 bytes/param). sgd (momentum): 18 bytes/param. muon/scion: momentum update (18 bytes/
+        param) plus 5 Newton-Schulz iterations per weight matrix, ~5 (4 m^2 n + 2 m^3) FLOPs for an
+        m x n matrix (m <= n), at the GEMM roofline.
+        """
+        rec.mark("optimizer", ANALYTIC)
+        L_stage = g.L / pp
+        dense = (L_stage * g.attn_params + g.n_dense * g.dense_mlp_params / pp
+                 + (g.n_moe / pp) * g.moe_dense_params + g.vocab * g.d) / (tp * dp * cp)
+        experts = (g.n_moe / pp) * g.expert_params / (ep * etp) / np.maximum(tp * cp * dp / (ep * etp), 1)
+        shard = dense + experts
+        per = {"adam": 30.0, "adamw": 30.0, "sgd": 18.0, "muon": 18.0, "scion": 18.0}.get(optimizer, 30.0)
+        t = an.memory_time(per * shard, hbm)
+        if optimizer in ("muon", "scion"):
+            def ns(m, n):
+                m, n = min(m, n), max(m, n)
+                return 5.0 * (4.0 * m * m * n + 2.0 * m ** 3)
+            attn = ns(g.d, g.nq * g.hd) * 2 + ns(g.d, g.nkv * g.hd) * 2
+            exp_m = ns(g.d, g.dexp) * 3
+            fl_dense = L_stage * attn / (tp * dp * cp)
+            fl_exp = (g.n_moe / pp) * g.E * exp_m / (ep * etp) / np.maximum(tp * cp * dp / (ep * etp), 1)
+            t = t + (fl_dense + fl_exp) / (0.5 * peak)
+        return t

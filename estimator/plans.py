@@ -1,0 +1,102 @@
+"""Enumeration of the realizable plan set P_disc(N_dev) (paper app:plan-realization, eq:mesh-moe).
+
+N_dev = TP CP PP DP for the dense layers; inside an MoE layer DP = EP EDP (EP | DP). Plans are
+generated as numpy arrays (one element per plan) and structurally checked:
+
+* integral micro-batch count n_mb = gbs / (DP B_micro);
+* layers divisible by PP VPP (the dense first block counts as a layer);
+* query heads divisible by TP; key/value heads: TP | n_kv, or n_kv | TP with the KV heads
+  replicated over TP / n_kv ranks (Megatron supports both; we allow both, replication costs are in
+  the time/memory model via kv_loc = max(n_kv / TP, 1));
+* experts divisible by EP, EP | DP, expert width divisible by ETP, ETP | TP (ETP <= TP);
+* TP within a node (TP <= GPUs per node) unless constraints say otherwise.
+
+Each structurally invalid plan is counted under its first failing reason.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.model import CKPT_CODES, Plans
+from scaleplan.specs import CKPT_MODES
+
+
+@dataclass(frozen=True)
+class PlanConstraints:
+    """Which plans to enumerate. None for a degree means every divisor (up to its max_*)."""
+
+    tp: tuple[int, ...] | None = None
+    cp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    ep: tuple[int, ...] | None = None
+    etp: tuple[int, ...] = (1,)
+    vpp: tuple[int, ...] = (1,)
+    mbs: tuple[int, ...] = (1, 2, 4)
+    ckpt: tuple[str, ...] = tuple(CKPT_MODES)
+    mem_fraction: float = 1.0
+    max_tp: int = 8
+    max_cp: int | None = None
+    max_pp: int | None = None
+    max_ep: int | None = None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _choose(given, n, cap):
+    vals = list(given) if given is not None else _divisors(n)
+    return [v for v in vals if v >= 1 and (cap is None or v <= cap)]
+
+
+def enumerate_plans(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints) -> tuple[Plans, dict[str, int], int]:
+    """All candidate plans -> (structurally valid plans, counts of invalid ones by reason, total)."""
+    tps = _choose(c.tp, n_devices, c.max_tp)
+    cps = _choose(c.cp, n_devices, c.max_cp)
+    pps = _choose(c.pp, n_devices, c.max_pp)
+    eps = _choose(c.ep, n_devices, c.max_ep)
+    ck = [CKPT_CODES[m] for m in c.ckpt]
+    grid = np.array(list(itertools.product(tps, cps, pps, eps, c.etp, c.vpp, c.mbs, ck)), dtype=np.int64)
+    if grid.size == 0:
+        return Plans(*(np.zeros(0, dtype=np.int64) for _ in range(9))), {}, 0
+    tp, cp, pp, ep, etp, vpp, mbs, ckc = grid.T
+    prod = tp * cp * pp
+    ok_mesh = n_devices % prod == 0
+    dp = np.where(ok_mesh, n_devices // np.maximum(prod, 1), 0)
+    checks = [
+        ("mesh_not_dividing_devices", ok_mesh),
+        ("ep_not_dividing_dp", (dp > 0) & (dp % ep == 0)),
+        ("experts_not_divisible_by_ep", (g.E % ep == 0) if g.is_moe else ep == 1),
+        ("gbs_not_divisible", (dp > 0) & (gbs % np.maximum(dp * mbs, 1) == 0)),
+        ("layers_not_divisible_by_pp_vpp", g.L % (pp * vpp) == 0),
+        ("vpp_needs_pp", (vpp == 1) | (pp > 1)),
+        ("heads_not_divisible_by_tp", g.nq % tp == 0),
+        ("kv_heads_vs_tp", (g.nkv % tp == 0) | (tp % g.nkv == 0)),
+        ("etp_not_dividing_tp", (tp % etp == 0) & (g.dexp % etp == 0)),
+        ("cp_not_dividing_seq", True),
+    ]
+    valid = np.ones(len(grid), dtype=bool)
+    counts: dict[str, int] = {}
+    for reason, ok in checks:
+        ok = np.broadcast_to(np.asarray(ok, dtype=bool), valid.shape)
+        bad = valid & ~ok
+        if bad.any():
+            counts[reason] = int(bad.sum())
+        valid &= ok
+    sel = np.nonzero(valid)[0]
+    plans = Plans(tp[sel], cp[sel], pp[sel], dp[sel], ep[sel], etp[sel], vpp[sel], mbs[sel], ckc[sel])
+    return plans, counts, len(grid)
+
+
+def plans_from_layouts(layouts, n_devices: int) -> Plans:
+    """Explicit layouts (specs.Layout) -> Plans arrays; DP derived as N / (TP CP PP) when omitted."""
+    rows = []
+    for lo in layouts:
+        dp = lo.dp if lo.dp is not None else n_devices // max(lo.tp * lo.cp * lo.pp, 1)
+        rows.append((lo.tp, lo.cp, lo.pp, dp, lo.ep, lo.etp, lo.vpp, lo.mbs, CKPT_CODES[lo.ckpt]))
+    a = np.array(rows, dtype=np.int64).reshape(-1, 9)
+    return Plans(*a.T)

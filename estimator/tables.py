@@ -1,0 +1,390 @@
+"""Measured microbenchmark tables as vectorised interpolators (paper sec:microbenchmarks).
+
+One :class:`Tables` holds every measured table of one hardware profile, loaded once from the
+calibration database (rows of ``BenchRun.profile == profile`` with status OK). A point measured
+more than once keeps the value of the newest run (``BenchRun.started_at``, then id); duplicates
+inside that run are reduced by the median.
+
+Interpolation is multilinear on log axes of log time, so inside the measured range a lookup is
+a power-law blend of its neighbours (for GEMMs this equals interpolating log utilisation, because
+log FLOPs is linear in the log axes). Regular grids use ``scipy.interpolate.RegularGridInterpolator``;
+holes in a grid (SKIP_MEM / ERROR points) are filled from the nearest measured point in log
+utilisation before the grid is built. Outside the measured range a lookup is never extrapolated
+silently: each lookup reports per element whether it was exact ("measured"), interpolated,
+clamped, or out of range, and names the axis (see :class:`LookupResult`); the caller decides to
+raise :class:`~scaleplan.errors.OutOfRangeError`, to mark a plan infeasible, or (``extrapolate=
+"clamp"``) to clamp and count.
+
+All lookups take and return numpy arrays (broadcasting), for the plan search over thousands of
+plans at once. Times are seconds.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy.interpolate import NearestNDInterpolator, RegularGridInterpolator
+
+# source codes per looked-up element (higher = weaker provenance)
+MEASURED, INTERPOLATED, CLAMPED, ANALYTIC = 0, 1, 2, 3
+SOURCE_NAMES = {MEASURED: "measured", INTERPOLATED: "interpolated", CLAMPED: "clamped", ANALYTIC: "analytic"}
+
+# The training stack (paper app:training-stack) is Megatron-Core with Transformer Engine layers,
+# whose DotProductAttention runs the TE fused (cuDNN / flash) backend: SDPA rows of backend "te".
+SDPA_BACKEND = "te"
+
+
+@dataclass
+class LookupResult:
+    """Per-element result of a table lookup.
+
+    t: seconds (array); code: source code per element (MEASURED..CLAMPED);
+    oor_axis: index into ``axes`` of the first out-of-range axis per element, -1 when in range;
+    oor_value / lo / hi: the requested value and measured range of that axis (for the message).
+    """
+
+    table: str
+    axes: tuple[str, ...]
+    t: np.ndarray
+    code: np.ndarray
+    oor_axis: np.ndarray
+    oor_value: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+class GridTable:
+    """log-time on a regular grid of log axes; lookups report range status per axis."""
+
+    def __init__(self, name: str, axes: tuple[str, ...], grid: list[np.ndarray], values: np.ndarray):
+        self.name, self.axes = name, axes
+        self.grid = [np.asarray(g, dtype=float) for g in grid]
+        self.lo = np.array([g.min() for g in self.grid])
+        self.hi = np.array([g.max() for g in self.grid])
+        logv = np.log(values)
+        logg = [np.log(g) for g in self.grid]
+        # single-valued axes cannot be interpolated: keep them for range checks only
+        self._keep = [i for i, g in enumerate(self.grid) if len(g) > 1]
+        sq = logv.reshape([len(g) for g in self.grid])
+        sq = sq.reshape([len(self.grid[i]) for i in self._keep]) if self._keep else sq.reshape(1)
+        if self._keep:
+            self._interp = RegularGridInterpolator([logg[i] for i in self._keep], sq, method="linear",
+                                                   bounds_error=False, fill_value=None)
+        else:
+            self._const = float(sq.reshape(-1)[0])
+        self._points = [set(g.tolist()) for g in self.grid]
+
+    def lookup(self, *coords) -> LookupResult:
+        cs = np.broadcast_arrays(*[np.asarray(c, dtype=float) for c in coords])
+        shape = cs[0].shape
+        oor_axis = np.full(shape, -1, dtype=np.int16)
+        oor_val = np.zeros(shape)
+        exact = np.ones(shape, dtype=bool)
+        clamped = []
+        for i, c in enumerate(cs):
+            bad = ((c < self.lo[i] * (1 - 1e-9)) | (c > self.hi[i] * (1 + 1e-9))) & (oor_axis < 0)
+            oor_axis[bad] = i
+            oor_val[bad] = c[bad]
+            cc = np.clip(c, self.lo[i], self.hi[i])
+            clamped.append(cc)
+            exact &= np.isin(cc, self.grid[i])
+        if self._keep:
+            pts = np.stack([np.log(clamped[i]).ravel() for i in self._keep], axis=-1)
+            t = np.exp(self._interp(pts)).reshape(shape)
+        else:
+            t = np.full(shape, np.exp(self._const))
+        code = np.where(exact, MEASURED, INTERPOLATED).astype(np.int8)
+        lo = np.where(oor_axis >= 0, self.lo[np.maximum(oor_axis, 0)], np.nan)
+        hi = np.where(oor_axis >= 0, self.hi[np.maximum(oor_axis, 0)], np.nan)
+        return LookupResult(self.name, self.axes, t, code, oor_axis, oor_val, lo, hi)
+
+
+def fill_grid(df: pd.DataFrame, axes: list[str], value: str, work: np.ndarray | None = None):
+    """Pivot ``df`` onto the full product grid of its axes; fill holes by nearest neighbour.
+
+    Holes are filled in log(value / work) (log inverse-throughput when ``work`` is the FLOP count
+    per row), in log-axis space, so a missing big GEMM inherits its neighbour's utilisation rather
+    than its time. Returns (grid axes, values array in grid order).
+    """
+    grid = [np.sort(df[a].unique()).astype(float) for a in axes]
+    idx = pd.MultiIndex.from_product(grid, names=axes)
+    s = df.set_index(axes)[value].groupby(level=list(range(len(axes)))).median()
+    s.index = s.index.set_levels([lv.astype(float) for lv in s.index.levels])
+    full = s.reindex(idx)
+    vals = full.to_numpy(dtype=float).copy()
+    if np.isnan(vals).any():
+        coords = np.log(np.array(list(idx), dtype=float))
+        w = np.ones(len(vals)) if work is None else work(np.array(list(idx), dtype=float))
+        ok = ~np.isnan(vals)
+        nn = NearestNDInterpolator(coords[ok], np.log(vals[ok] / w[ok]))
+        vals[~ok] = np.exp(nn(coords[~ok])) * w[~ok]
+    return grid, vals
+
+
+@dataclass
+class CollectiveTable:
+    """Measured collective times for one (collective, layout, inter_node) regime.
+
+    Per measured group size a 1-D log-log curve over message size; between measured group sizes
+    the time is interpolated linearly in log(group). Group sizes outside the measured set are
+    handled by busbw invariance (see :meth:`Tables.collective`), the size axis is range-checked.
+    """
+
+    name: str
+    groups: np.ndarray
+    sizes: list[np.ndarray]
+    log_t: list[np.ndarray]
+
+    def time(self, group: np.ndarray, size: np.ndarray):
+        g = np.clip(group, self.groups[0], self.groups[-1])
+        lg = np.log(g)
+        lgr = np.log(self.groups)
+        j = np.clip(np.searchsorted(lgr, lg, side="right") - 1, 0, len(self.groups) - 1)
+        j2 = np.minimum(j + 1, len(self.groups) - 1)
+        w = np.where(j2 > j, (lg - lgr[j]) / np.where(j2 > j, lgr[j2] - lgr[j], 1.0), 0.0)
+        ls = np.log(np.maximum(size, 1.0))
+        gb, lsb, jb, j2b, wb = np.broadcast_arrays(g, ls, j, j2, w)
+        t1 = np.empty(gb.shape)
+        t2 = np.empty(gb.shape)
+        for gi in np.unique(np.concatenate([jb.ravel(), j2b.ravel()])):
+            xs, ys = np.log(self.sizes[gi]), self.log_t[gi]
+            m1, m2 = jb == gi, j2b == gi
+            t1[m1] = np.interp(lsb[m1], xs, ys)
+            t2[m2] = np.interp(lsb[m2], xs, ys)
+        out = np.exp((1 - wb) * t1 + wb * t2)
+        mins = np.array([s.min() for s in self.sizes])
+        maxs = np.array([s.max() for s in self.sizes])
+        lo, hi = np.maximum(mins[jb], mins[j2b]), np.minimum(maxs[jb], maxs[j2b])
+        exact = np.isin(gb, self.groups) & np.isin(np.exp(lsb).round(), np.concatenate(self.sizes))
+        return out, lo, hi, exact
+
+
+@dataclass
+class Tables:
+    """All measured tables of one profile (any may be None: that component is analytic)."""
+
+    profile: str
+    gemm: GridTable | None = None
+    grouped: dict[tuple[str, int, int], GridTable] = field(default_factory=dict)  # (fwd|bwd, hidden, ffn)
+    sdpa: dict[str, GridTable] = field(default_factory=dict)  # fwd|bwd
+    topk: dict[str, GridTable] = field(default_factory=dict)  # fwd|bwd
+    vocab: dict[tuple[str, str], GridTable] = field(default_factory=dict)  # (op, fwd|bwd)
+    vocab_size: int | None = None
+    collectives: dict[tuple[str, str, bool], CollectiveTable] = field(default_factory=dict)
+    elementwise: dict[tuple[str, str], GridTable] = field(default_factory=dict)
+    t_gap_s: float | None = None  # per-kernel CPU dispatch gap (dispatch table)
+    t_host_s: float | None = None  # fixed per-microbatch host time (dispatch table, mode host_overhead)
+    n_points: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not any(self.n_points.values())
+
+
+# ---------------------------------------------------------------------------------------------- loading
+
+_SUITE_TABLE = {"gemm": "gemm_point", "grouped_gemm": "grouped_gemm_point", "sdpa": "sdpa_point",
+                "router": "router_point", "elementwise": "elementwise_point", "vocab": "vocab_point",
+                "collectives": "collective_point", "dispatch": "dispatch_point"}
+
+
+def _read_suite(conn, table: str, profile: str) -> pd.DataFrame:
+    from sqlalchemy import text
+
+    q = text(f"SELECT p.*, r.started_at AS run_started, r.id AS run_order FROM {table} p "
+             "JOIN bench_run r ON p.run_id = r.id WHERE r.profile = :prof AND p.status = 'OK'")
+    return pd.read_sql(q, conn, params={"prof": profile})
+
+
+def _newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Keep, per key, the rows of the newest run only (dedupe points measured more than once)."""
+    if df.empty:
+        return df
+    df = df.sort_values(["run_started", "run_order"])
+    newest = df.groupby(keys, dropna=False)["run_order"].transform("last")
+    return df[df["run_order"] == newest]
+
+
+def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
+    """Read every measurement table of ``profile`` (OK rows). Missing schema -> empty frames."""
+    from sqlalchemy import inspect
+
+    from scaleplan.db.session import get_engine, resolve_url
+
+    eng = get_engine(resolve_url(url))
+    names = set(inspect(eng).get_table_names())
+    out: dict[str, pd.DataFrame] = {}
+    with eng.connect() as conn:
+        for suite, table in _SUITE_TABLE.items():
+            out[suite] = _read_suite(conn, table, profile) if table in names and "bench_run" in names \
+                else pd.DataFrame()
+    return out
+
+
+def build_tables(profile: str, frames: dict[str, pd.DataFrame], peak_flops: float) -> Tables:
+    """Build interpolators from loaded frames (see module docstring for the treatment)."""
+    tb = Tables(profile=profile, n_points={k: len(v) for k, v in frames.items()})
+    _build_gemm(tb, frames.get("gemm", pd.DataFrame()), peak_flops)
+    _build_grouped(tb, frames.get("grouped_gemm", pd.DataFrame()))
+    _build_sdpa(tb, frames.get("sdpa", pd.DataFrame()))
+    _build_topk(tb, frames.get("router", pd.DataFrame()))
+    _build_vocab(tb, frames.get("vocab", pd.DataFrame()))
+    _build_collectives(tb, frames.get("collectives", pd.DataFrame()))
+    _build_elementwise(tb, frames.get("elementwise", pd.DataFrame()))
+    _build_dispatch(tb, frames.get("dispatch", pd.DataFrame()))
+    return tb
+
+
+def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float) -> None:
+    if df.empty:
+        return
+    df = df[df["dtype"] == "bf16"]
+    df = _newest(df, ["m", "n", "k"])
+    if len(df) < 8:
+        return
+    grid, vals = fill_grid(df, ["m", "n", "k"], "t_s", work=lambda p: 2.0 * p[:, 0] * p[:, 1] * p[:, 2] / peak)
+    tb.gemm = GridTable("gemm", ("m", "n", "k"), grid, vals)
+
+
+def _build_grouped(tb: Tables, df: pd.DataFrame) -> None:
+    """Grouped expert GEMM: one grid per (direction, hidden, ffn) over (num_gemms, tokens_per_expert).
+
+    fc1 and fc2 of one expert MLP are summed per grid point (the estimator always runs both).
+    Only balanced routing rows are used (the model assumes balanced routing).
+    """
+    if df.empty:
+        return
+    df = df[(df["distribution"] == "balanced") & (df["dtype"] == "bf16")]
+    df = _newest(df, ["proj", "num_gemms", "tokens_per_expert", "hidden", "ffn"])
+    for (h, f), g in df.groupby(["hidden", "ffn"]):
+        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+            gg = g.dropna(subset=[col])
+            piv = gg.groupby(["num_gemms", "tokens_per_expert", "proj"])[col].median().unstack("proj")
+            if not {"fc1", "fc2"} <= set(piv.columns):
+                continue
+            tot = (piv["fc1"] + piv["fc2"]).dropna().rename("t").reset_index()
+            if len(tot) < 4:
+                continue
+            grid, vals = fill_grid(tot, ["num_gemms", "tokens_per_expert"], "t")
+            tb.grouped[(dirn, int(h), int(f))] = GridTable(f"grouped_gemm[{h}x{f}]", ("num_gemms", "tokens_per_expert"),
+                                                          grid, vals)
+
+
+def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
+    """SDPA grid over (seq_len, micro_bs, n_q_heads, head_dim), backend ``SDPA_BACKEND``, causal.
+
+    n_kv_heads is not an independent axis of the recorded data (it co-varies with n_q_heads:
+    kv=1 only at q=8), and the causal flash kernel's work is set by the query heads (K/V reads are
+    a lower-order term), so kv is not interpolated; the lookup dict still records it. Rows without
+    a backward time (the older forward-only sweep) are not used.
+    """
+    if df.empty:
+        return
+    df = df[(df["backend"] == SDPA_BACKEND) & df["bwd_s"].notna() & (df["causal"].astype(bool))]
+    df = _newest(df, ["seq_len", "micro_bs", "n_q_heads", "n_kv_heads", "head_dim"])
+    if len(df) < 4:
+        return
+    axes = ["seq_len", "micro_bs", "n_q_heads", "head_dim"]
+    for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+        grid, vals = fill_grid(df, axes, col)
+        tb.sdpa[dirn] = GridTable("sdpa", tuple(axes), grid, vals)
+
+
+def _build_topk(tb: Tables, df: pd.DataFrame) -> None:
+    """Router top-k over (num_tokens, num_experts, k); fp32 rows (the router is an fp32 island)."""
+    if df.empty:
+        return
+    df = df[df["variant"] == "topk"]
+    if (df["dtype"] == "fp32").any():
+        df = df[df["dtype"] == "fp32"]
+    df = _newest(df, ["num_tokens", "num_experts", "k", "dtype"])
+    for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+        gg = df.dropna(subset=[col])
+        if len(gg) < 4:
+            continue
+        grid, vals = fill_grid(gg, ["num_tokens", "num_experts", "k"], col)
+        tb.topk[dirn] = GridTable("router", ("num_tokens", "num_experts", "k"), grid, vals)
+
+
+def _build_vocab(tb: Tables, df: pd.DataFrame) -> None:
+    """LM-head GEMM and cross-entropy over (tokens, hidden) at the table's single vocab size.
+
+    Both kernels do work proportional to the logit count tokens x vocab, so a request at another
+    (padded, TP-sharded) vocab V is looked up at the logit-equivalent token count
+    tokens * V / V_table (see model.vocab_times); the single-valued vocab axis is recorded in
+    ``vocab_size``.
+    """
+    if df.empty:
+        return
+    df = _newest(df, ["op", "tokens", "hidden", "vocab", "dtype"])
+    vs = df["vocab"].mode()
+    if vs.empty:
+        return
+    tb.vocab_size = int(vs.iloc[0])
+    df = df[df["vocab"] == tb.vocab_size]
+    for op, g in df.groupby("op"):
+        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+            gg = g.dropna(subset=[col])
+            if len(gg) < 2:
+                continue
+            grid, vals = fill_grid(gg, ["tokens", "hidden"], col)
+            tb.vocab[(str(op), dirn)] = GridTable(f"vocab.{op}", ("tokens", "hidden"), grid, vals)
+
+
+def _build_collectives(tb: Tables, df: pd.DataFrame) -> None:
+    if df.empty:
+        return
+    df = _newest(df, ["collective", "group_size", "layout", "inter_node", "size_bytes", "dtype"])
+    for (coll, layout, inter), g in df.groupby(["collective", "layout", "inter_node"]):
+        groups, sizes, lts = [], [], []
+        for n, gg in g.groupby("group_size"):
+            s = gg.groupby("size_bytes")["t_s"].median()
+            if len(s) < 2:
+                continue
+            # enforce a non-decreasing curve in size (noise such as a slow rerun point is smoothed away)
+            t = np.maximum.accumulate(s.to_numpy(dtype=float))
+            groups.append(int(n))
+            sizes.append(s.index.to_numpy(dtype=float))
+            lts.append(np.log(t))
+        if groups:
+            tb.collectives[(str(coll), str(layout), bool(inter))] = CollectiveTable(
+                f"collectives.{coll}", np.array(groups, dtype=float), sizes, lts)
+
+
+def _build_elementwise(tb: Tables, df: pd.DataFrame) -> None:
+    if df.empty:
+        return
+    df = _newest(df, ["op", "tokens", "hidden", "dtype"])
+    for op, g in df.groupby("op"):
+        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+            gg = g.dropna(subset=[col])
+            if gg["tokens"].nunique() < 2 or gg["hidden"].nunique() < 1:
+                continue
+            grid, vals = fill_grid(gg, ["tokens", "hidden"], col)
+            tb.elementwise[(str(op), dirn)] = GridTable(f"elementwise.{op}", ("tokens", "hidden"), grid, vals)
+
+
+def _build_dispatch(tb: Tables, df: pd.DataFrame) -> None:
+    """Per-kernel dispatch gap t_gap: median wall time per kernel of the launch-bound chain points.
+
+    A chain point is launch-bound when the GPU is busy less than half the wall time per kernel;
+    there the wall time per kernel is the CPU enqueue gap. ``host_overhead`` rows give t_host.
+    """
+    if df.empty:
+        return
+    host = df[df["mode"] == "host_overhead"]
+    if not host.empty:
+        tb.t_host_s = float(_newest(host, ["mode"])["wall_per_kernel_s"].median())
+    g = df[(df["mode"] == "gemm") & df["active_per_kernel_s"].notna()]
+    g = _newest(g, ["mode", "m", "n", "k", "dtype", "chain_len"])
+    bound = g[g["active_per_kernel_s"] < 0.5 * g["wall_per_kernel_s"]]
+    if not bound.empty:
+        tb.t_gap_s = float(bound["wall_per_kernel_s"].median())
+
+
+@functools.lru_cache(maxsize=32)
+def cached_tables(url: str, profile: str, peak_flops: float) -> Tables:
+    """Tables of (resolved url, profile), loaded once per process."""
+    return build_tables(profile, load_frames(url, profile), peak_flops)
