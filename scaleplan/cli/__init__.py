@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 import typer
+from rich.markup import escape
 
 from scaleplan.cli import _common
 from scaleplan.cli._common import STATE, stderr
@@ -53,13 +54,14 @@ def main(argv: list[str] | None = None) -> None:
     except ScaleplanError as e:
         if STATE.debug:
             raise
-        stderr.print(f"[red]error:[/red] {e}", highlight=False, markup=True)
+        stderr.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, markup=True)
         sys.exit(e.exit_code)
     except DBAPIError as e:
         if STATE.debug:
             raise
         first = str(e.orig).strip().splitlines()[0] if e.orig else str(e).splitlines()[0]
-        stderr.print(f"[red]error:[/red] database {mask_url(resolve_url(STATE.url_in_use or STATE.db))}: {first}", highlight=False)
+        where = mask_url(resolve_url(STATE.url_in_use or STATE.db))
+        stderr.print(f"[red]error:[/red] database {escape(where)}: {escape(first)}", highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         stderr.print("interrupted")
@@ -67,13 +69,21 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except Exception as e:  # click usage errors and aborts
-        import click
+        try:  # typer >= 0.16 vendors click as typer._click; its exceptions are not click's
+            from typer._click import exceptions as cx
+        except ImportError:
+            from click import exceptions as cx
 
-        if isinstance(e, click.exceptions.Exit):
+        if isinstance(e, cx.NoArgsIsHelpError):
+            sys.exit(2)  # typer has already printed the help
+        if isinstance(e, typer.Exit):
             sys.exit(e.exit_code)
-        if isinstance(e, click.ClickException):
-            e.show()
+        if isinstance(e, cx.ClickException):  # one line, like every other user error
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            msg = " ".join(e.format_message().split())
+            stderr.print(f"[red]error:[/red] {escape(msg + hint)}", highlight=False, markup=True)
             sys.exit(2)
-        if isinstance(e, click.exceptions.Abort):
+        if isinstance(e, typer.Abort):
             sys.exit(130)
         raise
