@@ -133,6 +133,14 @@ def _residuals(d: ChiData, coeffs: dict[str, float]) -> np.ndarray:
     return _demean(np.log(chi_from(coeffs, d)) - d.y, d.sweep, d.scale_free)
 
 
+def _snap(v: float, bounds: tuple[float, float], tol: float = 1e-9) -> float:
+    """Round-off next to a bound onto it, so a term pushed to its bound reads exactly 0 (or -0.9)."""
+    for b in bounds:
+        if abs(v - b) <= tol:
+            return float(b)
+    return float(v)
+
+
 @dataclass
 class ChiFit:
     """A fitted chi_sys: coefficients, which were free, why others were fixed, per-point residuals."""
@@ -184,7 +192,7 @@ def fit_chi(d: ChiData, mode: str = "absolute", fixed: dict[str, float] | None =
             return _residuals(d, {**coeffs, **dict(zip(free, x))})
 
         sol = least_squares(fun, x0, bounds=(lo, hi), loss="soft_l1", f_scale=SOFT_L1_SCALE)
-        coeffs.update({t: float(v) for t, v in zip(free, sol.x)})
+        coeffs.update({t: _snap(v, BOUNDS[t]) for t, v in zip(free, sol.x)})
     else:
         free = []
     res = _residuals(d, coeffs)

@@ -28,10 +28,14 @@ from scipy.optimize import least_squares
 from scaleplan.errors import ScaleplanError
 
 LAUNCHES_PER_UNIT = {"gemm": 1, "gemm_relu": 2, "relu": 1, "add": 1, "noop": 1}
-# Priors for the terms the chained-kernel benchmark cannot identify: kernel counts per layer of a
-# Megatron-Core MoE block as counted in the 700M training traces published with the reference
-# estimator (~1576 kernels/layer at E_loc = 128, ~759 at E_loc = 16), and its per-microbatch host time.
-PRIOR = {"kappa0": 642.0, "kappa1": 7.29, "t_host_s": 24.0e-3}
+# Priors for the terms the chained-kernel benchmark cannot identify are the estimator's defaults:
+# kernel counts per layer of a Megatron-Core MoE block counted in profiler traces (kappa0, kappa1)
+# and no host time (t_host = 0 until one is measured).
+try:
+    from scaleplan.estimator.model import KAPPA0_DEFAULT, KAPPA1_DEFAULT, T_HOST_DEFAULT_S
+except ImportError:  # estimator not importable: the same trace-counted values
+    KAPPA0_DEFAULT, KAPPA1_DEFAULT, T_HOST_DEFAULT_S = 642.0, 7.29, 0.0
+PRIOR = {"kappa0": float(KAPPA0_DEFAULT), "kappa1": float(KAPPA1_DEFAULT), "t_host_s": float(T_HOST_DEFAULT_S)}
 COEFFS = ("t_gap_s", "kappa0", "kappa1", "t_host_s")
 
 

@@ -64,15 +64,19 @@ Predictor = Callable[[Sequence[Observed]], list[Prediction]]
 
 
 def estimator_predictor(profile: str, db_url: str | None, extrapolate: str = "clamp") -> Predictor:
-    """A :data:`Predictor` backed by ``scaleplan.estimator.Estimator(use_calibration=False)``.
+    """A :data:`Predictor` backed by ``scaleplan.estimator.Estimator``: the chi = 1 step time.
 
-    Runs are grouped by (spec, n_devices) so each group is one ``estimate`` call.
-    Raises ScaleplanError (e.g. OutOfRangeError with extrapolate='error') naming the sweep.
+    The analytic time is ``t_analytic_s`` (chi_sys = 1, eq:cal-iter) evaluated under the dispatch
+    law in force for the profile (its newest 'dispatch' calibration, else the estimator's
+    default), so chi_sys is fitted on exactly the time the estimator will multiply; the analytic
+    MFU is ``mfu * chi_sys`` (MFU scales as 1 / t_iter). Runs are grouped by (spec, n_devices), one
+    ``estimate`` call per group. Raises ScaleplanError (e.g. OutOfRangeError with
+    extrapolate='error') naming the sweep.
     """
     from scaleplan.estimator import Estimator
     from scaleplan.specs import Layout, parse_spec
 
-    est = Estimator(profile=profile, db_url=db_url, extrapolate=extrapolate, use_calibration=False)
+    est = Estimator(profile=profile, db_url=db_url, extrapolate=extrapolate, use_calibration=True)
 
     def predict(obs: Sequence[Observed]) -> list[Prediction]:
         groups: dict[tuple[str, int], list[int]] = {}
@@ -88,7 +92,7 @@ def estimator_predictor(profile: str, db_url: str | None, extrapolate: str = "cl
                 raise ScaleplanError(f"sweep {obs[idx[0]].sweep}: the estimator failed: {e}") from None
             for i, r in zip(idx, results):
                 ci = r.chi_inputs
-                out[i] = Prediction(t_analytic_s=r.t_analytic_s, mfu_analytic=r.mfu, t_a2a_s=ci["t_a2a_s"],
+                out[i] = Prediction(t_analytic_s=r.t_analytic_s, mfu_analytic=r.mfu * r.chi_sys, t_a2a_s=ci["t_a2a_s"],
                                     ep_nodes=int(ci["ep_nodes"]), pp_nodes=int(ci["pp_nodes"]),
                                     deep_pp_in_node=bool(ci["deep_pp_in_node"]), warnings=list(r.warnings))
         return out  # type: ignore[return-value]
