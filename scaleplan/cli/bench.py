@@ -1,11 +1,258 @@
-"""`scaleplan bench`: not implemented yet (exits 2, never pretends)."""
+"""`scaleplan bench`: run | plan | runs | export — measure kernels and collectives into the database.
+
+torch is imported only inside the commands, so `scaleplan --help` and the planner commands stay fast.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
 import typer
+from rich.table import Table
 
-from scaleplan.errors import NotImplementedYet
+from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.errors import ScaleplanError
 
-app = typer.Typer(no_args_is_help=False, invoke_without_command=True)
+app = typer.Typer(no_args_is_help=True)
+
+SuiteOpt = typer.Option(
+    None,
+    "--suite",
+    help="Comma-separated suites (default: every suite in the preset): "
+    "gemm, grouped_gemm, sdpa, router, elementwise, vocab, collectives, dispatch.",
+)
+ProfileOpt = typer.Option(
+    None,
+    "--profile",
+    help="Cluster profile for utilisation and the run's label "
+    "(default: cpu-local on CPU, else derived from the GPU name).",
+)
+DeviceOpt = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available).")
 
 
-@app.callback()
-def _stub(ctx: typer.Context) -> None:
-    raise NotImplementedYet("scaleplan bench: not implemented yet")
+def _ids(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ScaleplanError(f"--resume: {text!r} is not a comma-separated list of run ids") from None
+
+
+def _progress_printer(quiet: bool):
+    """An on_event callback writing one line per suite (and per failed point) to stderr."""
+
+    def on_event(kind: str, info: dict) -> None:
+        if quiet:
+            return
+        if kind == "suite_start":
+            todo = (
+                "" if info.get("todo") is None else f": {info['todo']} of {info['points']} points to measure"
+            )
+            stderr.print(f"run {info['run_id']} {info['suite']}{todo}", highlight=False)
+        elif kind == "point" and info["row"]["status"] != "OK":
+            r = info["row"]
+            stderr.print(f"  {r['status']}: {r.get('note') or ''}", highlight=False)
+        elif kind == "error":
+            stderr.print(
+                f"[red]run {info['run_id']} {info['suite']}:[/red] {info['message']}", highlight=False
+            )
+
+    return on_event
+
+
+def _print_results(results: list, wall_s: float, as_json: bool) -> None:
+    rows = [r.to_dict() for r in results]
+    if as_json:
+        print_json({"runs": rows, "wall_s": wall_s})
+        return
+    t = Table("run", "suite", "status", "points", "measured", "already stored", "by status", "wall s")
+    for r in rows:
+        t.add_row(
+            str(r["run_id"]),
+            r["suite"],
+            r["status"],
+            str(r["points"]),
+            str(r["measured"]),
+            str(r["already_stored"]),
+            " ".join(f"{k}={v}" for k, v in sorted(r["by_status"].items())),
+            f"{r['wall_s']:.1f}",
+        )
+    stdout.print(t)
+    stdout.print(f"total {wall_s:.1f} s")
+
+
+@app.command("run")
+def run(
+    preset: str = typer.Option("quick", "--preset", help="quick, node, or a preset YAML file."),
+    suite: str = SuiteOpt,
+    profile: str = ProfileOpt,
+    db: str = DbOpt,
+    resume: str = typer.Option(
+        None, "--resume", help="Run id(s), comma-separated: measure only their missing points (same config)."
+    ),
+    device: str = DeviceOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Measure the suites of a preset; each point is committed as it is measured."""
+    from scaleplan.bench import runner
+    from scaleplan.bench.config import load_preset
+    from scaleplan.bench.suites.collectives import in_torchrun
+
+    url = db_url(db)
+    suites = [s.strip() for s in suite.split(",")] if suite else None
+    ids = _ids(resume)
+    t0 = time.perf_counter()
+    if in_torchrun():
+        _run_torchrun(preset, suites, profile, url, device, ids, json_out)
+        return
+    on_event = _progress_printer(quiet=False)
+    if ids:
+        results = runner.resume_runs(ids, url, device=device, on_event=on_event)
+    else:
+        p = load_preset(preset)
+        results = runner.run_preset(
+            p, url, suites=suites, profile=profile, device=device, preset_label=preset, on_event=on_event
+        )
+    _print_results(results, time.perf_counter() - t0, want_json(json_out))
+    if any(r.status != "complete" for r in results):
+        raise typer.Exit(1)
+
+
+def _run_torchrun(preset, suites, profile, url, device, ids, json_out) -> None:
+    """One rank of a multi-process collectives sweep; only rank 0 prints."""
+    from scaleplan.bench import runner
+    from scaleplan.bench.config import load_preset
+
+    if suites and suites != ["collectives"]:
+        raise ScaleplanError(
+            "under torchrun only --suite collectives runs (start the other suites without torchrun)"
+        )
+    if len(ids) > 1:
+        raise ScaleplanError("under torchrun --resume takes one collectives run id")
+    p = None if ids else load_preset(preset)
+    summary = runner.run_under_torchrun(
+        p, url, profile=profile, device=device, preset_label=preset, resume_id=ids[0] if ids else None
+    )
+    if summary is not None:
+        if want_json(json_out):
+            print_json(summary)
+        else:
+            stdout.print(
+                f"run {summary['run_id']} collectives: {summary['measured']} measured, "
+                f"{summary['already_stored']} already stored, by status {summary['by_status']}"
+            )
+
+
+@app.command("plan")
+def plan(
+    spec: Path = typer.Argument(..., help="Spec YAML."),
+    devices: int = typer.Option(..., "--devices", min=1, help="Number of devices N."),
+    layout: list[str] = typer.Option(
+        None,
+        "--layout",
+        help="Layout(s), e.g. tp=1,pp=2,ep=8,mbs=1,ckpt=full "
+        "(default: the layouts the estimator would rank).",
+    ),
+    profile: str = ProfileOpt,
+    db: str = DbOpt,
+    run_: bool = typer.Option(False, "--run", help="Measure exactly these points now."),
+    device: str = DeviceOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """List the table points an estimate of SPEC on N devices looks up (and measure them with --run)."""
+    from scaleplan.bench import plan as bplan
+
+    url = db_url(db)
+    lookups, prof = bplan.lookups(spec, devices, layout or None, profile, url)
+    if not run_:
+        if want_json(json_out):
+            print_json(
+                {
+                    "profile": prof,
+                    "devices": devices,
+                    "lookups": lookups,
+                    "counts": {k: len(v) for k, v in lookups.items()},
+                }
+            )
+        else:
+            for suite_name, pts in lookups.items():
+                stdout.print(f"[bold]{suite_name}[/bold] ({len(pts)} points)")
+                for p in pts:
+                    stdout.print("  " + ", ".join(f"{k}={v}" for k, v in p.items()), highlight=False)
+        return
+    t0 = time.perf_counter()
+    results = bplan.run_lookups(
+        lookups, spec, url, profile=profile, device=device, on_event=_progress_printer(quiet=False)
+    )
+    _print_results(results, time.perf_counter() - t0, want_json(json_out))
+
+
+@app.command("runs")
+def runs(
+    db: str = DbOpt,
+    json_out: bool = JsonOpt,
+    source: str = typer.Option(None, "--source", help="measured or imported (default: both)."),
+) -> None:
+    """Stored benchmark runs with their provenance and point counts per status."""
+    from scaleplan.bench import store
+    from scaleplan.db.session import ensure_schema, resolve_url
+
+    url = resolve_url(db_url(db))
+    ensure_schema(url)
+    if source not in (None, "measured", "imported"):
+        raise ScaleplanError(f"--source: {source!r} is not measured or imported")
+    rows = store.list_runs(url, source)
+    if want_json(json_out):
+        print_json({"runs": rows})
+        return
+    t = Table(
+        "id",
+        "suite",
+        "profile",
+        "source",
+        "status",
+        "points",
+        "by status",
+        "device / gpu",
+        "torch",
+        "git",
+        "started",
+    )
+    for r in rows:
+        t.add_row(
+            str(r["id"]),
+            r["suite"],
+            r["profile"],
+            r["source"],
+            r["status"],
+            str(r["points"]),
+            " ".join(f"{k}={v}" for k, v in sorted(r["by_status"].items())),
+            r["gpu_name"] or r["device"] or "",
+            r["torch_version"] or "",
+            (r["git_rev"] or "")[:10],
+            (r["started_at"] or "")[:19],
+        )
+    stdout.print(t)
+
+
+@app.command("export")
+def export(
+    run_ids: list[int] = typer.Argument(..., help="Run ids to export."),
+    out: Path = typer.Option(..., "--out", help="Directory for <suite>.csv files."),
+    db: str = DbOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Write runs as recorded CSV tables (`scaleplan db import-recorded DIR` reads them back)."""
+    from scaleplan.bench import store
+    from scaleplan.db.session import ensure_schema, resolve_url
+
+    url = resolve_url(db_url(db))
+    ensure_schema(url)
+    written = store.export_runs(url, run_ids, out)
+    if want_json(json_out):
+        print_json({"files": [{"path": str(p), "rows": n} for p, n in written]})
+    else:
+        for p, n in written:
+            stdout.print(f"{p}: {n} rows", highlight=False)

@@ -1,0 +1,191 @@
+"""CPU dispatch: the per-kernel gap and the fixed per-microbatch host time, the inputs of the
+dispatch floor t_disp = L_stage * kappa(E_loc) * t_gap + t_host (paper sec:iteration-time-model,
+"Compute versus dispatch").
+
+Key: (mode, m, n, k, dtype, chain_len).
+
+``gemm`` / ``gemm_relu``: an eager chain of ``chain_len`` small kernels, x <- x @ W (W [k, k], so
+n = k), with a ReLU after each GEMM in gemm_relu (chain_len counts every kernel: chain_len/2
+GEMM + ReLU pairs). ``wall_per_kernel_s`` = host wall time of the chain (synchronised at both
+ends) / chain_len. ``active_per_kernel_s`` = the time the same arithmetic keeps the device busy,
+per kernel:
+- CUDA: the chain captured once in a CUDA graph and replayed (no per-kernel CPU dispatch),
+  timed with CUDA events, / chain_len.
+- CPU: a CPU has no separate device timeline (each kernel runs on the dispatching thread), so
+  "active" is defined as the compute-only time: the chain's GEMMs (and ReLUs) issued as ONE
+  batched call (``torch.bmm`` over chain_len/… matrices of the same shapes) so the framework's
+  per-op dispatch is paid once, / chain_len. wall - active is then the per-op dispatch cost.
+The per-kernel gap t_gap is wall - active.
+
+``host_overhead``: a dispatch-bound microbatch (forward + loss + backward) of a tiny MLP with L
+layers of Linear(k, k) + GELU on m tokens, for L in ``host_layers``; a least-squares line of the
+median microbatch wall time against L has slope = per-layer dispatch time and intercept = the
+fixed per-microbatch host time t_host, stored in ``wall_per_kernel_s`` with chain_len = 1 (the
+fit is in the note). A non-positive intercept is stored as ERROR, not clamped.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from scaleplan.bench import harness as h
+from scaleplan.bench.config import SuiteConfig, explicit_points, grid
+
+from scaleplan.db import models as m
+
+NAME = "dispatch"
+TABLE = m.DispatchPoint
+KEY = ("mode", "m", "n", "k", "dtype", "chain_len")
+
+
+class Config(SuiteConfig):
+    dtypes: list[str] = ["bf16"]
+    modes: list[str] = ["gemm", "gemm_relu", "host_overhead"]
+    m: list[int] = [8, 64, 512]
+    k: list[int] = [2048]
+    chain_len: list[int] = [512]
+    host_tokens: int = 64
+    host_hidden: int = 64
+    host_layers: list[int] = [1, 2, 4, 8, 16]
+
+
+def expand(cfg: Config, ctx: h.Context) -> list[dict]:
+    ctx.extra["host_layers"] = cfg.host_layers
+    if cfg.points is not None:
+        return explicit_points(cfg.points, KEY, NAME)
+    out = []
+    chain_modes = [md for md in cfg.modes if md != "host_overhead"]
+    for p in grid(mode=chain_modes, m=cfg.m, k=cfg.k, dtype=cfg.dtypes, chain_len=cfg.chain_len):
+        out.append(
+            dict(mode=p["mode"], m=p["m"], n=p["k"], k=p["k"], dtype=p["dtype"], chain_len=p["chain_len"])
+        )
+    if "host_overhead" in cfg.modes:
+        out += [
+            dict(
+                mode="host_overhead",
+                m=cfg.host_tokens,
+                n=cfg.host_hidden,
+                k=cfg.host_hidden,
+                dtype=d,
+                chain_len=1,
+            )
+            for d in cfg.dtypes
+        ]
+    return out
+
+
+def _wall(fn, ctx: h.Context, reps: int) -> list[float]:
+    """Host wall seconds of fn(), synchronised before and after (so queued work is included)."""
+    out = []
+    for _ in range(reps):
+        h.synchronize(ctx.device)
+        t0 = time.perf_counter()
+        fn()
+        h.synchronize(ctx.device)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _chain(x0: torch.Tensor, w: torch.Tensor, n_kernels: int, relu: bool):
+    def run():
+        x = x0
+        for _ in range(n_kernels // 2 if relu else n_kernels):
+            x = torch.mm(x, w)
+            if relu:
+                x = torch.relu(x)
+        return x
+
+    return run
+
+
+def _active_cuda(chain, ctx: h.Context, reps: int) -> float:
+    """Median device time of the chain replayed from a CUDA graph (no per-kernel CPU dispatch)."""
+    s = torch.cuda.Stream(ctx.device)
+    s.wait_stream(torch.cuda.current_stream(ctx.device))
+    with torch.cuda.stream(s):
+        chain()  # warm-up on a side stream, as graph capture requires
+    torch.cuda.current_stream(ctx.device).wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain()
+    graph.replay()
+    st = h.time_fn(lambda _: graph.replay(), ctx, flush=False)
+    return st.median
+
+
+def _active_cpu(p: dict, dt: torch.dtype, ctx: h.Context, relu: bool) -> float:
+    """Median time of the chain's arithmetic issued as one batched call (see module docstring)."""
+    n_mm = p["chain_len"] // 2 if relu else p["chain_len"]
+    xb = h.randn((n_mm, p["m"], p["k"]), dt, ctx.device)
+    wb = h.randn((n_mm, p["k"], p["n"]), dt, ctx.device, scale=p["k"] ** -0.5)
+
+    def batched(_):
+        y = torch.bmm(xb, wb)
+        return torch.relu(y) if relu else y
+
+    return h.time_fn(batched, ctx, flush=False).median
+
+
+def _chain_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
+    if p["n"] != p["k"]:
+        raise h.Unsupported("a GEMM chain needs n == k")
+    relu = p["mode"] == "gemm_relu"
+    if relu and p["chain_len"] % 2:
+        raise h.Unsupported("gemm_relu needs an even chain_len (GEMM + ReLU pairs)")
+    h.check_memory(ctx, dt.itemsize * (p["chain_len"] + 2) * (p["m"] * p["k"] + p["k"] * p["k"]))
+    x0 = h.randn((p["m"], p["k"]), dt, ctx.device)
+    w = h.randn((p["k"], p["k"]), dt, ctx.device, scale=p["k"] ** -0.5)
+    chain = _chain(x0, w, p["chain_len"], relu)
+    for _ in range(max(1, ctx.timing.warmup)):
+        chain()
+    walls = _wall(chain, ctx, max(ctx.timing.min_reps, min(ctx.timing.reps, 10)))
+    active = _active_cuda(chain, ctx, ctx.timing.reps) if ctx.is_cuda else _active_cpu(p, dt, ctx, relu)
+    n = p["chain_len"]
+    wall = float(np.median(walls)) / n
+    return dict(
+        wall_per_kernel_s=wall,
+        active_per_kernel_s=active / n,
+        n_rep=len(walls),
+        note=f"gap_per_kernel_s={wall - active / n:.3e}; active via "
+        f"{'CUDA graph replay' if ctx.is_cuda else 'one batched call (CPU)'}",
+    )
+
+
+def _host_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
+    layers = sorted(set(ctx.extra.get("host_layers", [1, 2, 4, 8, 16])))
+    if len(layers) < 2:
+        raise h.Unsupported("host_overhead needs at least two layer counts to fit an intercept")
+    x = h.randn((p["m"], p["k"]), dt, ctx.device)
+    meds = []
+    reps = max(ctx.timing.min_reps, ctx.timing.reps)
+    for n_layers in layers:
+        mods = [
+            torch.nn.Sequential(torch.nn.Linear(p["k"], p["n"]), torch.nn.GELU()) for _ in range(n_layers)
+        ]
+        model = torch.nn.Sequential(*mods).to(device=ctx.device, dtype=dt)
+
+        def microbatch(model=model):
+            loss = model(x).float().pow(2).mean()
+            loss.backward()
+
+        for _ in range(max(1, ctx.timing.warmup)):
+            microbatch()
+        meds.append(float(np.median(_wall(microbatch, ctx, reps))))
+    slope, intercept = np.polyfit(np.array(layers, float), np.array(meds), 1)
+    fit = f"wall(L) = {intercept:.3e} + {slope:.3e}*L s over L={layers}: medians {[f'{v:.3e}' for v in meds]}"
+    if intercept <= 0:
+        raise RuntimeError(f"non-positive host intercept; {fit}")
+    return dict(wall_per_kernel_s=float(intercept), active_per_kernel_s=None, n_rep=reps, note=fit)
+
+
+def measure(p: dict, ctx: h.Context) -> dict:
+    dt = h.torch_dtype(p["dtype"], ctx)
+    if p["dtype"] in ("fp8", "tf32"):
+        raise h.Unsupported(f"dispatch is benchmarked in bf16/fp16/fp32, not {p['dtype']}")
+    if p["mode"] in ("gemm", "gemm_relu"):
+        return _chain_point(p, dt, ctx)
+    if p["mode"] == "host_overhead":
+        return _host_point(p, dt, ctx)
+    raise h.Unsupported(f"unknown dispatch mode {p['mode']!r}")
