@@ -55,3 +55,17 @@ def synthetic_csv(path, coeffs, seed=0, noise=0.01, norm_sweep=True):
             lines.append(f"{s},moe-700m,64,256,8192,1,1,{pp},{ep},{dp},1,{pct},{mfu / top:.6f}")
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def copy_sqlite(url: str, dest) -> str:
+    """A private copy of an SQLite database (sqlite3 backup API, WAL-safe), so tests never write to
+    the session-wide recorded_db other areas read."""
+    import sqlite3
+
+    src = sqlite3.connect(url.removeprefix("sqlite:///"))
+    dst = sqlite3.connect(str(dest))
+    with dst:
+        src.backup(dst)
+    src.close()
+    dst.close()
+    return f"sqlite:///{dest}"

@@ -8,7 +8,7 @@ from scaleplan.calibrate.observations import add_runs
 from scaleplan.calibrate.runner import build_report, fit_chi_sys, fit_dispatch_floor
 from scaleplan.errors import ScaleplanError
 
-from .fakes import fake_predictor, synthetic_csv
+from .fakes import copy_sqlite, fake_predictor, synthetic_csv
 
 TRUE = {"c_a2a": 1.0, "c_pp": 0.5, "c_ovl": -0.2}
 SWEEP_KEYS = {"sweep": str, "n": int, "mape_before": float, "mape_after": float, "loso_mape": float,
@@ -69,8 +69,9 @@ def test_no_observations_message(sqlite_url):
         fit_chi_sys(sqlite_url, predictor=fake_predictor)
 
 
-def test_dispatch_fit_on_recorded(recorded_db):
-    out = fit_dispatch_floor(recorded_db)
+def test_dispatch_fit_on_recorded(recorded_db, tmp_path):
+    url = copy_sqlite(recorded_db, tmp_path / "rec.db")
+    out = fit_dispatch_floor(url)
     # recorded B200 chained GEMMs: dispatch-bound wall ~14-16 us per kernel (small M)
     assert 8e-6 < out["coefficients"]["t_gap_s"] < 20e-6
     assert out["identified"] == ["t_gap_s"]

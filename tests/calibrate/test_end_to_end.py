@@ -1,0 +1,51 @@
+"""End to end on the recorded B200 tables with the real estimator: add -> fit (dispatch, chi_sys) -> report."""
+import json
+
+import pytest
+
+from scaleplan.calibrate.observations import add_runs
+from scaleplan.calibrate.runner import build_report, fit_chi_sys, fit_dispatch_floor
+
+from .fakes import copy_sqlite
+
+
+@pytest.fixture(scope="module")
+def e2e(recorded_db, validation_dir, tmp_path_factory):
+    pytest.importorskip("scaleplan.estimator")
+    url = copy_sqlite(recorded_db, tmp_path_factory.mktemp("e2e") / "e2e.db")
+    add_runs(url, validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml")
+    disp = fit_dispatch_floor(url)
+    chi = fit_chi_sys(url, mode="normalized")
+    return url, disp, chi
+
+
+def test_fit_states_what_the_sweeps_identify(e2e):
+    _, _, chi = e2e
+    # no run of mfu_sweeps.csv has a pipeline over 8 GPUs: c_pp cannot be identified, fixed at 0
+    assert chi["coefficients"]["c_pp"] == 0.0 and "c_pp" not in chi["free"]
+    assert "pipeline spanning more than one node" in chi["unidentified"]["c_pp"]
+    assert chi["n_obs"] == 20 and chi["version"] == 1
+    assert chi["coefficients"]["c_a2a"] >= 0 and chi["coefficients"]["c_ovl"] <= 0
+
+
+def test_report_runs_and_estimator_uses_the_new_calibration(e2e, tmp_path):
+    url, disp, chi = e2e
+    rep = build_report(url, plot=str(tmp_path / "p.png"))
+    assert rep["calibration_id"] == chi["calibration_id"]
+    assert [s["sweep"] for s in rep["sweeps"]] == ["700m-32dev", "5p4b-256dev"]
+    assert [s["n"] for s in rep["sweeps"]] == [15, 5]
+    for s in rep["sweeps"]:
+        assert s["reference_mape"] is not None and 0 <= s["loso_mape"] < 1
+    json.dumps(rep)
+    # the estimator now applies chi_sys = 1 + c . features (eq:desync) with the stored coefficients
+    from scaleplan.estimator import Estimator
+    from scaleplan.specs import Layout, parse_spec
+    from scaleplan.calibrate.evaluate import observed_from_db
+    from scaleplan.db import session as dbs
+
+    with dbs.session_scope(url) as s:
+        o = next(x for x in observed_from_db(s, "p6-b200.48xlarge") if x.layout["pp"] == 8)
+    r = Estimator("p6-b200.48xlarge", db_url=url, extrapolate="clamp").estimate(
+        parse_spec(o.spec), o.n_devices, [Layout(**o.layout)])[0]
+    assert r.chi_sys == pytest.approx(1 + chi["coefficients"]["c_ovl"])  # pp=8 in one node: the overlap credit
+    assert r.t_iter_s == pytest.approx(r.chi_sys * r.t_analytic_s)
