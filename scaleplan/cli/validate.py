@@ -1,6 +1,103 @@
-"""`scaleplan validate`: not implemented yet (exit 2)."""
-from scaleplan.errors import NotImplementedYet
+"""`scaleplan validate SPEC.yaml`: run real training steps of the reference model, compare with the estimator.
+
+torch is imported only inside the command (so `scaleplan --help` and the planner commands stay fast).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.errors import SpecError
+
+BENCH_HINT = ("measure this machine's tables first: `scaleplan bench plan {spec} --devices {n} --run "
+              "--profile {profile}`")
 
 
-def validate() -> None:
-    raise NotImplementedYet("scaleplan validate: not implemented yet")
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _err(meas, pred) -> str:
+    return "-" if meas is None or pred is None else f"{(pred - meas) / meas:+.0%}"
+
+
+def _print_table(rows: list[dict], profile: str, reason: str | None, hint: str) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"predicted vs measured ({profile})", title_justify="left")
+    for c in ("layout", "t_iter meas s", "t_iter pred s", "err", "MFU meas", "MFU pred", "mem meas GB",
+              "mem pred GB", "obs id"):
+        t.add_column(c, justify="left" if c == "layout" else "right")
+    for r in rows:
+        lay = r["layout"]
+        t.add_row(f"dp={lay['dp']},mbs={lay['mbs']},ckpt={lay['ckpt']}",
+                  _fmt(r["measured_t_iter_s"], ".4f"), _fmt(r["predicted_t_iter_s"], ".4f"),
+                  _err(r["measured_t_iter_s"], r["predicted_t_iter_s"]),
+                  _fmt(r["measured_mfu"], ".2%"), _fmt(r["predicted_mfu"], ".2%"),
+                  _fmt(r["measured_peak_mem_gb"], ".3f"), _fmt(r["predicted_mem_gb"], ".3f"),
+                  str(r["observation_id"]))
+    stdout.print(t)
+    if reason:
+        stdout.print(f"no prediction: {reason}")
+        stdout.print(hint)
+
+
+def validate(
+    spec: Path = typer.Argument(..., help="Model spec YAML."),
+    layout: list[str] = typer.Option(None, "--layout", help="tp=1,cp=1,pp=1,ep=1,mbs=2,ckpt=full (repeatable; "
+                                     "only data parallelism runs here). Default: the spec's layout."),
+    steps: int = typer.Option(5, "--steps", help="Timed optimizer steps (median reported)."),
+    warmup: int = typer.Option(2, "--warmup", help="Untimed warm-up steps."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    nproc: int = typer.Option(1, "--nproc", help="Data-parallel processes (gloo on CPU, NCCL on GPU)."),
+    profile: str = typer.Option(None, "--profile", help="Hardware profile for the prediction and MFU "
+                                "(default: cpu-local on CPU, the matching GPU profile on CUDA)."),
+    threads: int = typer.Option(None, "--threads", help="CPU threads per process (default: cores / nproc)."),
+    sweep: str = typer.Option("validate", "--sweep", help="Sweep name stored with the observed runs."),
+    extrapolate: str = typer.Option("error", "--extrapolate", help="error | clamp: table lookups outside "
+                                    "the measured range."),
+    store: bool = typer.Option(True, "--store/--no-store", help="Store each run as an ObservedRun."),
+    db: str = DbOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Run forward+backward+AdamW steps per layout, measure step time, MFU and peak memory, store them,
+    and print them beside the estimator's prediction."""
+    from scaleplan.profiles import load_profile
+    from scaleplan.specs import load_spec, parse_layout
+    from scaleplan.validate import compare
+    from scaleplan.validate.runner import RunConfig, check_layout, run_layout
+
+    if device not in ("cpu", "cuda"):
+        raise SpecError("--device", device, "cpu or cuda")
+    if nproc < 1:
+        raise SpecError("--nproc", nproc, "a positive integer")
+    if extrapolate not in ("error", "clamp"):
+        raise SpecError("--extrapolate", extrapolate, "error or clamp")
+    sp = load_spec(spec)
+    base = sp.default_layout()
+    layouts = [parse_layout(s, base) for s in layout] if layout else [base]
+    for lay in layouts:
+        check_layout(sp, lay, nproc)  # refuse before running anything
+    layouts = [lay.model_copy(update={"dp": nproc}) for lay in layouts]
+    url = db_url(db)
+    profile = profile or compare.default_profile(device, nproc)
+    peak = load_profile(profile).peak(sp.model.precision)
+    preds, reason = compare.predict(sp, layouts, nproc, profile, url, extrapolate)
+    rows = []
+    for i, lay in enumerate(layouts):
+        stderr.print(f"[{i + 1}/{len(layouts)}] {spec.name}: dp={nproc} mbs={lay.mbs} ckpt={lay.ckpt}, "
+                     f"{warmup}+{steps} steps on {device}", highlight=False)
+        cfg = RunConfig(spec=sp.model_dump(mode="json"), layout=lay.model_dump(), steps=steps, warmup=warmup,
+                        device=device, nproc=nproc, threads=threads)
+        res = run_layout(cfg)
+        m = compare.mfu(sp, res.t_iter_s, nproc, peak)
+        oid = compare.store_observation(url, sp, spec.stem, lay, nproc, profile, res, m, preds[i], sweep,
+                                        steps, warmup, device) if store else None
+        rows.append(compare.comparison_row(lay, nproc, res, m, preds[i], oid))
+    if want_json(json_out):
+        print_json(rows)
+    else:
+        hint = BENCH_HINT.format(spec=spec, n=nproc, profile=profile)
+        _print_table(rows, profile, reason, hint)

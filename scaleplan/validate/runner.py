@@ -1,0 +1,305 @@
+"""Real training steps of the reference model: forward + backward + AdamW, DP over processes.
+
+One layout runs in ``nproc`` fresh worker processes (``torch.multiprocessing`` spawn; also usable
+under ``torchrun`` through :func:`main`), so each measurement starts from a clean allocator and a
+clean RSS high-water mark. Process group: gloo on CPU, NCCL on GPU; the model is wrapped in DDP
+(gradients all-reduced, overlapped with the backward of the last micro-batch). Each optimizer step
+runs n_mb = gbs / (dp * mbs) micro-batches with gradient accumulation (``no_sync`` on all but the
+last), one AdamW step (fp32 master weights when the model is bf16/fp16), then the LFLB bias
+update of every router (eq:bias-update, counts summed over micro-batches and DP ranks).
+
+Measured (all SI): per-step wall time in seconds (CUDA-synchronised on GPU; the max over ranks),
+the median after ``warmup`` steps; peak memory in bytes: ``torch.cuda.max_memory_allocated`` on
+GPU, on CPU the growth of the peak RSS (getrusage ru_maxrss) over its value after imports, i.e.
+what the model, optimizer and activations added (the raw peak RSS is reported beside it).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scaleplan.errors import ScaleplanError, SpecError
+from scaleplan.specs import Layout, Spec
+
+RUNNABLE_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+LR = 1e-4
+WEIGHT_DECAY = 0.1
+ADAM_EPS = 1e-14  # app:lr_hpo
+
+
+@dataclass
+class RunConfig:
+    spec: dict[str, Any]
+    layout: dict[str, Any]
+    steps: int = 5
+    warmup: int = 2
+    device: str = "cpu"
+    nproc: int = 1
+    threads: int | None = None  # CPU threads per process; None = cores // nproc
+    seed: int = 0
+
+
+@dataclass
+class RunResult:
+    step_times_s: list[float]
+    t_iter_s: float  # median after warm-up
+    peak_mem_bytes: float  # see module docstring
+    peak_rss_bytes: float | None
+    rss_baseline_bytes: float | None
+    n_mb: int
+    world_size: int
+    threads: int
+    grouped_impl: str
+    device_name: str
+    torch_version: str
+    backend: str
+    final_loss: float
+    starved_experts: float  # mean over MoE layers, last step (app:train_dynamics)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def check_layout(spec: Spec, layout: Layout, nproc: int) -> int:
+    """Refuse what this runner cannot execute; return n_mb. Raises SpecError naming the field."""
+    for name in ("tp", "cp", "pp", "ep", "etp", "vpp"):
+        if getattr(layout, name) != 1:
+            raise SpecError(f"--layout {name}", getattr(layout, name),
+                            "validate runs data parallelism only: tp=cp=pp=ep=etp=vpp=1")
+    if layout.dp not in (None, nproc):
+        raise SpecError("--layout dp", layout.dp, f"dp must equal --nproc ({nproc})")
+    if spec.model.precision not in RUNNABLE_PRECISIONS:
+        raise SpecError("model.precision", spec.model.precision, f"validate runs {', '.join(RUNNABLE_PRECISIONS)}")
+    gbs = spec.data.gbs
+    if gbs % (nproc * layout.mbs):
+        raise SpecError("data.gbs", gbs, f"a multiple of dp*mbs = {nproc}*{layout.mbs}")
+    return gbs // (nproc * layout.mbs)
+
+
+def _max_rss_bytes() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return float(r if sys.platform == "darwin" else r * 1024)
+
+
+def _proc_status_kb(field: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> float:
+    """Reset the RSS high-water mark where the OS allows it (Linux: clear_refs 5) and return the
+    current RSS in bytes, the baseline the training peak is measured against."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    cur = _proc_status_kb("VmRSS")
+    return cur if cur is not None else _max_rss_bytes()
+
+
+def peak_rss() -> float:
+    """Peak RSS in bytes since the last :func:`reset_peak_rss` (VmHWM), else ru_maxrss."""
+    hwm = _proc_status_kb("VmHWM")
+    return hwm if hwm is not None else _max_rss_bytes()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _dtype(precision: str):
+    import torch
+
+    return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+class MasterAdamW:
+    """AdamW on fp32 master copies of low-precision parameters (fp32 parameters are stepped directly)."""
+
+    def __init__(self, params):
+        import torch
+
+        self.params = [p for p in params if p.requires_grad]
+        self.masters = [p.detach().float().clone() if p.dtype != torch.float32 else p for p in self.params]
+        for m in self.masters:
+            m.requires_grad_(True)
+        self.opt = torch.optim.AdamW(self.masters, lr=LR, betas=(0.9, 0.999), eps=ADAM_EPS,
+                                     weight_decay=WEIGHT_DECAY)
+
+    def zero_grad(self) -> None:
+        for p, m in zip(self.params, self.masters):
+            p.grad = None
+            m.grad = None
+
+    def step(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for p, m in zip(self.params, self.masters):
+                if m is not p:
+                    m.grad = None if p.grad is None else p.grad.float()
+            self.opt.step()
+            for p, m in zip(self.params, self.masters):
+                if m is not p:
+                    p.copy_(m)
+
+
+def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from scaleplan.specs import parse_spec
+    from scaleplan.validate.grouped import select_impl
+    from scaleplan.validate.model import build_model
+
+    spec, layout = parse_spec(cfg.spec), Layout(**cfg.layout)
+    n_mb = check_layout(spec, layout, world)
+    cuda = cfg.device == "cuda"
+    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
+    threads = cfg.threads or max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = spec.model.precision == "tf32"
+        torch.cuda.reset_peak_memory_stats(device)
+    rss0 = reset_peak_rss()
+    dtype = _dtype(spec.model.precision)
+    torch.manual_seed(cfg.seed)  # same initial weights on every rank
+    model = build_model(spec.model, layout.ckpt, device, dtype)
+    impl = select_impl(device, dtype)
+    net = model
+    if world > 1:
+        # phi is kept identical on all ranks by the all-reduced counts: no buffer broadcast per forward
+        try:
+            net = torch.nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
+        except TypeError:  # older torch
+            net = torch.nn.parallel.DistributedDataParallel(model, broadcast_buffers=False)
+    opt = MasterAdamW(model.parameters())
+    g = torch.Generator().manual_seed(cfg.seed * 1000 + rank)
+    S, V, mbs = spec.data.seqlen, spec.model.vocab_sz, layout.mbs
+    batches = [(torch.randint(0, V, (mbs, S), generator=g).to(device),
+                torch.randint(0, V, (mbs, S), generator=g).to(device)) for _ in range(n_mb)]
+    times, loss_val = [], float("nan")
+    for _ in range(cfg.warmup + cfg.steps):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        total = 0.0
+        for i, (tok, lab) in enumerate(batches):
+            model.set_microbatch(i)
+            sync_ctx = net.no_sync() if world > 1 and i < n_mb - 1 else contextlib.nullcontext()
+            with sync_ctx:
+                loss = net(tok, lab) / n_mb
+                loss.backward()
+            total += loss.detach()
+        opt.step()
+        for r in model.routers():
+            r.update_bias()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        loss_val = float(total)
+    peak = float(torch.cuda.max_memory_allocated(device)) if cuda else peak_rss() - rss0
+    stats = torch.tensor([peak, *times], dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # slowest rank per step; largest memory
+    routers = model.routers()
+    stats = stats.cpu()
+    return {"times": stats[1:].tolist(), "peak": float(stats[0]), "rss_peak": None if cuda else peak_rss(),
+            "rss0": None if cuda else rss0, "n_mb": n_mb, "threads": threads, "impl": impl,
+            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+            "torch_version": torch.__version__, "loss": loss_val,
+            "starved": sum(r.last_starved for r in routers) / len(routers) if routers else 0.0}
+
+
+def _worker(rank: int, world: int, cfg: RunConfig, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    if world > 1:
+        backend = "nccl" if cfg.device == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        res = _train(rank, world, cfg)
+        if rank == 0:
+            Path(out).write_text(json.dumps(res))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+def _to_result(raw: dict[str, Any], cfg: RunConfig) -> RunResult:
+    times = raw["times"][cfg.warmup:]
+    return RunResult(step_times_s=times, t_iter_s=statistics.median(times), peak_mem_bytes=raw["peak"],
+                     peak_rss_bytes=raw["rss_peak"], rss_baseline_bytes=raw["rss0"], n_mb=raw["n_mb"],
+                     world_size=cfg.nproc, threads=raw["threads"], grouped_impl=raw["impl"],
+                     device_name=raw["device_name"], torch_version=raw["torch_version"],
+                     backend=("nccl" if cfg.device == "cuda" else "gloo") if cfg.nproc > 1 else "none",
+                     final_loss=raw["loss"], starved_experts=raw["starved"],
+                     extra={"warmup_times_s": raw["times"][:cfg.warmup]})
+
+
+def run_layout(cfg: RunConfig) -> RunResult:
+    """Run ``cfg.warmup + cfg.steps`` optimizer steps in ``cfg.nproc`` spawned processes.
+
+    Raises SpecError for an unrunnable layout (checked before spawning) and ScaleplanError when a
+    worker fails (its last error line) or CUDA is requested but absent.
+    """
+    import torch
+    import torch.multiprocessing as mp
+
+    check_layout(Spec.model_validate(cfg.spec), Layout(**cfg.layout), cfg.nproc)
+    if cfg.steps < 1 or cfg.warmup < 0:
+        raise SpecError("--steps/--warmup", (cfg.steps, cfg.warmup), "steps >= 1 and warmup >= 0")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise SpecError("--device", "cuda", "no CUDA device is visible; use --device cpu")
+    if cfg.device == "cuda" and cfg.nproc > torch.cuda.device_count():
+        raise SpecError("--nproc", cfg.nproc, f"at most the {torch.cuda.device_count()} visible GPUs")
+    with tempfile.TemporaryDirectory(prefix="scaleplan-validate-") as tmp:
+        out = os.path.join(tmp, "result.json")
+        try:
+            mp.start_processes(_worker, args=(cfg.nproc, cfg, _free_port(), out), nprocs=cfg.nproc,
+                               join=True, start_method="spawn")
+        except mp.ProcessRaisedException as e:
+            last = [ln for ln in str(e).strip().splitlines() if ln.strip()][-1]
+            raise ScaleplanError(f"validate worker failed: {last}") from None
+        except mp.ProcessExitedException as e:
+            raise ScaleplanError(f"validate worker died: {e}") from None
+        return _to_result(json.loads(Path(out).read_text()), cfg)
+
+
+def main() -> None:
+    """torchrun entry: ``torchrun --nproc-per-node P -m scaleplan.validate.runner CONFIG.json OUT.json``."""
+    import torch.distributed as dist
+
+    cfg = RunConfig(**json.loads(Path(sys.argv[1]).read_text()))
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    cfg.nproc = world
+    if world > 1:
+        dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
+    try:
+        raw = _train(rank, world, cfg)
+        if rank == 0:
+            Path(sys.argv[2]).write_text(json.dumps(asdict(_to_result(raw, cfg))))
+    finally:
+        if world > 1:
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
