@@ -1,0 +1,143 @@
+"""The sparse-MoE scaling laws (sec:scaling-law-design).
+
+Joint law (eq:joint-law), in raw counts (N_tot in parameters, D in tokens, S a fraction, G = d_ff/d_expert):
+
+    L(N_tot, S, D, G) = a / N_tot^alpha + b / D^beta + c / (1-S)^lambda
+                        + j / ((1-S)^delta * N_tot^gamma * G^eta) + e
+
+Per-G law (eq:abnar-law) is the same form without the G factor (eta = 0), fitted per G stratum.
+The built-in default is the paper's fit (tab:joint-law-coeffs); the per-G default for a stratum G is
+the joint law restricted to that G (j_G = j / G^eta), since the paper does not print per-G coefficients.
+
+Convention check: with N_tot, S of q=12, E=96, K=2, G=4 (scaleplan.geometry: N_tot 327.2e9, S 0.9556)
+and D = 1.42e12 tokens the default law gives 1.3896 (tab:pareto-B prints 1.3898 at D rounded).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from scaleplan.errors import SpecError
+
+#: Coefficient names in the order of tab:joint-law-coeffs (JSON keys; ``lambda`` spelled out).
+NAMES = ("a", "b", "c", "j", "e", "alpha", "beta", "lambda", "delta", "gamma", "eta")
+PREFACTORS = ("a", "b", "c", "j", "e")
+EXPONENTS = ("alpha", "beta", "lambda", "delta", "gamma", "eta")
+
+
+@dataclass(frozen=True)
+class JointLaw:
+    """Coefficients of eq:joint-law (``lam`` is lambda). Prefactors are positive; losses in nats."""
+
+    a: float
+    b: float
+    c: float
+    j: float
+    e: float
+    alpha: float
+    beta: float
+    lam: float
+    delta: float
+    gamma: float
+    eta: float
+
+    def __call__(self, n_tot, s, d, g=1.0):
+        """Predicted loss (nats/token); arrays broadcast.
+
+        n_tot: non-embedding total parameters; s: sparsity 1 - N_act/N_tot in [0, 1); d: training tokens;
+        g: expert split factor. Returns a float or an ndarray of the broadcast shape.
+        """
+        n_tot, s, d, g = (np.asarray(x, dtype=float) for x in (n_tot, s, d, g))
+        r = 1.0 - s
+        out = (self.a * n_tot ** -self.alpha + self.b * d ** -self.beta + self.c * r ** -self.lam
+               + self.j * r ** -self.delta * n_tot ** -self.gamma * g ** -self.eta + self.e)
+        return float(out) if out.ndim == 0 else out
+
+    def terms(self, n_tot, s, d, g=1.0) -> dict[str, float]:
+        """The five additive terms (capacity, data, sparsity floor, interaction, irreducible)."""
+        r = 1.0 - s
+        return {"capacity": self.a * n_tot ** -self.alpha, "data": self.b * d ** -self.beta,
+                "sparsity": self.c * r ** -self.lam,
+                "interaction": self.j * r ** -self.delta * n_tot ** -self.gamma * g ** -self.eta,
+                "irreducible": self.e}
+
+    def to_dict(self) -> dict[str, float]:
+        """JSON form with the paper's names (``lambda`` rather than ``lam``)."""
+        d = asdict(self)
+        d["lambda"] = d.pop("lam")
+        return {k: float(d[k]) for k in NAMES}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "JointLaw":
+        """Build from a dict keyed by NAMES (``lambda`` or ``lam``); ``eta`` defaults to 0 (per-G form).
+
+        Raises SpecError on a missing or non-positive prefactor.
+        """
+        d = dict(d)
+        if "lambda" in d:
+            d["lam"] = d.pop("lambda")
+        d.setdefault("eta", 0.0)
+        missing = [k for k in ("a", "b", "c", "j", "e", "alpha", "beta", "lam", "delta", "gamma") if k not in d]
+        if missing:
+            raise SpecError("law.coefficients", sorted(d), f"all of {list(NAMES)} (missing {missing})")
+        for k in PREFACTORS:
+            if not float(d[k]) > 0:
+                raise SpecError(f"law.coefficients.{k}", d[k], "a positive prefactor")
+        return cls(**{k: float(d[k]) for k in ("a", "b", "c", "j", "e", "alpha", "beta", "lam", "delta", "gamma",
+                                              "eta")})
+
+    def vector(self) -> np.ndarray:
+        """Coefficients as an array in NAMES order."""
+        return np.array([self.to_dict()[k] for k in NAMES])
+
+    @classmethod
+    def from_vector(cls, v) -> "JointLaw":
+        return cls.from_dict(dict(zip(NAMES, map(float, v))))
+
+    def per_g(self, g: float) -> "JointLaw":
+        """The per-G law (eq:abnar-law) this joint law implies at split factor g (eta folded into j)."""
+        return replace(self, j=self.j * float(g) ** -self.eta, eta=0.0)
+
+
+#: tab:joint-law-coeffs, the deployed joint law (the built-in default).
+PAPER_JOINT_LAW = JointLaw(a=8.462, b=88.32, c=0.1828, j=0.7123, e=0.3129, alpha=0.1048, beta=0.2070,
+                           lam=0.1249, delta=0.5567, gamma=0.1702, eta=0.9513)
+
+#: tab:joint-law-coeffs 95% BCa intervals and identifiability, for reference output.
+PAPER_CI95 = {"a": (8.24, 8.85), "b": (87.8, 89.9), "c": (0.181, 0.184), "j": (0.710, 0.713),
+              "e": (0.307, 0.316), "alpha": (0.104, 0.106), "beta": (0.206, 0.208), "lambda": (0.119, 0.138),
+              "delta": (0.550, 0.577), "gamma": (0.167, 0.174), "eta": (0.911, 0.954)}
+PAPER_IDENTIFIED = ("beta", "eta")
+
+
+def per_g_law(g: float, joint: JointLaw = PAPER_JOINT_LAW) -> JointLaw:
+    """Default per-G law (eq:abnar-law) for stratum g: the joint law at that g."""
+    return joint.per_g(g)
+
+
+def load_law(db_url: str | None = None, name: str | None = None) -> tuple[JointLaw, str]:
+    """The law to use: the newest stored LawFit named ``name`` (or any), else the paper's default.
+
+    Returns (law, source) where source is "paper" or "db:<fit id>". ``db_url=None`` means the paper's law
+    (the search never silently picks up a fit from a default database).
+    """
+    if db_url is None:
+        return PAPER_JOINT_LAW, "paper"
+    from sqlalchemy import inspect, select
+
+    from scaleplan.db.models import LawFit
+    from scaleplan.db.session import get_engine, session_scope
+
+    if not inspect(get_engine(db_url)).has_table("law_fit"):
+        return PAPER_JOINT_LAW, "paper"
+    with session_scope(db_url) as s:
+        q = select(LawFit).order_by(LawFit.id.desc())
+        if name:
+            q = q.where(LawFit.name == name)
+        row = s.execute(q.limit(1)).scalar_one_or_none()
+        if row is None:
+            if name:
+                raise SpecError("--law", name, "the name of a stored fit (`scaleplan law fit --name`)")
+            return PAPER_JOINT_LAW, "paper"
+        return JointLaw.from_dict(row.coefficients), f"db:{row.id}"
