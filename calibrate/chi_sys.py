@@ -67,7 +67,7 @@ class ChiData:
     def __len__(self) -> int:
         return int(self.y.size)
 
-    def subset(self, mask: np.ndarray) -> "ChiData":
+    def subset(self, mask: np.ndarray) -> ChiData:
         return ChiData(**{k: getattr(self, k)[mask] for k in self.__dataclass_fields__})
 
 

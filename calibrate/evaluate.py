@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
 from scaleplan.calibrate.chi_sys import ChiData
+
 from scaleplan.errors import ScaleplanError
 
 
@@ -38,7 +38,7 @@ class Observed:
     source: str = ""
 
     @classmethod
-    def from_row(cls, r) -> "Observed":
+    def from_row(cls, r) -> Observed:
         lay = dict(tp=r.tp, cp=r.cp, pp=r.pp, dp=r.dp, ep=r.ep, etp=r.etp, vpp=r.vpp, mbs=r.mbs, ckpt=r.ckpt)
         extra = r.extra or {}
         return cls(id=r.id, sweep=r.sweep or f"run-{r.id}", profile=r.profile, spec=r.spec, n_devices=r.n_devices,
@@ -74,6 +74,7 @@ def estimator_predictor(profile: str, db_url: str | None, extrapolate: str = "cl
     extrapolate='error') naming the sweep.
     """
     from scaleplan.estimator import Estimator
+
     from scaleplan.specs import Layout, parse_spec
 
     est = Estimator(profile=profile, db_url=db_url, extrapolate=extrapolate, use_calibration=True)

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
 from scaleplan.calibrate import metrics as M
 from scaleplan.calibrate.chi_sys import chi_from, fit_chi
 from scaleplan.calibrate.evaluate import Observed, Prediction, SweepBasis, chi_data, measured_mfu

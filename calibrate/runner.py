@@ -4,12 +4,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
 from scaleplan.calibrate import store
 from scaleplan.calibrate.chi_sys import TERMS, features, fit_chi
 from scaleplan.calibrate.dispatch import PRIOR, fit_dispatch, load_dispatch_rows
 from scaleplan.calibrate.evaluate import Predictor, bases_for, chi_data, estimator_predictor, observed_from_db
 from scaleplan.calibrate.report import parity_plot, sweep_report
+
 from scaleplan.errors import ScaleplanError
 
 DEFAULT_PROFILE = "p6-b200.48xlarge"

@@ -139,15 +139,18 @@ def report(profile: str = ProfileOpt,
         return
     stdout.print(f"calibration {out['calibration_id']} ({out['profile']}, mode {out['mode']}): "
                  + "  ".join(f"{k}={v:.4g}" for k, v in out["coefficients"].items()))
-    t = Table("sweep", "n", "scale", "MAPE before", "MAPE after", "LOSO MAPE", "Spearman", "top1 in top2",
-              "top5 overlap", "reference MAPE", "ref. top1 in top2")
+    w = max([len(r["sweep"]) for r in out["sweeps"]] + [5])
+    stdout.print("MFU MAPE before/after calibration and leave-one-sweep-out; ref = the CSV's reference estimator",
+                 highlight=False)
+    stdout.print(f"{'sweep':<{w}} {'n':>3} {'scale':<5} {'before':>7} {'after':>7} {'LOSO':>7} {'rho':>5} "
+                 f"{'top5':>5} {'best@2':>6} {'ref':>7} {'ref@2':>5}", highlight=False)
     for r in out["sweeps"]:
-        t.add_row(r["sweep"], str(r["n"]), "ratios" if r["normalized"] else "absolute", _pct(r["mape_before"]),
-                  _pct(r["mape_after"]), _pct(r["loso_mape"]), f"{r['spearman']:.2f}",
-                  "yes" if r["top1_in_top2"] else "no", f"{r['topk_overlap']['after']['5']:.0%}",
-                  _pct(r["reference_mape"]),
-                  "-" if r["reference_top1_in_top2"] is None else ("yes" if r["reference_top1_in_top2"] else "no"))
-    stdout.print(t)
+        ref_top = r["reference_top1_in_top2"]
+        stdout.print(f"{r['sweep']:<{w}} {r['n']:>3} {'ratio' if r['normalized'] else 'abs':<5} "
+                     f"{_pct(r['mape_before']):>7} {_pct(r['mape_after']):>7} {_pct(r['loso_mape']):>7} "
+                     f"{r['spearman']:>5.2f} {r['topk_overlap']['after']['5']:>5.0%} "
+                     f"{'yes' if r['top1_in_top2'] else 'no':>6} {_pct(r['reference_mape']):>7} "
+                     f"{'-' if ref_top is None else ('yes' if ref_top else 'no'):>5}", highlight=False)
     if out.get("plot"):
         stderr.print(f"parity plot: {out['plot']}")
 

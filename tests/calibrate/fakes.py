@@ -2,7 +2,6 @@
 import math
 
 import numpy as np
-
 from scaleplan.calibrate.evaluate import Prediction
 
 GPN = 8  # GPUs per node

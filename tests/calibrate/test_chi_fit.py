@@ -1,8 +1,8 @@
 """The chi_sys fit recovers known coefficients, refuses too little data, and names unidentifiable terms."""
 import numpy as np
 import pytest
-
 from scaleplan.calibrate.chi_sys import ChiData, chi_from, features, fit_chi, identifiability
+
 from scaleplan.errors import ScaleplanError
 
 TRUE = {"c_a2a": 1.3, "c_pp": 0.4, "c_ovl": -0.2}

@@ -2,7 +2,6 @@
 import json
 
 import pytest
-
 from scaleplan.calibrate.observations import add_runs
 from scaleplan.calibrate.runner import build_report, fit_chi_sys, fit_dispatch_floor
 
@@ -29,7 +28,7 @@ def test_fit_states_what_the_sweeps_identify(e2e):
 
 
 def test_report_runs_and_estimator_uses_the_new_calibration(e2e, tmp_path):
-    url, disp, chi = e2e
+    url, _disp, chi = e2e
     rep = build_report(url, plot=str(tmp_path / "p.png"))
     assert rep["calibration_id"] == chi["calibration_id"]
     assert [s["sweep"] for s in rep["sweeps"]] == ["700m-32dev", "5p4b-256dev"]
@@ -38,10 +37,11 @@ def test_report_runs_and_estimator_uses_the_new_calibration(e2e, tmp_path):
         assert s["reference_mape"] is not None and 0 <= s["loso_mape"] < 1
     json.dumps(rep)
     # the estimator now applies chi_sys = 1 + c . features (eq:desync) with the stored coefficients
-    from scaleplan.estimator import Estimator
-    from scaleplan.specs import Layout, parse_spec
     from scaleplan.calibrate.evaluate import observed_from_db
+    from scaleplan.estimator import Estimator
+
     from scaleplan.db import session as dbs
+    from scaleplan.specs import Layout, parse_spec
 
     with dbs.session_scope(url) as s:
         o = next(x for x in observed_from_db(s, "p6-b200.48xlarge") if x.layout["pp"] == 8)

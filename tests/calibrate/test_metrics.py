@@ -3,7 +3,6 @@ import math
 
 import numpy as np
 import pytest
-
 from scaleplan.calibrate import metrics as M
 
 

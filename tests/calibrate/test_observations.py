@@ -2,9 +2,9 @@
 import json
 
 import pytest
+from scaleplan.calibrate.observations import add_runs, parse_runs_file
 from sqlalchemy import func, select
 
-from scaleplan.calibrate.observations import add_runs, parse_runs_file
 from scaleplan.db import models as m
 from scaleplan.db import session as dbs
 from scaleplan.errors import SpecError

@@ -2,10 +2,10 @@
 import json
 
 import pytest
-from typer.testing import CliRunner
-
 from scaleplan.calibrate.observations import add_runs
 from scaleplan.calibrate.runner import build_report, fit_chi_sys, fit_dispatch_floor
+from typer.testing import CliRunner
+
 from scaleplan.errors import ScaleplanError
 
 from .fakes import copy_sqlite, fake_predictor, synthetic_csv
@@ -93,6 +93,6 @@ def test_cli_add_list_and_errors(tmp_path, validation_dir):
     import sys
 
     bad = subprocess.run([sys.executable, "-c", "from scaleplan.cli import main; main()", "calibrate", "fit",
-                          "--kind", "bogus", "--db", db], capture_output=True, text=True)
+                          "--kind", "bogus", "--db", db], check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stdout == ""
     assert "--kind" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
