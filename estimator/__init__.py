@@ -7,4 +7,4 @@ set P_disc(N_dev) (app:plan-realization). See /work/estimator_api.md for the con
 from scaleplan.estimator.api import EstimateResult, Estimator, LayoutsResult
 from scaleplan.estimator.plans import PlanConstraints
 
-__all__ = ["Estimator", "EstimateResult", "LayoutsResult", "PlanConstraints"]
+__all__ = ["EstimateResult", "Estimator", "LayoutsResult", "PlanConstraints"]

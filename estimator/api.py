@@ -6,18 +6,18 @@ and cached; every evaluation is vectorised over plans (``model.TimeModel``).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-
-from scaleplan.errors import OutOfRangeError, ScaleplanError, SpecError
 from scaleplan.estimator.geom import Geometry, geometry
 from scaleplan.estimator.memory import memory_breakdown
-from scaleplan.estimator.model import (CKPT_CODES, ChiCoefficients, DispatchLaw, Evaluation, Plans,
-                                       TimeModel)
+from scaleplan.estimator.model import CKPT_CODES, ChiCoefficients, DispatchLaw, Evaluation, Plans, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans, plans_from_layouts
 from scaleplan.estimator.tables import ANALYTIC, SOURCE_NAMES, Tables, build_tables, cached_tables
+
+from scaleplan.errors import OutOfRangeError, ScaleplanError, SpecError
 from scaleplan.profiles import ClusterProfile, load_profile
 from scaleplan.specs import OPTIMIZERS, Layout, ModelBlock, Spec
 
@@ -106,7 +106,7 @@ class Estimator:
         self.model = TimeModel(self.profile, self.tables, extrapolate == "clamp", self.dispatch, self.chi)
 
     @classmethod
-    def from_frames(cls, profile: str | ClusterProfile, frames, **kw) -> "Estimator":
+    def from_frames(cls, profile: str | ClusterProfile, frames, **kw) -> Estimator:
         prof = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
         return cls(prof, tables=build_tables(prof.name, frames, prof.peak("bf16")), use_calibration=False, **kw)
 
@@ -173,7 +173,7 @@ class Estimator:
         plans = plans_from_layouts(layouts, n_devices)
         ev = self.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type)
         if self.extrapolate == "error":
-            bad = np.nonzero(ev.oor.reason != None)[0]  # noqa: E711
+            bad = np.nonzero(ev.oor.reason != None)[0]
             if len(bad):
                 i = bad[0]
                 raise OutOfRangeError(str(ev.oor.table[i]), str(ev.oor.axis[i]), float(ev.oor.value[i]),
@@ -209,11 +209,15 @@ class Estimator:
         mem = memory_breakdown(g, plans, gbs, seqlen, optimizer)
         tot = sum(mem.values())
         reason = np.array(ev.oor.reason, dtype=object)
-        over = (tot > constraints.mem_fraction * self.profile.hbm_bytes) & (reason == None)  # noqa: E711
+        oor = ev.oor.reason != None
+        over = (tot > constraints.mem_fraction * self.profile.hbm_bytes) & ~oor
         reason[over] = "memory"
-        feasible = reason == None  # noqa: E711
-        for r, n in zip(*np.unique(reason[~feasible].astype(str), return_counts=True)):
-            counts[str(r)] = counts.get(str(r), 0) + int(n)
+        feasible = ~(oor | over)
+        if over.any():
+            counts["memory"] = counts.get("memory", 0) + int(over.sum())
+        if oor.any():
+            for r, n in Counter(reason[oor].tolist()).items():
+                counts[str(r)] = counts.get(str(r), 0) + int(n)
         return g, plans, ev, mem, feasible, reason, counts, total
 
     def _search(self, model, n_devices, gbs, seqlen, optimizer, constraints, top) -> LayoutsResult:
@@ -228,7 +232,7 @@ class Estimator:
         ranked = [self._result(g, ev, mem, i, gbs * seqlen, self.profile.hbm_bytes, constraints.mem_fraction)
                   for i in order]
         analytic = sorted(k for k, v in ev.sources.items() if (v == ANALYTIC).any())
-        return LayoutsResult(ranked, counts, total, int(len(idx)), analytic)
+        return LayoutsResult(ranked, counts, total, len(idx), analytic)
 
     def lookups(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> dict[str, list[dict]]:
         """The exact table points the evaluation of ``layouts`` (default: the spec's) looks up."""
@@ -286,5 +290,12 @@ class Estimator:
             feasible=reason is None, reason=reason, warnings=warnings, n_clamped=int(ev.n_clamped[i]))
 
 
-__all__ = ["Estimator", "EstimateResult", "LayoutsResult", "PlanConstraints", "ScaleplanError", "CKPT_CODES",
-           "Plans"]
+__all__ = [
+    "CKPT_CODES",
+    "EstimateResult",
+    "Estimator",
+    "LayoutsResult",
+    "PlanConstraints",
+    "Plans",
+    "ScaleplanError",
+]

@@ -20,7 +20,6 @@ with interleaving); the last stage holds one, plus the LM head and its fp32 logi
 from __future__ import annotations
 
 import numpy as np
-
 from scaleplan.estimator.geom import Geometry, padded_vocab
 
 OPT_STATE_BYTES = {"adam": 12.0, "adamw": 12.0, "muon": 8.0, "scion": 8.0, "sgd": 8.0}

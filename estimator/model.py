@@ -34,10 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry, padded_vocab
 from scaleplan.estimator.tables import ANALYTIC, CLAMPED, LookupResult, Tables
+
 from scaleplan.profiles import ClusterProfile
 from scaleplan.units import BYTES_PER_ELEMENT
 
@@ -96,7 +96,7 @@ class Plans:
     def __len__(self) -> int:
         return len(self.tp)
 
-    def take(self, idx) -> "Plans":
+    def take(self, idx) -> Plans:
         return Plans(*(getattr(self, f)[idx] for f in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt")))
 
     def layout(self, i: int) -> dict:
@@ -140,6 +140,53 @@ class Evaluation:
     warnings: list[str] = field(default_factory=list)
 
 
+def bubble_fraction(pp, vpp, n_mb):
+    """eq:bubble: f_bubble = (PP - 1) / (VPP n_mb) (array-friendly)."""
+    return (np.asarray(pp, dtype=float) - 1) / (np.asarray(vpp, dtype=float) * np.asarray(n_mb, dtype=float))
+
+
+def vocab_stage_time(n_mb, pp, vpp, t_first, t_last):
+    """The paper's vocabulary-stage term (sec:iteration-time-model) for a compute-bound pipeline:
+
+    t_vocab = (n_mb - 1) max(t_first, t_last) + t_first + t_last + t_last n_mb f_bubble  (PP > 1);
+    with one stage the embedding and the LM head run on the same GPU: t_vocab = n_mb (t_first + t_last).
+    """
+    n_mb, pp = np.asarray(n_mb, dtype=float), np.asarray(pp, dtype=float)
+    f = bubble_fraction(pp, vpp, n_mb)
+    return np.where(pp > 1, (n_mb - 1) * np.maximum(t_first, t_last) + t_first + t_last + t_last * n_mb * f,
+                    n_mb * (t_first + t_last))
+
+
+@dataclass
+class StagePeriods:
+    period: np.ndarray        # 1F1B period: slowest stage's max(GPU incl. vocab, CPU dispatch)
+    period_disp: np.ndarray   # the same without the vocabulary work
+
+
+def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last, t_disp) -> StagePeriods:
+    """Per-micro-batch period of the slowest stage, first / middle / last stages considered.
+
+    PP = 1: one stage runs the layers, the embedding and the LM head. PP > 1: the first stage adds
+    the embedding, the last the LM head; the middle stages (PP > 2) only layers.
+    """
+    pp = np.asarray(pp)
+    one = t_first_layers + t_first + t_last
+    first = t_first_layers + t_first
+    last = t_other_layers + t_last
+    gpu = np.where(pp > 1, np.maximum(first, last), one)
+    gpu0 = np.maximum(t_first_layers, t_other_layers)
+    return StagePeriods(np.maximum(gpu, t_disp), np.maximum(gpu0, t_disp))
+
+
+def pipeline_time(n_mb, pp, vpp, period, t_first, t_last):
+    """1F1B wall of the pipelined part: (n_mb + (PP-1)/VPP) periods, plus the lighter of the two
+    vocabulary surpluses once on the fill/drain ramp (PP > 1). In the compute-bound case with the
+    last stage slowest this equals n_mb t_layers (1 + f_bubble) + the paper's t_vocab."""
+    n_mb, pp = np.asarray(n_mb, dtype=float), np.asarray(pp, dtype=float)
+    ramp = np.where(pp > 1, np.minimum(t_first, t_last), 0.0)
+    return n_mb * period * (1 + bubble_fraction(pp, vpp, n_mb)) + ramp
+
+
 class _Recorder:
     """Collects source codes, clamp counts and out-of-range reasons while the model looks up tables."""
 
@@ -147,34 +194,47 @@ class _Recorder:
         self.P, self.clamp = P, clamp
         self.src: dict[str, np.ndarray] = {}
         self.n_clamped = np.zeros(P, dtype=np.int64)
+        self.has_oor = np.zeros(P, dtype=bool)
         self.oor = OOR(*(np.full(P, None, dtype=object) for _ in range(3)), np.zeros(P), np.zeros(P), np.zeros(P))
         self.warnings: list[str] = []
 
     def mark(self, comp: str, code) -> None:
-        code = np.broadcast_to(np.asarray(code, dtype=np.int8), (self.P,))
-        self.src[comp] = np.maximum(self.src.get(comp, np.zeros(self.P, dtype=np.int8)), code)
+        code = np.asarray(code, dtype=np.int8)
+        cur = self.src.get(comp)
+        self.src[comp] = np.broadcast_to(code, (self.P,)).copy() if cur is None else np.maximum(cur, code)
+
+    def absorb(self, other: _Recorder, inv: np.ndarray) -> None:
+        """Take over the records of a recorder over distinct tuples (``inv`` maps plans to them)."""
+        for k, v in other.src.items():
+            self.mark(k, v[inv])
+        self.n_clamped += other.n_clamped[inv]
+        self.has_oor |= other.has_oor[inv]
+        for f in ("reason", "table", "axis", "value", "lo", "hi"):
+            setattr(self.oor, f, getattr(other.oor, f)[inv])
 
     def use(self, comp: str, res: LookupResult, active=True) -> np.ndarray:
         """Record one lookup for component ``comp`` (``active``: plans where it really happens)."""
         active = np.broadcast_to(np.asarray(active, dtype=bool), (self.P,))
         t = np.broadcast_to(res.t, (self.P,))
-        bad = np.broadcast_to(res.oor_axis >= 0, (self.P,)) & active
+        ax = np.broadcast_to(res.oor_axis, (self.P,))
+        bad = (ax >= 0) & active
         code = np.broadcast_to(res.code, (self.P,))
-        if self.clamp:
-            code = np.where(bad, CLAMPED, code)
-            self.n_clamped += bad
-        else:
-            new = bad & (self.oor.reason == None)  # noqa: E711 (elementwise on an object array)
-            if new.any():
-                ax = np.broadcast_to(res.oor_axis, (self.P,))
-                for a in np.unique(ax[new]):
-                    sel = new & (ax == a)
-                    self.oor.reason[sel] = f"out_of_range:{res.table.split('[')[0]}.{res.axes[a]}"
-                    self.oor.table[sel] = res.table
-                    self.oor.axis[sel] = res.axes[a]
-                self.oor.value[new] = np.broadcast_to(res.oor_value, (self.P,))[new]
-                self.oor.lo[new] = np.broadcast_to(res.lo, (self.P,))[new]
-                self.oor.hi[new] = np.broadcast_to(res.hi, (self.P,))[new]
+        if bad.any():
+            if self.clamp:
+                code = np.where(bad, CLAMPED, code)
+                self.n_clamped += bad
+            else:
+                new = bad & ~self.has_oor
+                if new.any():
+                    self.has_oor |= new
+                    for a in np.unique(ax[new]):
+                        sel = new & (ax == a)
+                        self.oor.reason[sel] = f"out_of_range:{res.table.split('[')[0]}.{res.axes[a]}"
+                        self.oor.table[sel] = res.table
+                        self.oor.axis[sel] = res.axes[a]
+                    self.oor.value[new] = np.broadcast_to(res.oor_value, (self.P,))[new]
+                    self.oor.lo[new] = np.broadcast_to(res.lo, (self.P,))[new]
+                    self.oor.hi[new] = np.broadcast_to(res.hi, (self.P,))[new]
         self.mark(comp, np.where(active, code, 0))
         return np.where(active, t, 0.0)
 
@@ -253,21 +313,19 @@ class TimeModel:
         return out
 
     # -- the model -----------------------------------------------------------------------------
-    def evaluate(self, g: Geometry, pl: Plans, gbs: int, seqlen: int, optimizer: str) -> Evaluation:
-        P = len(pl)
-        rec = _Recorder(P, self.clamp)
+    def _kernels(self, g: Geometry, kp: Plans, seqlen: int, rec: _Recorder) -> dict[str, np.ndarray]:
+        """Per-layer, per-micro-batch forward/backward times that depend only on (TP, CP, EP, ETP,
+        B_micro): evaluated once per distinct tuple and broadcast to the plans sharing it."""
         prof = self.prof
         peak = prof.peak(g.precision)
         hbm = prof.hbm_bandwidth
         b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
-        tp, cp, pp, dp, ep, etp, vpp, mbs, ck = (getattr(pl, f).astype(float) for f in
-                                                  ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"))
-        ckc = pl.ckpt
-        n_mb = gbs / (dp * mbs)
+        tp, cp, ep, etp, mbs = (getattr(kp, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
         T = seqlen * mbs / cp                       # tokens of a rank's sequence shard (all TP ranks)
         Tsp = T / tp                                # sequence-parallel shard
         kv_loc = np.maximum(g.nkv / tp, 1.0)        # kv heads replicated when TP > n_kv
         moe = g.is_moe
+        P = len(tp)
 
         # attention projections (gate folded into the QKV GEMM: same input, n_q extra columns)
         n_qkv = ((g.nq + 2 * kv_loc * 1.0) * g.hd + (g.nq if g.gate else 0)) / tp
@@ -299,6 +357,7 @@ class TimeModel:
         dense_f, dense_b = dm_f1 + dm_f2 + act_dense, dm_b1 + dm_b2 + 2 * act_dense
 
         z = np.zeros(P)
+        rg_f = rg_b = tk_f = tk_b = perm = ex_f = ex_b = z
         moe_f = moe_b = a2a_f = a2a_b = sh_f = sh_b = z
         E_loc = np.ones(P)
         if moe:
@@ -357,6 +416,39 @@ class TimeModel:
         cp_f = self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter)
         cp_b = cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
 
+        t_first, t_last = self._vocab(rec, g, T, tp, peak, hbm, b_el)
+        names = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "dense_f", "dense_b", "moe_f", "moe_b", "a2a_f",
+                 "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b",
+                 "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "T", "Tsp")
+        loc = locals()
+        return {k: np.broadcast_to(np.asarray(loc[k], dtype=float), (P,)) for k in names}
+
+    def evaluate(self, g: Geometry, pl: Plans, gbs: int, seqlen: int, optimizer: str) -> Evaluation:
+        """Evaluate every plan of ``pl``; see the module docstring for the terms. Arrays of length P."""
+        P = len(pl)
+        rec = _Recorder(P, self.clamp)
+        prof = self.prof
+        peak = prof.peak(g.precision)
+        hbm = prof.hbm_bandwidth
+        b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
+        tp, cp, pp, dp, ep, etp, vpp, mbs, ck = (getattr(pl, f).astype(float) for f in
+                                                  ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"))
+        ckc = pl.ckpt
+        n_mb = gbs / (dp * mbs)
+        moe = g.is_moe
+        # kernel times depend on (TP, CP, EP, ETP, B_micro) only: evaluate each distinct tuple once
+        code = (((pl.tp * 4096 + pl.cp) * 4096 + pl.ep) * 64 + pl.etp) * 4096 + pl.mbs
+        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+        inv = inv.reshape(-1)
+        rec_u = _Recorder(len(first), self.clamp)
+        K = {k: v[inv] for k, v in self._kernels(g, pl.take(first), seqlen, rec_u).items()}
+        rec.absorb(rec_u, inv)
+        (attn_f, attn_b, sd_f, sd_b, ew_f, dense_f, dense_b, moe_f, moe_b, a2a_f, a2a_b, sh_f, sh_b, E_loc,
+         rg_f, rg_b, tk_f, tk_b, perm, ex_f, ex_b, tp_f, tp_b, cp_f, cp_b, t_first, t_last, T, Tsp) = (
+            K[k] for k in ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "dense_f", "dense_b", "moe_f", "moe_b",
+                           "a2a_f", "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm",
+                           "ex_f", "ex_b", "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "T", "Tsp"))
+
         # per-layer totals (shared expert overlapped with the routed all-to-all: max of the two)
         common_f = attn_f + sd_f + ew_f + tp_f + cp_f
         common_b = attn_b + sd_b + 2 * ew_f + tp_b + cp_b
@@ -377,21 +469,19 @@ class TimeModel:
             t_other = np.where(pp > 1, L_stage * t_moe_layer, 0.0)
         else:
             t_stage0 = L_stage * t_den_layer
-            t_other = t_stage0
+            t_other = np.where(pp > 1, t_stage0, 0.0)
         t_cmp = np.maximum(t_stage0, t_other)
 
-        # dispatch floor (self-limiting max): kernels per layer-micro-batch x gap + host time
+        # CPU dispatch per stage and micro-batch (kernels x gap + host); the GPU of each stage runs
+        # its layers plus its vocabulary work, and t_mb = max(GPU, CPU) per stage (self-limiting)
         kappa = (self.disp.kappa0 + self.disp.kappa1 * (E_loc if moe else 0.0)) * _KERNEL_UNITS[ckc] / 4.0
         t_disp = L_stage * kappa * self.disp.t_gap_s + self.disp.t_host_s
-        t_mb = np.maximum(t_cmp, t_disp)
-        t_block = n_mb * t_mb
-        f_bub = (pp - 1) / (vpp * n_mb)
-        t_bubble = f_bub * t_block
-
-        # vocabulary stage: embedding on the first stage, LM head + fp32 cross-entropy on the last
-        t_first, t_last = self._vocab(rec, g, T, tp, peak, hbm, b_el)
-        t_vocab = np.where(pp > 1, (n_mb - 1) * np.maximum(t_first, t_last) + t_first + t_last
-                           + t_last * n_mb * f_bub, n_mb * (t_first + t_last))
+        st = stage_periods(pp, t_stage0, t_other, t_first, t_last, t_disp)
+        f_bub = bubble_fraction(pp, vpp, n_mb)
+        t_pipe = pipeline_time(n_mb, pp, vpp, st.period, t_first, t_last)
+        t_bubble = f_bub * n_mb * st.period_disp
+        t_vocab = t_pipe - n_mb * st.period_disp - t_bubble
+        t_mb = st.period_disp
 
         # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); neighbours are TP*CP*DP ranks apart
         p2p_inter = tp * cp * dp >= self.gpn
@@ -433,7 +523,7 @@ class TimeModel:
         scale = np.where(split > 0, n_mb * t_cmp / np.where(split > 0, split, 1.0), 1.0)
         for k in comps:
             comps[k] = comps[k] * scale
-        comps["dispatch_floor"] = n_mb * (t_mb - t_cmp)
+        comps["dispatch_floor"] = n_mb * (st.period_disp - t_cmp)
         comps["bubble"] = t_bubble
         comps["vocab"] = t_vocab
         comps["pp_p2p"] = t_pp

@@ -15,13 +15,12 @@ Each structurally invalid plan is counted under its first failing reason.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
-
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.model import CKPT_CODES, Plans
+
 from scaleplan.specs import CKPT_MODES
 
 
@@ -60,18 +59,26 @@ def enumerate_plans(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints) -
     pps = _choose(c.pp, n_devices, c.max_pp)
     eps = _choose(c.ep, n_devices, c.max_ep)
     ck = [CKPT_CODES[m] for m in c.ckpt]
-    grid = np.array(list(itertools.product(tps, cps, pps, eps, c.etp, c.vpp, c.mbs, ck)), dtype=np.int64)
-    if grid.size == 0:
+    axes = [np.asarray(v, dtype=np.int64) for v in (tps, cps, pps, eps, c.etp, c.vpp, c.mbs, ck)]
+    total = int(np.prod([len(a) for a in axes]))
+    if total == 0:
         return Plans(*(np.zeros(0, dtype=np.int64) for _ in range(9))), {}, 0
+    # the mesh check first, on the (TP, CP, PP) product only, so the full product stays small
+    t3 = np.stack(np.meshgrid(axes[0], axes[1], axes[2], indexing="ij"), -1).reshape(-1, 3)
+    mesh_ok = n_devices % t3.prod(axis=1) == 0
+    counts: dict[str, int] = {}
+    n_bad_mesh = int((~mesh_ok).sum()) * (total // max(len(t3), 1))
+    if n_bad_mesh:
+        counts["mesh_not_dividing_devices"] = n_bad_mesh
+    t3 = t3[mesh_ok]
+    rest = np.stack(np.meshgrid(*axes[3:], indexing="ij"), -1).reshape(-1, 5)
+    grid = np.concatenate([np.repeat(t3, len(rest), axis=0), np.tile(rest, (len(t3), 1))], axis=1)
     tp, cp, pp, ep, etp, vpp, mbs, ckc = grid.T
-    prod = tp * cp * pp
-    ok_mesh = n_devices % prod == 0
-    dp = np.where(ok_mesh, n_devices // np.maximum(prod, 1), 0)
+    dp = n_devices // (tp * cp * pp)
     checks = [
-        ("mesh_not_dividing_devices", ok_mesh),
-        ("ep_not_dividing_dp", (dp > 0) & (dp % ep == 0)),
+        ("ep_not_dividing_dp", dp % ep == 0),
         ("experts_not_divisible_by_ep", (g.E % ep == 0) if g.is_moe else ep == 1),
-        ("gbs_not_divisible", (dp > 0) & (gbs % np.maximum(dp * mbs, 1) == 0)),
+        ("gbs_not_divisible", gbs % (dp * mbs) == 0),
         ("layers_not_divisible_by_pp_vpp", g.L % (pp * vpp) == 0),
         ("vpp_needs_pp", (vpp == 1) | (pp > 1)),
         ("heads_not_divisible_by_tp", g.nq % tp == 0),
@@ -80,7 +87,6 @@ def enumerate_plans(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints) -
         ("cp_not_dividing_seq", True),
     ]
     valid = np.ones(len(grid), dtype=bool)
-    counts: dict[str, int] = {}
     for reason, ok in checks:
         ok = np.broadcast_to(np.asarray(ok, dtype=bool), valid.shape)
         bad = valid & ~ok
@@ -89,7 +95,7 @@ def enumerate_plans(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints) -
         valid &= ok
     sel = np.nonzero(valid)[0]
     plans = Plans(tp[sel], cp[sel], pp[sel], dp[sel], ep[sel], etp[sel], vpp[sel], mbs[sel], ckc[sel])
-    return plans, counts, len(grid)
+    return plans, counts, total
 
 
 def plans_from_layouts(layouts, n_devices: int) -> Plans:
