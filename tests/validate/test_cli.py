@@ -1,0 +1,85 @@
+"""`scaleplan validate` end to end on CPU: JSON keys, a stored ObservedRun, DP over 2 gloo processes, refusals."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SPECS = Path(__file__).resolve().parents[1] / "data" / "validate_specs"
+TINY = SPECS / "tiny.yaml"
+KEYS = {"layout", "measured_t_iter_s", "predicted_t_iter_s", "measured_mfu", "predicted_mfu",
+        "measured_peak_mem_gb", "predicted_mem_gb", "observation_id"}
+
+
+def _cli(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from scaleplan.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _observed(url: str):
+    from sqlalchemy import select
+
+    from scaleplan.db.models import ObservedRun
+    from scaleplan.db.session import session_scope
+
+    with session_scope(url) as s:
+        return list(s.scalars(select(ObservedRun).order_by(ObservedRun.id)))
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_validate_json_and_observed_run(sqlite_url, nproc):
+    p = _cli("--json", "validate", str(TINY), "--steps", "2", "--warmup", "1", "--nproc", str(nproc),
+             "--layout", "mbs=1,ckpt=selective", "--db", sqlite_url)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)  # stdout is one JSON document
+    assert len(rows) == 1 and set(rows[0]) == KEYS
+    r = rows[0]
+    assert r["layout"]["dp"] == nproc and r["layout"]["ckpt"] == "selective"
+    assert r["measured_t_iter_s"] > 0 and 0 < r["measured_mfu"] < 1
+    assert r["measured_peak_mem_gb"] > 0
+    obs = _observed(sqlite_url)
+    assert [o.id for o in obs] == [r["observation_id"]]
+    o = obs[0]
+    assert o.source == "validate" and o.profile == "cpu-local" and o.n_devices == nproc and o.dp == nproc
+    assert o.measured_t_iter_s == pytest.approx(r["measured_t_iter_s"])
+    # gbs = 4 sequences over dp * mbs: gradient-accumulation micro-batches per step
+    assert o.extra["n_mb"] == 4 // nproc
+    assert len(o.extra["step_times_s"]) == 2 and o.extra["provenance"]["torch_version"]
+    assert o.extra["provenance"]["backend"] == ("gloo" if nproc == 2 else "none")
+
+
+def test_refuses_model_parallel_layouts_with_one_line(sqlite_url):
+    p = _cli("validate", str(TINY), "--layout", "ep=2", "--db", sqlite_url)
+    assert p.returncode == 2
+    assert "ep" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not _observed(sqlite_url)
+
+
+def test_refuses_gbs_not_divisible_by_dp_mbs(sqlite_url):
+    p = _cli("validate", str(TINY), "--layout", "mbs=3", "--db", sqlite_url)
+    assert p.returncode == 2 and "data.gbs" in p.stderr
+
+
+def test_help_does_not_import_torch():
+    code = "import sys; from scaleplan.cli import app; print('torch' in sys.modules)"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "False", p.stderr
+
+
+def test_mfu_counts_embedding_and_head():
+    from scaleplan.specs import load_spec
+    from scaleplan.validate.compare import mfu
+
+    spec = load_spec(TINY)
+    m = spec.model
+    # by hand: attention 2*64*64 + 2*64*32 + 64*4 + 2*64 = 12672 per block; dense SwiGLU 3*64*160;
+    # MoE active: (K + shared) * 3*64*40 + router 8*64; final norm 64; embedding + head 2*512*64
+    attn = 2 * 64 * 64 + 2 * 64 * 32 + 64 * 4 + 2 * 64
+    n_act = 3 * attn + 3 * 64 * 160 + 2 * (3 * 3 * 64 * 40 + 8 * 64) + 64
+    n = n_act + 2 * 512 * 64
+    flops = 6 * n * spec.data.gbs * spec.data.seqlen
+    assert mfu(spec, 0.5, 2, 1e9) == pytest.approx(flops / (0.5 * 2 * 1e9))
+    assert m.moe.n_experts == 8
