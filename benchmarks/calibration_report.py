@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{'t1t2':<4}| target")
         for r in rep["sweeps"]:
             print(_row(r))
+        print("   chi_sys terms each sweep identifies alone: "
+              + "; ".join(f"{r['sweep']}: {', '.join(r['identifies']) or 'none'}" for r in rep["sweeps"]))
     print(f"\n{results['seconds']:.1f} s")
     return 0
 

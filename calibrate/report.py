@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 from scaleplan.calibrate import metrics as M
-from scaleplan.calibrate.chi_sys import chi_from, fit_chi
+from scaleplan.calibrate.chi_sys import chi_from, fit_chi, identifiability
 from scaleplan.calibrate.evaluate import Observed, Prediction, SweepBasis, chi_data, measured_mfu
 
 KS = (1, 5, 10)
@@ -73,11 +73,13 @@ def sweep_report(obs: Sequence[Observed], preds: Sequence[Prediction], bases: di
             cv = "loo"
         mb, ma, ml = (_metrics(x, meas, basis.scale_free) for x in (before, after, loso))
         ref = _reference(rows, meas, basis.scale_free)
+        alone = chi_data(rows, prs, bases)  # which eq:desync terms this sweep pins down by itself
+        identifies = identifiability(alone, "normalized" if basis.scale_free else "absolute")[0]
         out.append({
             "sweep": s, "n": int(idx.sum()), "mape_before": mb["mape"], "mape_after": ma["mape"],
             "loso_mape": ml["mape"], "spearman": ma["spearman"], "top1_in_top2": bool(ma["top1_in_top2"]),
             "reference_mape": ref["mape"] if ref else None,
-            "normalized": basis.scale_free, "quantity": basis.quantity, "cv": cv,
+            "normalized": basis.scale_free, "quantity": basis.quantity, "cv": cv, "identifies": identifies,
             "spearman_before": mb["spearman"], "loso_spearman": ml["spearman"],
             "top1_in_top2_before": bool(mb["top1_in_top2"]), "loso_top1_in_top2": bool(ml["top1_in_top2"]),
             "topk_overlap": {name: {str(k): m[f"top{k}_overlap"] for k in KS}

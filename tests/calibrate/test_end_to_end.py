@@ -35,6 +35,8 @@ def test_report_runs_and_estimator_uses_the_new_calibration(e2e, tmp_path):
     assert [s["n"] for s in rep["sweeps"]] == [15, 5]
     for s in rep["sweeps"]:
         assert s["reference_mape"] is not None and 0 <= s["loso_mape"] < 1
+    # 700M on 32 GPUs: only pp=8 (a deep pipeline in one node) drives a term; 5.4B: only ep=16 spans nodes
+    assert [s["identifies"] for s in rep["sweeps"]] == [["c_ovl"], ["c_a2a"]]
     json.dumps(rep)
     # the estimator now applies chi_sys = 1 + c . features (eq:desync) with the stored coefficients
     from scaleplan.calibrate.evaluate import observed_from_db
