@@ -1,0 +1,54 @@
+"""The EP tile correction: each of the E/EP local experts sees EP*T*B*K/E rows (balanced routing)."""
+import numpy as np
+import pytest
+
+from scaleplan.estimator import Estimator
+from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model import _Recorder
+from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.specs import Layout, parse_spec
+
+from .conftest import grouped_frame, moe_spec
+
+
+def _expert_fwd(est, spec, layouts, n=32):
+    g = geometry(spec.model)
+    pl = plans_from_layouts(layouts, n)
+    rec = _Recorder(len(pl), clamp=False)
+    k = est.model._kernels(g, pl, spec.data.seqlen, rec)
+    return k["ex_f"], rec
+
+
+def test_work_proportional_table_gives_ep_invariant_expert_time():
+    # a grouped table whose time is proportional to the work num_gemms * tokens_per_expert:
+    # under the corrected key the expert time is the same for every EP (same rows per rank);
+    # the uncorrected key (tile T*B*K/E with E/EP groups) would shrink it by EP
+    law = lambda ng, tpe: 1e-7 * ng * tpe  # noqa: E731
+    est = Estimator.from_frames("p6-b200.48xlarge", {"grouped_gemm": grouped_frame(2048, 1280, law)})
+    spec = parse_spec(moe_spec())
+    lays = [Layout(pp=2, ep=e, mbs=1) for e in (1, 2, 4, 8)]
+    t, rec = _expert_fwd(est, spec, lays)
+    assert not rec.has_oor.any()
+    assert np.allclose(t, t[0], rtol=1e-9)
+    assert (rec.src["experts"] <= 1).all()  # measured / interpolated, not analytic
+
+
+def test_launch_bound_table_rewards_ep():
+    # a launch-bound table (time per GEMM, independent of rows): expert time falls as 1/EP
+    law = lambda ng, tpe: 2e-5 * ng  # noqa: E731
+    est = Estimator.from_frames("p6-b200.48xlarge", {"grouped_gemm": grouped_frame(2048, 1280, law)})
+    spec = parse_spec(moe_spec())
+    t, _ = _expert_fwd(est, spec, [Layout(pp=2, ep=1), Layout(pp=2, ep=8)])
+    act = t[0] - 2e-5 * 128  # the SwiGLU element-wise part, EP-invariant
+    assert t[1] - act == pytest.approx(2e-5 * 16, rel=1e-6)
+
+
+def test_lookup_keys_use_the_corrected_tile(sqlite_url):
+    est = Estimator("p6-b200.48xlarge", db_url=sqlite_url)
+    spec = parse_spec(moe_spec())
+    for ep in (1, 4, 8):
+        pts = est.lookups(spec, 32, [Layout(pp=2, ep=ep, mbs=2)])["grouped_gemm"]
+        tiles = {p["tokens_per_expert"] for p in pts}
+        groups = {p["num_gemms"] for p in pts}
+        # T_seq*B*K/E = 8192*2*3/128 = 384 rows per expert without EP; EP multiplies the tile
+        assert tiles == {ep * 8192 * 2 * 3 // 128} and groups == {128 // ep}

@@ -1,0 +1,115 @@
+"""Table interpolation inside the range, OutOfRangeError outside, clamp counting, the vocab axis."""
+import numpy as np
+import pytest
+
+from scaleplan.errors import OutOfRangeError, SpecError
+from scaleplan.estimator import Estimator
+from scaleplan.estimator.geom import geometry, padded_vocab
+from scaleplan.estimator.model import _Recorder
+from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.estimator.tables import GridTable
+from scaleplan.specs import Layout, parse_spec
+
+from .conftest import frame, moe_spec
+
+
+def test_power_law_is_interpolated_exactly_in_log_space():
+    m = n = k = np.array([256.0, 1024.0, 4096.0])
+    vals = 1e-12 * np.einsum("i,j,k->ijk", m, n, k).ravel()  # t = c m n k (a pure power law)
+    tab = GridTable("gemm", ("m", "n", "k"), [m, n, k], vals)
+    r = tab.lookup(np.array([512.0, 1024.0, 3000.0]), 2048.0, np.array([256.0, 700.0, 4096.0]))
+    assert np.allclose(r.t, 1e-12 * np.array([512 * 2048 * 256, 1024 * 2048 * 700, 3000 * 2048 * 4096]))
+    assert (r.oor_axis == -1).all()
+    assert list(r.code) == [1, 1, 1]  # interpolated (off-grid n)
+    exact = tab.lookup(1024.0, 1024.0, 256.0)
+    assert int(exact.code) == 0 and float(exact.t) == pytest.approx(1e-12 * 1024 * 1024 * 256)
+
+
+def test_out_of_range_reports_axis_and_range():
+    g = np.array([1.0, 10.0])
+    tab = GridTable("t", ("a", "b"), [g, g], np.ones(4))
+    r = tab.lookup(np.array([5.0, 20.0, 5.0]), np.array([5.0, 5.0, 0.5]))
+    assert list(r.oor_axis) == [-1, 0, 1]
+    assert r.oor_value[1] == 20.0 and r.lo[1] == 1.0 and r.hi[1] == 10.0
+    assert r.oor_value[2] == 0.5
+
+
+def _sdpa_frame():
+    rows = []
+    for s in (2048, 4096, 8192, 16384):
+        for b in (1, 2, 4):
+            for q in (8, 16, 32, 64):
+                for hd in (64, 128):
+                    t = 1e-12 * s * s * b * q * hd
+                    rows.append(dict(seq_len=s, micro_bs=b, n_q_heads=q, n_kv_heads=8, head_dim=hd, causal=True,
+                                     dtype="bf16", backend="te", fwd_s=t, bwd_s=2.5 * t))
+    return frame(rows)
+
+
+def test_estimate_raises_out_of_range_and_clamp_counts():
+    est = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()})
+    spec = parse_spec(moe_spec(data={"seqlen": 32768, "gbs": 256}))
+    with pytest.raises(OutOfRangeError) as ei:
+        est.estimate(spec, 32, [Layout(pp=2, ep=8)])
+    e = ei.value
+    assert (e.table, e.axis, e.value, e.lo, e.hi) == ("sdpa", "seq_len", 32768, 2048, 16384)
+    assert "2048" in str(e) and "16384" in str(e)
+    clamp = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()}, extrapolate="clamp")
+    r = clamp.estimate(spec, 32, [Layout(pp=2, ep=8)])[0]
+    assert r.sources["sdpa"] == "clamped"
+    assert r.n_clamped == 2  # the forward and the backward lookup
+    assert any("clamped" in w for w in r.warnings)
+
+
+def test_plan_search_marks_out_of_range_plans_infeasible():
+    est = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()})
+    spec = parse_spec(moe_spec())
+    res = est.layouts(spec, 32, top=None)
+    # n_q_heads per TP rank below the measured 8 (TP >= 4 on 16 heads) is out of range, never extrapolated
+    assert res.infeasible_counts.get("out_of_range:sdpa.n_q_heads", 0) > 0
+    assert all(r.layout["tp"] <= 2 for r in res.ranked)
+    assert all(r.feasible for r in res.ranked)
+
+
+def test_rejects_nonpositive_and_nan_sizes(sqlite_url):
+    est = Estimator("p6-b200.48xlarge", db_url=sqlite_url)
+    m = parse_spec(moe_spec()).model
+    for bad in (0, -4, float("nan")):
+        with pytest.raises(SpecError):
+            est.best_plan(m, 32, bad, 8192)
+        with pytest.raises(SpecError):
+            est.best_plan(m, bad, 256, 8192)
+
+
+def test_megatron_vocab_padding():
+    assert padded_vocab(257540) == 257664  # the recorded table's vocab_padded
+    assert padded_vocab(257536) == 257536  # already a multiple of 128
+    assert padded_vocab(257540, 2) == 257792 and padded_vocab(257536, 8) == 252 * 1024  # 257536/1024 = 251.5
+
+
+def _vocab_frame():
+    rows = []
+    for op in ("lm_head_gemm", "cross_entropy"):
+        for tok in (4096, 8192, 16384, 32768):
+            for h in (2048, 4096, 6144):
+                rows.append(dict(op=op, tokens=tok, hidden=h, vocab=257664, dtype="bf16",
+                                 fwd_s=1e-9 * tok * (h if op == "lm_head_gemm" else 1000), bwd_s=None))
+    df = frame(rows)
+    df["bwd_s"] = df["fwd_s"]
+    return df
+
+
+@pytest.mark.parametrize("vocab,tp,logit_ratio", [(257540, 1, 1.0), (257536, 1, 257536 / 257664),
+                                                   (257540, 2, 257792 / 2 / 257664)])
+def test_single_valued_vocab_axis_maps_to_logit_count(vocab, tp, logit_ratio):
+    # the table has one vocab (257664, Megatron-padded); both kernels scale with the logit count,
+    # so a request is looked up at tokens * V_local_padded / 257664 (linear data: exact ratio)
+    est = Estimator.from_frames("p6-b200.48xlarge", {"vocab": _vocab_frame()})
+    spec = parse_spec(moe_spec(model={**moe_spec()["model"], "vocab_sz": vocab}))
+    g = geometry(spec.model)
+    pl = plans_from_layouts([Layout(tp=tp, pp=2, ep=8)], 32)
+    rec = _Recorder(1, clamp=False)
+    k = est.model._kernels(g, pl, spec.data.seqlen, rec)
+    expect = 2 * 1e-9 * 8192 * logit_ratio * (2048 + 1000) * 2 / 2  # (gemm + ce) x (fwd + bwd)
+    assert float(k["t_last"][0]) == pytest.approx(expect, rel=1e-9)
+    assert not rec.has_oor.any()
