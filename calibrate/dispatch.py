@@ -6,8 +6,10 @@
 with t_gap the per-kernel CPU enqueue gap (seconds), kappa the kernels launched per layer and
 microbatch, and t_host a fixed per-microbatch host time (seconds).
 
-What the dispatch benchmark (DispatchPoint: a chain of ``chain_len`` small kernels, wall vs
-GPU-active seconds per unit; mode 'gemm' launches 1 kernel per unit, 'gemm_relu' 2) identifies:
+What the dispatch benchmark (DispatchPoint: a chain of small kernels, wall vs GPU-active seconds
+per row unit) identifies. Units differ by origin: ``scaleplan bench dispatch`` rows are per kernel
+(its chain_len counts every GEMM and ReLU), while the imported dmlc/ScalePlan rows are per chain
+step, and a gemm_relu step launches 2 kernels (matmul + relu); :func:`launches_per_unit` says which.
 
 * t_gap: per unit, wall = max(active + t_lat, n_launch * t_gap): once the kernels are small the
   GPU idles and the wall is the launch cost. Fitted by soft-L1 least squares on log wall, with
@@ -27,7 +29,13 @@ from scipy.optimize import least_squares
 
 from scaleplan.errors import ScaleplanError
 
-LAUNCHES_PER_UNIT = {"gemm": 1, "gemm_relu": 2, "relu": 1, "add": 1, "noop": 1}
+CHAIN_MODES = ("gemm", "gemm_relu")
+
+
+def launches_per_unit(mode: str, source: str) -> int:
+    """Kernels launched per stored row unit: 2 for an imported (dmlc/ScalePlan) gemm_relu step, else 1."""
+    return 2 if (mode == "gemm_relu" and source == "imported") else 1
+
 # Priors for the terms the chained-kernel benchmark cannot identify are the estimator's defaults:
 # kernel counts per layer of a Megatron-Core MoE block counted in profiler traces (kappa0, kappa1)
 # and no host time (t_host = 0 until one is measured).
@@ -57,10 +65,10 @@ def load_dispatch_rows(sess, profile: str) -> list[dict]:
 
     from scaleplan.db import models as m
 
-    q = (select(m.DispatchPoint).join(m.BenchRun, m.BenchRun.id == m.DispatchPoint.run_id)
+    q = (select(m.DispatchPoint, m.BenchRun.source).join(m.BenchRun, m.BenchRun.id == m.DispatchPoint.run_id)
          .where(m.BenchRun.profile == profile, m.DispatchPoint.status == "OK"))
     return [dict(mode=p.mode, m=p.m, n=p.n, k=p.k, chain_len=p.chain_len, wall_s=p.wall_per_kernel_s,
-                 active_s=p.active_per_kernel_s) for p in sess.scalars(q)]
+                 active_s=p.active_per_kernel_s, source=src) for p, src in sess.execute(q)]
 
 
 def _gap_fit(wall: np.ndarray, active: np.ndarray, launches: np.ndarray) -> tuple[float, float, np.ndarray]:
@@ -83,14 +91,14 @@ def fit_dispatch(rows: list[dict], prior: dict[str, float] | None = None) -> Dis
             two parameters of the gap model, or no row where dispatch binds (the GPU idles).
     """
     prior = {**PRIOR, **(prior or {})}
-    chain = [r for r in rows if r["mode"] in LAUNCHES_PER_UNIT and r["wall_s"] and r["active_s"]]
+    chain = [r for r in rows if r["mode"] in CHAIN_MODES and r["wall_s"] and r["active_s"]]
     host = [r["wall_s"] for r in rows if r["mode"] == "host_overhead" and r["wall_s"]]
     if len(chain) < 2:
         raise ScaleplanError(f"dispatch fit refused: {len(chain)} usable dispatch row(s) for 2 parameters "
                              "(t_gap, t_lat); run `scaleplan bench dispatch` first")
     wall = np.array([r["wall_s"] for r in chain])
     active = np.array([r["active_s"] for r in chain])
-    launches = np.array([LAUNCHES_PER_UNIT[r["mode"]] for r in chain], dtype=float)
+    launches = np.array([launches_per_unit(r["mode"], r.get("source", "measured")) for r in chain], dtype=float)
     if not np.any(active < 0.5 * wall):
         raise ScaleplanError("dispatch fit refused: no row is dispatch-bound (GPU active < half the wall); "
                              "t_gap is not identifiable, add smaller kernels to the sweep")
