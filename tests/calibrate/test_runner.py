@@ -124,3 +124,13 @@ def test_reference_metrics_reproduce_the_paper(sqlite_url, validation_dir):
     assert by["700m-32dev"]["topk_overlap"]["reference"]["10"] == 1.0
     # best measured (pp2 ep8) is third by the reference: not in its top 2
     assert by["700m-32dev"]["reference_top1_in_top2"] is False
+
+
+@pytest.mark.postgres
+def test_add_fit_report_on_postgres(pg_url, tmp_path, validation_dir):
+    add_runs(pg_url, synthetic_csv(tmp_path / "synth.csv", TRUE), validation_dir / "models.yaml")
+    assert add_runs(pg_url, tmp_path / "synth.csv", validation_dir / "models.yaml")["inserted"] == 0
+    out = fit_chi_sys(pg_url, predictor=fake_predictor)
+    assert out["coefficients"]["c_pp"] == pytest.approx(TRUE["c_pp"], abs=0.05)
+    rep = build_report(pg_url, predictor=fake_predictor)
+    assert rep["calibration_id"] == out["calibration_id"]
