@@ -69,7 +69,7 @@ class JointLaw:
         return {k: float(d[k]) for k in NAMES}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "JointLaw":
+    def from_dict(cls, d: dict) -> JointLaw:
         """Build from a dict keyed by NAMES (``lambda`` or ``lam``); ``eta`` defaults to 0 (per-G form).
 
         Raises SpecError on a missing or non-positive prefactor.
@@ -92,10 +92,10 @@ class JointLaw:
         return np.array([self.to_dict()[k] for k in NAMES])
 
     @classmethod
-    def from_vector(cls, v) -> "JointLaw":
+    def from_vector(cls, v) -> JointLaw:
         return cls.from_dict(dict(zip(NAMES, map(float, v))))
 
-    def per_g(self, g: float) -> "JointLaw":
+    def per_g(self, g: float) -> JointLaw:
         """The per-G law (eq:abnar-law) this joint law implies at split factor g (eta folded into j)."""
         return replace(self, j=self.j * float(g) ** -self.eta, eta=0.0)
 

@@ -93,9 +93,9 @@ def read_runs_csv(path: Path) -> Runs:
 def heldout_mask(df: pd.DataFrame, frac: float = 0.1) -> np.ndarray:
     """True for the top ``frac`` of runs by N_act within each G stratum (at least one where a stratum has 2+)."""
     mask = np.zeros(len(df), dtype=bool)
-    for _, idx in df.groupby("g").groups.items():
+    for idx in df.groupby("g").groups.values():
         idx = np.asarray(list(idx))
-        k = int(round(frac * len(idx)))
+        k = round(frac * len(idx))
         k = max(k, 1) if len(idx) >= 2 else 0
         if k:
             order = idx[np.argsort(-df.n_act.to_numpy()[idx], kind="stable")]

@@ -6,7 +6,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 G_COLOURS = {1: "tab:blue", 2: "tab:orange", 4: "tab:green", 6: "tab:purple", 8: "tab:red"}
 

@@ -72,7 +72,7 @@ def test_sparsity_optimum_is_a_minimum():
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-c", "from scaleplan.cli import main; main()", *args],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
 
 
 def test_cli_eval_and_optimum_json():
