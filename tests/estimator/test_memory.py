@@ -1,0 +1,67 @@
+"""Memory model against Megatron's theoretical memory formula (Korthikanti et al. 2022)."""
+import numpy as np
+import pytest
+
+from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.memory import dense_layer_activation_bytes, memory_breakdown
+from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.specs import Layout, ModelBlock
+
+H, A, L, F, V = 4096, 32, 32, 11008, 32000
+
+
+def _dense_block() -> ModelBlock:
+    return ModelBlock(n_layers=L, hidden_sz=H, inter_sz=F, n_q_heads=A, n_kv_heads=A, head_dim=H // A,
+                      vocab_sz=V, glu=True, attn_gate=False, tie_embeddings=False)
+
+
+def _params_by_hand() -> float:
+    # per layer: Q, K, V, O (4 h^2) + 2 norms (2 h) + SwiGLU (3 h f); final norm h; embedding + LM head 2 V h
+    return L * (4 * H * H + 2 * H + 3 * H * F) + H + 2 * V * H
+
+
+@pytest.mark.parametrize("dp", [1, 8, 64])
+def test_model_state_is_megatron_18_bytes_sharded(dp):
+    # Megatron theoretical_memory_usage, distributed optimizer: 6 + 12/DP bytes per parameter
+    g = geometry(_dense_block())
+    pl = plans_from_layouts([Layout(tp=1, pp=1, dp=dp, mbs=1, ckpt="full")], dp)
+    m = memory_breakdown(g, pl, gbs=dp * 4, seqlen=2048, optimizer="adam")
+    state = float(m["weights"][0] + m["grads"][0] + m["optimizer"][0])
+    expect = _params_by_hand() * (6 + 12 / dp)
+    assert state == pytest.approx(expect, rel=1e-5)
+
+
+@pytest.mark.parametrize("s,b,h,a,t", [(2048, 1, 4096, 32, 1), (4096, 2, 8192, 64, 8), (1024, 4, 2048, 16, 2)])
+def test_activation_formula_of_korthikanti(s, b, h, a, t):
+    # per layer, no recompute, TP + sequence parallel: s b h (34 + 5 a s / h) / t bytes
+    got = dense_layer_activation_bytes(s, b, h, a, 4 * h, dropout=True, flash=False, tp=t)
+    assert got == pytest.approx(s * b * h * (34 + 5 * a * s / h) / t)
+
+
+def test_flash_drops_the_score_term_and_full_recompute_keeps_layer_inputs():
+    s, b, h, a = 2048, 1, 4096, 32
+    assert dense_layer_activation_bytes(s, b, h, a, 4 * h, flash=True) == pytest.approx(s * b * h * 34)
+    g = geometry(_dense_block())
+    lays = [Layout(pp=1, dp=8, mbs=1, ckpt=c) for c in ("none", "full")]
+    m = memory_breakdown(g, plans_from_layouts(lays, 8), gbs=64, seqlen=s, optimizer="adam")
+    none, full = m["activations"]
+    one_layer = none / L
+    # full: one stored [s, b, h] bf16 input per layer + one layer's activations while it is recomputed
+    assert full == pytest.approx(L * 2 * s * b * h + one_layer)
+    assert none > full
+
+
+def test_expert_optimizer_state_shards_over_edp():
+    from scaleplan.geometry import ladder_model
+
+    g = geometry(ladder_model(4, 128, 3, 4))
+    lays = [Layout(pp=2, dp=16, ep=e, mbs=1) for e in (1, 8)]
+    m = memory_breakdown(g, plans_from_layouts(lays, 32), gbs=256, seqlen=8192, optimizer="adamw")
+    # experts are sharded over EP for weights/grads; their optimizer state over EDP = DP/EP, so
+    # per-device expert optimizer bytes are the same for EP=1 and EP=8 (12 B x experts / DP)
+    w1, w8 = m["weights"]
+    n_exp_stage = (g.L / 2) * g.expert_params
+    assert w1 - w8 == pytest.approx(2 * n_exp_stage * (1 - 1 / 8), rel=1e-9)
+    o1, o8 = m["optimizer"]
+    assert o1 == pytest.approx(o8, rel=1e-9)
+    assert np.all(m["reserve"] > 0)
