@@ -1,0 +1,77 @@
+"""Estimator accuracy on the measured validation sweeps (prints figures; nothing is fitted here).
+
+Per sweep: absolute MFU MAPE against ``real_mfu_pct_est`` and the Spearman rank correlation, beside
+the same metrics of the paper's reference estimator (``reference_pred_mfu_pct``). Also prints the
+MOSAIC optimum sanity check (q=12, E=96, K=2, G=4 on 256 B200, gbs 1024, seqlen 2048, adamw; the
+paper's estimator gives pp=8, ep=8, tp=1, cp=1, mbs=4 at 12.38% MFU).
+
+    python benchmarks/estimator_accuracy.py --db URL-with-recorded-tables [--no-calibration] [--verbose]
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from scipy.stats import spearmanr
+
+from scaleplan.estimator import Estimator, PlanConstraints
+from scaleplan.geometry import ladder_model
+from scaleplan.specs import Layout, parse_spec
+
+VALIDATION = Path(__file__).resolve().parents[1].parent / "shared" / "validation"
+
+
+def sweep_specs(vdir: Path):
+    models = yaml.safe_load((vdir / "models.yaml").read_text())
+    df = pd.read_csv(vdir / "mfu_sweeps.csv")
+    for name, g in df.groupby("sweep", sort=False):
+        r0 = g.iloc[0]
+        d = dict(models[r0.model])
+        d["data"] = {"seqlen": int(r0.seqlen), "gbs": int(r0.gbs)}
+        lays = [Layout(tp=int(r.tp), cp=int(r.cp), pp=int(r.pp), dp=int(r.dp), ep=int(r.ep), mbs=int(r.mbs),
+                       ckpt="full") for r in g.itertuples()]
+        yield name, parse_spec(d), int(r0.n_devices), lays, g
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", default=None)
+    ap.add_argument("--validation", default=str(VALIDATION))
+    ap.add_argument("--no-calibration", action="store_true", help="chi_sys = 1 (t_analytic)")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args()
+    est = Estimator("p6-b200.48xlarge", db_url=a.db, use_calibration=not a.no_calibration)
+    print(f"dispatch law: kappa0={est.dispatch.kappa0:g} kappa1={est.dispatch.kappa1:g} "
+          f"t_gap={est.dispatch.t_gap_s * 1e6:.1f} us t_host={est.dispatch.t_host_s * 1e3:.1f} ms "
+          f"({est.dispatch.source}); chi_sys calibration: {est.chi.calibration_id}")
+    print(f"{'sweep':<14}{'n':>3}  {'ours MAPE':>10}{'ours rho':>10}  {'ref MAPE':>9}{'ref rho':>9}  best-measured rank")
+    for name, spec, n, lays, g in sweep_specs(Path(a.validation)):
+        res = est.estimate(spec, n, lays)
+        pred = np.array([100 * r.mfu for r in res])
+        real = g.real_mfu_pct_est.to_numpy()
+        ref = g.reference_pred_mfu_pct.to_numpy()
+        mape = lambda p: 100 * float(np.mean(np.abs(p - real) / real))  # noqa: E731
+        rank = int(np.argsort(np.argsort(-pred))[int(np.argmax(real))]) + 1
+        print(f"{name:<14}{len(lays):>3}  {mape(pred):>9.1f}%{spearmanr(pred, real)[0]:>10.2f}  "
+              f"{mape(ref):>8.1f}%{spearmanr(ref, real)[0]:>9.2f}  {rank}")
+        if a.verbose:
+            for lo, r, p, m in zip(lays, res, pred, real):
+                top = sorted(r.breakdown_s.items(), key=lambda kv: -kv[1])[:4]
+                print(f"   pp={lo.pp} ep={lo.ep} dp={lo.dp}: pred {p:5.2f}% real {m:5.2f}%  "
+                      + ", ".join(f"{k} {v:.2f}s" for k, v in top))
+    m = ladder_model(12, 96, 2, 4)
+    best = est.best_plan(m, 256, 1024, 2048, "adamw", PlanConstraints())
+    if best is None:
+        print("MOSAIC check q=12 E=96 K=2 G=4 on 256 B200: no feasible plan")
+    else:
+        lo = best.layout
+        print(f"MOSAIC check q=12 E=96 K=2 G=4 on 256 B200, gbs 1024, seqlen 2048: best tp={lo['tp']} cp={lo['cp']} "
+              f"pp={lo['pp']} ep={lo['ep']} mbs={lo['mbs']} ckpt={lo['ckpt']} MFU {100 * best.mfu:.2f}% "
+              f"(paper's estimator: pp=8 ep=8 tp=1 cp=1 mbs=4, 12.38%)")
+
+
+if __name__ == "__main__":
+    main()
