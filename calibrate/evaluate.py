@@ -58,6 +58,12 @@ class Prediction:
     pp_nodes: int
     deep_pp_in_node: bool
     warnings: list[str] = field(default_factory=list)
+    error: str | None = None  # the estimator refused this run (it is then left out, and listed)
+
+    @classmethod
+    def failed(cls, reason: str) -> "Prediction":
+        nan = float("nan")
+        return cls(nan, nan, nan, 0, 0, False, error=reason)
 
 
 Predictor = Callable[[Sequence[Observed]], list[Prediction]]
@@ -89,16 +95,33 @@ def estimator_predictor(profile: str, db_url: str | None, extrapolate: str = "cl
             layouts = [Layout(**obs[i].layout) for i in idx]
             try:
                 results = est.estimate(spec, n_dev, layouts)
-            except ScaleplanError as e:
-                raise ScaleplanError(f"sweep {obs[idx[0]].sweep}: the estimator failed: {e}") from None
+            except ScaleplanError:  # find which run(s) the estimator refuses; keep the others
+                results = []
+                for lay in layouts:
+                    try:
+                        results.append(est.estimate(spec, n_dev, [lay])[0])
+                    except ScaleplanError as e:
+                        results.append(str(e))
             for i, r in zip(idx, results):
-                ci = r.chi_inputs
-                out[i] = Prediction(t_analytic_s=r.t_analytic_s, mfu_analytic=r.mfu * r.chi_sys, t_a2a_s=ci["t_a2a_s"],
-                                    ep_nodes=int(ci["ep_nodes"]), pp_nodes=int(ci["pp_nodes"]),
-                                    deep_pp_in_node=bool(ci["deep_pp_in_node"]), warnings=list(r.warnings))
+                out[i] = Prediction.failed(r) if isinstance(r, str) else _from_result(r)
         return out  # type: ignore[return-value]
 
     return predict
+
+
+def _from_result(r) -> Prediction:
+    ci = r.chi_inputs
+    return Prediction(t_analytic_s=r.t_analytic_s, mfu_analytic=r.mfu * r.chi_sys, t_a2a_s=ci["t_a2a_s"],
+                      ep_nodes=int(ci["ep_nodes"]), pp_nodes=int(ci["pp_nodes"]),
+                      deep_pp_in_node=bool(ci["deep_pp_in_node"]), warnings=list(r.warnings))
+
+
+def usable(obs: Sequence[Observed], preds: Sequence[Prediction]):
+    """(observations, predictions) the estimator could evaluate, and the skipped ones with reasons."""
+    keep = [(o, p) for o, p in zip(obs, preds) if p.error is None]
+    skipped = [{"id": o.id, "sweep": o.sweep, "layout": o.layout, "reason": p.error}
+               for o, p in zip(obs, preds) if p.error is not None]
+    return [o for o, _ in keep], [p for _, p in keep], skipped
 
 
 # --- measured quantities and fit data -------------------------------------------------------------

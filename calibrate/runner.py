@@ -7,7 +7,8 @@ import numpy as np
 from scaleplan.calibrate import store
 from scaleplan.calibrate.chi_sys import TERMS, features, fit_chi
 from scaleplan.calibrate.dispatch import PRIOR, fit_dispatch, load_dispatch_rows
-from scaleplan.calibrate.evaluate import Predictor, bases_for, chi_data, estimator_predictor, observed_from_db
+from scaleplan.calibrate.evaluate import (Predictor, bases_for, chi_data, estimator_predictor, observed_from_db,
+                                         usable)
 from scaleplan.calibrate.report import parity_plot, sweep_report
 
 from scaleplan.errors import ScaleplanError
@@ -40,7 +41,7 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
 
     obs = _observations(url, profile, sweeps, sources)
     predictor = predictor or estimator_predictor(profile, url, extrapolate)
-    preds = predictor(obs)
+    obs, preds, skipped = usable(obs, predictor(obs))
     bases = bases_for(obs, mode)
     d = chi_data(obs, preds, bases)
     fit = fit_chi(d, mode, fixed)
@@ -54,7 +55,9 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
               "cv": {r["sweep"]: {"loso_mape": r["loso_mape"], "mape_after": r["mape_after"]} for r in rows}}
     out = {"profile": profile, "kind": "chi_sys", "mode": mode, "coefficients": fit.coefficients, "free": fit.free,
            "unidentified": fit.unidentified, "n_obs": fit.n_obs, "cv_error": cv, "notes": fit.notes,
-           "sweeps": rows, "calibration_id": None, "version": None}
+           "sweeps": rows, "skipped": skipped, "calibration_id": None, "version": None}
+    if skipped:
+        out["notes"] = out["notes"] + [f"{len(skipped)} run(s) left out: the estimator refused them (see skipped)"]
     if save:
         with dbs.session_scope(url) as s:
             row = store.store_calibration(s, profile, "chi_sys", fit.coefficients, inputs=inputs,
@@ -117,12 +120,12 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
     mode = mode or inputs.get("mode", "absolute")
     fixed = inputs.get("fixed") or None
     obs = _observations(url, profile, sweeps)
-    preds = (predictor or estimator_predictor(profile, url, extrapolate))(obs)
+    obs, preds, skipped = usable(obs, (predictor or estimator_predictor(profile, url, extrapolate))(obs))
     bases = bases_for(obs, mode)
     rows, arrays = sweep_report(obs, preds, bases, coeffs, mode, fixed)
     out = {"calibration_id": info["id"] if info else None, "coefficients": coeffs, "sweeps": rows,
            "profile": profile, "mode": mode, "version": info["version"] if info else None,
-           "n_obs": int(sum(r["n"] for r in rows))}
+           "n_obs": int(sum(r["n"] for r in rows)), "skipped": skipped}
     if plot:
         out["plot"] = parity_plot(arrays, plot, title=f"{profile}: MFU parity"
                                   + (f" (calibration {info['id']})" if info else " (chi_sys = 1)"))
@@ -132,5 +135,5 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
 def chi_data_for(url, profile, mode="absolute", predictor=None):
     """(observations, predictions, ChiData) for a profile: for scripts and notebooks."""
     obs = _observations(url, profile)
-    preds = (predictor or estimator_predictor(profile, url))(obs)
+    obs, preds, _ = usable(obs, (predictor or estimator_predictor(profile, url))(obs))
     return obs, preds, chi_data(obs, preds, bases_for(obs, mode))

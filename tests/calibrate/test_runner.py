@@ -134,3 +134,16 @@ def test_add_fit_report_on_postgres(pg_url, tmp_path, validation_dir):
     assert out["coefficients"]["c_pp"] == pytest.approx(TRUE["c_pp"], abs=0.05)
     rep = build_report(pg_url, predictor=fake_predictor)
     assert rep["calibration_id"] == out["calibration_id"]
+
+
+def test_runs_the_estimator_refuses_are_left_out_and_listed(synth_db):
+    from scaleplan.calibrate.evaluate import Prediction
+
+    def picky(obs):  # refuses every pp=16 run
+        return [Prediction.failed("out of range") if o.layout["pp"] == 16 else p
+                for o, p in zip(obs, fake_predictor(obs))]
+
+    out = fit_chi_sys(synth_db, predictor=picky)
+    assert out["skipped"] and all(s["layout"]["pp"] == 16 for s in out["skipped"])
+    # without pp=16 no pipeline spans nodes: c_pp is no longer identifiable
+    assert "c_pp" not in out["free"] and out["coefficients"]["c_a2a"] == pytest.approx(TRUE["c_a2a"], abs=0.05)
