@@ -61,7 +61,7 @@ class Prediction:
     error: str | None = None  # the estimator refused this run (it is then left out, and listed)
 
     @classmethod
-    def failed(cls, reason: str) -> "Prediction":
+    def failed(cls, reason: str) -> Prediction:
         nan = float("nan")
         return cls(nan, nan, nan, 0, 0, False, error=reason)
 

@@ -7,8 +7,14 @@ import numpy as np
 from scaleplan.calibrate import store
 from scaleplan.calibrate.chi_sys import TERMS, features, fit_chi
 from scaleplan.calibrate.dispatch import PRIOR, fit_dispatch, load_dispatch_rows
-from scaleplan.calibrate.evaluate import (Predictor, bases_for, chi_data, estimator_predictor, observed_from_db,
-                                         usable)
+from scaleplan.calibrate.evaluate import (
+    Predictor,
+    bases_for,
+    chi_data,
+    estimator_predictor,
+    observed_from_db,
+    usable,
+)
 from scaleplan.calibrate.report import parity_plot, sweep_report
 
 from scaleplan.errors import ScaleplanError

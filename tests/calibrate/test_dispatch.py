@@ -1,8 +1,7 @@
 """Dispatch-floor fit on synthetic benchmark rows with a known gap (sec:iteration-time-model)."""
-import numpy as np
 import pytest
-
 from scaleplan.calibrate.dispatch import PRIOR, fit_dispatch, launches_per_unit
+
 from scaleplan.errors import ScaleplanError
 
 GAP, LAT = 12e-6, 1e-6
