@@ -42,21 +42,30 @@ def default_url() -> str:
 def resolve_url(url: str | None) -> str:
     """Normalise a ``--db`` value (URL or file path; None means the default). Raises SpecError."""
     if not url:
-        return default_url()
+        url = default_url()
     if "://" not in url:
         return f"sqlite:///{Path(url).expanduser().resolve()}"
     try:
-        make_url(url)
+        u = make_url(url)
     except ArgumentError:
         raise SpecError("--db", mask_url(url), "an SQLAlchemy URL such as sqlite:///file.db or "
                         "postgresql+psycopg://user@host/db") from None
+    if u.host and "@" in u.host:  # an unencoded '@' in the password: the rest would be taken as host
+        raise SpecError("--db", mask_url(url), "percent-encode '@' in the password as %40")
     return url
 
 
 def mask_url(url: str) -> str:
-    """The URL with any password replaced by ***, safe to print or log."""
+    """The URL with any password replaced by ***, safe to print or log.
+
+    A password with an unencoded '@' parses as password + host ('u:p@ss@h' -> host 'ss@h'); the part
+    before the last '@' of such a host is password too, so it is masked as well.
+    """
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        u = make_url(url)
+        if u.host and "@" in u.host:
+            u = u.set(password="***", host=u.host.rsplit("@", 1)[1])
+        return u.render_as_string(hide_password=True)
     except Exception:
         return "<unparseable database URL>"
 
