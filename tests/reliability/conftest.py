@@ -6,6 +6,8 @@ prints figures taken from a real run rather than typed in.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 
@@ -20,7 +22,7 @@ def _record(key: str, n: int = 1) -> None:
             f.write(json.dumps({key: n}) + "\n")
 
 
-@pytest.fixture()
+@pytest.fixture(scope="session")
 def record():
     """``record(key, n)`` adds n to a figure of the reliability report."""
     return _record
@@ -69,3 +71,26 @@ def migrated_db(request, tmp_path_factory) -> str:
             pytest.skip("no PostgreSQL server (set SCALEPLAN_TEST_PG_URL)")
     dbs.upgrade(url)
     return url
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """The CLI in-process (``scaleplan.cli.main``): (exit status, stdout, stderr).
+
+    Output is caught by swapping sys.stdout/sys.stderr, which the rich consoles and typer.echo
+    look up at print time, so this works inside hypothesis tests (no function-scoped capsys).
+    """
+    from scaleplan.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main(list(argv))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="session")
+def cli():
+    return run_cli

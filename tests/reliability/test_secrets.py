@@ -1,0 +1,79 @@
+"""Database passwords are never printed: status output, error messages and the env-var path mask them."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy.engine import URL
+
+from scaleplan.db.session import mask_url, resolve_url
+from scaleplan.errors import SpecError
+
+SECRET = "S3cretPw0rd"
+REFUSED = f"postgresql+psycopg://planner:{SECRET}@127.0.0.1:1/calib"  # port 1: connection refused
+
+
+@pytest.mark.parametrize("argv", [
+    ["db", "status"], ["db", "status", "--json"], ["db", "upgrade"], ["db", "stats"],
+    ["db", "import-scaleplan", "."], ["bench", "runs"],
+], ids=lambda a: " ".join(a))
+def test_connection_errors_mask_the_password(cli, argv):
+    code, out, err = cli(*argv, "--db", REFUSED)
+    assert code == 2, (out, err)
+    assert SECRET not in out + err
+    assert "planner:***@127.0.0.1" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_status_shows_the_masked_url_of_a_reachable_server(cli, migrated_db):
+    if not migrated_db.startswith("postgresql"):
+        code, out, _ = cli("db", "status", "--db", migrated_db, "--json")
+        assert code == 0 and json.loads(out)["url"] == migrated_db  # no password: shown as is
+        return
+    url = URL.create("postgresql+psycopg", username="postgres", password=SECRET,
+                     host="127.0.0.1", port=5432, database=migrated_db.rsplit("/", 1)[1])
+    code, out, err = cli("db", "status", "--db", url.render_as_string(hide_password=False), "--json")
+    assert code == 0, err  # trust auth accepts any password
+    assert SECRET not in out + err and json.loads(out)["url"].startswith("postgresql+psycopg://postgres:***@")
+    code, out, err = cli("db", "status", "--db", url.render_as_string(hide_password=False))
+    assert SECRET not in out + err and "postgres:***@" in out
+
+
+def test_env_var_url_masked_in_a_real_process(tmp_path):
+    env = {**os.environ, "SCALEPLAN_DB": REFUSED}
+    exe = Path(sys.executable).with_name("scaleplan")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from scaleplan.cli import main; main()"]
+    r = subprocess.run([*cmd, "db", "status"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert SECRET not in r.stdout + r.stderr and "***" in r.stderr
+
+
+def test_unencoded_at_in_password_is_refused_not_half_printed(cli):
+    url = "postgresql+psycopg://u:hunter@two@127.0.0.1:1/x"
+    code, out, err = cli("db", "status", "--db", url)
+    assert code == 2 and "hunter" not in err and "two" not in err and "%40" in err, err
+    with pytest.raises(SpecError):
+        resolve_url(url)
+
+
+_PW = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=4, max_size=24)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pw=_PW, raw=st.booleans())
+def test_mask_url_never_shows_the_password(record, pw, raw):
+    record("fuzz_examples")
+    if raw:  # as a user might type it, unencoded (only the parseable ones matter)
+        url = f"postgresql+psycopg://user:{pw}@db.example:5432/calib"
+    else:
+        url = URL.create("postgresql+psycopg", username="user", password=pw, host="db.example", port=5432,
+                         database="calib").render_as_string(hide_password=False)
+    masked = mask_url(url)
+    skeleton = "postgresql+psycopg://user:***@db.example:5432/calib <unparseable database URL>"
+    if pw not in skeleton:
+        assert pw not in masked, (url, masked)
