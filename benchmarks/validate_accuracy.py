@@ -1,0 +1,187 @@
+"""Predict, then measure: step-time accuracy of the estimator on this CPU machine (issue 7 targets).
+
+For each of the small MoE configurations below (they differ in layers, E, K, G, micro-batch,
+checkpointing and DP degree) this script
+  1. measures, with the bench suites, exactly the table points the estimator looks up for it
+     (``scaleplan bench plan SPEC --devices DP --run``, called as Python), into one SQLite DB;
+  2. runs real training steps of the reference model (``scaleplan validate``'s runner) and stores
+     each as an ObservedRun (source 'validate', one sweep per configuration);
+  3. prints predicted vs measured step time per configuration and the MAPE before calibration;
+  4. fits ``scaleplan calibrate fit`` (chi_sys, eq:desync) on these runs and prints the
+     leave-one-sweep-out (= leave-one-configuration-out) MAPE it reports, and the MAPE after.
+
+A CPU "device" is ``--threads`` cores (default 1): the bench tables and every DP process run
+with that many threads, so DP=2 processes use two devices' worth of cores, as DP=2 GPUs would.
+
+Usage: python benchmarks/validate_accuracy.py [--db /tmp/validate_accuracy.db] [--steps 5]
+       [--warmup 2] [--threads 1] [--skip-bench] [--configs c1,c2] [--breakdown]
+Targets (issue 7): MAPE <= 20% before calibration, <= 10% leave-one-out after.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+BASE = {"hidden_sz": 128, "inter_sz": 320, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 32, "vocab_sz": 2048,
+        "precision": "bf16", "sdpa_precision": "bf16"}
+# name: (layers, E, K, G, mbs, ckpt, dp); d_ff = 320, d_expert = d_ff / G, shared expert of width d_expert
+CONFIGS = {
+    "c1": (2, 8, 2, 2, 1, "none", 1),
+    "c2": (4, 8, 2, 2, 2, "none", 1),
+    "c3": (2, 16, 2, 4, 1, "selective", 1),
+    "c4": (3, 4, 1, 1, 2, "full", 1),
+    "c5": (2, 8, 4, 2, 4, "super-selective", 1),
+    "c6": (2, 8, 2, 2, 1, "none", 2),
+    "c7": (3, 16, 2, 4, 2, "full", 2),
+    "c8": (4, 8, 1, 2, 1, "selective", 2),
+    "c9": (2, 32, 4, 4, 2, "none", 1),
+}
+GBS, SEQLEN = 8, 128
+
+
+def spec_dict(layers, E, K, G, mbs, ckpt):
+    d_exp = BASE["inter_sz"] // G
+    return {"model": {**BASE, "n_layers": layers,
+                      "moe": {"n_experts": E, "experts_per_token": K, "expert_inter_sz": d_exp,
+                              "shared_expert_inter_sz": d_exp}},
+            "performance": {"activation_checkpointing_type": ckpt},
+            "data": {"gbs": GBS, "seqlen": SEQLEN, "microbatch_sz": mbs},
+            "hardware": {"node_type": "cpu-local"}}
+
+
+def layout_str(mbs, ckpt):
+    return f"tp=1,cp=1,pp=1,ep=1,mbs={mbs},ckpt={ckpt}"
+
+
+def measure_tables(specs: dict[str, Path], url: str) -> None:
+    """Merge the lookups of every configuration and measure them once (bench plan --run)."""
+    from scaleplan.bench import plan as bplan
+
+    merged: dict[str, list[dict]] = {}
+    for name, path in specs.items():
+        layers, E, K, G, mbs, ckpt, dp = CONFIGS[name]
+        pts, _ = bplan.lookups(path, dp, [layout_str(mbs, ckpt)], "cpu-local", url)
+        for suite, rows in pts.items():
+            have = merged.setdefault(suite, [])
+            have.extend(r for r in rows if r not in have)
+    print("bench points:", {k: len(v) for k, v in merged.items()}, flush=True)
+    t0 = time.perf_counter()
+    res = bplan.run_lookups(merged, next(iter(specs.values())), url, profile="cpu-local", device="cpu")
+    print(f"bench: {[(r.suite, r.status, r.measured, r.not_measurable) for r in res]} "
+          f"in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def predict(spec, dp, mbs, ckpt, url, use_calibration=True):
+    from scaleplan.estimator import Estimator
+    from scaleplan.specs import Layout
+
+    est = Estimator("cpu-local", url, extrapolate="clamp", use_calibration=use_calibration)
+    return est.estimate(spec, dp, [Layout(mbs=mbs, ckpt=ckpt, dp=dp)])[0]
+
+
+def run_all(specs, url, steps, warmup, threads):
+    from scaleplan.profiles import load_profile
+    from scaleplan.specs import Layout, load_spec
+    from scaleplan.validate import compare
+    from scaleplan.validate.runner import RunConfig, run_layout
+
+    peak = load_profile("cpu-local").peak(BASE["precision"])
+    rows = []
+    for name, path in specs.items():
+        layers, E, K, G, mbs, ckpt, dp = CONFIGS[name]
+        spec = load_spec(path)
+        lay = Layout(mbs=mbs, ckpt=ckpt, dp=dp)
+        pred = predict(spec, dp, mbs, ckpt, url).to_dict()
+        res = run_layout(RunConfig(spec=spec.model_dump(mode="json"), layout=lay.model_dump(), steps=steps,
+                                   warmup=warmup, device="cpu", nproc=dp, threads=threads))
+        m = compare.mfu(spec, res.t_iter_s, dp, peak)
+        oid = compare.store_observation(url, spec, name, lay, dp, "cpu-local", res, m, pred, f"acc-{name}",
+                                        steps, warmup, "cpu")
+        ape = abs(pred["t_iter_s"] - res.t_iter_s) / res.t_iter_s
+        rows.append({"name": name, "cfg": CONFIGS[name], "meas": res.t_iter_s, "pred": pred["t_iter_s"],
+                     "ape": ape, "spread": (min(res.step_times_s), max(res.step_times_s)), "id": oid,
+                     "breakdown": pred["breakdown_s"], "sources": pred["sources"],
+                     "mem_meas_gb": res.peak_mem_bytes / 1e9, "mem_pred_gb": pred["mem_per_device_gb"],
+                     "load": os.getloadavg()[0]})
+        print(f"{name} L,E,K,G,mbs,ckpt,dp={CONFIGS[name]}: measured {res.t_iter_s:.4f} s "
+              f"(min {min(res.step_times_s):.4f}, max {max(res.step_times_s):.4f}), predicted "
+              f"{pred['t_iter_s']:.4f} s, APE {ape:.1%}, mem {res.peak_mem_bytes / 1e9:.3f} vs "
+              f"{pred['mem_per_device_gb']:.3f} GB, load {os.getloadavg()[0]:.1f}", flush=True)
+    return rows
+
+
+def calibrate_and_report(url, specs, rows):
+    from scaleplan.calibrate.runner import fit_chi_sys
+    from scaleplan.errors import ScaleplanError
+    from scaleplan.specs import load_spec
+
+    try:
+        fit = fit_chi_sys(url, profile="cpu-local", sweeps=[f"acc-{n}" for n in specs])
+    except ScaleplanError as e:
+        print(f"calibrate fit: refused: {e}")
+        return None, None
+    print("calibrate fit:", json.dumps({k: fit[k] for k in ("coefficients", "unidentified", "notes", "cv_error")}))
+    after = []
+    for r in rows:
+        layers, E, K, G, mbs, ckpt, dp = r["cfg"]
+        p = predict(load_spec(specs[r["name"]]), dp, mbs, ckpt, url)
+        after.append(abs(p.t_iter_s - r["meas"]) / r["meas"])
+    return fit["cv_error"], statistics.mean(after)
+
+
+def breakdown_table(rows):
+    comps = sorted({c for r in rows for c in r["breakdown"]})
+    print("\npredicted breakdown (seconds per iteration; measured t_iter last):")
+    print("name " + " ".join(f"{c[:12]:>12}" for c in comps) + f" {'measured':>12}")
+    for r in rows:
+        print(f"{r['name']:4} " + " ".join(f"{r['breakdown'].get(c, 0.0):12.4f}" for c in comps)
+              + f" {r['meas']:12.4f}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", default="/tmp/validate_accuracy.db")
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="cores per CPU 'device' (bench and each DP process)")
+    ap.add_argument("--skip-bench", action="store_true", help="reuse the tables already in --db")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--breakdown", action="store_true", help="print the estimator's per-component breakdown")
+    a = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(a.threads)  # the bench runs in this process: one "device" = --threads cores
+    from scaleplan.db.session import ensure_schema, resolve_url
+
+    url = resolve_url(a.db)
+    ensure_schema(url)
+    tmp = Path(tempfile.mkdtemp(prefix="validate-accuracy-"))
+    specs = {}
+    for name in a.configs.split(","):
+        layers, E, K, G, mbs, ckpt, dp = CONFIGS[name]
+        specs[name] = tmp / f"{name}.yaml"
+        specs[name].write_text(yaml.safe_dump(spec_dict(layers, E, K, G, mbs, ckpt)))
+    t0 = time.perf_counter()
+    if not a.skip_bench:
+        measure_tables(specs, url)
+    rows = run_all(specs, url, a.steps, a.warmup, a.threads)
+    mape = statistics.mean(r["ape"] for r in rows)
+    if a.breakdown:
+        breakdown_table(rows)
+    print(f"\nstep-time MAPE before calibration over {len(rows)} configurations: {mape:.1%} (target <= 20%)")
+    loo, after = calibrate_and_report(url, specs, rows)
+    if loo is not None:
+        print(f"leave-one-configuration-out MAPE after calibrate fit: {loo:.1%} (target <= 10%); "
+              f"in-sample MAPE after: {after:.1%}")
+    print(f"total wall {time.perf_counter() - t0:.0f} s; db {a.db}")
+
+
+if __name__ == "__main__":
+    main()
