@@ -47,7 +47,8 @@ def resolve_url(url: str | None) -> str:
         return f"sqlite:///{Path(url).expanduser().resolve()}"
     try:
         u = make_url(url)
-    except ArgumentError:
+        u.port  # noqa: B018  (a non-numeric port raises here)
+    except (ArgumentError, ValueError):
         raise SpecError("--db", mask_url(url), "an SQLAlchemy URL such as sqlite:///file.db or "
                         "postgresql+psycopg://user@host/db") from None
     if u.host and "@" in u.host:  # an unencoded '@' in the password: the rest would be taken as host
@@ -89,9 +90,13 @@ def get_engine(url: str | None = None) -> Engine:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         eng = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
         event.listen(eng, "connect", _sqlite_pragmas)
-    else:
-        eng = create_engine(url, pool_pre_ping=True)
-    return eng
+        return eng
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except (ArgumentError, ImportError, ValueError, TypeError) as e:  # unknown dialect, missing driver
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ScaleplanError(f"--db {mask_url(url)}: cannot use this URL ({first}); use sqlite:///FILE or "
+                             "postgresql+psycopg://user@host/db") from None
 
 
 @contextlib.contextmanager
