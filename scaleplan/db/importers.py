@@ -238,12 +238,17 @@ def import_file(sess: Session, path: Path) -> ImportResult | None:
     spec = file_spec(path.name)
     if spec is None:
         return None
-    df = _read(path)
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    gpu = str(df["gpu_name"].iloc[0]) if "gpu_name" in df.columns and len(df) else None
-    by_profile: dict[str, list[dict[str, Any]]] = {}
-    for row in spec.rows(df):
-        by_profile.setdefault(row.pop("_profile"), []).append(row)
+    try:  # a corrupt or foreign file rejects the whole import (the caller's transaction rolls back)
+        df = _read(path)
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        gpu = str(df["gpu_name"].iloc[0]) if "gpu_name" in df.columns and len(df) else None
+        by_profile: dict[str, list[dict[str, Any]]] = {}
+        for row in spec.rows(df):
+            by_profile.setdefault(row.pop("_profile"), []).append(row)
+    except Exception as e:
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ScaleplanError(f"{path.name}: not a readable {spec.suite} table in the recorded format "
+                             f"({type(e).__name__}: {first})") from None
     inserted, run_ids, points = 0, [], 0
     for profile, rows in sorted(by_profile.items()):
         run_id = _run_for(sess, spec.suite, profile, path.name, gpu, sha)
