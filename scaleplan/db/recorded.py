@@ -36,7 +36,13 @@ def import_recorded_dir(sess: Session, directory: str | Path) -> list[ImportResu
         table = m.MEASUREMENT_TABLES.get(suite)
         if table is None:
             continue
-        df = pd.read_csv(p)
+        try:
+            df = pd.read_csv(p)
+            if "profile" not in df.columns:
+                raise KeyError("profile column missing")
+        except Exception as e:  # corrupt or foreign file: refuse the import (the transaction rolls back)
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise ScaleplanError(f"{p.name}: not a readable {suite} table ({type(e).__name__}: {first})") from None
         cols = {c.key for c in table.__table__.columns} - {"id", "run_id", "created_at"}
         run_ids = []
         inserted = 0
