@@ -6,6 +6,11 @@ it as one line and exits with status 2 (no traceback unless ``--debug``).
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """``text`` with control characters and line breaks escaped, so an error stays one line."""
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 class ScaleplanError(Exception):
     """A user-facing error: bad input, missing data, or a refused operation (CLI exit status 2)."""
 
@@ -20,7 +25,7 @@ class SpecError(ScaleplanError):
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}: got {value!r}; {allowed}")
+        super().__init__(f"{one_line(str(field))}: got {value!r}; {one_line(str(allowed))}")
 
 
 class OutOfRangeError(ScaleplanError):

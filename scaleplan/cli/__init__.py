@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from scaleplan.cli import _common
 from scaleplan.cli._common import STATE, stderr
-from scaleplan.errors import ScaleplanError
+from scaleplan.errors import ScaleplanError, one_line
 from sqlalchemy.exc import DBAPIError
 
 from scaleplan.db.session import mask_url, resolve_url
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     except ScaleplanError as e:
         if STATE.debug:
             raise
-        stderr.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, markup=True)
+        stderr.print(f"[red]error:[/red] {escape(one_line(str(e)))}", highlight=False, markup=True)
         sys.exit(e.exit_code)
     except DBAPIError as e:
         if STATE.debug:

@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Boolean, CheckConstraint, Float, Integer, String
 
 from scaleplan.db import models as m
-from scaleplan.errors import ScaleplanError
+from scaleplan.errors import ScaleplanError, one_line
 
 
 class MeasurementError(ScaleplanError):
@@ -39,7 +39,7 @@ class MeasurementError(ScaleplanError):
 
     def __init__(self, table: str, index: int, column: str, value: Any, allowed: str, batch: int):
         self.table, self.index, self.column, self.value = table, index, column, value
-        super().__init__(f"{table} row {index}: {column}={value!r}; {allowed} "
+        super().__init__(f"{table} row {index}: {one_line(str(column))}={value!r}; {allowed} "
                          f"(batch of {batch} rejected, nothing written)")
 
 
