@@ -222,7 +222,7 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError("spec", str(path), "a UTF-8 text YAML file") from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, RecursionError) as e:  # RecursionError: absurdly deep nesting
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise SpecError("spec", str(path), f"valid YAML (parse error{where})") from None
