@@ -44,6 +44,32 @@ def _print_table(rows: list[dict], profile: str, reason: str | None, hint: str) 
         stdout.print(hint)
 
 
+def _measure_tables(spec: Path, layouts, nproc: int, profile: str, url, device: str, threads: int | None) -> None:
+    """bench plan --run for exactly the lookups of these layouts (CPU: with the per-process thread count)."""
+    import os
+
+    import torch
+
+    from scaleplan.bench import plan as bplan
+
+    if device == "cpu":
+        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // nproc))
+    lay = [",".join(f"{k}={v}" for k, v in x.model_dump().items() if v is not None) for x in layouts]
+    points, _ = bplan.lookups(spec, nproc, lay, profile, url)
+    stderr.print(f"measuring {sum(len(v) for v in points.values())} table points for {profile}", highlight=False)
+    bplan.run_lookups(points, spec, url, profile=profile, device=device)
+    forget_cached_tables()
+
+
+def forget_cached_tables() -> None:
+    """The estimator caches a profile's tables per process; drop them after new measurements."""
+    from scaleplan.estimator import tables
+
+    clear = getattr(getattr(tables, "cached_tables", None), "cache_clear", None)
+    if clear:
+        clear()
+
+
 def validate(
     spec: Path = typer.Argument(..., help="Model spec YAML."),
     layout: list[str] = typer.Option(None, "--layout", help="tp=1,cp=1,pp=1,ep=1,mbs=2,ckpt=full (repeatable; "
@@ -59,6 +85,9 @@ def validate(
     extrapolate: str = typer.Option("error", "--extrapolate", help="error | clamp: table lookups outside "
                                     "the measured range."),
     store: bool = typer.Option(True, "--store/--no-store", help="Store each run as an ObservedRun."),
+    bench: bool = typer.Option(False, "--bench", help="First measure on this machine the table points the "
+                               "prediction looks up (`scaleplan bench plan SPEC --devices NPROC --run`), with "
+                               "the threads each DP process gets."),
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:
@@ -84,6 +113,8 @@ def validate(
     url = db_url(db)
     profile = profile or compare.default_profile(device, nproc)
     peak = load_profile(profile).peak(sp.model.precision)
+    if bench:
+        _measure_tables(spec, layouts, nproc, profile, url, device, threads)
     preds, reason = compare.predict(sp, layouts, nproc, profile, url, extrapolate)
     rows = []
     for i, lay in enumerate(layouts):
