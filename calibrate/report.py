@@ -5,6 +5,11 @@ For each sweep: MAPE of MFU (on the sweep's own scale when only ratios are known
 the best measured layout is in the predicted top 2, and the leave-one-sweep-out (LOSO) MAPE: the
 chi_sys fit redone without that sweep, then applied to it. With one sweep only, leave-one-out over
 its runs. A peer estimator's predictions (``reference_mfu``) get the same metrics.
+
+Scale-free sweeps (only ratios known, or ``--mode normalized``): predictions are rescaled by the
+geometric mean of measured / predicted over the sweep before MAPE (``"normalization": "geomean"``),
+the same per-sweep scale the fit removes. Note a chart normalised by one common factor (as in
+mfu_sweeps.csv) leaves MAPE unchanged, so absolute-mode MAPE is comparable with the paper's.
 """
 from __future__ import annotations
 
@@ -79,7 +84,8 @@ def sweep_report(obs: Sequence[Observed], preds: Sequence[Prediction], bases: di
             "sweep": s, "n": int(idx.sum()), "mape_before": mb["mape"], "mape_after": ma["mape"],
             "loso_mape": ml["mape"], "spearman": ma["spearman"], "top1_in_top2": bool(ma["top1_in_top2"]),
             "reference_mape": ref["mape"] if ref else None,
-            "normalized": basis.scale_free, "quantity": basis.quantity, "cv": cv, "identifies": identifies,
+            "normalized": basis.scale_free, "normalization": "geomean" if basis.scale_free else None,
+            "quantity": basis.quantity, "cv": cv, "identifies": identifies,
             "spearman_before": mb["spearman"], "loso_spearman": ml["spearman"],
             "top1_in_top2_before": bool(mb["top1_in_top2"]), "loso_top1_in_top2": bool(ml["top1_in_top2"]),
             "topk_overlap": {name: {str(k): m[f"top{k}_overlap"] for k in KS}

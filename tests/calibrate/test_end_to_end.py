@@ -51,3 +51,18 @@ def test_report_runs_and_estimator_uses_the_new_calibration(e2e, tmp_path):
         parse_spec(o.spec), o.n_devices, [Layout(**o.layout)])[0]
     assert r.chi_sys == pytest.approx(1 + chi["coefficients"]["c_ovl"])  # pp=8 in one node: the overlap credit
     assert r.t_iter_s == pytest.approx(r.chi_sys * r.t_analytic_s)
+
+
+def test_cli_report_json_is_one_document(e2e, tmp_path):
+    from typer.testing import CliRunner
+
+    from scaleplan.cli import app
+
+    url, _disp, chi = e2e
+    png = tmp_path / "parity.png"
+    r = CliRunner().invoke(app, ["calibrate", "report", "--db", url, "--json", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["calibration_id"] == chi["calibration_id"] and png.stat().st_size > 1000
+    assert set(doc["sweeps"][0]) >= {"sweep", "n", "mape_before", "mape_after", "loso_mape", "spearman",
+                                     "top1_in_top2", "reference_mape"}
