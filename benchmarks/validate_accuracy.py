@@ -150,6 +150,68 @@ def breakdown_table(rows):
               + f" {r['meas']:12.4f}")
 
 
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::_grouped_mm")
+PRED_GROUPS = {"gemm": ("attn_proj", "dense_mlp", "experts", "shared_expert", "vocab"), "sdpa": ("sdpa",),
+               "cross_entropy": (), "optimizer": ("optimizer",),
+               "other ops": ("elementwise", "permute", "router"), "dispatch/overhead": ("dispatch_floor",)}
+
+
+def _op_group(name: str) -> str:
+    if name in GEMM_OPS:
+        return "gemm"
+    if "scaled_dot_product" in name or "flash_attention" in name:
+        return "sdpa"
+    if "log_softmax" in name or "nll_loss" in name:
+        return "cross_entropy"
+    if "adam" in name.lower():
+        return "optimizer"
+    return "other ops"
+
+
+def profile_components(name: str, path: Path, url: str, threads: int) -> None:
+    """torch.profiler self-CPU time per op group over one step (single process) vs the prediction."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from scaleplan.specs import load_spec
+    from scaleplan.validate.model import build_model
+    from scaleplan.validate.runner import MasterAdamW
+
+    layers, E, K, G, mbs, ckpt, dp = CONFIGS[name]
+    spec = load_spec(path)
+    torch.set_num_threads(threads)
+    model = build_model(spec.model, ckpt, "cpu", torch.bfloat16)
+    opt = MasterAdamW(model.parameters())
+    n_mb = GBS // (dp * mbs)
+    data = [(torch.randint(0, BASE["vocab_sz"], (mbs, SEQLEN)),) * 2 for _ in range(n_mb)]
+
+    def step():
+        opt.zero_grad()
+        for i, (tok, lab) in enumerate(data):
+            model.set_microbatch(i)
+            (model(tok, lab) / n_mb).backward()
+        opt.step()
+        for r in model.routers():
+            r.update_bias()
+
+    for _ in range(2):
+        step()
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    wall = time.perf_counter() - t0
+    got: dict[str, float] = {}
+    n_ops = 0
+    for e in prof.key_averages():
+        got[_op_group(e.key)] = got.get(_op_group(e.key), 0.0) + e.self_cpu_time_total / 1e6
+        n_ops += e.count
+    pred = predict(spec, dp, mbs, ckpt, url).to_dict()["breakdown_s"]
+    print(f"\n{name}: profiled one step of one DP rank ({n_ops} op calls, wall {wall:.4f} s under the profiler)")
+    print(f"{'group':20} {'profiled s':>12} {'predicted s':>12}")
+    for grp, comps in PRED_GROUPS.items():
+        print(f"{grp:20} {got.get(grp, 0.0):12.4f} {sum(pred.get(c, 0.0) for c in comps):12.4f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", default="/tmp/validate_accuracy.db")
@@ -159,6 +221,8 @@ def main() -> None:
     ap.add_argument("--skip-bench", action="store_true", help="reuse the tables already in --db")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--breakdown", action="store_true", help="print the estimator's per-component breakdown")
+    ap.add_argument("--profile-components", default="", help="configs to profile per op group (torch.profiler) "
+                    "beside the predicted components, e.g. c1,c4")
     a = ap.parse_args()
     import torch
 
@@ -176,6 +240,10 @@ def main() -> None:
     t0 = time.perf_counter()
     if not a.skip_bench:
         measure_tables(specs, url)
+    for name in filter(None, a.profile_components.split(",")):
+        profile_components(name, specs[name], url, a.threads)
+    if a.profile_components:
+        return
     rows = run_all(specs, url, a.steps, a.warmup, a.threads)
     mape = statistics.mean(r["ape"] for r in rows)
     if a.breakdown:
