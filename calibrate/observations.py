@@ -183,12 +183,13 @@ class _Row:
         v = self.rec.get(col)
         if v is None:
             return None
+        allowed = f"a finite number > {lo:g}{unit}" if math.isinf(hi) else f"a number in ({lo:g}, {hi:g}]{unit}"
         try:
             f = float(v)
         except (TypeError, ValueError):
-            raise self.err(col, v, f"a number in ({lo:g}, {hi:g}]{unit}") from None
-        if not (lo < f <= hi):
-            raise self.err(col, v, f"a number in ({lo:g}, {hi:g}]{unit}")
+            raise self.err(col, v, allowed) from None
+        if not (math.isfinite(f) and lo < f <= hi):
+            raise self.err(col, v, allowed)
         return f
 
 

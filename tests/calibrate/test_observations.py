@@ -48,6 +48,7 @@ def test_mfu_sweeps_column_mapping(validation_dir):
     ("s,moe-700m,32,256,8192,1,1,two,8,16,1,6.0", "pp"),       # not an integer
     ("s,moe-9b,32,256,8192,1,1,2,8,16,1,6.0", "model"),        # unknown model key
     ("s,moe-700m,32,256,8192,1,1,2,8,16,1,", "measured_t_iter_s"),  # no measurement at all
+    ("s,moe-700m,32,256,8192,1,1,2,8,16,1,inf", "mfu_pct"),   # not finite
 ])
 def test_bad_row_names_row_and_column_and_writes_nothing(tmp_path, sqlite_url, validation_dir, row, col):
     good = "s,moe-700m,32,256,8192,1,1,2,8,16,1,6.0"
