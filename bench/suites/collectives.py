@@ -101,7 +101,16 @@ def round_size(size: int, collective: str, n: int, dtype: str) -> int:
 def expand_for(cfg: Config, world: int, ranks_per_node: int) -> tuple[list[dict], int]:
     """(points measurable with this world / node size, count of points that are not)."""
     if cfg.points is not None:
-        pts = explicit_points(cfg.points, KEY, NAME)
+        pts = []
+        for p in explicit_points(cfg.points, KEY, NAME):  # rounded as the grid is, so resume keys are stable
+            p = {
+                **p,
+                "size_bytes": round_size(
+                    int(p["size_bytes"]), p["collective"], int(p["group_size"]), p["dtype"]
+                ),
+            }
+            if p["size_bytes"] > 0 and p not in pts:
+                pts.append(p)
         ok = [
             p
             for p in pts

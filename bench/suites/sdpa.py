@@ -57,9 +57,13 @@ def device_backends(ctx: h.Context) -> list[str]:
 
 
 def expand(cfg: Config, ctx: h.Context) -> list[dict]:
-    if cfg.points is not None:
-        return explicit_points(cfg.points, KEY, NAME)
     backends = [b for name in cfg.backends for b in (device_backends(ctx) if name == "auto" else [name])]
+    backends = list(dict.fromkeys(backends))
+    if cfg.points is not None:  # a point without a backend (an estimator lookup) is measured with each
+        pts = [
+            {**p, "backend": b} for p in cfg.points for b in ([p["backend"]] if "backend" in p else backends)
+        ]
+        return list({tuple(q.items()): q for q in explicit_points(pts, KEY, NAME)}.values())
     pts = grid(
         seq_len=cfg.seq_len,
         micro_bs=cfg.micro_bs,
@@ -68,7 +72,7 @@ def expand(cfg: Config, ctx: h.Context) -> list[dict]:
         head_dim=cfg.head_dim,
         causal=cfg.causal,
         dtype=cfg.dtypes,
-        backend=list(dict.fromkeys(backends)),
+        backend=backends,
     )
     return [p for p in pts if p["n_q_heads"] >= p["n_kv_heads"]]
 

@@ -5,6 +5,8 @@ torch is imported only inside the commands, so `scaleplan --help` and the planne
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +40,20 @@ def _ids(text: str | None) -> list[int]:
         return [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise ScaleplanError(f"--resume: {text!r} is not a comma-separated list of run ids") from None
+
+
+@contextlib.contextmanager
+def _exit_codes():
+    """Ctrl-C / SIGTERM during a sweep -> exit status 130 (the runs are already marked interrupted).
+
+    Raised as SystemExit here because typer, called with standalone_mode=False, turns a
+    KeyboardInterrupt into a *returned* 130 that the entry point does not pass on.
+    """
+    try:
+        yield
+    except KeyboardInterrupt:
+        stderr.print("interrupted: resume with --resume RUN_ID (see `scaleplan bench runs`)")
+        sys.exit(130)
 
 
 def _progress_printer(quiet: bool):
@@ -108,16 +124,22 @@ def run(
         _run_torchrun(preset, suites, profile, url, device, ids, json_out)
         return
     on_event = _progress_printer(quiet=False)
-    if ids:
-        results = runner.resume_runs(ids, url, device=device, on_event=on_event)
-    else:
-        p = load_preset(preset)
-        results = runner.run_preset(
-            p, url, suites=suites, profile=profile, device=device, preset_label=preset, on_event=on_event
-        )
+    with _exit_codes():
+        if ids:
+            results = runner.resume_runs(ids, url, device=device, on_event=on_event)
+        else:
+            results = runner.run_preset(
+                load_preset(preset),
+                url,
+                suites=suites,
+                profile=profile,
+                device=device,
+                preset_label=preset,
+                on_event=on_event,
+            )
     _print_results(results, time.perf_counter() - t0, want_json(json_out))
     if any(r.status != "complete" for r in results):
-        raise typer.Exit(1)
+        sys.exit(1)
 
 
 def _run_torchrun(preset, suites, profile, url, device, ids, json_out) -> None:
@@ -183,9 +205,10 @@ def plan(
                     stdout.print("  " + ", ".join(f"{k}={v}" for k, v in p.items()), highlight=False)
         return
     t0 = time.perf_counter()
-    results = bplan.run_lookups(
-        lookups, spec, url, profile=profile, device=device, on_event=_progress_printer(quiet=False)
-    )
+    with _exit_codes():
+        results = bplan.run_lookups(
+            lookups, spec, url, profile=profile, device=device, on_event=_progress_printer(quiet=False)
+        )
     _print_results(results, time.perf_counter() - t0, want_json(json_out))
 
 
