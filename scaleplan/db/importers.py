@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -207,8 +208,13 @@ def insert_points(sess: Session, table: type[m.Base], rows: list[dict[str, Any]]
         raise ScaleplanError(f"unsupported database dialect {dialect!r} (use SQLite or PostgreSQL)")
     stmt = ins(table).on_conflict_do_nothing().returning(table.id)
     total = 0
-    for i in range(0, len(rows), 500):  # RETURNING counts inserted rows on both dialects
-        total += len(sess.execute(stmt, rows[i:i + 500]).all())
+    try:
+        for i in range(0, len(rows), 500):  # RETURNING counts inserted rows on both dialects
+            total += len(sess.execute(stmt, rows[i:i + 500]).all())
+    except IntegrityError as e:  # a CHECK the Python validation does not mirror: still one line, exit 2
+        first = (str(e.orig).strip().splitlines() or [type(e.orig).__name__])[0]
+        raise ScaleplanError(f"{table.__tablename__}: the database refused the batch ({first}); "
+                             "roll the transaction back") from None
     return total
 
 

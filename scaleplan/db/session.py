@@ -88,10 +88,11 @@ def get_engine(url: str | None = None) -> Engine:
         path = make_url(url).database
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        eng = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-        event.listen(eng, "connect", _sqlite_pragmas)
-        return eng
     try:
+        if url.startswith("sqlite"):
+            eng = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+            event.listen(eng, "connect", _sqlite_pragmas)
+            return eng
         return create_engine(url, pool_pre_ping=True)
     except (ArgumentError, ImportError, ValueError, TypeError) as e:  # unknown dialect, missing driver
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]

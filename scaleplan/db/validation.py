@@ -15,7 +15,8 @@ What is bad:
 * a time column (one the table guards with a ``<col>_finite_positive`` CHECK, seconds) that is
   NaN, +-inf, zero or negative; an OK row without its required time (``<col>_present_when_ok``);
 * any other float that is NaN or infinite; an integer column given a non-integral, boolean or
-  negative value; a ``status`` outside :data:`scaleplan.db.models.STATUSES`.
+  negative value; a size the table's ``<x>_dims_positive`` CHECK requires > 0 that is not; a
+  ``status`` outside :data:`scaleplan.db.models.STATUSES`.
 
 The database's CHECK constraints enforce the time rules again (defence in depth, e.g. for
 writers that bypass Python); this module gives the clear error and the atomicity.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -44,8 +46,8 @@ class MeasurementError(ScaleplanError):
 
 
 @lru_cache(maxsize=None)
-def _schema(table: type[m.Base]) -> tuple[dict, frozenset, frozenset, frozenset]:
-    """(columns by name, required columns, time columns, times required when OK) of a table."""
+def _schema(table: type[m.Base]) -> tuple[dict, frozenset, frozenset, frozenset, frozenset]:
+    """(columns by name, required columns, time columns, times required when OK, sizes > 0) of a table."""
     t = table.__table__
     cols = {c.name: c for c in t.columns}
     required = frozenset(c.name for c in t.columns if not c.nullable and c.default is None
@@ -53,7 +55,11 @@ def _schema(table: type[m.Base]) -> tuple[dict, frozenset, frozenset, frozenset]
     checks = [c.name for c in t.constraints if isinstance(c, CheckConstraint) and c.name]
     times = frozenset(n.removesuffix("_finite_positive") for n in checks if n.endswith("_finite_positive"))
     when_ok = frozenset(n.removesuffix("_present_when_ok") for n in checks if n.endswith("_present_when_ok"))
-    return cols, required, times, when_ok
+    # sizes the table's "<x>_dims_positive" CHECK requires > 0 ("m > 0 AND n > 0 AND k > 0")
+    positive = frozenset(name for c in t.constraints if isinstance(c, CheckConstraint)
+                         and (c.name or "").endswith("_dims_positive")
+                         for name in re.findall(r"(\w+) > 0", str(c.sqltext)))
+    return cols, required, times, when_ok, positive
 
 
 def _plain(v: Any) -> Any:
@@ -88,7 +94,7 @@ def validate_rows(table: type[m.Base], rows: Iterable[Mapping[str, Any]]) -> lis
     Raises:
         MeasurementError: the first bad row (index in the batch, column, value); nothing is written.
     """
-    cols, required, times, when_ok = _schema(table)
+    cols, required, times, when_ok, positive = _schema(table)
     rows = list(rows)
     name, n = table.__tablename__, len(rows)
     out = []
@@ -102,6 +108,8 @@ def validate_rows(table: type[m.Base], rows: Iterable[Mapping[str, Any]]) -> lis
             v = _plain(v)
             if v is not None and (why := _check_value(cols[k], k, v, k in times)):
                 raise MeasurementError(name, i, k, v, why, n)
+            if k in positive and v is not None and v <= 0:
+                raise MeasurementError(name, i, k, v, "a size > 0", n)
             clean[k] = v
         for k in required:
             if clean.get(k) is None:
