@@ -98,6 +98,7 @@ def store_observation(db_url: str | None, spec: Spec, spec_name: str, layout: La
         "steps": steps, "warmup": warmup, "n_mb": result.n_mb, "step_times_s": result.step_times_s,
         "warmup_times_s": result.extra.get("warmup_times_s"),
         "step_cpu_s_rank0": result.extra.get("step_cpu_s_rank0"),
+        "dp_replicas_in_sync": result.extra.get("dp_replicas_in_sync"),
         "peak_mem_kind": "cuda_max_memory_allocated" if device == "cuda" else "rss_growth_over_import",
         "peak_rss_bytes": result.peak_rss_bytes, "rss_baseline_bytes": result.rss_baseline_bytes,
         "final_loss": result.final_loss, "starved_experts": result.starved_experts,

@@ -225,12 +225,29 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # slowest rank per step; largest memory
     routers = model.routers()
     stats = stats.cpu()
-    return {"times": stats[1:].tolist(), "peak": float(stats[0]), "rss_peak": None if cuda else peak_rss(),
+    in_sync = _replicas_in_sync(model, world, device)
+    return {"dp_replicas_in_sync": in_sync,"times": stats[1:].tolist(), "peak": float(stats[0]), "rss_peak": None if cuda else peak_rss(),
             "rss0": None if cuda else rss0, "n_mb": n_mb, "threads": threads, "impl": impl,
             "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch_version": torch.__version__, "loss": loss_val,
             "cpu_times": cpu_times,
             "starved": sum(r.last_starved for r in routers) / len(routers) if routers else 0.0}
+
+
+def _replicas_in_sync(model, world: int, device) -> bool:
+    """True when every DP rank holds the same weights and LFLB biases (a check that DP really ran)."""
+    import torch
+    import torch.distributed as dist
+
+    if world == 1:
+        return True
+    with torch.no_grad():
+        parts = [p.float().sum() for p in model.parameters()] + [r.phi.sum() for r in model.routers()]
+        local = torch.stack(parts).to(torch.float64).to(device)
+    lo, hi = local.clone(), local.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    return bool(torch.allclose(lo, hi, rtol=1e-6, atol=1e-9))
 
 
 def _worker(rank: int, world: int, cfg: RunConfig, port: int, out: str) -> None:
@@ -259,7 +276,8 @@ def _to_result(raw: dict[str, Any], cfg: RunConfig) -> RunResult:
                      backend=("nccl" if cfg.device == "cuda" else "gloo") if cfg.nproc > 1 else "none",
                      final_loss=raw["loss"], starved_experts=raw["starved"],
                      extra={"warmup_times_s": raw["times"][:cfg.warmup],
-                            "step_cpu_s_rank0": raw["cpu_times"][cfg.warmup:]})
+                            "step_cpu_s_rank0": raw["cpu_times"][cfg.warmup:],
+                            "dp_replicas_in_sync": raw["dp_replicas_in_sync"]})
 
 
 def run_layout(cfg: RunConfig) -> RunResult:

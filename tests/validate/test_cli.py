@@ -49,6 +49,8 @@ def test_validate_json_and_observed_run(sqlite_url, nproc):
     assert o.extra["n_mb"] == 4 // nproc
     assert len(o.extra["step_times_s"]) == 2 and o.extra["provenance"]["torch_version"]
     assert o.extra["provenance"]["backend"] == ("gloo" if nproc == 2 else "none")
+    # after the steps every rank holds the same weights and LFLB biases (gradients were all-reduced)
+    assert o.extra["dp_replicas_in_sync"] is True
 
 
 def test_refuses_model_parallel_layouts_with_one_line(sqlite_url):
