@@ -14,8 +14,9 @@ What is bad:
   required key column missing or NULL;
 * a time column (one the table guards with a ``<col>_finite_positive`` CHECK, seconds) that is
   NaN, +-inf, zero or negative; an OK row without its required time (``<col>_present_when_ok``);
-* any other float that is NaN or infinite; an integer column given a non-integral, boolean or
-  negative value; a size the table's ``<x>_dims_positive`` CHECK requires > 0 that is not; a
+* any other float that is NaN or infinite; an integer column given a non-integral, boolean,
+  negative or out-of-range value (INTEGER is 32-bit on PostgreSQL: the same limit on both
+  dialects); a size the table's ``<x>_dims_positive`` CHECK requires > 0 that is not; a
   ``status`` outside :data:`scaleplan.db.models.STATUSES`.
 
 The database's CHECK constraints enforce the time rules again (defence in depth, e.g. for
@@ -30,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Boolean, CheckConstraint, Float, Integer, String
+from sqlalchemy import BigInteger, Boolean, CheckConstraint, Float, Integer, String
 
 from scaleplan.db import models as m
 from scaleplan.errors import ScaleplanError, one_line
@@ -72,7 +73,8 @@ def _check_value(col, name: str, v: Any, is_time: bool) -> str | None:
     if isinstance(col.type, Integer):
         if isinstance(v, bool) or not isinstance(v, numbers.Integral):
             return "an integer"
-        return "an integer >= 0" if v < 0 else None
+        hi = 2**63 - 1 if isinstance(col.type, BigInteger) else 2**31 - 1  # PostgreSQL INTEGER is 32-bit
+        return f"an integer in [0, {hi}]" if not 0 <= v <= hi else None
     if isinstance(col.type, Float):
         if isinstance(v, bool) or not isinstance(v, numbers.Real):
             return "a number"
