@@ -194,7 +194,7 @@ def export_runs(url: str, run_ids: list[int], out_dir: Path) -> list[tuple[Path,
             table = m.MEASUREMENT_TABLES[run.suite]
             cols = [c.key for c in table.__table__.columns if c.key not in ("id", "run_id", "created_at")]
             rows = s.execute(select(*[getattr(table, c) for c in cols]).where(table.run_id == rid)).all()
-            df = pd.DataFrame(rows, columns=cols)
+            df = pd.DataFrame([tuple(r) for r in rows], columns=cols)  # a Row has a .dtype attribute
             for p in PROVENANCE:
                 val = (
                     run.started_at.isoformat()

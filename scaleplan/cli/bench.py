@@ -230,32 +230,17 @@ def runs(
     if want_json(json_out):
         print_json({"runs": rows})
         return
-    t = Table(
-        "id",
-        "suite",
-        "profile",
-        "source",
-        "status",
-        "points",
-        "by status",
-        "device / gpu",
-        "torch",
-        "git",
-        "started",
-    )
+    t = Table("id", "suite", "profile", "status", "points", "by status", "device", "started (UTC)")
     for r in rows:
         t.add_row(
             str(r["id"]),
             r["suite"],
             r["profile"],
-            r["source"],
-            r["status"],
+            r["status"] if r["source"] == "measured" else "imported",
             str(r["points"]),
             " ".join(f"{k}={v}" for k, v in sorted(r["by_status"].items())),
             r["gpu_name"] or r["device"] or "",
-            r["torch_version"] or "",
-            (r["git_rev"] or "")[:10],
-            (r["started_at"] or "")[:19],
+            (r["started_at"] or "")[:16].replace("T", " "),
         )
     stdout.print(t)
 

@@ -11,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 
 import pandas as pd
-from sqlalchemy import select
+from sqlalchemy import Integer, select
 from sqlalchemy.orm import Session
 
 from scaleplan.db import models as m
@@ -24,6 +24,16 @@ PROVENANCE = ("profile", "host", "gpu_name", "gpu_uuid", "driver_version", "cuda
 
 def default_recorded_dir() -> Path:
     return Path(str(resources.files("scaleplan.cluster_profiles"))) / "recorded"
+
+
+def _cell(table: type[m.Base], column: str, v):
+    """A CSV cell as the column wants it: NaN -> None; an integer column read as float (pandas does
+    that when the column has an empty cell, e.g. n_rep of an UNSUPPORTED row) -> int."""
+    if pd.isna(v):
+        return None
+    if isinstance(table.__table__.columns[column].type, Integer) and isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
 
 
 def import_recorded_dir(sess: Session, directory: str | Path) -> list[ImportResult]:
@@ -57,7 +67,7 @@ def import_recorded_dir(sess: Session, directory: str | Path) -> list[ImportResu
                 sess.add(run)
                 sess.flush()
             run_ids.append(run.id)
-            rows = [{k: (None if pd.isna(v) else v) for k, v in r.items() if k in cols} | {"run_id": run.id}
+            rows = [{k: _cell(table, k, v) for k, v in r.items() if k in cols} | {"run_id": run.id}
                     for r in g.to_dict("records")]
             inserted += insert_points(sess, table, rows)
         results.append(ImportResult(p.name, suite, len(df), len(df), inserted, run_ids))
