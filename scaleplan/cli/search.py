@@ -1,6 +1,176 @@
-"""`scaleplan search`: not implemented yet (exit 2)."""
-from scaleplan.errors import NotImplementedYet
+"""`scaleplan search`: MOSAIC (eq:hw-minlp) on a cluster profile and a training window.
+
+Every grid flag defaults to the paper's envelope (tab:results-envelope, sec:minlp-implementation).
+Never imports torch (planner command).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.errors import SpecError
+
+CKPT_ALL = "none,selective,super-selective,full"
 
 
-def search() -> None:
-    raise NotImplementedYet("scaleplan search: not implemented yet")
+def _ints(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise SpecError(flag, text, "a comma-separated list of positive integers") from None
+    if not vals or any(v <= 0 for v in vals):
+        raise SpecError(flag, text, "a comma-separated list of positive integers")
+    return vals
+
+
+def _floats(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        vals = tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise SpecError(flag, text, "a comma-separated list of positive numbers") from None
+    if not vals or any(not v > 0 for v in vals):
+        raise SpecError(flag, text, "a comma-separated list of positive numbers")
+    return vals
+
+
+def search(
+    profile: str = typer.Option(..., "--profile", help="Node type (cluster profile), e.g. p6-b200.48xlarge."),
+    nodes: str = typer.Option(..., "--nodes", help="Node count, or a list (16,32,64,128) for a budget sweep."),
+    days: str = typer.Option(..., "--days", help="Training window in days, or a list (10,20,30,40) for a sweep."),
+    goodput: float = typer.Option(1.0, "--goodput", help="Goodput eta_good: fraction of wall-clock spent training."),
+    gbs: int = typer.Option(1024, "--gbs", help="Global batch B_global (sequences)."),
+    seqlen: int = typer.Option(2048, "--seqlen", help="Sequence length T_seq (tokens)."),
+    q: str = typer.Option("8,10,12,14,16,18", "--q", help="Ladder seeds q (L = 4q layers, d = 512q)."),
+    experts: str = typer.Option("4,6,8,16,24,32,48,96,128,192,256,384,512", "--experts", help="Expert counts E."),
+    topk: str = typer.Option("1,2,4,6,8", "--topk", help="Top-K values."),
+    g: str = typer.Option("1,2,4,8", "--g", help="Expert split factors G = d_ff / d_expert."),
+    s_min: float = typer.Option(0.7, "--s-min", help="Geometry guard: keep S >= s_min (law's calibrated range)."),
+    tpp_min: float = typer.Option(40.0, "--tpp-min", help="Lowest tokens per active parameter (D/N_act)."),
+    tpp_max: float = typer.Option(150.0, "--tpp-max", help="Cap on tokens per active parameter."),
+    mbs: str = typer.Option("1,2,4", "--mbs", help="Micro-batch sizes of the plan search."),
+    ckpt: str = typer.Option(CKPT_ALL, "--ckpt", help="Activation-checkpointing modes of the plan search."),
+    vocab: int = typer.Option(257_536, "--vocab", help="Vocabulary size of the ladder models."),
+    kv_heads: int = typer.Option(8, "--kv-heads", help="GQA key/value heads of the ladder models."),
+    top: int = typer.Option(10, "--top", help="How many of the best candidates to list."),
+    optimizer: str = typer.Option("adamw", "--optimizer", help="Optimizer (memory of its states)."),
+    extrapolate: str = typer.Option("error", "--extrapolate",
+                                    help="Table lookups outside the measured range: error (plan infeasible) or clamp."),
+    law_name: str = typer.Option(None, "--law", help="Name of a stored law fit (default: the paper's coefficients)."),
+    csv: Path = typer.Option(None, "--csv", help="Write the full feasible frontier (every feasible candidate) here."),
+    plot: Path = typer.Option(None, "--plot", help="PNG: loss vs C_model by G (or optimal loss vs budget in a sweep)."),
+    db: str = DbOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """MOSAIC: the loss-optimal MoE geometry, tokens and layout for a cluster and window (exact enumeration)."""
+    from scaleplan.estimator import Estimator, PlanConstraints
+    from scaleplan.mosaic.ladder import LadderGrid
+    from scaleplan.mosaic.law import load_law
+    from scaleplan.mosaic.search import Envelope, Mosaic, sweep_row
+    from scaleplan.specs import CKPT_MODES, OPTIMIZERS
+
+    node_list, day_list = _ints("--nodes", nodes), _floats("--days", days)
+    if len(node_list) > 1 and len(day_list) > 1:
+        raise SpecError("--nodes/--days", f"{nodes} / {days}", "a list for at most one of them (a 1-D sweep)")
+    if optimizer not in OPTIMIZERS:
+        raise SpecError("--optimizer", optimizer, f"one of {', '.join(OPTIMIZERS)}")
+    modes = tuple(m.strip() for m in ckpt.split(",") if m.strip())
+    if not modes or any(m not in CKPT_MODES for m in modes):
+        raise SpecError("--ckpt", ckpt, f"a comma-separated subset of {', '.join(CKPT_MODES)}")
+    if not 0 <= s_min < 1:
+        raise SpecError("--s-min", s_min, "a sparsity in [0, 1)")
+    if top < 1:
+        raise SpecError("--top", top, "a positive integer")
+    if vocab <= 0 or kv_heads <= 0:
+        raise SpecError("--vocab/--kv-heads", (vocab, kv_heads), "positive integers")
+    grid = LadderGrid(q=_ints("--q", q), experts=_ints("--experts", experts), topk=_ints("--topk", topk),
+                      g=_ints("--g", g), s_min=s_min, vocab=vocab, kv_heads=kv_heads)
+    url = db_url(db)
+    law, law_source = load_law(url if law_name else None, law_name)
+    est = Estimator(profile=profile, db_url=url, extrapolate=extrapolate)
+    m = Mosaic(est, grid, law, PlanConstraints(mbs=_ints("--mbs", mbs), ckpt=modes), progress=True)
+    if m.geoms.empty:
+        raise SpecError("grid", f"{grid.n_combinations} combinations", "at least one realizable geometry "
+                        "(K <= E, d_ff divisible by G, S >= --s-min)")
+    envs = [Envelope(nodes=n, days=d, goodput=goodput, gbs=gbs, seqlen=seqlen, optimizer=optimizer,
+                     tpp_min=tpp_min, tpp_max=tpp_max) for n in node_list for d in day_list]
+    results = [(e, m.run(e)) for e in envs]
+    sweep = len(envs) > 1
+    env0, res0 = results[0]  # a sweep reports its first budget in full, every budget in "sweep"
+    out = res0.to_json(top)
+    out["law"] = law_source
+    out["profile"] = est.profile.name
+    if sweep:
+        out["sweep"] = [sweep_row(r, e) for e, r in results]
+        out["sweep_axis"] = "nodes" if len(node_list) > 1 else "days"
+    if csv:
+        frames = []
+        for e, r in results:
+            f = r.frontier.assign(nodes=e.nodes, days=e.days)
+            frames.append(f.drop(columns=["analytic", "why", "feasible", "plan_ok"], errors="ignore"))
+        import pandas as pd
+
+        pd.concat(frames).to_csv(csv, index=False)
+    if plot:
+        from scaleplan.mosaic.plots import plot_pareto, plot_sweep
+
+        if sweep:
+            plot_sweep(out["sweep"], plot, out["sweep_axis"])
+        else:
+            plot_pareto(res0.frontier, out["best"], plot,
+                        f"{est.profile.name}: {env0.nodes} nodes, {env0.days:g} days, C_peak {res0.c_peak:.3g} FLOP")
+    if want_json(json_out):
+        print_json(out)
+        return
+    _human(out, results, est, env0, csv, plot)
+
+
+def _wide():
+    """A console at least 150 columns wide, so the result table is never truncated when piped."""
+    from rich.console import Console
+
+    return Console(width=max(stdout.width, 150), soft_wrap=True)
+
+
+def _human(out, results, est, env0, csv, plot) -> None:
+    from rich.table import Table
+
+    res0 = results[0][1]
+    if out["analytic_components"]:
+        stderr.print(f"[yellow]analytic (no measured table) components:[/yellow] {', '.join(out['analytic_components'])}")
+    stdout.print(f"{est.profile.name}: {env0.nodes} nodes ({res0.n_devices} devices), {env0.days:g} days, "
+                 f"C_peak = {res0.c_peak:.3g} FLOP; {out['n_candidates']} realizable geometries, "
+                 f"{out['n_feasible']} feasible ({out['n_no_plan']} without a feasible plan, "
+                 f"{out['n_below_tpp_min']} below the TPP floor); {out['elapsed_s']:.1f} s; law: {out['law']}")
+    if out["best"] is None:
+        stdout.print("[red]no feasible configuration[/red] in this envelope")
+    cols = ("L", "E", "K", "G", "N_act (B)", "N_tot (B)", "S", "TPP", "D (T)", "MFU (%)", "Loss", "pp", "ep",
+            "mb", "cp", "tp", "ckpt")
+    t = Table(title="optimum and top candidates (MFU: non-embedding N_act, eq:mfu)")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for i, r in enumerate(out["top"]):
+        lay = r["layout"]
+        t.add_row(str(r["n_layers"]), str(r["n_experts"]), str(r["topk"]), str(r["g"]), f"{r['n_act'] / 1e9:.1f}",
+                  f"{r['n_tot'] / 1e9:.1f}", f"{r['s']:.3f}", f"{r['tpp']:.0f}", f"{r['d_tokens'] / 1e12:.2f}",
+                  f"{100 * r['mfu']:.2f}", f"[bold]{r['loss']:.4f}[/bold]" if i == 0 else f"{r['loss']:.4f}",
+                  str(lay["pp"]), str(lay["ep"]), str(lay["mbs"]), str(lay["cp"]), str(lay["tp"]), lay["ckpt"])
+    _wide().print(t)
+    if "sweep" in out:
+        s = Table(title=f"budget sweep over {out['sweep_axis']}")
+        for c in ("nodes", "days", "C_peak", "L", "E", "K", "G*", "S*", "N_act* (B)", "N_tot* (B)", "MFU (%)", "L*"):
+            s.add_column(c, justify="right")
+        for row in out["sweep"]:
+            b = row["best"]
+            if b is None:
+                s.add_row(str(row["nodes"]), f"{row['days']:g}", f"{row['c_peak']:.3g}", *["-"] * 9)
+                continue
+            s.add_row(str(row["nodes"]), f"{row['days']:g}", f"{row['c_peak']:.3g}", str(b["n_layers"]),
+                      str(b["n_experts"]), str(b["topk"]), str(b["g"]), f"{b['s']:.3f}", f"{b['n_act'] / 1e9:.1f}",
+                      f"{b['n_tot'] / 1e9:.1f}", f"{100 * b['mfu']:.2f}", f"{b['loss']:.4f}")
+        _wide().print(s)
+    if csv:
+        stderr.print(f"wrote the feasible frontier to {csv}")
+    if plot:
+        stderr.print(f"wrote {plot}")

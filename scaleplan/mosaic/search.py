@@ -1,0 +1,216 @@
+"""MOSAIC: the loss-optimal MoE geometry, token budget and execution plan for a cluster and window.
+
+Solves eq:hw-minlp exactly by enumeration (app:hw-optimization, "Algorithmic consequence"):
+
+1. enumerate the realizable ladder geometries Z (sec:geometry-ladder; :mod:`scaleplan.mosaic.ladder`);
+2. for each, the inner max of eq:c-flops / eq:best-layout: the estimator's best feasible plan
+   (max MFU under the memory cap; ``Estimator.best_plan``, vectorised over plans inside);
+3. eliminate D in closed form (eq:Dstar): D* = F_peak N_dev T_train MFU eta_good / (6 N_act), computed as
+   tokens/s of that plan x T_train x eta_good, which does not depend on how MFU counts parameters; keep
+   TPP = D/N_act within [tpp_min, tpp_max] (below tpp_min the geometry is infeasible in this window,
+   above tpp_max D is capped, sec:minlp-implementation);
+4. score with the joint law (eq:joint-law) and take the argmin.
+
+Steps 3-4 run over all geometries at once as numpy arrays. Step 2 does not depend on the window T_train or
+the goodput, so a sweep over days reuses it; a sweep over node counts re-runs it per count.
+Units: seconds, FLOP, FLOP/s, tokens, parameters (raw counts).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from scaleplan.errors import SpecError
+from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries, geometry_model
+from scaleplan.mosaic.law import PAPER_JOINT_LAW, JointLaw
+
+SECONDS_PER_DAY = 86400.0
+LAYOUT_KEYS = ("tp", "cp", "pp", "ep", "dp", "mbs", "ckpt")
+PAPER_TPP = (40.0, 150.0)
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """Hardware and batch envelope (tab:results-envelope): nodes of a profile for ``days``."""
+
+    nodes: int
+    days: float
+    goodput: float = 1.0
+    gbs: int = 1024
+    seqlen: int = 2048
+    optimizer: str = "adamw"
+    tpp_min: float = PAPER_TPP[0]
+    tpp_max: float = PAPER_TPP[1]
+
+    def validate(self) -> None:
+        """Raises SpecError on a non-positive or inconsistent input."""
+        for name, v in (("--nodes", self.nodes), ("--days", self.days), ("--gbs", self.gbs),
+                        ("--seqlen", self.seqlen)):
+            if not v > 0:
+                raise SpecError(name, v, "a positive number")
+        if not 0 < self.goodput <= 1:
+            raise SpecError("--goodput", self.goodput, "a fraction in (0, 1]")
+        if not 0 < self.tpp_min <= self.tpp_max:
+            raise SpecError("--tpp-min/--tpp-max", (self.tpp_min, self.tpp_max), "0 < tpp_min <= tpp_max")
+
+
+def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: Envelope, constraints=None,
+               on_step: Callable[[], None] | None = None) -> pd.DataFrame:
+    """Best feasible plan per geometry (eq:best-layout). One row per geometry, aligned with ``geoms``.
+
+    Columns: plan_ok, tokens_per_s, mfu_plan (non-embedding N_act, eq:mfu), mfu_with_embedding, mem_gb,
+    tp, cp, pp, ep, dp, mbs, ckpt, analytic (comma-joined analytic components).
+    """
+    from scaleplan.estimator import PlanConstraints
+
+    constraints = constraints or PlanConstraints()
+    rows = []
+    for r in geoms.itertuples(index=False):
+        res = est.best_plan(geometry_model(r, grid), n_devices, env.gbs, env.seqlen, env.optimizer, constraints)
+        if res is None:
+            rows.append({"plan_ok": False})
+        else:
+            lay = res.layout
+            rows.append({"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu_nonembed,
+                         "mfu_with_embedding": res.mfu, "mem_gb": res.mem_per_device_gb,
+                         **{k: lay[k] for k in LAYOUT_KEYS},
+                         "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic"))})
+        if on_step:
+            on_step()
+    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "mfu_with_embedding", "mem_gb", *LAYOUT_KEYS, "analytic"]
+    ints = {k: "Int64" for k in LAYOUT_KEYS if k != "ckpt"}
+    return pd.DataFrame(rows, columns=cols).astype({"plan_ok": bool, **ints})
+
+
+def score(geoms: pd.DataFrame, plans: pd.DataFrame, env: Envelope, peak_flops: float, n_devices: int,
+          law: JointLaw = PAPER_JOINT_LAW) -> pd.DataFrame:
+    """Token budget (eq:Dstar, TPP-limited), loss (eq:joint-law) and C_model for every geometry at once.
+
+    Adds columns d_star, d_tokens, tpp, tpp_capped, c_model, loss, feasible, why (None, "no_plan", "tpp_min").
+    """
+    df = pd.concat([geoms.reset_index(drop=True), plans.reset_index(drop=True)], axis=1)
+    t_train = env.days * SECONDS_PER_DAY
+    tps = df["tokens_per_s"].to_numpy(dtype=float)
+    n_act = df["n_act"].to_numpy(dtype=float)
+    d_star = tps * t_train * env.goodput                     # = C_peak MFU eta / (6 N_act) (eq:Dstar)
+    ok_plan = df["plan_ok"].to_numpy(dtype=bool)
+    enough = d_star >= env.tpp_min * n_act
+    d = np.minimum(d_star, env.tpp_max * n_act)
+    df["d_star"] = d_star
+    df["d_tokens"] = d
+    df["tpp"] = d / n_act
+    df["tpp_capped"] = d_star > env.tpp_max * n_act
+    df["c_model"] = 6.0 * n_act * d
+    df["c_peak"] = peak_flops * n_devices * t_train
+    with np.errstate(invalid="ignore"):
+        df["loss"] = law(df["n_tot"].to_numpy(), df["s"].to_numpy(), d, df["g"].to_numpy())
+    df["feasible"] = ok_plan & enough
+    df["why"] = np.where(~ok_plan, "no_plan", np.where(~enough, "tpp_min", None))
+    return df
+
+
+def row_json(r) -> dict:
+    """One candidate in the JSON shape of the search (``best`` / ``top`` objects)."""
+    return {"q": int(r["q"]), "n_layers": int(r["n_layers"]), "n_experts": int(r["n_experts"]),
+            "topk": int(r["topk"]), "g": int(r["g"]), "n_act": float(r["n_act"]), "n_tot": float(r["n_tot"]),
+            "s": float(r["s"]), "tpp": float(r["tpp"]), "d_tokens": float(r["d_tokens"]),
+            "c_model": float(r["c_model"]), "mfu": float(r["mfu_plan"]),
+            "mfu_with_embedding": float(r["mfu_with_embedding"]), "loss": float(r["loss"]),
+            "tpp_capped": bool(r["tpp_capped"]), "tokens_per_s": float(r["tokens_per_s"]),
+            "mem_per_device_gb": float(r["mem_gb"]),
+            "layout": {k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_KEYS}}
+
+
+@dataclass
+class SearchResult:
+    """The enumeration's outcome: all scored candidates, the optimum and the counts."""
+
+    table: pd.DataFrame
+    n_grid: int
+    elapsed_s: float
+    c_peak: float
+    n_devices: int
+    analytic_components: list[str] = field(default_factory=list)
+
+    @property
+    def frontier(self) -> pd.DataFrame:
+        """Feasible candidates sorted by predicted loss (ties: more C_model first)."""
+        f = self.table[self.table.feasible]
+        return f.sort_values(["loss", "c_model"], ascending=[True, False], kind="stable")
+
+    @property
+    def best(self):
+        f = self.frontier
+        return None if f.empty else f.iloc[0]
+
+    def to_json(self, top: int) -> dict:
+        f = self.frontier
+        t = self.table
+        return {"best": None if f.empty else row_json(f.iloc[0]),
+                "top": [row_json(r) for _, r in f.head(top).iterrows()],
+                "n_candidates": len(t), "n_feasible": int(t.feasible.sum()), "n_grid": self.n_grid,
+                "n_no_plan": int((t.why == "no_plan").sum()), "n_below_tpp_min": int((t.why == "tpp_min").sum()),
+                "c_peak": self.c_peak, "n_devices": self.n_devices, "elapsed_s": self.elapsed_s,
+                "analytic_components": self.analytic_components}
+
+
+def _analytic(plans: pd.DataFrame) -> list[str]:
+    s = set()
+    for a in plans["analytic"].dropna():
+        s.update(x for x in str(a).split(",") if x)
+    return sorted(s)
+
+
+class Mosaic:
+    """The search over one profile: plans are cached per node count (they do not depend on the window)."""
+
+    def __init__(self, est, grid: LadderGrid, law: JointLaw = PAPER_JOINT_LAW, constraints=None,
+                 progress: bool = False):
+        self.est, self.grid, self.law, self.constraints, self.progress = est, grid, law, constraints, progress
+        self.geoms = enumerate_geometries(grid)
+        self._plans: dict[int, pd.DataFrame] = {}
+
+    @property
+    def gpus_per_node(self) -> int:
+        return int(self.est.profile.gpus_per_node)
+
+    def plans(self, nodes: int, env: Envelope) -> pd.DataFrame:
+        n_dev = nodes * self.gpus_per_node
+        if n_dev not in self._plans:
+            self._plans[n_dev] = self._run_plans(n_dev, env)
+        return self._plans[n_dev]
+
+    def _run_plans(self, n_dev: int, env: Envelope) -> pd.DataFrame:
+        from scaleplan.cli._common import progress as bar
+
+        with bar(disable=not (self.progress and sys.stderr.isatty())) as p:
+            task = p.add_task(f"best plans on {n_dev} devices", total=len(self.geoms))
+            return plan_table(self.est, self.geoms, self.grid, n_dev, env, self.constraints,
+                              on_step=lambda: p.advance(task))
+
+    def run(self, env: Envelope) -> SearchResult:
+        """Enumerate, plan, eliminate D and score: the exact optimum of eq:hw-minlp over the grid."""
+        env.validate()
+        t0 = time.perf_counter()
+        plans = self.plans(env.nodes, env)
+        n_dev = env.nodes * self.gpus_per_node
+        peak = self.est.profile.peak("bf16")
+        table = score(self.geoms, plans, env, peak, n_dev, self.law)
+        return SearchResult(table=table, n_grid=self.grid.n_combinations, elapsed_s=time.perf_counter() - t0,
+                            c_peak=peak * n_dev * env.days * SECONDS_PER_DAY, n_devices=n_dev,
+                            analytic_components=_analytic(plans))
+
+
+def sweep_row(res: SearchResult, env: Envelope) -> dict:
+    """One budget of a sweep: the optimum and the best candidate per G (fig:gpuhours)."""
+    f = res.frontier
+    per_g = {int(g): row_json(grp.iloc[0]) for g, grp in f.groupby("g", sort=True)}
+    return {"nodes": env.nodes, "days": env.days, "c_peak": res.c_peak,
+            "gpu_hours": res.n_devices * env.days * 24.0,
+            "best": None if f.empty else row_json(f.iloc[0]), "best_per_g": per_g,
+            "n_feasible": int(res.table.feasible.sum())}
