@@ -66,7 +66,7 @@ def measure_tables(specs: dict[str, Path], url: str) -> None:
 
     merged: dict[str, list[dict]] = {}
     for name, path in specs.items():
-        layers, E, K, G, mbs, ckpt, dp = CONFIGS[name]
+        *_, mbs, ckpt, dp = CONFIGS[name]
         pts, _ = bplan.lookups(path, dp, [layout_str(mbs, ckpt)], "cpu-local", url)
         for suite, rows in pts.items():
             have = merged.setdefault(suite, [])
@@ -83,6 +83,7 @@ def measure_tables(specs: dict[str, Path], url: str) -> None:
 
 def predict(spec, dp, mbs, ckpt, url, use_calibration=True):
     from scaleplan.estimator import Estimator
+
     from scaleplan.specs import Layout
 
     est = Estimator("cpu-local", url, extrapolate="clamp", use_calibration=use_calibration)
@@ -98,7 +99,7 @@ def run_all(specs, url, steps, warmup, threads):
     peak = load_profile("cpu-local").peak(BASE["precision"])
     rows = []
     for name, path in specs.items():
-        layers, E, K, G, mbs, ckpt, dp = CONFIGS[name]
+        *_, mbs, ckpt, dp = CONFIGS[name]
         spec = load_spec(path)
         lay = Layout(mbs=mbs, ckpt=ckpt, dp=dp)
         pred = predict(spec, dp, mbs, ckpt, url).to_dict()
@@ -124,6 +125,7 @@ def run_all(specs, url, steps, warmup, threads):
 
 def calibrate_and_report(url, specs, rows):
     from scaleplan.calibrate.runner import fit_chi_sys
+
     from scaleplan.errors import ScaleplanError
     from scaleplan.specs import load_spec
 
@@ -135,7 +137,7 @@ def calibrate_and_report(url, specs, rows):
     print("calibrate fit:", json.dumps({k: fit[k] for k in ("coefficients", "unidentified", "notes", "cv_error")}))
     after = []
     for r in rows:
-        layers, E, K, G, mbs, ckpt, dp = r["cfg"]
+        *_, mbs, ckpt, dp = r["cfg"]
         p = predict(load_spec(specs[r["name"]]), dp, mbs, ckpt, url)
         after.append(abs(p.t_iter_s - r["meas"]) / r["meas"])
     return fit["cv_error"], statistics.mean(after)
@@ -177,7 +179,7 @@ def profile_components(name: str, path: Path, url: str, threads: int) -> None:
     from scaleplan.validate.model import build_model
     from scaleplan.validate.runner import MasterAdamW
 
-    layers, E, K, G, mbs, ckpt, dp = CONFIGS[name]
+    *_, mbs, ckpt, dp = CONFIGS[name]
     spec = load_spec(path)
     torch.set_num_threads(threads)
     model = build_model(spec.model, ckpt, "cpu", torch.bfloat16)
@@ -234,7 +236,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="validate-accuracy-"))
     specs = {}
     for name in a.configs.split(","):
-        layers, E, K, G, mbs, ckpt, dp = CONFIGS[name]
+        layers, E, K, G, mbs, ckpt, _ = CONFIGS[name]
         specs[name] = tmp / f"{name}.yaml"
         specs[name].write_text(yaml.safe_dump(spec_dict(layers, E, K, G, mbs, ckpt)))
     t0 = time.perf_counter()

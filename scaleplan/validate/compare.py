@@ -70,7 +70,7 @@ def predict(spec: Spec, layouts: list[Layout], n_devices: int, profile: str, db_
 
 def _git_rev() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=False,
                              cwd=Path(__file__).resolve().parent)
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 IMPLS = ("torch_grouped_mm", "loop")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _grouped_mm_works(device_type: str, dtype: torch.dtype) -> bool:
     if not hasattr(F, "grouped_mm"):
         return False

@@ -138,7 +138,7 @@ class MasterAdamW:
         self.masters = [p.detach().float().clone() if p.dtype != torch.float32 else p for p in self.params]
         for m in self.masters:
             m.requires_grad_(True)
-        kw = dict(lr=LR, betas=(0.9, 0.999), eps=ADAM_EPS, weight_decay=WEIGHT_DECAY)
+        kw = {"lr": LR, "betas": (0.9, 0.999), "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY}
         try:  # one fused kernel per dtype/device group, as production stacks run Adam
             self.opt = torch.optim.AdamW(self.masters, fused=True, **kw)
         except (RuntimeError, ValueError, TypeError):
@@ -317,7 +317,7 @@ def main() -> None:
     import torch.distributed as dist
 
     cfg = RunConfig(**json.loads(Path(sys.argv[1]).read_text()))
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     cfg.nproc = world
     if world > 1:
         dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")

@@ -5,10 +5,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from scaleplan.geometry import moe_layer_count, spec_param_counts  # noqa: E402
-from scaleplan.specs import parse_spec  # noqa: E402
-from scaleplan.validate.grouped import grouped_linear  # noqa: E402
-from scaleplan.validate.model import build_model, moe_block_flags  # noqa: E402
+from scaleplan.geometry import moe_layer_count, spec_param_counts
+from scaleplan.specs import parse_spec
+from scaleplan.validate.grouped import grouped_linear
+from scaleplan.validate.model import build_model, moe_block_flags
 
 MODEL = {"n_layers": 3, "hidden_sz": 64, "inter_sz": 160, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 16,
          "vocab_sz": 512, "precision": "fp32",

@@ -6,10 +6,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from scipy import stats  # noqa: E402
+from scipy import stats
 
-from scaleplan.validate.router import (bias_update, proposal_size, route, sequence_aux_loss,  # noqa: E402
-                                       starved_experts, z_loss)
+from scaleplan.validate.router import (
+    bias_update,
+    proposal_size,
+    route,
+    sequence_aux_loss,
+    starved_experts,
+    z_loss,
+)
 
 
 def _np_scores(h, w, c_r=1.0):
