@@ -220,18 +220,31 @@ def torch_dtype(name: str, ctx: Context) -> torch.dtype:
 
 
 class tf32_mode:
-    """Context manager: allow TF32 matmuls for dtype 'tf32', forbid them for 'fp32' (CUDA only)."""
+    """Context manager: TF32 matmuls on for dtype 'tf32', off (IEEE fp32) for anything else (CUDA).
+
+    Uses ``torch.backends.cuda.matmul.fp32_precision`` where the build has it (the newer API),
+    else ``allow_tf32``; restores the previous setting on exit.
+    """
 
     def __init__(self, dtype_name: str):
         self.on = dtype_name == "tf32"
+        self.knob = torch.backends.cuda.matmul
+        self.new_api = hasattr(self.knob, "fp32_precision")
 
     def __enter__(self):
-        self.prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = self.on
+        if self.new_api:
+            self.prev = self.knob.fp32_precision
+            self.knob.fp32_precision = "tf32" if self.on else "ieee"
+        else:
+            self.prev = self.knob.allow_tf32
+            self.knob.allow_tf32 = self.on
         return self
 
     def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_tf32 = self.prev
+        if self.new_api:
+            self.knob.fp32_precision = self.prev
+        else:
+            self.knob.allow_tf32 = self.prev
         return False
 
 

@@ -264,3 +264,28 @@ def export(
     else:
         for p, n in written:
             stdout.print(f"{p}: {n} rows", highlight=False)
+
+
+@app.command("check")
+def check(
+    size: int = typer.Option(None, "--size", help="n of the n^3 GEMM (default 8192 on GPU, 1024 on CPU)."),
+    dtype: str = typer.Option("bf16", "--dtype"),
+    device: str = DeviceOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Check the timing method: harness GEMM throughput >= 90% of a plain torch.matmul loop."""
+    from scaleplan.bench.checks import gemm_timing_check
+    from scaleplan.bench.runner import resolve_device
+
+    dev = resolve_device(device)
+    res = gemm_timing_check(dev, size or (8192 if dev.type == "cuda" else 1024), dtype)
+    if want_json(json_out):
+        print_json(res)
+    else:
+        stdout.print(
+            f"{res['dtype']} {res['n']}^3 on {res['device']}: harness {res['harness_flops_per_s'] / 1e12:.2f} "
+            f"TFLOP/s, plain loop {res['plain_flops_per_s'] / 1e12:.2f} TFLOP/s, ratio {res['ratio']:.3f} "
+            f"({'pass' if res['passed'] else 'FAIL'} at {res['threshold']})"
+        )
+    if not res["passed"]:
+        sys.exit(1)
