@@ -58,6 +58,7 @@ def search(
     extrapolate: str = typer.Option("error", "--extrapolate",
                                     help="Table lookups outside the measured range: error (plan infeasible) or clamp."),
     law_name: str = typer.Option(None, "--law", help="Name of a stored law fit (default: the paper's coefficients)."),
+    workers: int = typer.Option(0, "--workers", help="Processes for the per-geometry plan search (0: the usable CPUs)."),
     csv: Path = typer.Option(None, "--csv", help="Write the full feasible frontier (every feasible candidate) here."),
     plot: Path = typer.Option(None, "--plot", help="PNG: loss vs C_model by G (or optimal loss vs budget in a sweep)."),
     db: str = DbOpt,
@@ -67,7 +68,7 @@ def search(
     from scaleplan.estimator import Estimator, PlanConstraints
     from scaleplan.mosaic.ladder import LadderGrid
     from scaleplan.mosaic.law import load_law
-    from scaleplan.mosaic.search import Envelope, Mosaic, sweep_row
+    from scaleplan.mosaic.search import Envelope, Mosaic, default_workers, sweep_row
     from scaleplan.specs import CKPT_MODES, OPTIMIZERS
 
     node_list, day_list = _ints("--nodes", nodes), _floats("--days", days)
@@ -89,7 +90,10 @@ def search(
     url = db_url(db)
     law, law_source = load_law(url if law_name else None, law_name)
     est = Estimator(profile=profile, db_url=url, extrapolate=extrapolate)
-    m = Mosaic(est, grid, law, PlanConstraints(mbs=_ints("--mbs", mbs), ckpt=modes), progress=True)
+    if workers < 0:
+        raise SpecError("--workers", workers, "0 (auto) or a positive integer")
+    m = Mosaic(est, grid, law, PlanConstraints(mbs=_ints("--mbs", mbs), ckpt=modes), progress=True,
+               workers=workers or default_workers())
     if m.geoms.empty:
         raise SpecError("grid", f"{grid.n_combinations} combinations", "at least one realizable geometry "
                         "(K <= E, d_ff divisible by G, S >= --s-min)")

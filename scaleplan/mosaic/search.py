@@ -59,29 +59,68 @@ class Envelope:
             raise SpecError("--tpp-min/--tpp-max", (self.tpp_min, self.tpp_max), "0 < tpp_min <= tpp_max")
 
 
+def _plan_row(est, model, n_devices: int, env: Envelope, constraints) -> dict:
+    res = est.best_plan(model, n_devices, env.gbs, env.seqlen, env.optimizer, constraints)
+    if res is None:
+        return {"plan_ok": False}
+    lay = res.layout
+    return {"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu_nonembed,
+            "mfu_with_embedding": res.mfu, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_KEYS},
+            "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic"))}
+
+
+_FORK_STATE: tuple | None = None  # (est, models, n_devices, env, constraints), inherited by forked workers
+
+
+def _plan_chunk(bounds: tuple[int, int]) -> list[dict]:
+    est, models, n_devices, env, constraints = _FORK_STATE
+    return [_plan_row(est, models[i], n_devices, env, constraints) for i in range(*bounds)]
+
+
+def default_workers() -> int:
+    """Worker processes for the plan search: the usable CPUs (at most 8); 1 where fork is unavailable."""
+    import multiprocessing as mp
+    import os
+
+    if "fork" not in mp.get_all_start_methods():
+        return 1
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, n))
+
+
 def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: Envelope, constraints=None,
-               on_step: Callable[[], None] | None = None) -> pd.DataFrame:
+               on_step: Callable[[int], None] | None = None, workers: int = 1) -> pd.DataFrame:
     """Best feasible plan per geometry (eq:best-layout). One row per geometry, aligned with ``geoms``.
 
+    The geometries are independent, so with ``workers`` > 1 they are split over forked processes that
+    inherit the estimator (its tables are loaded once, in this process). ``on_step(n)`` reports progress.
     Columns: plan_ok, tokens_per_s, mfu_plan (non-embedding N_act, eq:mfu), mfu_with_embedding, mem_gb,
     tp, cp, pp, ep, dp, mbs, ckpt, analytic (comma-joined analytic components).
     """
+    global _FORK_STATE
     from scaleplan.estimator import PlanConstraints
 
     constraints = constraints or PlanConstraints()
-    rows = []
-    for r in geoms.itertuples(index=False):
-        res = est.best_plan(geometry_model(r, grid), n_devices, env.gbs, env.seqlen, env.optimizer, constraints)
-        if res is None:
-            rows.append({"plan_ok": False})
-        else:
-            lay = res.layout
-            rows.append({"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu_nonembed,
-                         "mfu_with_embedding": res.mfu, "mem_gb": res.mem_per_device_gb,
-                         **{k: lay[k] for k in LAYOUT_KEYS},
-                         "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic"))})
-        if on_step:
-            on_step()
+    models = [geometry_model(r, grid) for r in geoms.itertuples(index=False)]
+    step = on_step or (lambda n: None)
+    rows: list[dict] = []
+    if workers > 1 and len(models) >= 4 * workers:
+        import multiprocessing as mp
+
+        size = max(1, min(32, len(models) // (4 * workers)))
+        chunks = [(i, min(i + size, len(models))) for i in range(0, len(models), size)]
+        _FORK_STATE = (est, models, n_devices, env, constraints)
+        try:
+            with mp.get_context("fork").Pool(workers) as pool:
+                for (lo, hi), part in zip(chunks, pool.imap(_plan_chunk, chunks)):
+                    rows.extend(part)
+                    step(hi - lo)
+        finally:
+            _FORK_STATE = None
+    else:
+        for mdl in models:
+            rows.append(_plan_row(est, mdl, n_devices, env, constraints))
+            step(1)
     cols = ["plan_ok", "tokens_per_s", "mfu_plan", "mfu_with_embedding", "mem_gb", *LAYOUT_KEYS, "analytic"]
     ints = {k: "Int64" for k in LAYOUT_KEYS if k != "ckpt"}
     return pd.DataFrame(rows, columns=cols).astype({"plan_ok": bool, **ints})
@@ -170,8 +209,9 @@ class Mosaic:
     """The search over one profile: plans are cached per node count (they do not depend on the window)."""
 
     def __init__(self, est, grid: LadderGrid, law: JointLaw = PAPER_JOINT_LAW, constraints=None,
-                 progress: bool = False):
+                 progress: bool = False, workers: int = 1):
         self.est, self.grid, self.law, self.constraints, self.progress = est, grid, law, constraints, progress
+        self.workers = workers
         self.geoms = enumerate_geometries(grid)
         self._plans: dict[int, pd.DataFrame] = {}
 
@@ -191,7 +231,7 @@ class Mosaic:
         with bar(disable=not (self.progress and sys.stderr.isatty())) as p:
             task = p.add_task(f"best plans on {n_dev} devices", total=len(self.geoms))
             return plan_table(self.est, self.geoms, self.grid, n_dev, env, self.constraints,
-                              on_step=lambda: p.advance(task))
+                              on_step=lambda n: p.advance(task, n), workers=self.workers)
 
     def run(self, env: Envelope) -> SearchResult:
         """Enumerate, plan, eliminate D and score: the exact optimum of eq:hw-minlp over the grid."""

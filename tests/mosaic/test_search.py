@@ -158,3 +158,9 @@ def test_search_and_law_do_not_import_torch():
             "import scaleplan.estimator; print('torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert p.stdout.strip() == "False"
+
+
+def test_forked_workers_give_the_same_table():
+    one = Mosaic(FakeEstimator(), SMALL, workers=1).run(Envelope(nodes=8, days=10)).table
+    two = Mosaic(FakeEstimator(), SMALL, workers=2).run(Envelope(nodes=8, days=10)).table
+    assert one.drop(columns=["why"]).equals(two.drop(columns=["why"])) and (one.why.fillna("") == two.why.fillna("")).all()
