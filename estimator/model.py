@@ -58,7 +58,9 @@ T_HOST_DEFAULT_S = 0.0    # fixed per-micro-batch host time; only a measured/cal
 
 # Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
 DDP_BUCKET_PARAMS = 40_000_000
-GRAD_BYTES_COMM = 2   # grads reduce-scattered in bf16 (grad_reduce_in_fp32=False default)
+# NeMo's bf16-mixed plugin (the paper's stack) sets grad_reduce_in_fp32=True: gradients are
+# reduce-scattered in fp32; the distributed optimizer all-gathers bf16 parameters
+GRAD_BYTES_COMM, PARAM_BYTES_COMM = 4, 2
 P2P_LAT_INTRA_S, P2P_LAT_INTER_S = 10e-6, 25e-6
 
 
@@ -413,8 +415,11 @@ class TimeModel:
         # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
         kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el
         cp_inter = tp * cp > self.gpn
-        cp_f = self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter)
-        cp_b = cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
+        # TE's ring attention exchanges K/V blocks peer to peer while it computes on the previous
+        # block: only the part of the exchange longer than the attention itself is exposed
+        cp_f = np.maximum(self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
+        cp_b = np.maximum(cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
+                          - sd_b, 0.0)
 
         t_first, t_last = self._vocab(rec, g, T, tp, peak, hbm, b_el)
         names = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "dense_f", "dense_b", "moe_f", "moe_b", "a2a_f",
@@ -489,7 +494,8 @@ class TimeModel:
         p2p_bw = np.where(p2p_inter, prof.scaleout_bandwidth, prof.scaleup_bandwidth)
         t_p2p = np.where(p2p_inter, P2P_LAT_INTER_S, P2P_LAT_INTRA_S) + p2p_bytes / np.maximum(p2p_bw, 1.0)
         rec.mark("pp_p2p", np.where(pp > 1, ANALYTIC, 0))
-        t_pp = np.where(pp > 1, 2 * (n_mb + pp - 1) * t_p2p, 0.0)
+        # a micro-batch crosses each of this rank's VPP chunk boundaries once forward, once backward
+        t_pp = np.where(pp > 1, 2 * (vpp * n_mb + pp - 1) * t_p2p, 0.0)
 
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed
         w_bwd = L_stage * (moe_lb if moe else den_lb)
@@ -601,10 +607,12 @@ class TimeModel:
                 (exp_p, edp, "strided", tp * cp * ep >= self.gpn)):
             bucket = np.maximum(DDP_BUCKET_PARAMS, 1e6 * group)
             nb = np.maximum(np.ceil(params / bucket), 1)
-            bsz = params / nb * GRAD_BYTES_COMM
+            per_bucket = params / nb
             act = (group > 1) & (params > 0)
-            rs = nb * self._collective(rec, "dp_comm", "reduce_scatter", group, bsz, inter, layout, act)
-            ag = nb * self._collective(rec, "dp_comm", "all_gather", group, bsz, inter, layout, act)
+            rs = nb * self._collective(rec, "dp_comm", "reduce_scatter", group, per_bucket * GRAD_BYTES_COMM,
+                                       inter, layout, act)
+            ag = nb * self._collective(rec, "dp_comm", "all_gather", group, per_bucket * PARAM_BYTES_COMM,
+                                       inter, layout, act)
             out += np.maximum(rs - w_bwd, rs / nb) + np.maximum(ag - w_fwd, ag / nb)
         return out
 
