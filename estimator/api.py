@@ -169,7 +169,7 @@ class Estimator:
         layouts = layouts or [spec.default_layout()]
         g = geometry(spec.model)
         for lo in layouts:
-            self._validate_layout(g, lo, n_devices, spec.data.gbs)
+            self._validate_layout(g, lo, n_devices, spec.data.gbs, spec.data.seqlen)
         plans = plans_from_layouts(layouts, n_devices)
         ev = self.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type)
         if self.extrapolate == "error":
@@ -202,7 +202,7 @@ class Estimator:
                         constraints: PlanConstraints = PlanConstraints()):
         """Vectorised core: (plans, evaluation, memory bytes, feasible mask, reasons, counts, n_total)."""
         g = geometry(model)
-        plans, counts, total = enumerate_plans(g, n_devices, gbs, constraints)
+        plans, counts, total = enumerate_plans(g, n_devices, gbs, constraints, seqlen)
         if len(plans) == 0:
             return g, plans, None, None, np.zeros(0, bool), np.zeros(0, object), counts, total
         ev = self.model.evaluate(g, plans, gbs, seqlen, optimizer)
@@ -243,7 +243,7 @@ class Estimator:
                             spec.data.seqlen, self.profile.gpus_per_node, self.tables.vocab_size)
 
     # -- helpers -------------------------------------------------------------------------------
-    def _validate_layout(self, g: Geometry, lo: Layout, n: int, gbs: int) -> None:
+    def _validate_layout(self, g: Geometry, lo: Layout, n: int, gbs: int, seqlen: int) -> None:
         dp = lo.dp if lo.dp is not None else n // (lo.tp * lo.cp * lo.pp)
         if lo.tp * lo.cp * lo.pp * dp != n:
             raise SpecError("layout", f"tp*cp*pp*dp={lo.tp}*{lo.cp}*{lo.pp}*{dp}", f"must equal --devices {n}")
@@ -255,6 +255,8 @@ class Estimator:
             (g.nq % lo.tp == 0, "tp", lo.tp, f"must divide n_q_heads={g.nq}"),
             (g.nkv % lo.tp == 0 or lo.tp % g.nkv == 0, "tp", lo.tp, f"must divide or be a multiple of n_kv_heads={g.nkv}"),
             (lo.tp % lo.etp == 0 and g.dexp % lo.etp == 0, "etp", lo.etp, "must divide tp and expert_inter_sz"),
+            (lo.cp == 1 or seqlen % (2 * lo.cp) == 0, "cp", lo.cp, f"2*cp must divide seqlen={seqlen}"),
+            (lo.vpp == 1 or lo.pp > 1, "vpp", lo.vpp, "interleaving needs pp > 1"),
         ]
         for ok, field_, val, msg in checks:
             if not ok:

@@ -20,14 +20,31 @@ still processes T_seq B_micro K rows, and each local expert's tile is EP T_seq B
 lookup at tile T_seq B_micro K / E with E/EP groups under-counts expert work by EP. We key on
 (num_gemms = E/EP, tokens_per_expert = EP T_seq B_micro K / E) (tests/estimator/test_model.py).
 
-Then t_mb = max(t_cmp, t_disp), t_disp = L_stage kappa(E_loc) t_gap + t_host; the 1F1B bubble
-(eq:bubble) f_bubble = (PP-1)/(VPP n_mb); the vocabulary-stage term; PP send/recv; the DP
-gradient reduce-scatter and parameter all-gather of the distributed optimizer with the overlap
-1F1B allows; the optimizer step; and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
+Then, per pipeline stage and micro-batch, t_mb = max(t_GPU, t_disp) with t_disp = L_stage
+kappa(E_loc) t_gap + t_host (sec:iteration-time-model). The GPU side of each stage includes its
+vocabulary work (embedding on the first, LM head + cross-entropy on the last stage), because that
+GPU work overlaps the CPU's launching like any other kernel; the 1F1B period is the slowest stage's
+max, the bubble (eq:bubble) f_bubble = (PP-1)/(VPP n_mb) applies to it, and the lighter vocabulary
+surplus is paid once on the ramp. In the compute-bound case this reduces exactly to the paper's
+t_block (1 + f_bubble) + t_vocab with t_vocab = (n_mb-1) max(t_first, t_last) + t_first + t_last
++ t_last n_mb f_bubble (tests/estimator/test_pipeline.py). Then PP send/recv, the DP gradient
+reduce-scatter and parameter all-gather of the distributed optimizer with the overlap 1F1B allows,
+the optimizer step, and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
+
+**Dispatch law defaults** (used when no 'dispatch' Calibration row exists): t_gap is the measured
+per-kernel wall time of the launch-bound points of the dispatch table; kappa0 = 642, kappa1 = 7.29
+are kernel counts per layer and micro-batch of the Megatron-Core MoE block read off profiler traces
+(two counted points, E_loc = 16 and 128); t_host = 0 until measured. Because t_disp is a max with
+the GPU time, it vanishes for large models whose kernels are long (no additive launch term). The
+kernels kappa counts but the model does not cost one by one (copies, casts, router bookkeeping)
+each occupy the GPU at least the measured active time of the smallest chained kernel
+("framework_kernels").
 
 **Vocabulary term for PP = 1.** The paper's t_vocab = (n_mb-1) max(t_first, t_last) + t_first
 + t_last assumes the embedding and the LM head sit on different stages. With one stage both run
 on the same GPU for every micro-batch, so t_vocab = n_mb (t_first + t_last) there.
+
+Units: seconds, bytes, FLOP/s. Arrays: one element per plan.
 """
 from __future__ import annotations
 
@@ -36,7 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry, padded_vocab
-from scaleplan.estimator.tables import ANALYTIC, CLAMPED, LookupResult, Tables
+from scaleplan.estimator.tables import ANALYTIC, CLAMPED, MEASURED, LookupResult, Tables
 
 from scaleplan.profiles import ClusterProfile
 from scaleplan.units import BYTES_PER_ELEMENT
@@ -55,6 +72,10 @@ KAPPA1_DEFAULT = 7.29
 _KERNEL_UNITS = np.array([3.0, 3.1, 3.3, 4.0])
 T_GAP_DEFAULT_S = 15e-6   # launch-bound torch eager op on a modern host (dispatch table when present)
 T_HOST_DEFAULT_S = 0.0    # fixed per-micro-batch host time; only a measured/calibrated value is used
+# Kernels per layer-micro-batch (forward units) whose time the model costs one by one: QKV, O, SDPA,
+# 2 norms, 2 residual adds, RoPE q/k, gate, router GEMM, top-k, permute, unpermute, SwiGLU, shared
+# expert (3), all-to-all (2) - about 20 per forward; the grouped GEMMs are costed per expert.
+COSTED_KERNELS_PER_FWD = 20.0
 
 # Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
 DDP_BUCKET_PARAMS = 40_000_000
@@ -260,6 +281,9 @@ class TimeModel:
                  chi: ChiCoefficients):
         self.prof, self.tb, self.clamp, self.disp, self.chi_c = profile, tables, clamp, dispatch, chi
         self.gpn = profile.gpus_per_node
+        # every framework kernel (counted by kappa, not costed individually) occupies the GPU at least
+        # this long: the measured GPU-active time of the smallest chained kernel, else the analytic floor
+        self.t_kernel_min = tables.t_kernel_min_s or an.KERNEL_FLOOR_S
 
     # -- kernels -------------------------------------------------------------------------------
     def _gemm(self, rec, comp, m, n, k, peak, active=True):
@@ -464,8 +488,14 @@ class TimeModel:
         rc_moe = np.select([ckc == 3, ckc == 2, ckc == 1],
                            [moe_lf, sd_f + ew_f + (perm if moe else 0.0), sd_f], 0.0)
         rc_den = np.select([ckc == 3, ckc == 2, ckc == 1], [den_lf, sd_f + ew_f, sd_f], 0.0)
-        t_moe_layer = moe_lf + moe_lb + rc_moe
-        t_den_layer = den_lf + den_lb + rc_den
+        # framework kernels (permutation copies, casts, router bookkeeping, bias-adds...) counted in
+        # kappa0 but not costed above: each occupies the GPU for at least t_kernel_min
+        units = _KERNEL_UNITS[ckc]
+        n_fw = units * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
+        fw = n_fw * self.t_kernel_min
+        rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
+        t_moe_layer = moe_lf + moe_lb + rc_moe + fw
+        t_den_layer = den_lf + den_lb + rc_den + fw
 
         L_stage = g.L / pp
         nd0 = np.minimum(g.n_dense, L_stage)  # dense blocks sit on the first stage
@@ -522,6 +552,7 @@ class TimeModel:
             n_m, n_d = 0.0, L_stage
             comps["dense_mlp"] = n_mb * L_stage * (dense_f * (1 + rc) + dense_b)
         comps["elementwise"] = n_mb * L_stage * (ew_f * (3 + np.where(ckc >= 2, 1.0, 0.0)))
+        comps["framework_kernels"] = n_mb * L_stage * fw
         comps["tp_comm"] = n_mb * L_stage * (tp_f * (1 + rc) + tp_b)
         comps["cp_comm"] = n_mb * L_stage * (cp_f * (1 + rc) + cp_b)
         # make the per-component split add up exactly to n_mb * t_cmp (slowest stage)

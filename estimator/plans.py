@@ -9,7 +9,8 @@ generated as numpy arrays (one element per plan) and structurally checked:
   replicated over TP / n_kv ranks (Megatron supports both; we allow both, replication costs are in
   the time/memory model via kv_loc = max(n_kv / TP, 1));
 * experts divisible by EP, EP | DP, expert width divisible by ETP, ETP | TP (ETP <= TP);
-* TP within a node (TP <= GPUs per node) unless constraints say otherwise.
+* CP: the sequence splits into 2 CP chunks (load-balanced causal context parallelism);
+* TP up to ``max_tp`` (default 8, one node).
 
 Each structurally invalid plan is counted under its first failing reason.
 """
@@ -52,7 +53,8 @@ def _choose(given, n, cap):
     return [v for v in vals if v >= 1 and (cap is None or v <= cap)]
 
 
-def enumerate_plans(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints) -> tuple[Plans, dict[str, int], int]:
+def enumerate_plans(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints,
+                    seqlen: int | None = None) -> tuple[Plans, dict[str, int], int]:
     """All candidate plans -> (structurally valid plans, counts of invalid ones by reason, total)."""
     tps = _choose(c.tp, n_devices, c.max_tp)
     cps = _choose(c.cp, n_devices, c.max_cp)
@@ -84,7 +86,8 @@ def enumerate_plans(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints) -
         ("heads_not_divisible_by_tp", g.nq % tp == 0),
         ("kv_heads_vs_tp", (g.nkv % tp == 0) | (tp % g.nkv == 0)),
         ("etp_not_dividing_tp", (tp % etp == 0) & (g.dexp % etp == 0)),
-        ("cp_not_dividing_seq", True),
+        # Megatron's load-balanced causal CP cuts the sequence into 2 CP chunks
+        ("cp_not_dividing_seq", True if seqlen is None else (cp == 1) | (seqlen % (2 * cp) == 0)),
     ]
     valid = np.ones(len(grid), dtype=bool)
     for reason, ok in checks:

@@ -176,6 +176,7 @@ class Tables:
     elementwise: dict[tuple[str, str], GridTable] = field(default_factory=dict)
     t_gap_s: float | None = None  # per-kernel CPU dispatch gap (dispatch table)
     t_host_s: float | None = None  # fixed per-microbatch host time (dispatch table, mode host_overhead)
+    t_kernel_min_s: float | None = None  # GPU-active time of the smallest measured kernel (dispatch table)
     n_points: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -382,6 +383,8 @@ def _build_dispatch(tb: Tables, df: pd.DataFrame) -> None:
     bound = g[g["active_per_kernel_s"] < 0.5 * g["wall_per_kernel_s"]]
     if not bound.empty:
         tb.t_gap_s = float(bound["wall_per_kernel_s"].median())
+    if not g.empty:
+        tb.t_kernel_min_s = float(g["active_per_kernel_s"].min())
 
 
 @functools.lru_cache(maxsize=32)
