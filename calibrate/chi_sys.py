@@ -133,8 +133,9 @@ def _residuals(d: ChiData, coeffs: dict[str, float]) -> np.ndarray:
     return _demean(np.log(chi_from(coeffs, d)) - d.y, d.sweep, d.scale_free)
 
 
-def _snap(v: float, bounds: tuple[float, float], tol: float = 1e-9) -> float:
-    """Round-off next to a bound onto it, so a term pushed to its bound reads exactly 0 (or -0.9)."""
+def _snap(v: float, bounds: tuple[float, float]) -> float:
+    """Solver round-off next to a bound onto it, so a term pushed to its bound reads exactly 0 (or -0.9)."""
+    tol = 1e-6 * (bounds[1] - bounds[0])
     for b in bounds:
         if abs(v - b) <= tol:
             return float(b)
