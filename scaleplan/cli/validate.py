@@ -23,7 +23,7 @@ def _err(meas, pred) -> str:
     return "-" if meas is None or pred is None else f"{(pred - meas) / meas:+.0%}"
 
 
-def _print_table(rows: list[dict], profile: str, reason: str | None, hint: str) -> None:
+def _print_table(rows: list[dict], profile: str, reason: str | None, hint: str, device: str) -> None:
     from rich.table import Table
 
     t = Table(title=f"predicted vs measured ({profile})", title_justify="left")
@@ -39,6 +39,8 @@ def _print_table(rows: list[dict], profile: str, reason: str | None, hint: str) 
                   _fmt(r["measured_peak_mem_gb"], ".3f"), _fmt(r["predicted_mem_gb"], ".3f"),
                   str(r["observation_id"]))
     stdout.print(t)
+    stdout.print("mem meas: " + ("torch.cuda.max_memory_allocated" if device == "cuda" else
+                                 "peak RSS growth of a worker over its RSS after imports") + "; GB = 1e9 bytes")
     if reason:
         stdout.print(f"no prediction: {reason}")
         stdout.print(hint)
@@ -131,4 +133,4 @@ def validate(
         print_json(rows)
     else:
         hint = BENCH_HINT.format(spec=spec, n=nproc, profile=profile)
-        _print_table(rows, profile, reason, hint)
+        _print_table(rows, profile, reason, hint, device)
