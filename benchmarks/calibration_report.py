@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--db", help="SQLite file to build (default: a temporary one)")
     ap.add_argument("--plot", help="directory for parity plots")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--detail", action="store_true", help="per-layout MFU: measured, ours (after, LOSO), reference")
     args = ap.parse_args(argv)
 
     from scaleplan.calibrate.observations import add_runs
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{'t1t2':<4}| target")
         for r in rep["sweeps"]:
             print(_row(r))
+        if args.detail:
+            print(f"   {'sweep':<12} {'pp':>2} {'ep':>2} {'meas%':>6} {'after%':>6} {'loso%':>6} {'ref%':>6}")
+            for u in rep["runs"]:
+                ref = "-" if u["reference"] is None else f"{u['reference'] * 100:6.2f}"
+                print(f"   {u['sweep']:<12} {u['layout']['pp']:>2} {u['layout']['ep']:>2} {u['measured'] * 100:6.2f} "
+                      f"{u['after'] * 100:6.2f} {u['loso'] * 100:6.2f} {ref:>6}")
         print("   chi_sys terms each sweep identifies alone: "
               + "; ".join(f"{r['sweep']}: {', '.join(r['identifies']) or 'none'}" for r in rep["sweeps"]))
     print(f"\n{results['seconds']:.1f} s")

@@ -95,9 +95,25 @@ def sweep_report(obs: Sequence[Observed], preds: Sequence[Prediction], bases: di
         })
         scale = M.geomean_scale(after, meas) if basis.scale_free else 1.0
         scale_b = M.geomean_scale(before, meas) if basis.scale_free else 1.0
+        scale_l = M.geomean_scale(loso, meas) if basis.scale_free else 1.0
         arrays[s] = {"measured": meas, "after": after * scale, "before": before * scale_b,
-                     "normalized": np.array(basis.scale_free)}
+                     "loso": loso * scale_l, "normalized": np.array(basis.scale_free),
+                     "layouts": [o.layout for o in rows], "ids": [o.id for o in rows],
+                     "reference": np.array([o.reference_mfu if o.reference_mfu is not None else np.nan
+                                            for o in rows])}
     return out, arrays
+
+
+def run_rows(arrays: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per-run MFU (fractions; ratio-only sweeps on the measured scale): measured, before, after, LOSO, reference."""
+    out = []
+    for s, a in arrays.items():
+        for i, lay in enumerate(a["layouts"]):
+            ref = float(a["reference"][i])
+            out.append({"sweep": s, "id": a["ids"][i], "layout": lay, "measured": float(a["measured"][i]),
+                        "before": float(a["before"][i]), "after": float(a["after"][i]), "loso": float(a["loso"][i]),
+                        "reference": None if np.isnan(ref) else ref})
+    return out
 
 
 def parity_plot(arrays: dict[str, dict[str, np.ndarray]], path: str, title: str = "") -> str:

@@ -15,7 +15,7 @@ from scaleplan.calibrate.evaluate import (
     observed_from_db,
     usable,
 )
-from scaleplan.calibrate.report import parity_plot, sweep_report
+from scaleplan.calibrate.report import parity_plot, run_rows, sweep_report
 
 from scaleplan.errors import ScaleplanError
 
@@ -131,7 +131,7 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
     rows, arrays = sweep_report(obs, preds, bases, coeffs, mode, fixed)
     out = {"calibration_id": info["id"] if info else None, "coefficients": coeffs, "sweeps": rows,
            "profile": profile, "mode": mode, "version": info["version"] if info else None,
-           "n_obs": int(sum(r["n"] for r in rows)), "skipped": skipped}
+           "n_obs": int(sum(r["n"] for r in rows)), "skipped": skipped, "runs": run_rows(arrays)}
     if plot:
         out["plot"] = parity_plot(arrays, plot, title=f"{profile}: MFU parity"
                                   + (f" (calibration {info['id']})" if info else " (chi_sys = 1)"))
