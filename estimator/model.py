@@ -548,8 +548,10 @@ class TimeModel:
             comps["shared_expert"] = n_mb * n_m * (sh_f * (1 + rc) + sh_b)
             comps["ep_a2a"] = n_mb * n_m * (np.maximum(a2a_f - sh_f, 0) * (1 + rc) + np.maximum(a2a_b - sh_b, 0))
             comps["dense_mlp"] = n_mb * n_d * (dense_f * (1 + rc) + dense_b)
-        else:
+        else:  # the same keys for every model, so consumers see one schema
             n_m, n_d = 0.0, L_stage
+            for k in ("experts", "router", "permute", "shared_expert", "ep_a2a"):
+                comps[k] = np.zeros(P)
             comps["dense_mlp"] = n_mb * L_stage * (dense_f * (1 + rc) + dense_b)
         comps["elementwise"] = n_mb * L_stage * (ew_f * (3 + np.where(ckc >= 2, 1.0, 0.0)))
         comps["framework_kernels"] = n_mb * L_stage * fw
