@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from scaleplan.estimator import Estimator, PlanConstraints
 from scipy.stats import spearmanr
 
-from scaleplan.estimator import Estimator, PlanConstraints
 from scaleplan.geometry import ladder_model
 from scaleplan.specs import Layout, parse_spec
 
@@ -34,6 +34,11 @@ def sweep_specs(vdir: Path):
         lays = [Layout(tp=int(r.tp), cp=int(r.cp), pp=int(r.pp), dp=int(r.dp), ep=int(r.ep), mbs=int(r.mbs),
                        ckpt="full") for r in g.itertuples()]
         yield name, parse_spec(d), int(r0.n_devices), lays, g
+
+
+def _mape(pred: np.ndarray, real: np.ndarray) -> float:
+    """Mean absolute percentage error, in percent."""
+    return 100 * float(np.mean(np.abs(pred - real) / real))
 
 
 def main() -> None:
@@ -53,10 +58,9 @@ def main() -> None:
         pred = np.array([100 * r.mfu for r in res])
         real = g.real_mfu_pct_est.to_numpy()
         ref = g.reference_pred_mfu_pct.to_numpy()
-        mape = lambda p: 100 * float(np.mean(np.abs(p - real) / real))  # noqa: E731
         rank = int(np.argsort(np.argsort(-pred))[int(np.argmax(real))]) + 1
-        print(f"{name:<14}{len(lays):>3}  {mape(pred):>9.1f}%{spearmanr(pred, real)[0]:>10.2f}  "
-              f"{mape(ref):>8.1f}%{spearmanr(ref, real)[0]:>9.2f}  {rank}")
+        print(f"{name:<14}{len(lays):>3}  {_mape(pred, real):>9.1f}%{spearmanr(pred, real)[0]:>10.2f}  "
+              f"{_mape(ref, real):>8.1f}%{spearmanr(ref, real)[0]:>9.2f}  {rank}")
         if a.verbose:
             for lo, r, p, m in zip(lays, res, pred, real):
                 top = sorted(r.breakdown_s.items(), key=lambda kv: -kv[1])[:4]

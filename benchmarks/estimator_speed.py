@@ -12,6 +12,7 @@ import argparse
 import time
 
 from scaleplan.estimator import Estimator, PlanConstraints
+
 from scaleplan.geometry import ladder_model
 
 

@@ -460,8 +460,8 @@ class TimeModel:
         peak = prof.peak(g.precision)
         hbm = prof.hbm_bandwidth
         b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
-        tp, cp, pp, dp, ep, etp, vpp, mbs, ck = (getattr(pl, f).astype(float) for f in
-                                                  ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"))
+        tp, cp, pp, dp, ep, etp, vpp, mbs = (getattr(pl, f).astype(float) for f in
+                                             ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs"))
         ckc = pl.ckpt
         n_mb = gbs / (dp * mbs)
         moe = g.is_moe
@@ -516,7 +516,6 @@ class TimeModel:
         t_pipe = pipeline_time(n_mb, pp, vpp, st.period, t_first, t_last)
         t_bubble = f_bub * n_mb * st.period_disp
         t_vocab = t_pipe - n_mb * st.period_disp - t_bubble
-        t_mb = st.period_disp
 
         # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); neighbours are TP*CP*DP ranks apart
         p2p_inter = tp * cp * dp >= self.gpn

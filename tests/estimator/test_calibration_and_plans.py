@@ -3,12 +3,12 @@ import math
 
 import numpy as np
 import pytest
-
-from scaleplan.db.models import Calibration
-from scaleplan.db.session import session_scope
 from scaleplan.estimator import Estimator, PlanConstraints
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.plans import enumerate_plans
+
+from scaleplan.db.models import Calibration
+from scaleplan.db.session import session_scope
 from scaleplan.geometry import ladder_model
 from scaleplan.specs import Layout, parse_spec
 

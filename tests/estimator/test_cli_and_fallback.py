@@ -5,8 +5,8 @@ import sys
 
 import pytest
 import yaml
-
 from scaleplan.estimator import Estimator
+
 from scaleplan.specs import Layout, parse_spec
 
 from .conftest import moe_spec

@@ -1,11 +1,11 @@
 """The EP tile correction: each of the E/EP local experts sees EP*T*B*K/E rows (balanced routing)."""
 import numpy as np
 import pytest
-
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.model import _Recorder
 from scaleplan.estimator.plans import plans_from_layouts
+
 from scaleplan.specs import Layout, parse_spec
 
 from .conftest import grouped_frame, moe_spec
@@ -23,7 +23,7 @@ def test_work_proportional_table_gives_ep_invariant_expert_time():
     # a grouped table whose time is proportional to the work num_gemms * tokens_per_expert:
     # under the corrected key the expert time is the same for every EP (same rows per rank);
     # the uncorrected key (tile T*B*K/E with E/EP groups) would shrink it by EP
-    law = lambda ng, tpe: 1e-7 * ng * tpe  # noqa: E731
+    law = lambda ng, tpe: 1e-7 * ng * tpe
     est = Estimator.from_frames("p6-b200.48xlarge", {"grouped_gemm": grouped_frame(2048, 1280, law)})
     spec = parse_spec(moe_spec())
     lays = [Layout(pp=2, ep=e, mbs=1) for e in (1, 2, 4, 8)]
@@ -35,7 +35,7 @@ def test_work_proportional_table_gives_ep_invariant_expert_time():
 
 def test_launch_bound_table_rewards_ep():
     # a launch-bound table (time per GEMM, independent of rows): expert time falls as 1/EP
-    law = lambda ng, tpe: 2e-5 * ng  # noqa: E731
+    law = lambda ng, tpe: 2e-5 * ng
     est = Estimator.from_frames("p6-b200.48xlarge", {"grouped_gemm": grouped_frame(2048, 1280, law)})
     spec = parse_spec(moe_spec())
     t, _ = _expert_fwd(est, spec, [Layout(pp=2, ep=1), Layout(pp=2, ep=8)])

@@ -1,7 +1,7 @@
 """Parameter counts of the geometry ladder (paper tab:scale-ladder, E=128, K=3, G=4)."""
 import pytest
-
 from scaleplan.estimator.geom import geometry
+
 from scaleplan.geometry import ladder_model
 
 # q: (L, n_head, d, d_ff, N_tot [B], N_act [B]) as printed in tab:scale-ladder (non-embedding)

@@ -1,10 +1,10 @@
 """Memory model against Megatron's theoretical memory formula (Korthikanti et al. 2022)."""
 import numpy as np
 import pytest
-
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.memory import dense_layer_activation_bytes, memory_breakdown
 from scaleplan.estimator.plans import plans_from_layouts
+
 from scaleplan.specs import Layout, ModelBlock
 
 H, A, L, F, V = 4096, 32, 32, 11008, 32000

@@ -1,10 +1,15 @@
 """1F1B bubble (eq:bubble) and vocabulary-stage terms against hand-computed cases."""
 import numpy as np
 import pytest
-
 from scaleplan.estimator import Estimator
-from scaleplan.estimator.model import (DispatchLaw, bubble_fraction, pipeline_time, stage_periods,
-                                       vocab_stage_time)
+from scaleplan.estimator.model import (
+    DispatchLaw,
+    bubble_fraction,
+    pipeline_time,
+    stage_periods,
+    vocab_stage_time,
+)
+
 from scaleplan.specs import Layout, parse_spec
 
 from .conftest import moe_spec

@@ -1,13 +1,13 @@
 """Table interpolation inside the range, OutOfRangeError outside, clamp counting, the vocab axis."""
 import numpy as np
 import pytest
-
-from scaleplan.errors import OutOfRangeError, SpecError
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.geom import geometry, padded_vocab
 from scaleplan.estimator.model import _Recorder
 from scaleplan.estimator.plans import plans_from_layouts
 from scaleplan.estimator.tables import GridTable
+
+from scaleplan.errors import OutOfRangeError, SpecError
 from scaleplan.specs import Layout, parse_spec
 
 from .conftest import frame, moe_spec

@@ -5,7 +5,6 @@ measured layout is in our predicted top 3 of that sweep's layouts. The absolute 
 rank correlation are reported by benchmarks/estimator_accuracy.py (not asserted: nothing is fitted).
 """
 import numpy as np
-
 from scaleplan.estimator import Estimator
 
 
