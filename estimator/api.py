@@ -272,7 +272,7 @@ class Estimator:
         reason = ev.oor.reason[i]
         if reason is None and tot * GB > frac * cap:
             reason = "memory"
-        warnings = list(ev.warnings)
+        warnings = [w for w in ev.warnings if w.split(":")[0] in bd and src.get(w.split(":")[0]) == "analytic"]
         ana = [k for k, v in src.items() if v == "analytic"]
         if ana:
             warnings.append("analytic (no measured table): " + ", ".join(ana))

@@ -336,6 +336,10 @@ class TimeModel:
             off_grid = sel & ((n < g_lo) | (n > g_hi))
             if off_grid.any():
                 rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
+                msg = (f"{comp}: {coll} group sizes outside the measured {int(g_lo)}..{int(g_hi)} "
+                       f"({layout}, {'inter' if flag else 'intra'}-node) use busbw invariance (labelled analytic)")
+                if msg not in rec.warnings:
+                    rec.warnings.append(msg)
         return out
 
     # -- the model -----------------------------------------------------------------------------

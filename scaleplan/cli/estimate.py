@@ -21,8 +21,8 @@ ExtrapOpt = typer.Option("error", "--extrapolate", help="Outside the measured ra
 
 def _banner(components: list[str]) -> None:
     if components:
-        stderr.print(f"[yellow]note:[/yellow] no measured table for {', '.join(sorted(set(components)))}; "
-                     "those components use analytic roofline/ring models - run `scaleplan bench` for measured tables",
+        stderr.print(f"[yellow]note:[/yellow] analytic (no measured table or outside its groups): "
+                     f"{', '.join(sorted(set(components)))} - run `scaleplan bench` for measured tables",
                      highlight=False)
 
 
