@@ -6,6 +6,7 @@ best of ``trials`` (no events, no cache flush): the throughput a user sees from 
 The harness times each repetition with CUDA events after an L2 flush, so it can only lose to the
 plain loop by overhead it adds; a ratio below 0.9 means the method is mismeasuring.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +32,9 @@ def plain_matmul_flops(a: torch.Tensor, b: torch.Tensor, reps: int = 20, trials:
     return n_flop / best
 
 
-def gemm_timing_check(device: torch.device, n: int = 8192, dtype: str = "bf16", threshold: float = 0.9) -> dict:
+def gemm_timing_check(
+    device: torch.device, n: int = 8192, dtype: str = "bf16", threshold: float = 0.9
+) -> dict:
     """Harness vs plain-loop throughput for an n x n x n GEMM; ``passed`` when ratio >= threshold."""
     ctx = h.Context(device=device, timing=h.Timing(warmup=5, reps=30, max_time_s=10.0))
     dt = h.torch_dtype(dtype, ctx)
@@ -41,7 +44,15 @@ def gemm_timing_check(device: torch.device, n: int = 8192, dtype: str = "bf16", 
         plain = plain_matmul_flops(a, b)
     harness = 2.0 * n**3 / st.median
     ratio = harness / plain
-    return {"n": n, "dtype": dtype, "device": str(device), "harness_flops_per_s": harness,
-            "plain_flops_per_s": plain, "ratio": ratio, "threshold": threshold, "passed": ratio >= threshold,
-            "harness_t_s": st.median, "n_rep": st.n}
-
+    return {
+        "n": n,
+        "dtype": dtype,
+        "device": str(device),
+        "harness_flops_per_s": harness,
+        "plain_flops_per_s": plain,
+        "ratio": ratio,
+        "threshold": threshold,
+        "passed": ratio >= threshold,
+        "harness_t_s": st.median,
+        "n_rep": st.n,
+    }

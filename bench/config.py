@@ -5,6 +5,7 @@ A preset (``bench/presets/quick.yaml``, ``node.yaml`` or any file) looks like::
     name: quick
     timing: {warmup: 2, reps: 5, max_time_s: 0.3}
     mem_fraction: 0.5          # memory guard: fraction of device (or host) memory a point may use
+    cpu_threads: 1             # optional: torch intra-op threads on CPU (default: torch's choice)
     suites:
       gemm: {dtypes: [fp32, bf16], m: [64, 256], n: [256], k: [256]}
       ...
@@ -53,6 +54,7 @@ class Preset(BaseModel):
     description: str = ""
     timing: TimingCfg = TimingCfg()
     mem_fraction: float = Field(0.8, gt=0, le=1)
+    cpu_threads: int | None = Field(None, ge=1)  # torch intra-op threads for CPU runs (None: torch's default)
     suites: dict[str, dict[str, Any]]
 
 

@@ -10,6 +10,7 @@ only the rest; unique keys + ON CONFLICT DO NOTHING make a repeated point imposs
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -135,6 +136,7 @@ def _run_config(
         "suite_config": block,
         "timing": preset.timing.model_dump(),
         "mem_fraction": preset.mem_fraction,
+        "cpu_threads": preset.cpu_threads,
         "device": device.type,
         "profile": profile,
     }
@@ -185,6 +187,9 @@ def run_preset(
         block = validate_suite_config(s, mod.Config, preset.suites[s]).model_dump()
         cfg = _run_config(s, block, preset, dev, profile)
         run_prov = {**prov, "world_size": 1}
+        if dev.type == "cpu":
+            threads = preset.cpu_threads or torch.get_num_threads()
+            run_prov["notes"] = f"{prov.get('notes')}; torch intra-op threads {threads}"
         run_id = store.create_run(
             url, s, profile, preset_label or preset.name, cfg, config_hash(cfg), run_prov
         )
@@ -247,6 +252,20 @@ def _execute(
     return results
 
 
+@contextlib.contextmanager
+def _cpu_threads(dev: torch.device, n: int | None):
+    """torch's intra-op thread count for a CPU run (a preset's cpu_threads), restored afterwards.
+    One thread avoids the OpenMP barrier stalls of an oversubscribed host (tiny ops then cost
+    milliseconds instead of microseconds)."""
+    prev = torch.get_num_threads()
+    if dev.type == "cpu" and n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
 def _nvml_end(dev: torch.device) -> dict | None:
     return provenance.nvml_snapshot(dev.index or 0) if dev.type == "cuda" else None
 
@@ -257,10 +276,11 @@ def _run_suite(
     t0 = time.perf_counter()
     ctx = make_context(dev, cfg["profile"], TimingCfg(**cfg["timing"]), cfg["mem_fraction"])
     scfg = validate_suite_config(mod.NAME, mod.Config, cfg["suite_config"])
-    if hasattr(mod, "launch"):  # multi-process suites run in their own processes
-        res = mod.launch(run_id, url, scfg, ctx, emit)
-    else:
-        res = _sweep(run_id, mod, scfg, ctx, url, emit)
+    with _cpu_threads(dev, cfg.get("cpu_threads")):
+        if hasattr(mod, "launch"):  # multi-process suites run in their own processes
+            res = mod.launch(run_id, url, scfg, ctx, emit)
+        else:
+            res = _sweep(run_id, mod, scfg, ctx, url, emit)
     res.wall_s = time.perf_counter() - t0
     store.finish_run(url, run_id, res.status, _nvml_end(dev))
     emit("suite_done", res.to_dict())

@@ -305,7 +305,10 @@ def run_distributed(
             not_measurable=job["not_measurable"],
         )
         if not managed:
-            store.finish_run(url, job["run_id"], "complete")
+            from scaleplan.bench.provenance import nvml_snapshot
+
+            end = nvml_snapshot(dev.index or 0) if dev.type == "cuda" else None
+            store.finish_run(url, job["run_id"], "complete", end)
         print(RESULT_TAG + json.dumps(summary), flush=True)
     dist.destroy_process_group()
     return summary

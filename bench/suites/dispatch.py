@@ -19,10 +19,12 @@ per kernel:
 The per-kernel gap t_gap is wall - active.
 
 ``host_overhead``: a dispatch-bound microbatch (forward + loss + backward) of a tiny MLP with L
-layers of Linear(k, k) + GELU on m tokens, for L in ``host_layers``; a least-squares line of the
-median microbatch wall time against L has slope = per-layer dispatch time and intercept = the
-fixed per-microbatch host time t_host, stored in ``wall_per_kernel_s`` with chain_len = 1 (the
-fit is in the note). A non-positive intercept is stored as ERROR, not clamped.
+layers of Linear(k, k) + GELU on m tokens, for L in ``host_layers``, timed round-robin over L
+(>= 20 repetitions each). A robust (Theil-Sen) line through the per-L minimum wall times (host
+contention only adds time, so the minimum is the dispatch cost) has slope = per-layer dispatch
+time and intercept = the fixed per-microbatch host time t_host, stored in ``wall_per_kernel_s``
+with chain_len = 1 (the fit is in the note). A non-positive intercept is stored as ERROR, not
+clamped.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ NAME = "dispatch"
 TABLE = m.DispatchPoint
 KEY = ("mode", "m", "n", "k", "dtype", "chain_len")
 CPU_BATCH = 64  # GEMMs per batched call when defining CPU "active" time
+HOST_MIN_REPS = 20  # host_overhead: repetitions per layer count (cheap: tiny model)
 
 
 class Config(SuiteConfig):
@@ -158,30 +161,41 @@ def _chain_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
 
 
 def _host_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
+    from scipy.stats import theilslopes
+
     layers = sorted(set(ctx.extra.get("host_layers", [1, 2, 4, 8, 16])))
     if len(layers) < 2:
         raise h.Unsupported("host_overhead needs at least two layer counts to fit an intercept")
     x = h.randn((p["m"], p["k"]), dt, ctx.device)
-    meds = []
-    reps = max(ctx.timing.min_reps, ctx.timing.reps)
-    for n_layers in layers:
-        mods = [
-            torch.nn.Sequential(torch.nn.Linear(p["k"], p["n"]), torch.nn.GELU()) for _ in range(n_layers)
-        ]
-        model = torch.nn.Sequential(*mods).to(device=ctx.device, dtype=dt)
-
-        def microbatch(model=model):
-            loss = model(x).float().pow(2).mean()
-            loss.backward()
-
+    steps = [_microbatch(n_layers, x, p, dt, ctx) for n_layers in layers]
+    for step in steps:
         for _ in range(max(1, ctx.timing.warmup)):
-            microbatch()
-        meds.append(float(np.median(_wall(microbatch, ctx, reps))))
-    slope, intercept = np.polyfit(np.array(layers, float), np.array(meds), 1)
-    fit = f"wall(L) = {intercept:.3e} + {slope:.3e}*L s over L={layers}: medians {[f'{v:.3e}' for v in meds]}"
+            step()
+    reps = max(HOST_MIN_REPS, ctx.timing.reps)
+    walls: list[list[float]] = [[] for _ in layers]
+    for _ in range(reps):  # round-robin over L, so a slow spell of the host hits every L alike
+        for i, step in enumerate(steps):
+            walls[i] += _wall(step, ctx, 1)
+    floor = [min(w) for w in walls]  # contention only adds time: the floor is the dispatch cost
+    slope, intercept, *_ = theilslopes(floor, np.array(layers, float))
+    fit = (
+        f"wall(L) = {intercept:.3e} + {slope:.3e}*L s (Theil-Sen over per-L minima of {reps} reps, "
+        f"L={layers}: {[f'{v:.3e}' for v in floor]})"
+    )
     if intercept <= 0:
         raise RuntimeError(f"non-positive host intercept; {fit}")
     return dict(wall_per_kernel_s=float(intercept), active_per_kernel_s=None, n_rep=reps, note=fit)
+
+
+def _microbatch(n_layers: int, x: torch.Tensor, p: dict, dt: torch.dtype, ctx: h.Context):
+    """forward + loss + backward of an MLP of ``n_layers`` Linear(k, n) + GELU layers."""
+    mods = [torch.nn.Sequential(torch.nn.Linear(p["k"], p["n"]), torch.nn.GELU()) for _ in range(n_layers)]
+    model = torch.nn.Sequential(*mods).to(device=ctx.device, dtype=dt)
+
+    def step():
+        model(x).float().pow(2).mean().backward()
+
+    return step
 
 
 def measure(p: dict, ctx: h.Context) -> dict:

@@ -47,6 +47,7 @@ def tiny_preset(suites: dict | None = None, **extra) -> dict:
         "name": "tiny",
         "timing": FAST_TIMING,
         "mem_fraction": 0.5,
+        "cpu_threads": 1,  # the test machine may be shared: no OpenMP oversubscription
         "suites": suites or TINY_SUITES,
         **extra,
     }

@@ -8,6 +8,7 @@ import sys
 
 import pandas as pd
 import pytest
+import torch
 import yaml
 from sqlalchemy import select
 from typer.testing import CliRunner
@@ -101,9 +102,13 @@ def test_export_then_import_recorded_round_trip(db_with_runs, tmp_path):
         (["--suite", "bogus"], "--suite"),
         (["--resume", "x1"], "--resume"),
         (["--resume", "999"], "no bench run"),
+        (["--device", "cuda"], "--device"),
+        (["--device", "tpu"], "--device"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(args, needle, tmp_path, capsys):
+    if "cuda" in args and torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", "run", "--db", str(tmp_path / "e.db"), *args])
     err = capsys.readouterr()
