@@ -2,7 +2,8 @@
 
 Format: ``<suite>.csv`` with the measurement table's key and value columns plus the provenance
 columns ``profile``, ``host``, ``gpu_name``, ``gpu_uuid``, ``driver_version``, ``cuda_version``,
-``torch_version`` and ``run_started_at``. Written by ``scaleplan bench export``, read by
+``torch_version``, ``nccl_version``, ``te_version``, ``git_rev`` and ``run_started_at`` (files
+without the optional ones still import). Written by ``scaleplan bench export``, read by
 ``scaleplan db import-recorded``.
 """
 from __future__ import annotations
@@ -18,8 +19,10 @@ from scaleplan.db import models as m
 from scaleplan.db.importers import ImportResult, insert_points
 from scaleplan.errors import ScaleplanError
 
+# first = the profile the rows belong to, last = when the run started; the ones between are copied to
+# the imported BenchRun's columns of the same name
 PROVENANCE = ("profile", "host", "gpu_name", "gpu_uuid", "driver_version", "cuda_version", "torch_version",
-              "run_started_at")
+              "nccl_version", "te_version", "git_rev", "run_started_at")
 
 
 def default_recorded_dir() -> Path:

@@ -89,6 +89,11 @@ def test_export_then_import_recorded_round_trip(db_with_runs, tmp_path):
     upgrade(url2)
     res = invoke("db", "import-recorded", str(tmp_path / "rec"), "--db", url2)
     assert res.exit_code == 0, res.output
+    with session_scope(url2) as s:  # provenance travels with the rows
+        imported = s.scalars(select(m.BenchRun).where(m.BenchRun.suite == "gemm")).one()
+        assert imported.source == "imported" and imported.torch_version == torch.__version__
+        rev = df["git_rev"].iloc[0]
+        assert imported.git_rev == (None if pd.isna(rev) else rev) and imported.host == df["host"].iloc[0]
     for table in (m.GemmPoint, m.VocabPoint, m.SdpaPoint):
         cols = [c for c in table.__table__.columns.keys() if c not in ("id", "run_id", "created_at")]
 
