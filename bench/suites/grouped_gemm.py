@@ -107,12 +107,18 @@ def _grouped_mm_works(ctx: h.Context, dtype: torch.dtype) -> bool:
 
 
 def pick_impl(ctx: h.Context, dtype: torch.dtype) -> str:
+    """The implementation for this run (``impl`` setting, else the first that works), decided once
+    per dtype so a sweep does not switch implementation midway."""
     want = ctx.extra.get("grouped_impl", "auto")
     if want != "auto":
         return want
-    if _te_available(ctx):
-        return "te_grouped_linear"
-    return "torch_grouped_mm" if _grouped_mm_works(ctx, dtype) else "loop"
+    cache = ctx.extra.setdefault("grouped_impl_resolved", {})
+    if dtype not in cache:
+        if _te_available(ctx):
+            cache[dtype] = "te_grouped_linear"
+        else:
+            cache[dtype] = "torch_grouped_mm" if _grouped_mm_works(ctx, dtype) else "loop"
+    return cache[dtype]
 
 
 def _forward_fn(impl: str, x: torch.Tensor, n_g: int, fin: int, fout: int, rows: list[int], ctx: h.Context):

@@ -156,3 +156,12 @@ def test_nvml_snapshot_degrades_without_gpu():
     assert isinstance(snap["error"], str)
     rev = git_rev()
     assert rev is None or len(rev.split("+")[0]) == 40
+
+
+def test_timing_check_reports_consistent_rates():
+    from scaleplan.bench.checks import gemm_timing_check
+
+    res = gemm_timing_check(torch.device("cpu"), n=64, dtype="fp32")
+    assert res["harness_flops_per_s"] == pytest.approx(2 * 64**3 / res["harness_t_s"])
+    assert res["ratio"] == pytest.approx(res["harness_flops_per_s"] / res["plain_flops_per_s"])
+    assert res["passed"] == (res["ratio"] >= 0.9)
