@@ -283,17 +283,13 @@ def run_distributed(
         dist.destroy_process_group()
         raise RuntimeError(job["error"])
     timing = TimingCfg(**job["config"]["timing"])
-    by_status: dict[str, int] = {}
-    for (n, layout), pts in _by_group(job["todo"]).items():
-        mine, _ = dist.new_subgroups_by_enumeration(groups(world, n, layout))
-        g_ranks = next(gr for gr in groups(world, n, layout) if rank in gr)
-        for p in pts:
-            row = _measure(p, mine, g_ranks, rank, dev, timing)
-            if rank == 0:
-                row.update(p, run_id=job["run_id"], world_size=world, backend=dist.get_backend())
-                store.write_points(url, TABLE, [row])
-                by_status[row["status"]] = by_status.get(row["status"], 0) + 1
-        dist.barrier()
+    try:
+        by_status = _sweep(job, url, world, rank, dev, timing)
+    except BaseException as e:  # a rank-0 crash or Ctrl-C: close the run honestly, then re-raise
+        if rank == 0 and not managed:
+            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            store.finish_run(url, job["run_id"], status, note=f"{type(e).__name__}: {e}"[:500])
+        raise
     summary = None
     if rank == 0:
         summary = dict(
@@ -312,6 +308,28 @@ def run_distributed(
         print(RESULT_TAG + json.dumps(summary), flush=True)
     dist.destroy_process_group()
     return summary
+
+
+def _sweep(
+    job: dict, url: str, world: int, rank: int, dev: torch.device, timing: TimingCfg
+) -> dict[str, int]:
+    """Measure the missing points group shape by group shape; rank 0 writes each row at once."""
+    from scaleplan.bench import store
+    from scaleplan.bench.runner import sanitize
+
+    by_status: dict[str, int] = {}
+    for (n, layout), pts in _by_group(job["todo"]).items():
+        mine, _ = dist.new_subgroups_by_enumeration(groups(world, n, layout))
+        g_ranks = next(gr for gr in groups(world, n, layout) if rank in gr)
+        for p in pts:
+            row = _measure(p, mine, g_ranks, rank, dev, timing)
+            if rank == 0:
+                row.update(p, run_id=job["run_id"], world_size=world, backend=dist.get_backend())
+                row = sanitize(row, "t_s")
+                store.write_points(url, TABLE, [row])
+                by_status[row["status"]] = by_status.get(row["status"], 0) + 1
+        dist.barrier()
+    return by_status
 
 
 def _set_world(url: str, run_id: int, world: int) -> None:
