@@ -112,8 +112,15 @@ class Estimator:
 
     # -- calibration ---------------------------------------------------------------------------
     def _calibration(self, cal_id, use) -> tuple[DispatchLaw, ChiCoefficients]:
+        # precedence: module defaults < the profile's trace-derived law < measured dispatch rows of
+        # this profile (the isolated-chain gap only where the profile has no block-level gap) <
+        # a 'dispatch' calibration row
         law = DispatchLaw()
-        if self.tables.t_gap_s:
+        pd_ = self.profile.dispatch
+        if pd_ is not None:
+            law = DispatchLaw(pd_.kappa0, pd_.kappa1, pd_.t_gap_s, pd_.t_host_s, f"profile ({pd_.source})",
+                              pd_.t_ep_host_s)
+        elif self.tables.t_gap_s:
             law.t_gap_s, law.source = self.tables.t_gap_s, "dispatch table"
         if self.tables.t_host_s:
             law.t_host_s = self.tables.t_host_s
@@ -126,7 +133,7 @@ class Estimator:
             co = d.coefficients
             law = DispatchLaw(float(co.get("kappa0", law.kappa0)), float(co.get("kappa1", law.kappa1)),
                               float(co.get("t_gap_s", law.t_gap_s)), float(co.get("t_host_s", law.t_host_s)),
-                              f"calibration {d.id}")
+                              f"calibration {d.id}", float(co.get("t_ep_host_s", law.t_ep_host_s)))
         c = rows.get("chi_sys")
         if c is not None:
             co = c.coefficients

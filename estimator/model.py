@@ -31,12 +31,15 @@ t_block (1 + f_bubble) + t_vocab with t_vocab = (n_mb-1) max(t_first, t_last) + 
 reduce-scatter and parameter all-gather of the distributed optimizer with the overlap 1F1B allows,
 the optimizer step, and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
 
-**Dispatch law defaults** (used when no 'dispatch' Calibration row exists): t_gap is the measured
-per-kernel wall time of the launch-bound points of the dispatch table; kappa0 = 642, kappa1 = 7.29
-are kernel counts per layer and micro-batch of the Megatron-Core MoE block read off profiler traces
-(two counted points, E_loc = 16 and 128); t_host = 0 until measured. Because t_disp is a max with
-the GPU time, it vanishes for large models whose kernels are long (no additive launch term). The
-kernels kappa counts but the model does not cost one by one (copies, casts, router bookkeeping)
+**Dispatch law** (precedence: these module defaults < the profile's ``dispatch`` block < measured
+dispatch rows of the profile < a 'dispatch' calibration row). kappa0 = 642, kappa1 = 7.29 are kernel
+counts per layer and micro-batch of the Megatron-Core MoE block read off profiler traces (two counted
+points, E_loc = 16 and 128). The node-type profiles carry the per-kernel gap inside a real block
+(27 us on B200, against ~15 us for the isolated chain of the dispatch table), the fixed per-micro-
+batch host time and the per-MoE-layer host cost of the EP token permute/all-to-all path, all from
+the reference stack's profiler traces (cluster_profiles/*.yaml cite them). Because t_disp is a max
+with the GPU time, it vanishes for large models whose kernels are long (no additive launch term).
+The kernels kappa counts but the model does not cost one by one (copies, casts, router bookkeeping)
 each occupy the GPU at least the measured active time of the smallest chained kernel
 ("framework_kernels").
 
@@ -87,11 +90,18 @@ P2P_LAT_INTRA_S, P2P_LAT_INTER_S = 10e-6, 25e-6
 
 @dataclass
 class DispatchLaw:
+    """t_disp = L_stage kappa(E_loc) t_gap + n_moe_stage [EP>1] t_ep_host + t_host (seconds, per
+    micro-batch and stage, full-recompute units). t_ep_host is the host-side token permute and
+    all-to-all machinery around each MoE layer under EP, which the kernel count does not capture
+    (an EP=8 layer launches fewer expert kernels than EP=1 yet takes longer on the host); it is a
+    departure from the paper's two-term law, kept explicit so a calibration can set it to 0."""
+
     kappa0: float = KAPPA0_DEFAULT
     kappa1: float = KAPPA1_DEFAULT
     t_gap_s: float = T_GAP_DEFAULT_S
     t_host_s: float = T_HOST_DEFAULT_S
     source: str = "default"
+    t_ep_host_s: float = 0.0
 
 
 @dataclass
@@ -514,7 +524,9 @@ class TimeModel:
         # CPU dispatch per stage and micro-batch (kernels x gap + host); the GPU of each stage runs
         # its layers plus its vocabulary work, and t_mb = max(GPU, CPU) per stage (self-limiting)
         kappa = (self.disp.kappa0 + self.disp.kappa1 * (E_loc if moe else 0.0)) * _KERNEL_UNITS[ckc] / 4.0
-        t_disp = L_stage * kappa * self.disp.t_gap_s + self.disp.t_host_s
+        n_moe_stage = L_stage * (g.n_moe / g.L) if moe else 0.0
+        t_ep_host = np.where(ep > 1, n_moe_stage * self.disp.t_ep_host_s * _KERNEL_UNITS[ckc] / 4.0, 0.0)
+        t_disp = L_stage * kappa * self.disp.t_gap_s + t_ep_host + self.disp.t_host_s
         st = stage_periods(pp, t_stage0, t_other, t_first, t_last, t_disp)
         f_bub = bubble_fraction(pp, vpp, n_mb)
         t_pipe = pipeline_time(n_mb, pp, vpp, st.period, t_first, t_last)

@@ -17,6 +17,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from scaleplan.errors import SpecError
 
 
+class DispatchDefaults(BaseModel):
+    """A node type's CPU-dispatch law (sec:iteration-time-model): t_disp = L_stage kappa(E_loc) t_gap
+    + n_moe_stage [EP>1] t_ep_host + t_host, kappa = kappa0 + kappa1 E_loc kernels per layer and
+    micro-batch (full recompute). Seconds. A 'dispatch' calibration row overrides these."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    t_gap_s: float = Field(gt=0)
+    kappa0: float = Field(ge=0)
+    kappa1: float = Field(ge=0)
+    t_ep_host_s: float = Field(default=0.0, ge=0)
+    t_host_s: float = Field(default=0.0, ge=0)
+    source: str
+
+
 class ClusterProfile(BaseModel):
     """A node type. ``peak_flops[precision]`` is dense FLOP/s per GPU (C_peak uses bf16 by default)."""
 
@@ -30,6 +44,7 @@ class ClusterProfile(BaseModel):
     scaleup_bandwidth: float = Field(ge=0)
     scaleout_bandwidth: float = Field(ge=0)
     measure_peak: bool = False
+    dispatch: DispatchDefaults | None = None
 
     def peak(self, precision: str = "bf16") -> float:
         """Peak dense FLOP/s per device for ``precision``; falls back to bf16, then fp32.
