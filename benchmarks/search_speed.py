@@ -26,9 +26,10 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=32)
     a = ap.parse_args()
 
+    from scaleplan.estimator import Estimator
+
     from scaleplan.db import session as dbs
     from scaleplan.db.importers import import_scaleplan_dir
-    from scaleplan.estimator import Estimator
     from scaleplan.mosaic.ladder import LadderGrid
     from scaleplan.mosaic.search import Envelope, Mosaic
 

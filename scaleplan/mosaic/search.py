@@ -226,9 +226,13 @@ class Mosaic:
         return self._plans[n_dev]
 
     def _run_plans(self, n_dev: int, env: Envelope) -> pd.DataFrame:
+        from threadpoolctl import threadpool_limits
+
         from scaleplan.cli._common import progress as bar
 
-        with bar(disable=not (self.progress and sys.stderr.isatty())) as p:
+        # the plan search is many small array operations: a threaded BLAS only adds wake-up overhead
+        with threadpool_limits(limits=1, user_api="blas"), \
+                bar(disable=not (self.progress and sys.stderr.isatty())) as p:
             task = p.add_task(f"best plans on {n_dev} devices", total=len(self.geoms))
             return plan_table(self.est, self.geoms, self.grid, n_dev, env, self.constraints,
                               on_step=lambda n: p.advance(task, n), workers=self.workers)
