@@ -190,9 +190,11 @@ def run_preset(
         if dev.type == "cpu":
             threads = preset.cpu_threads or torch.get_num_threads()
             run_prov["notes"] = f"{prov.get('notes')}; torch intra-op threads {threads}"
-        run_id = store.create_run(
-            url, s, profile, preset_label or preset.name, cfg, config_hash(cfg), run_prov
-        )
+        digest = config_hash(cfg)
+        unfinished = store.unfinished_runs(url, digest)
+        run_id = store.create_run(url, s, profile, preset_label or preset.name, cfg, digest, run_prov)
+        if unfinished and on_event:
+            on_event("hint", {"run_id": run_id, "suite": s, "same_config": unfinished})
         planned.append((run_id, mod, cfg))
     return _execute(planned, url, dev, on_event)
 

@@ -124,6 +124,17 @@ def finish_run(
     with_retry(tx)
 
 
+def unfinished_runs(url: str, config_hash: str) -> list[int]:
+    """Ids of measured runs with this config hash that did not complete (resumable)."""
+    with session_scope(url) as s:
+        q = select(m.BenchRun.id).where(
+            m.BenchRun.config_hash == config_hash,
+            m.BenchRun.source == "measured",
+            m.BenchRun.status.in_(("running", "interrupted")),
+        )
+        return list(s.scalars(q.order_by(m.BenchRun.id)))
+
+
 def reopen_run(url: str, run_id: int) -> None:
     """Mark a run being resumed as running again."""
 

@@ -70,6 +70,13 @@ def _progress_printer(quiet: bool):
         elif kind == "point" and info["row"]["status"] != "OK":
             r = info["row"]
             stderr.print(f"  {r['status']}: {r.get('note') or ''}", highlight=False)
+        elif kind == "hint":
+            ids = ",".join(map(str, info["same_config"]))
+            stderr.print(
+                f"  note: run(s) {ids} swept the same {info['suite']} config and did not complete; "
+                f"`--resume {ids}` would measure only their missing points",
+                highlight=False,
+            )
         elif kind == "error":
             stderr.print(
                 f"[red]run {info['run_id']} {info['suite']}:[/red] {info['message']}", highlight=False
