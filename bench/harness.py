@@ -13,6 +13,7 @@ exception to OOM / UNSUPPORTED / ERROR plus a one-line note.
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -197,8 +198,10 @@ def classify_error(exc: BaseException) -> tuple[str, str]:
 
 
 def release_memory(device: torch.device) -> None:
-    """After an OOM: drop cached blocks so the next point starts clean."""
+    """After a failed point (OOM above all): collect its tensors and drop cached blocks so the next
+    point starts clean."""
     if device.type == "cuda":
+        gc.collect()
         torch.cuda.empty_cache()
 
 

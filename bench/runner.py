@@ -111,8 +111,9 @@ def measure_point(mod, point: dict[str, Any], ctx: h.Context) -> dict[str, Any]:
         raise
     except Exception as e:  # the sweep must go on: store what happened
         status, note = h.classify_error(e)
-        h.release_memory(ctx.device)
         vals = {"status": status, "note": note}
+    if vals["status"] != "OK":  # outside the except block: the traceback no longer pins the tensors
+        h.release_memory(ctx.device)
     return sanitize({**point, **vals}, REQUIRED.get(mod.NAME, "fwd_s"))
 
 

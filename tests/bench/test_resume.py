@@ -10,7 +10,7 @@ import sys
 import time
 
 import yaml
-from scaleplan.bench import runner
+from scaleplan.bench import runner, store
 from scaleplan.bench.config import parse_preset
 from sqlalchemy import func, select, text
 from typer.testing import CliRunner
@@ -90,6 +90,9 @@ def test_sigkill_then_resume_matches_uninterrupted(sqlite_url, tmp_path):
         run = s.scalars(select(m.BenchRun)).one()
         run_id, status = run.id, run.status
     partial = _count(sqlite_url)
+    with session_scope(sqlite_url) as s:
+        digest = s.get(m.BenchRun, run_id).config_hash
+    assert store.unfinished_runs(sqlite_url, digest) == [run_id]  # what `bench run` points the user at
     assert status == "running" and 3 <= partial < N_POINTS
 
     res = CliRunner().invoke(cli.app, ["bench", "run", "--resume", str(run_id), "--db", sqlite_url, "--json"])
@@ -107,6 +110,7 @@ def test_sigkill_then_resume_matches_uninterrupted(sqlite_url, tmp_path):
     assert set(resumed) == set(_keys(sqlite_url, full.run_id))
     with session_scope(sqlite_url) as s:
         assert s.get(m.BenchRun, run_id).status == "complete"
+    assert store.unfinished_runs(sqlite_url, digest) == []
     again = runner.resume_runs([run_id], sqlite_url)[0]  # measures nothing, adds nothing
     assert (again.measured, again.already_stored) == (0, N_POINTS)
     with session_scope(sqlite_url) as s:
