@@ -165,3 +165,53 @@ def test_timing_check_reports_consistent_rates():
     assert res["harness_flops_per_s"] == pytest.approx(2 * 64**3 / res["harness_t_s"])
     assert res["ratio"] == pytest.approx(res["harness_flops_per_s"] / res["plain_flops_per_s"])
     assert res["passed"] == (res["ratio"] >= 0.9)
+
+
+def test_tf32_mode_sets_and_restores_the_cublas_knob():
+    knob = torch.backends.cuda.matmul
+    if not hasattr(knob, "fp32_precision"):
+        pytest.skip("older torch: allow_tf32 API")
+    before = knob.fp32_precision
+    with h.tf32_mode("tf32"):
+        assert knob.fp32_precision == "tf32"
+    with h.tf32_mode("fp32"):
+        assert knob.fp32_precision == "ieee"  # fp32 means no TF32 shortcut
+    assert knob.fp32_precision == before
+
+
+def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
+    from scaleplan.bench.provenance import _nvml_index
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert (_nvml_index(0), _nvml_index(1)) == (3, 5)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-0a1b")  # UUIDs: NVML order is used as is
+    assert _nvml_index(0) == 0
+
+
+@pytest.mark.parametrize(
+    "name,count,profile",
+    [
+        ("NVIDIA H200", 1, "h200-single"),
+        ("NVIDIA H200", 8, "p5en.48xlarge"),
+        ("NVIDIA B200", 8, "p6-b200.48xlarge"),
+        ("NVIDIA H100 80GB HBM3", 8, "p5.48xlarge"),
+        ("NVIDIA A100-SXM4-40GB", 8, "p4d.24xlarge"),
+    ],
+)
+def test_default_profile_from_gpu_name(monkeypatch, name, count, profile):
+    from scaleplan.bench import runner
+    from scaleplan.profiles import profile_names
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    assert runner.default_profile(torch.device("cuda", 0)) == profile and profile in profile_names()
+
+
+def test_unknown_gpu_asks_for_a_profile(monkeypatch):
+    from scaleplan.bench import runner
+    from scaleplan.errors import ScaleplanError
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Future GPU")
+    with pytest.raises(ScaleplanError, match="--profile"):
+        runner.default_profile(torch.device("cuda", 0))
+    assert runner.default_profile(torch.device("cpu")) == "cpu-local"
