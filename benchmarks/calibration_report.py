@@ -76,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         print()
         return 0
     d = disp["coefficients"]
-    print(f"dispatch: t_gap {d['t_gap_s'] * 1e6:.2f} us (identified), kappa0 {d['kappa0']:g}, kappa1 {d['kappa1']:g}, "
-          f"t_host {d['t_host_s'] * 1e3:g} ms (priors)")
+    print(f"dispatch: t_gap {d['t_gap_s'] * 1e6:.2f} us, kappa0 {d['kappa0']:g}, kappa1 {d['kappa1']:g}, "
+          f"t_host {d['t_host_s'] * 1e3:g} ms; chain gap {d['t_gap_chain_s'] * 1e6:.2f} us "
+          f"(identified: {', '.join(disp['identified'])})")
     for mode in ("absolute", "normalized"):
         fit, rep = results[mode]["fit"], results[mode]["report"]
         print(f"\n== mode {mode}: calibration {fit['calibration_id']}  "

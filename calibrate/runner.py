@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 from scaleplan.calibrate import store
 from scaleplan.calibrate.chi_sys import TERMS, features, fit_chi
-from scaleplan.calibrate.dispatch import PRIOR, fit_dispatch, load_dispatch_rows
+from scaleplan.calibrate.dispatch import fit_dispatch, load_dispatch_rows
 from scaleplan.calibrate.evaluate import (
     Predictor,
     bases_for,
@@ -73,10 +73,29 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
     return out
 
 
-def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bool = True) -> dict[str, Any]:
-    """Fit t_gap (and t_host when measured) from DispatchPoint rows; store a new 'dispatch' version.
+def _dispatch_prior(profile: str, prev: tuple[int, dict] | None) -> tuple[dict[str, float], str]:
+    """The dispatch law in force before a fit: the previous calibration, else the profile's block."""
+    if prev is not None:
+        cid, co = prev
+        prior = {k: float(co[k]) for k in ("t_gap_s", "kappa0", "kappa1", "t_host_s") if k in co}
+        if co.get("t_gap_chain_s") is not None and co.get("t_gap_s") == co["t_gap_chain_s"]:
+            prior.pop("t_gap_s", None)  # that t_gap was itself a chain gap: refit it from today's rows
+        return prior, f"calibration {cid}"
+    from scaleplan.profiles import load_profile
 
-    Terms the rows cannot identify keep the previous dispatch calibration's value, else PRIOR.
+    block = getattr(load_profile(profile), "dispatch", None)
+    if block is not None:
+        return ({"t_gap_s": block.t_gap_s, "kappa0": block.kappa0, "kappa1": block.kappa1,
+                 "t_host_s": block.t_host_s}, f"the profile's dispatch block ({block.source})")
+    return {}, "the estimator's defaults"
+
+
+def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bool = True) -> dict[str, Any]:
+    """Fit the dispatch law from DispatchPoint rows; store a new 'dispatch' version.
+
+    The chain gap (and t_host, from host_overhead rows) come from the rows; what they cannot
+    identify (the in-block t_gap, kappa0, kappa1) keeps the law in force: the previous dispatch
+    calibration, else the profile's dispatch block, else the estimator's defaults.
     """
     from scaleplan.db import session as dbs
 
@@ -84,11 +103,12 @@ def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bo
     with dbs.session_scope(url) as s:
         rows = load_dispatch_rows(s, profile)
         prev = store.newest(s, profile, "dispatch")
-        prior = {k: prev.coefficients[k] for k in PRIOR if prev and k in (prev.coefficients or {})}
+        prev = (prev.id, dict(prev.coefficients or {})) if prev is not None else None
     if not rows:
-        raise ScaleplanError(f"no dispatch benchmark rows for profile {profile!r}; run `scaleplan bench dispatch` "
-                             "or import recorded tables")
-    fit = fit_dispatch(rows, prior)
+        raise ScaleplanError(f"no dispatch benchmark rows for profile {profile!r}; run "
+                             "`scaleplan bench run --suite dispatch` or import recorded tables")
+    prior, source = _dispatch_prior(profile, prev)
+    fit = fit_dispatch(rows, prior, source)
     out = {"profile": profile, "kind": "dispatch", "coefficients": fit.coefficients, "identified": fit.identified,
            "unidentified": fit.unidentified, "n_obs": fit.n_obs, "per_mode_gap_s": fit.per_mode_gap_s,
            "t_lat_s": fit.t_lat_s, "notes": fit.notes, "calibration_id": None, "version": None}

@@ -81,7 +81,8 @@ def _print_dispatch(out: dict) -> None:
     stdout.print(f"dispatch calibration id {out['calibration_id']} (version {out['version']}) for {out['profile']}, "
                  f"{out['n_obs']} benchmark rows")
     stdout.print(f"  t_gap={c['t_gap_s'] * 1e6:.2f} us  kappa0={c['kappa0']:.4g}  kappa1={c['kappa1']:.4g}  "
-                 f"t_host={c['t_host_s'] * 1e3:.3g} ms  (identified: {', '.join(out['identified'])})")
+                 f"t_host={c['t_host_s'] * 1e3:.3g} ms  chain gap={c['t_gap_chain_s'] * 1e6:.2f} us  "
+                 f"(identified: {', '.join(out['identified'])})", highlight=False)
     for n in out["notes"]:
         stdout.print(f"  note: {n}")
 

@@ -25,9 +25,10 @@ def _rows(source="measured", host=None):
 
 @pytest.mark.parametrize("source", ["measured", "imported"])
 def test_recovers_gap_for_both_row_conventions(source):
-    fit = fit_dispatch(_rows(source))
+    fit = fit_dispatch(_rows(source))  # no block-level gap known: the chain gap is t_gap
     assert fit.coefficients["t_gap_s"] == pytest.approx(GAP, rel=0.02)
-    assert fit.identified == ["t_gap_s"]
+    assert fit.coefficients["t_gap_chain_s"] == fit.coefficients["t_gap_s"]
+    assert fit.identified == ["t_gap_s", "t_gap_chain_s"]
     # kappa cannot come from chained kernels: priors kept, and the reason names E_loc
     assert fit.coefficients["kappa1"] == PRIOR["kappa1"] and "E_loc" in fit.unidentified["kappa1"]
     assert max(abs(r) for r in fit.residuals) < 0.05
@@ -43,6 +44,13 @@ def test_host_overhead_rows_identify_t_host():
     fit = fit_dispatch(_rows(host=3.5e-3))
     assert fit.coefficients["t_host_s"] == pytest.approx(3.5e-3)
     assert "t_host_s" in fit.identified and "t_host_s" not in fit.unidentified
+
+
+def test_block_level_gap_is_kept_and_chain_gap_reported():
+    fit = fit_dispatch(_rows(), prior={"t_gap_s": 27e-6, "t_host_s": 0.024}, prior_source="the profile")
+    assert fit.coefficients["t_gap_s"] == 27e-6 and fit.coefficients["t_host_s"] == 0.024
+    assert fit.coefficients["t_gap_chain_s"] == pytest.approx(GAP, rel=0.02)
+    assert "t_gap_s" not in fit.identified and "lower bound" in fit.unidentified["t_gap_s"]
 
 
 def test_prior_from_previous_calibration_is_kept():

@@ -73,10 +73,20 @@ def test_dispatch_fit_on_recorded(recorded_db, tmp_path):
     url = copy_sqlite(recorded_db, tmp_path / "rec.db")
     out = fit_dispatch_floor(url)
     # recorded B200 chained GEMMs: dispatch-bound wall ~14-16 us per kernel (small M)
-    assert 8e-6 < out["coefficients"]["t_gap_s"] < 20e-6
-    assert out["identified"] == ["t_gap_s"]
+    co = out["coefficients"]
+    assert 8e-6 < co["t_gap_chain_s"] < 20e-6
+    # the profile's block-level law (profiler traces) is what the chain cannot identify: kept
+    from scaleplan.profiles import load_profile
+
+    block = load_profile("p6-b200.48xlarge").dispatch
+    assert (co["t_gap_s"], co["kappa0"], co["kappa1"], co["t_host_s"]) == (
+        block.t_gap_s, block.kappa0, block.kappa1, block.t_host_s)
+    assert out["identified"] == ["t_gap_chain_s"]
     assert "E_loc" in out["unidentified"]["kappa1"]
-    assert out["version"] >= 1
+    assert out["version"] == 1
+    # a second fit takes the first calibration as its prior and gives version 2
+    again = fit_dispatch_floor(url)
+    assert again["version"] == 2 and again["coefficients"]["t_gap_s"] == block.t_gap_s
 
 
 def test_cli_add_list_and_errors(tmp_path, validation_dir):
