@@ -46,11 +46,18 @@ def test_report_runs_and_estimator_uses_the_new_calibration(e2e, tmp_path):
     from scaleplan.specs import Layout, parse_spec
 
     with dbs.session_scope(url) as s:
-        o = next(x for x in observed_from_db(s, "p6-b200.48xlarge") if x.layout["pp"] == 8)
-    r = Estimator("p6-b200.48xlarge", db_url=url, extrapolate="clamp").estimate(
-        parse_spec(o.spec), o.n_devices, [Layout(**o.layout)])[0]
-    assert r.chi_sys == pytest.approx(1 + chi["coefficients"]["c_ovl"])  # pp=8 in one node: the overlap credit
-    assert r.t_iter_s == pytest.approx(r.chi_sys * r.t_analytic_s)
+        runs = observed_from_db(s, "p6-b200.48xlarge")
+    est = Estimator("p6-b200.48xlarge", db_url=url, extrapolate="clamp")
+    c = chi["coefficients"]
+    for pick in (lambda x: x.layout["pp"] == 8, lambda x: x.layout["ep"] == 16):  # c_ovl's and c_a2a's runs
+        o = next(x for x in runs if pick(x))
+        r = est.estimate(parse_spec(o.spec), o.n_devices, [Layout(**o.layout)])[0]
+        ci = r.chi_inputs
+        by_hand = (1 + c["c_a2a"] * ci["t_a2a_s"] / r.t_analytic_s * (ci["ep_nodes"] > 1)
+                   + c["c_pp"] * (ci["pp_nodes"] - 1) + c["c_ovl"] * ci["deep_pp_in_node"])
+        assert r.chi_sys == pytest.approx(by_hand)
+        assert r.t_iter_s == pytest.approx(r.chi_sys * r.t_analytic_s)
+    assert (ci["ep_nodes"], r.chi_sys > 1) == (2, c["c_a2a"] > 0)  # ep=16 spans two 8-GPU nodes
 
 
 def test_cli_report_json_is_one_document(e2e, tmp_path):
