@@ -50,7 +50,8 @@ def eval_(
 
 @app.command("optimum")
 def optimum(
-    budget: float = typer.Option(..., "--budget", help="Model-FLOPs budget C_model = 6 N_act D in FLOP."),
+    budget: str = typer.Option(..., "--budget", help="Model-FLOPs budget C_model = 6 N_act D in FLOP; a list "
+                               "(3e19,6e19,1e20,3e20,6e20) for several."),
     g: float = typer.Option(4.0, "--g", help="Expert split factor G."),
     s_max: float = typer.Option(0.985, "--s-max", help="Upper end of the sparsity range (data support)."),
     s_min: float = typer.Option(0.5, "--s-min", help="Lower end of the sparsity range."),
@@ -64,31 +65,41 @@ def optimum(
     from scaleplan.mosaic.law import load_law
     from scaleplan.mosaic.optimum import boundary_optimum, sparsity_sweep
 
+    try:
+        budgets = [float(x) for x in budget.split(",") if x.strip()]
+    except ValueError:
+        raise SpecError("--budget", budget, "a positive number of FLOP, or a comma-separated list") from None
+    if not budgets:
+        raise SpecError("--budget", budget, "a positive number of FLOP, or a comma-separated list")
     if points < 2:
         raise SpecError("--points", points, "at least 2")
     _positive("--g", g)
     law, source = load_law(db_url(db) if law_name else None, law_name)
-    sweep = sparsity_sweep(budget, g, s_max=s_max, s_min=s_min, n=points, law=law)
-    best = boundary_optimum(sweep)
+    sweeps = {c: sparsity_sweep(c, g, s_max=s_max, s_min=s_min, n=points, law=law) for c in budgets}
     if plot:
         from scaleplan.mosaic.plots import plot_sparsity_sweep
 
-        plot_sparsity_sweep({budget: sweep}, plot, g)
+        plot_sparsity_sweep(sweeps, plot, g)
+    results = []
+    for c, sweep in sweeps.items():
+        best = boundary_optimum(sweep)
+        results.append({"budget": c, "g": g, "law": source, "best": best.to_dict(),
+                        "at_boundary": best.s == sweep[-1].s, "sweep": [o.to_dict() for o in sweep]})
     if want_json(json_out):
-        print_json({"budget": budget, "g": g, "law": source, "best": best.to_dict(),
-                    "at_boundary": best.s == sweep[-1].s, "sweep": [o.to_dict() for o in sweep]})
+        print_json(results[0] if len(results) == 1 else {"results": results})
         return
     from rich.table import Table
 
-    t = Table(title=f"C_model = {budget:.3g} FLOP, G = {g:g} (law: {source})")
-    for c in ("S", "N_tot* (B)", "N_act* (B)", "D* (B)", "L*"):
-        t.add_column(c, justify="right")
-    for o in sweep:
-        t.add_row(f"{o.s:.4f}", f"{o.n_tot / 1e9:.3f}", f"{o.n_act / 1e9:.4f}", f"{o.d_tokens / 1e9:.2f}",
-                  f"{o.loss:.4f}")
-    stdout.print(t)
-    where = "the upper boundary s_max" if best.s == sweep[-1].s else "an interior sparsity"
-    stdout.print(f"optimum at S = {best.s:.4f} ({where}): L* = {best.loss:.4f}")
+    for r in results:
+        t = Table(title=f"C_model = {r['budget']:.3g} FLOP, G = {g:g} (law: {source})")
+        for col in ("S", "N_tot* (B)", "N_act* (B)", "D* (B)", "L*"):
+            t.add_column(col, justify="right")
+        for o in r["sweep"]:
+            t.add_row(f"{o['s']:.4f}", f"{o['n_tot'] / 1e9:.3f}", f"{o['n_act'] / 1e9:.4f}",
+                      f"{o['d_tokens'] / 1e9:.2f}", f"{o['loss']:.4f}")
+        stdout.print(t)
+        where = "the upper boundary s_max" if r["at_boundary"] else "an interior sparsity"
+        stdout.print(f"optimum at S = {r['best']['s']:.4f} ({where}): L* = {r['best']['loss']:.4f}")
     if plot:
         stderr.print(f"wrote {plot}")
 

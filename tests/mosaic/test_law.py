@@ -90,3 +90,15 @@ def test_cli_eval_and_optimum_json():
 def test_cli_bad_input_one_line_exit_2():
     p = _cli("law", "eval", "--n-tot", "1e9", "--s", "1.5", "--d", "1e9")
     assert p.returncode == 2 and "--s" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_cli_optimum_five_budgets_and_plot(tmp_path):
+    png = tmp_path / "opt.png"
+    p = _cli("law", "optimum", "--budget", "3e19,6e19,1e20,3e20,6e20", "--g", "4", "--points", "4", "--plot", str(png),
+             "--json")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)["results"]
+    assert [r["budget"] for r in res] == [3e19, 6e19, 1e20, 3e20, 6e20] and all(r["at_boundary"] for r in res)
+    best = [r["best"]["loss"] for r in res]
+    assert best == sorted(best, reverse=True)  # more budget, lower optimal loss
+    assert png.stat().st_size > 1000
