@@ -50,7 +50,9 @@ _register()
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app; user errors become one line on stderr and exit status 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int) and rv:  # typer.Exit(n) and Ctrl-C come back as a return value here
+            sys.exit(rv)
     except ScaleplanError as e:
         if STATE.debug:
             raise
