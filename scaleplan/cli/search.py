@@ -112,7 +112,7 @@ def search(
         frames = []
         for e, r in results:
             f = r.frontier.assign(nodes=e.nodes, days=e.days)
-            frames.append(f.drop(columns=["analytic", "why", "feasible", "plan_ok"], errors="ignore"))
+            frames.append(f.drop(columns=["why", "feasible", "plan_ok"], errors="ignore"))
         import pandas as pd
 
         pd.concat(frames).to_csv(csv, index=False)
