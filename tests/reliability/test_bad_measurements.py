@@ -46,7 +46,8 @@ def db(migrated_db) -> str:
 BAD_ROWS = [("t_s", v) for v in BAD_TIMES] + [
     ("t_p90_s", math.nan), ("t_p10_s", 0.0),       # optional times are checked too
     ("flops_per_s", math.inf),                      # any non-finite float
-    ("m", -4), ("m", 2.5), ("m", True), ("m", "64"),  # key columns of the wrong type / sign
+    ("m", -4), ("m", 0), ("m", 2.5), ("m", True), ("m", "64"),  # key columns of the wrong type / sign
+    ("m", 2**31), ("n_rep", 2**70),                 # beyond PostgreSQL's 32-bit INTEGER
     ("dtype", None), ("status", "FAST"), ("t_s", None),  # missing key, unknown status, OK without time
     ("tflops", 3.0), ("M", 64),                     # keys that are not columns of gemm_point
 ]
