@@ -253,6 +253,10 @@ def _replicas_in_sync(model, world: int, device) -> bool:
 def _worker(rank: int, world: int, cfg: RunConfig, port: int, out: str) -> None:
     import torch.distributed as dist
 
+    if cfg.device == "cuda":
+        import torch
+
+        torch.cuda.set_device(rank % torch.cuda.device_count())  # before NCCL binds a device
     if world > 1:
         backend = "nccl" if cfg.device == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
@@ -319,6 +323,10 @@ def main() -> None:
     cfg = RunConfig(**json.loads(Path(sys.argv[1]).read_text()))
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     cfg.nproc = world
+    if cfg.device == "cuda":
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if world > 1:
         dist.init_process_group("nccl" if cfg.device == "cuda" else "gloo")
     try:
