@@ -104,6 +104,11 @@ def validate(
         raise SpecError("--device", device, "cpu or cuda")
     if nproc < 1:
         raise SpecError("--nproc", nproc, "a positive integer")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecError("--device", "cuda", "no CUDA device is visible here; use --device cpu")
     if extrapolate not in ("error", "clamp"):
         raise SpecError("--extrapolate", extrapolate, "error or clamp")
     sp = load_spec(spec)

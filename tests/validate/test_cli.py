@@ -65,6 +65,15 @@ def test_refuses_gbs_not_divisible_by_dp_mbs(sqlite_url):
     assert p.returncode == 2 and "data.gbs" in p.stderr
 
 
+def test_cuda_without_gpu_is_a_one_line_error(sqlite_url):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    p = _cli("validate", str(TINY), "--device", "cuda", "--db", sqlite_url)
+    assert p.returncode == 2 and "--device" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_help_does_not_import_torch():
     code = "import sys; from scaleplan.cli import app; print('torch' in sys.modules)"
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
