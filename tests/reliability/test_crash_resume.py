@@ -25,8 +25,8 @@ import pytest
 pytest.importorskip("torch")
 runner = pytest.importorskip("scaleplan.bench.runner")  # the bench (and torch) imported before fork
 
-from scaleplan.cli import main  # noqa: E402
-from scaleplan.db import session as dbs  # noqa: E402
+from scaleplan.cli import main
+from scaleplan.db import session as dbs
 
 TRIALS = 20
 PRESET = """\

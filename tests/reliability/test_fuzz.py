@@ -9,16 +9,13 @@ counts unchanged). Example counts are bounded so the module runs in well under a
 from __future__ import annotations
 
 import copy
-import math
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
