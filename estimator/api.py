@@ -280,6 +280,7 @@ class Estimator:
         if reason is None and tot * GB > frac * cap:
             reason = "memory"
         warnings = [w for w in ev.warnings if w.split(":")[0] in bd and src.get(w.split(":")[0]) == "analytic"]
+        warnings += [msg for msg, where in ev.notes.items() if where[i]]
         ana = [k for k, v in src.items() if v == "analytic"]
         if ana:
             warnings.append("analytic (no measured table): " + ", ".join(ana))

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry, padded_vocab
-from scaleplan.estimator.tables import ANALYTIC, CLAMPED, MEASURED, LookupResult, Tables
+from scaleplan.estimator.tables import ANALYTIC, CLAMPED, INTERPOLATED, MEASURED, LookupResult, Tables
 
 from scaleplan.profiles import ClusterProfile
 from scaleplan.units import BYTES_PER_ELEMENT
@@ -171,6 +171,7 @@ class Evaluation:
     n_clamped: np.ndarray
     oor: OOR
     warnings: list[str] = field(default_factory=list)
+    notes: dict[str, np.ndarray] = field(default_factory=dict)  # message -> bool mask over plans
 
 
 def bubble_fraction(pp, vpp, n_mb):
@@ -230,6 +231,13 @@ class _Recorder:
         self.has_oor = np.zeros(P, dtype=bool)
         self.oor = OOR(*(np.full(P, None, dtype=object) for _ in range(3)), np.zeros(P), np.zeros(P), np.zeros(P))
         self.warnings: list[str] = []
+        self.notes: dict[str, np.ndarray] = {}  # message -> plans it applies to
+
+    def note(self, msg: str, where=True) -> None:
+        """A per-plan note (shown in the warnings of the plans in ``where``)."""
+        where = np.broadcast_to(np.asarray(where, dtype=bool), (self.P,))
+        cur = self.notes.get(msg)
+        self.notes[msg] = where.copy() if cur is None else (cur | where)
 
     def mark(self, comp: str, code) -> None:
         code = np.asarray(code, dtype=np.int8)
@@ -244,6 +252,9 @@ class _Recorder:
         self.has_oor |= other.has_oor[inv]
         for f in ("reason", "table", "axis", "value", "lo", "hi"):
             setattr(self.oor, f, getattr(other.oor, f)[inv])
+        for msg, where in other.notes.items():
+            self.note(msg, where[inv])
+        self.warnings.extend(w for w in other.warnings if w not in self.warnings)
 
     def use(self, comp: str, res: LookupResult, active=True) -> np.ndarray:
         """Record one lookup for component ``comp`` (``active``: plans where it really happens)."""
@@ -306,6 +317,51 @@ class TimeModel:
         f = rec.use(comp, self.tb.gemm.lookup(m, n, k), active)
         b = rec.use(comp, self.tb.gemm.lookup(m, k, n), active) + rec.use(comp, self.tb.gemm.lookup(k, n, m), active)
         return f, b
+
+    def _experts(self, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
+        """Routed-expert GEMMs (fc1 + fc2) of one MoE layer per micro-batch: (fwd, bwd) seconds.
+
+        Per expert shape (d, d_expert / ETP), in order of preference:
+
+        1. the grouped-GEMM table of that exact shape, keyed (num_gemms = E_loc, tokens_per_expert = tile);
+        2. the shape is not in the grouped table but the profile has a dense GEMM table: the expert MLP
+           as a loop over the E_loc local experts of measured dense GEMMs, fc1 [tile, d] x [d, w1 f]
+           and fc2 [tile, f] x [f, d] (w1 = 2 with GLU), backward = dgrad + wgrad of each (as
+           :meth:`_gemm`). This is one of the implementations the grouped bench measures ("loop"; the
+           recorded B200 rows are TE GroupedLinear, itself a sequence of cuBLAS GEMMs), so it is
+           physically grounded at every shape the dense grid covers; lookups are range-checked like
+           any GEMM (``out_of_range:gemm.<axis>``). Labelled "interpolated" with a note.
+           Not chosen: interpolating between measured grouped shapes in log (hidden, ffn). The recorded
+           shapes are 7 scattered points, not a grid, and most ladder shapes (d = 512 q > 6144 for
+           q >= 14, d_expert > 3840 for G <= 2) lie outside their hull, so it would cover few shapes
+           and blend kernels tuned for other shapes; the dense grid holds the exact shape. At the
+           measured shapes the loop agrees with the grouped rows within ~1.5x in the compute-bound
+           regime (tests/estimator/test_expert_fallback.py);
+        3. neither table: the analytic roofline (labelled "analytic").
+        """
+        P = rec.P
+        ex_f, ex_b = np.zeros(P), np.zeros(P)
+        w1 = 2 if g.glu else 1
+        for e in np.unique(etp):  # one grouped table per expert shape (d, d_expert / ETP)
+            sel = etp == e
+            f_loc = int(round(g.dexp / e))
+            tabf, tabb = self.tb.grouped.get(("fwd", g.d, f_loc)), self.tb.grouped.get(("bwd", g.d, f_loc))
+            if tabf is not None and tabb is not None:
+                ex_f += rec.use("experts", tabf.lookup(E_loc, tile), sel)
+                ex_b += rec.use("experts", tabb.lookup(E_loc, tile), sel)
+            elif self.tb.gemm is not None:
+                f1, b1 = self._gemm(rec, "experts", tile, w1 * f_loc, g.d, peak, sel)
+                f2, b2 = self._gemm(rec, "experts", tile, g.d, f_loc, peak, sel)
+                ex_f += E_loc * (f1 + f2)
+                ex_b += E_loc * (b1 + b2)
+                rec.mark("experts", np.where(sel, INTERPOLATED, 0))
+                rec.note(f"experts from dense GEMM table (shape {g.d}x{f_loc} not in grouped table)", sel)
+            else:
+                rec.mark("experts", np.where(sel, ANALYTIC, 0))
+                fa = an.grouped_gemm_time(E_loc, tile, g.d, f_loc, peak, hbm, g.glu)
+                ex_f += np.where(sel, fa, 0.0)
+                ex_b += np.where(sel, 2 * fa, 0.0)
+        return ex_f, ex_b
 
     def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True):
         """Collective time from the table of the regime; analytic ring formula where unmeasured.
@@ -417,19 +473,7 @@ class TimeModel:
             perm = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)   # permute + unpermute
             rec.mark("permute", ANALYTIC)
             ffn_loc = g.dexp / etp
-            ex_f, ex_b = np.zeros(P), np.zeros(P)
-            for e in np.unique(etp):  # one grouped table per expert shape (d, d_expert / ETP)
-                sel = etp == e
-                f_loc = int(round(g.dexp / e))
-                tabf, tabb = self.tb.grouped.get(("fwd", g.d, f_loc)), self.tb.grouped.get(("bwd", g.d, f_loc))
-                if tabf is not None and tabb is not None:
-                    ex_f += rec.use("experts", tabf.lookup(E_loc, tile), sel)
-                    ex_b += rec.use("experts", tabb.lookup(E_loc, tile), sel)
-                else:
-                    rec.mark("experts", np.where(sel, ANALYTIC, 0))
-                    fa = an.grouped_gemm_time(E_loc, tile, g.d, f_loc, peak, hbm, g.glu)
-                    ex_f += np.where(sel, fa, 0.0)
-                    ex_b += np.where(sel, 2 * fa, 0.0)
+            ex_f, ex_b = self._experts(rec, g, E_loc, tile, etp, peak, hbm)
             ex_act = an.memory_time(b_el * R * ffn_loc * 3, hbm)        # SwiGLU on routed rows
             ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
             if g.dsh:
@@ -606,7 +650,8 @@ class TimeModel:
         rec_flops = np.select([ckc == 3, ckc >= 1], [2.0 * g.n_act + attn_score, attn_score], 0.0) * tokens
         hfu = (6.0 * g.n_mfu * tokens + rec_flops) / denom
         return Evaluation(pl, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
-                          pp_nodes.astype(int), deep, mfu, mfu_ne, hfu, rec.n_clamped, rec.oor, rec.warnings)
+                          pp_nodes.astype(int), deep, mfu, mfu_ne, hfu, rec.n_clamped, rec.oor, rec.warnings,
+                          rec.notes)
 
     def _vocab(self, rec, g, T, tp, peak, hbm, b_el):
         """(t_first, t_last) per micro-batch: embedding gather/scatter; LM head GEMM + cross-entropy.
