@@ -318,3 +318,19 @@ def test_law_fit_hostile_csv(record, cli, small_db, rows, header):
         code, out, err = _cli_ok_or_one_line(cli, "law", "fit", str(p), "--db", small_db, "--json")
     if code != 0:
         assert _obs_count(small_db) == before
+
+
+def test_real_processes_reject_in_one_line(spec_file, tmp_path):
+    """A few rejections through the installed entry point: exit 2, one stderr line, no traceback."""
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("scaleplan")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from scaleplan.cli import main; main()"]
+    db = str(tmp_path / "p.db")
+    for argv in (["db", "bogus"], ["db", "status", "--nope"], ["estimate", str(spec_file), "--devices", "abc"],
+                 ["db", "status", "--db", "mysql://u:pw@127.0.0.1/x"],
+                 ["db", "import-scaleplan", str(tmp_path / "[/x]"), "--db", db]):
+        r = subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=120, check=False)
+        assert r.returncode == 2, (argv, r.stderr)
+        assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, (argv, r.stderr)
