@@ -258,11 +258,13 @@ class _Recorder:
 
     def use(self, comp: str, res: LookupResult, active=True) -> np.ndarray:
         """Record one lookup for component ``comp`` (``active``: plans where it really happens)."""
-        active = np.broadcast_to(np.asarray(active, dtype=bool), (self.P,))
-        t = np.broadcast_to(res.t, (self.P,))
-        ax = np.broadcast_to(res.oor_axis, (self.P,))
-        bad = (ax >= 0) & active
-        code = np.broadcast_to(res.code, (self.P,))
+        P = self.P
+        all_active = active is True
+        active = _vec(np.asarray(active, dtype=bool), P)
+        t, ax, code = _vec(res.t, P), _vec(res.oor_axis, P), _vec(res.code, P)
+        bad = ax >= 0
+        if not all_active:
+            bad &= active
         if bad.any():
             if self.clamp:
                 code = np.where(bad, CLAMPED, code)
@@ -276,11 +278,21 @@ class _Recorder:
                         self.oor.reason[sel] = f"out_of_range:{res.table.split('[')[0]}.{res.axes[a]}"
                         self.oor.table[sel] = res.table
                         self.oor.axis[sel] = res.axes[a]
-                    self.oor.value[new] = np.broadcast_to(res.oor_value, (self.P,))[new]
-                    self.oor.lo[new] = np.broadcast_to(res.lo, (self.P,))[new]
-                    self.oor.hi[new] = np.broadcast_to(res.hi, (self.P,))[new]
+                    self.oor.value[new] = _vec(res.oor_value, P)[new]
+                    self.oor.lo[new] = _vec(res.lo, P)[new]
+                    self.oor.hi[new] = _vec(res.hi, P)[new]
+        if all_active:
+            self.mark(comp, code)
+            return t
         self.mark(comp, np.where(active, code, 0))
         return np.where(active, t, 0.0)
+
+
+def _vec(x, P):
+    """``x`` as an array of shape (P,) (a view when it already is one; the plan arrays are never written)."""
+    if isinstance(x, np.ndarray) and x.shape == (P,):
+        return x
+    return np.broadcast_to(x, (P,))
 
 
 def _arr(x, P):

@@ -55,6 +55,22 @@ class LookupResult:
     hi: np.ndarray
 
 
+# memoised lookups per table (cleared when full; a cache entry is a few small arrays)
+_CACHE_MAX = 20000
+
+
+def _readonly(a) -> np.ndarray:
+    a = np.array(a)  # an owned copy
+    a.flags.writeable = False
+    return a
+
+
+def _frozen(res: LookupResult) -> LookupResult:
+    for f in ("t", "code", "oor_axis", "oor_value", "lo", "hi"):
+        setattr(res, f, _readonly(getattr(res, f)))
+    return res
+
+
 class GridTable:
     """log-time on a regular grid of log axes; lookups report range status per axis."""
 
@@ -75,9 +91,26 @@ class GridTable:
         else:
             self._const = float(sq.reshape(-1)[0])
         self._points = [set(g.tolist()) for g in self.grid]
+        self._cache: dict = {}
 
     def lookup(self, *coords) -> LookupResult:
-        cs = np.broadcast_arrays(*[np.asarray(c, dtype=float) for c in coords])
+        """Interpolated times at ``coords`` (one array per axis, broadcast together).
+
+        Results are memoised per distinct request (the plan search asks for the same points many
+        times: e.g. the attention GEMMs of one seed q recur for every (E, K, G)); the cached arrays
+        are read-only, so a caller cannot alter a later lookup's answer.
+        """
+        arrs = [np.asarray(c, dtype=float) for c in coords]
+        key = tuple((a.shape, a.tobytes()) for a in arrs)
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()
+            hit = self._cache[key] = self._lookup(arrs)
+        return hit
+
+    def _lookup(self, arrs) -> LookupResult:
+        cs = np.broadcast_arrays(*arrs)
         shape = cs[0].shape
         oor_axis = np.full(shape, -1, dtype=np.int16)
         oor_val = np.zeros(shape)
@@ -98,7 +131,7 @@ class GridTable:
         code = np.where(exact, MEASURED, INTERPOLATED).astype(np.int8)
         lo = np.where(oor_axis >= 0, self.lo[np.maximum(oor_axis, 0)], np.nan)
         hi = np.where(oor_axis >= 0, self.hi[np.maximum(oor_axis, 0)], np.nan)
-        return LookupResult(self.name, self.axes, t, code, oor_axis, oor_val, lo, hi)
+        return _frozen(LookupResult(self.name, self.axes, t, code, oor_axis, oor_val, lo, hi))
 
 
 def fill_grid(df: pd.DataFrame, axes: list[str], value: str, work: np.ndarray | None = None):
@@ -136,8 +169,20 @@ class CollectiveTable:
     groups: np.ndarray
     sizes: list[np.ndarray]
     log_t: list[np.ndarray]
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def time(self, group: np.ndarray, size: np.ndarray):
+        """(seconds, size lo, size hi, exact) per element; memoised like :meth:`GridTable.lookup`."""
+        g, s = np.asarray(group, dtype=float), np.asarray(size, dtype=float)
+        key = (g.shape, g.tobytes(), s.shape, s.tobytes())
+        hit = self._cache.get(key)
+        if hit is None:
+            if len(self._cache) >= _CACHE_MAX:
+                self._cache.clear()
+            hit = self._cache[key] = tuple(_readonly(x) for x in self._time(g, s))
+        return hit
+
+    def _time(self, group: np.ndarray, size: np.ndarray):
         g = np.clip(group, self.groups[0], self.groups[-1])
         lg = np.log(g)
         lgr = np.log(self.groups)
