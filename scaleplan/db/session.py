@@ -84,20 +84,19 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 def get_engine(url: str | None = None) -> Engine:
     """A (cached) engine for ``url``. SQLite files get WAL, busy timeout and foreign keys."""
     url = resolve_url(url)
-    if url.startswith("sqlite"):
-        path = make_url(url).database
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
-        if url.startswith("sqlite"):
-            eng = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
-            event.listen(eng, "connect", _sqlite_pragmas)
-            return eng
-        return create_engine(url, pool_pre_ping=True)
+        if not url.startswith("sqlite"):
+            return create_engine(url, pool_pre_ping=True)
+        eng = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
     except (ArgumentError, ImportError, ValueError, TypeError) as e:  # unknown dialect, missing driver
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ScaleplanError(f"--db {mask_url(url)}: cannot use this URL ({first}); use sqlite:///FILE or "
                              "postgresql+psycopg://user@host/db") from None
+    event.listen(eng, "connect", _sqlite_pragmas)
+    path = make_url(url).database  # the file's folder is made only for a URL SQLAlchemy accepted
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return eng
 
 
 @contextlib.contextmanager
