@@ -9,6 +9,7 @@ counts unchanged). Example counts are bounded so the module runs in well under a
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
 from pathlib import Path
 
@@ -139,6 +140,16 @@ def test_parse_layout_random(record, text):
 
 # --- the CLI ------------------------------------------------------------------------------------
 
+@pytest.fixture(scope="module", autouse=True)
+def _scratch_cwd(tmp_path_factory):
+    """Run this module in an empty folder: a fuzzed path or URL must never land in the repository."""
+    here = os.getcwd()
+    scratch = tmp_path_factory.mktemp("cwd")
+    os.chdir(scratch)
+    yield scratch
+    os.chdir(here)
+
+
 @pytest.fixture(scope="module")
 def spec_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("spec") / "good.yaml"
@@ -199,12 +210,13 @@ URL_PARTS = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blackli
 @FEW
 @given(scheme=st.sampled_from(["postgresql+psycopg", "postgresql", "mysql", "foo+bar", "", "sqlite+x", "http"]),
        user=URL_PARTS, pw=URL_PARTS, port=st.one_of(st.integers(-5, 70000).map(str), URL_PARTS), db=URL_PARTS)
-def test_cli_db_urls(record, cli, scheme, user, pw, port, db):
+def test_cli_db_urls(record, cli, _scratch_cwd, scheme, user, pw, port, db):
     """Random --db URLs (host pinned to loopback, no DNS): status exits 0 or 2, one line, password masked."""
     record("fuzz_examples")
     url = f"{scheme}://{user}:{pw}@127.0.0.1:{port}/{db}"
     code, out, err = _cli_ok_or_one_line(cli, "db", "status", "--db", url)
     assert code == 2, (url, out)  # nothing listens on a random port with a random dialect... or refuses
+    assert os.listdir(_scratch_cwd) == [], os.listdir(_scratch_cwd)  # a refused URL creates no file or folder
     if len(pw) >= 4 and pw not in f"{scheme}://{user}:***@127.0.0.1:{port}/{db} <unparseable database URL>":
         assert pw not in err, (url, err)
 
