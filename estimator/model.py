@@ -342,7 +342,12 @@ class TimeModel:
            :meth:`_gemm`). This is one of the implementations the grouped bench measures ("loop"; the
            recorded B200 rows are TE GroupedLinear, itself a sequence of cuBLAS GEMMs), so it is
            physically grounded at every shape the dense grid covers; lookups are range-checked like
-           any GEMM (``out_of_range:gemm.<axis>``). Labelled "interpolated" with a note.
+           any GEMM (``out_of_range:gemm.<axis>``) and, where the profile has a grouped table at all,
+           against the grouped kernel's measured (num_gemms, tokens_per_expert) envelope
+           (``out_of_range:grouped_gemm.<axis>``): the loop stands in for the grouped kernel, whose
+           behaviour outside that envelope (per-group host cost, stream overlap) the profile has no
+           evidence of, and an unmeasured shape must not get a wider envelope than a measured one
+           (else measuring a shape would remove plans). Labelled "interpolated" with a note.
            Not chosen: interpolating between measured grouped shapes in log (hidden, ffn). The recorded
            shapes are 7 scattered points, not a grid, and most ladder shapes (d = 512 q > 6144 for
            q >= 14, d_expert > 3840 for G <= 2) lie outside their hull, so it would cover few shapes
@@ -362,6 +367,7 @@ class TimeModel:
                 ex_f += rec.use("experts", tabf.lookup(E_loc, tile), sel)
                 ex_b += rec.use("experts", tabb.lookup(E_loc, tile), sel)
             elif self.tb.gemm is not None:
+                self._grouped_envelope(rec, E_loc, tile, sel)
                 f1, b1 = self._gemm(rec, "experts", tile, w1 * f_loc, g.d, peak, sel)
                 f2, b2 = self._gemm(rec, "experts", tile, g.d, f_loc, peak, sel)
                 ex_f += E_loc * (f1 + f2)
@@ -375,12 +381,39 @@ class TimeModel:
                 ex_b += np.where(sel, 2 * fa, 0.0)
         return ex_f, ex_b
 
-    def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True):
+    def _grouped_envelope(self, rec, E_loc, tile, sel):
+        """Range-check (num_gemms, tokens_per_expert) of the dense-loop fallback against the envelope
+        the grouped tables measure (union over shapes); records out_of_range:grouped_gemm.<axis>."""
+        if not self.tb.grouped:
+            return
+        tabs = list(self.tb.grouped.values())
+        lo = np.min([t.lo for t in tabs], axis=0)
+        hi = np.max([t.hi for t in tabs], axis=0)
+        P = rec.P
+        cs = [np.broadcast_to(np.asarray(E_loc, dtype=float), (P,)), np.broadcast_to(np.asarray(tile, dtype=float), (P,))]
+        ax = np.full(P, -1, dtype=np.int16)
+        val, l, h = np.zeros(P), np.full(P, np.nan), np.full(P, np.nan)
+        for i, c in enumerate(cs):
+            bad = ((c < lo[i] * (1 - 1e-9)) | (c > hi[i] * (1 + 1e-9))) & (ax < 0)
+            ax[bad], val[bad], l[bad], h[bad] = i, c[bad], lo[i], hi[i]
+        res = LookupResult("grouped_gemm", ("num_gemms", "tokens_per_expert"), np.zeros(P),
+                           np.full(P, INTERPOLATED, dtype=np.int8), ax, val, l, h)
+        rec.use("experts", res, sel)
+
+    def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None):
         """Collective time from the table of the regime; analytic ring formula where unmeasured.
 
         Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw
         of ring algorithms does not depend on the group size once the bottleneck link is fixed, so
         t(n, S) = t(n_ref, S') with S' chosen to keep the per-link bytes (labelled "analytic").
+
+        Inter-node all-to-all (``per_node`` = ranks of the group per node given) is not a ring: each
+        rank sends S/n to every peer directly, the bytes to the m peers on its own node stay on NVLink
+        and the rest, S (n - m) / n, crosses the rank's NIC, which is the bottleneck. So the invariant
+        is the inter-node bytes per rank: S' (n_ref - m_ref) / n_ref = S (n - m) / n, with m_ref = the
+        GPUs per node (the table's contiguous groups fill whole nodes). Busbw invariance would keep
+        S (n - 1) / n instead and under-count a 128-rank all-to-all by (120/128) / (24/32) = 1.25x
+        against a 32-rank measurement on 8-GPU nodes.
         """
         P = rec.P
         n = _arr(n, P)
@@ -403,8 +436,13 @@ class TimeModel:
                 continue
             g_lo, g_hi = tab.groups[0], tab.groups[-1]
             nref = np.clip(n, g_lo, g_hi)
-            # busbw invariance across group sizes: keep bytes per link, factor(n) S / busbw
-            s_ref = size * an.bus_factor(coll, n) / np.maximum(an.bus_factor(coll, nref), 1e-9)
+            if flag and coll == "all_to_all" and per_node is not None:
+                m = np.minimum(np.broadcast_to(np.asarray(per_node, dtype=float), (P,)), n)
+                m_ref = np.minimum(float(self.gpn), nref)
+                s_ref = size * ((n - m) / n) / np.maximum((nref - m_ref) / nref, 1e-9)
+            else:
+                # busbw invariance across group sizes: keep bytes per link, factor(n) S / busbw
+                s_ref = size * an.bus_factor(coll, n) / np.maximum(an.bus_factor(coll, nref), 1e-9)
             t, lo, hi, exact = tab.time(nref, s_ref)
             oor_s = (s_ref < lo * (1 - 1e-9)) | (s_ref > hi * (1 + 1e-9))
             res = LookupResult(tab.name, ("size_bytes",), t, np.where(exact, 0, 1).astype(np.int8),
@@ -414,8 +452,10 @@ class TimeModel:
             off_grid = sel & ((n < g_lo) | (n > g_hi))
             if off_grid.any():
                 rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
+                how = "inter-node bytes per rank" if (flag and coll == "all_to_all" and per_node is not None) \
+                    else "busbw"
                 msg = (f"{comp}: {coll} group sizes outside the measured {int(g_lo)}..{int(g_hi)} "
-                       f"({layout}, {'inter' if flag else 'intra'}-node) use busbw invariance (labelled analytic)")
+                       f"({layout}, {'inter' if flag else 'intra'}-node) use {how} invariance (labelled analytic)")
                 if msg not in rec.warnings:
                     rec.warnings.append(msg)
         return out
@@ -495,8 +535,9 @@ class TimeModel:
                 sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
             # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes
             span = tp * cp * ep
+            # EP ranks are TP*CP apart: gpn / (TP CP) of them share a node
             a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, R * g.d * b_el, span > self.gpn,
-                                       active=ep > 1)
+                                       active=ep > 1, per_node=np.maximum(self.gpn / (tp * cp), 1.0))
             a2a_f, a2a_b = 2 * a2a_one, 2 * a2a_one
             moe_f = rg_f + tk_f + perm + ex_f
             moe_b = rg_b + tk_b + perm + ex_b
@@ -598,9 +639,11 @@ class TimeModel:
         # a micro-batch crosses each of this rank's VPP chunk boundaries once forward, once backward
         t_pp = np.where(pp > 1, 2 * (vpp * n_mb + pp - 1) * t_p2p, 0.0)
 
-        # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed
-        w_bwd = L_stage * (moe_lb if moe else den_lb)
-        w_fwd = L_stage * (moe_lf if moe else den_lf)
+        # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
+        # behind the last micro-batch's compute, not behind the EP all-to-all: that uses the same
+        # links (the NIC once either group leaves the node), so the window excludes its exposed part
+        w_bwd = L_stage * (common_b + moe_b + sh_b if moe else den_lb)
+        w_fwd = L_stage * (common_f + moe_f + sh_f if moe else den_lf)
         t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd)
         t_opt = self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm)
 

@@ -81,6 +81,22 @@ def test_dense_loop_lookups_are_range_checked():
     assert rec.src["experts"][0] == CLAMPED and rec.n_clamped[0] >= 1
 
 
+def test_dense_loop_stays_inside_the_grouped_kernels_measured_envelope():
+    # grouped rows (any shape) span num_gemms 4..128 and tokens_per_expert 64..4096: the fallback for an
+    # unmeasured shape is range-checked on those axes too, like a measured shape would be
+    est = Estimator.from_frames("p6-b200.48xlarge", {"gemm": _gemm_frame(),
+                                                     "grouped_gemm": grouped_frame(4096, 1280, lambda n, t: 1e-3)})
+    g = geometry(parse_spec(moe_spec()).model)
+    _, _, rec = _experts(est, g, [2.0, 16.0, 16.0], [512.0, 8192.0, 512.0])
+    assert list(rec.oor.reason) == ["out_of_range:grouped_gemm.num_gemms",
+                                    "out_of_range:grouped_gemm.tokens_per_expert", None]
+    assert rec.oor.hi[1] == 4096.0 and rec.oor.lo[0] == 4.0
+    # no grouped table at all: only the dense GEMM grid bounds the loop
+    dense_only = Estimator.from_frames("p6-b200.48xlarge", {"gemm": _gemm_frame()})
+    _, _, rec = _experts(dense_only, g, [2.0, 16.0], [512.0, 8192.0])
+    assert not rec.has_oor.any()
+
+
 def test_estimate_reports_the_fallback_in_sources_and_warnings():
     est = Estimator.from_frames("p6-b200.48xlarge", {"gemm": _gemm_frame()})
     r = est.estimate(parse_spec(moe_spec()), 32, [Layout(pp=2, ep=8)])[0]
@@ -140,3 +156,19 @@ def test_recorded_ladder_shapes_are_costed_from_measurements(recorded):
     r = recorded.best_plan(ladder_model(12, 32, 2, 2), 256, 1024, 2048, "adamw")
     assert r is not None and r.sources["experts"] == "interpolated"
     assert any("6144x7680" in w for w in r.warnings)
+
+
+def test_inter_node_all_to_all_keeps_inter_node_bytes_per_rank():
+    # a table that obeys the NIC-bound law t = S (n - 8) / n / BW on 8-GPU nodes, measured at 16 and 32
+    # ranks: a 128-rank all-to-all is S (120/128) / BW, not the busbw-invariant S (127/128) / busbw(32)
+    BW = 40e9
+    sizes = [1e6 * 2 ** i for i in range(12)]
+    rows = [dict(collective="all_to_all", group_size=n, layout="contiguous", inter_node=True, size_bytes=s,
+                 dtype="bf16", t_s=s * (n - 8) / n / BW) for n in (16, 32) for s in sizes]
+    est = Estimator.from_frames("p6-b200.48xlarge", {"collectives": frame(rows)})
+    rec = _Recorder(3, False)
+    n = np.array([16.0, 128.0, 64.0])
+    S = np.array([1e8, 1e8, 4e8])
+    t = est.model._collective(rec, "ep_a2a", "all_to_all", n, S, True, per_node=np.array([8.0, 8.0, 4.0]))
+    # 64 ranks 4 per node (TP = 2): 60 of 64 peers are remote
+    assert np.allclose(t, S * np.array([8 / 16, 120 / 128, 60 / 64]) / BW, rtol=1e-9)
