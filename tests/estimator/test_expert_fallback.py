@@ -172,3 +172,24 @@ def test_inter_node_all_to_all_keeps_inter_node_bytes_per_rank():
     t = est.model._collective(rec, "ep_a2a", "all_to_all", n, S, True, per_node=np.array([8.0, 8.0, 4.0]))
     # 64 ranks 4 per node (TP = 2): 60 of 64 peers are remote
     assert np.allclose(t, S * np.array([8 / 16, 120 / 128, 60 / 64]) / BW, rtol=1e-9)
+
+
+def test_slower_all_to_all_never_shortens_an_iteration(recorded_db):
+    # the DP collectives hide behind compute, not behind the EP all-to-all on the same links: making the
+    # all-to-all slower can only lengthen every plan (it used to shrink the exposed DP time)
+    from scaleplan.estimator.tables import load_frames
+
+    frames = load_frames(recorded_db, "p6-b200.48xlarge")
+    slow = dict(frames)
+    c = frames["collectives"].copy()
+    c.loc[c["collective"] == "all_to_all", "t_s"] *= 2.0
+    slow["collectives"] = c
+    m = ladder_model(12, 256, 1, 4)
+    out = []
+    for fr in (frames, slow):
+        est = Estimator.from_frames("p6-b200.48xlarge", fr)
+        _, plans, ev, *_ = est.evaluate_arrays(m, 256, 1024, 2048, "adamw")
+        out.append(ev.t_iter)
+    assert len(out[0]) > 100
+    assert (out[1] >= out[0] * (1 - 1e-12)).all()
+    assert (out[1] > out[0]).any()
