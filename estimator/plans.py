@@ -55,7 +55,39 @@ def _choose(given, n, cap):
 
 def enumerate_plans(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints,
                     seqlen: int | None = None) -> tuple[Plans, dict[str, int], int]:
-    """All candidate plans -> (structurally valid plans, counts of invalid ones by reason, total)."""
+    """All candidate plans -> (structurally valid plans, counts of invalid ones by reason, total).
+
+    Memoised on what the structure depends on (a search asks again for every geometry sharing the
+    layer count, heads, expert count and width); the returned plan arrays are read-only and the
+    counts dict is the caller's own copy.
+    """
+    key = (g.L, g.nq, g.nkv, g.E, g.dexp, g.is_moe, int(n_devices), int(gbs), c,
+           None if seqlen is None else int(seqlen))
+    try:
+        hash(key)
+    except TypeError:  # constraints built with lists: not memoisable
+        return _enumerate(g, n_devices, gbs, c, seqlen)
+    plans, counts, total = _enumerate_cached(key, g, n_devices, gbs, c, seqlen)
+    return plans, dict(counts), total
+
+
+_PLAN_CACHE: dict = {}
+
+
+def _enumerate_cached(key, g, n_devices, gbs, c, seqlen):
+    hit = _PLAN_CACHE.get(key)
+    if hit is None:
+        if len(_PLAN_CACHE) >= 512:
+            _PLAN_CACHE.clear()
+        plans, counts, total = _enumerate(g, n_devices, gbs, c, seqlen)
+        for f in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"):
+            getattr(plans, f).flags.writeable = False
+        hit = _PLAN_CACHE[key] = (plans, counts, total)
+    return hit
+
+
+def _enumerate(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints,
+               seqlen: int | None = None) -> tuple[Plans, dict[str, int], int]:
     tps = _choose(c.tp, n_devices, c.max_tp)
     cps = _choose(c.cp, n_devices, c.max_cp)
     pps = _choose(c.pp, n_devices, c.max_pp)
