@@ -181,6 +181,23 @@ def calibrate_and_report(url, specs, rows):
     return statistics.mean(loo), statistics.mean(ape(r, fit["calibration_id"]) for r in rows)
 
 
+HOST_TERMS = ("framework_kernels", "dispatch_floor")
+
+
+def one_factor_diagnostic(rows) -> None:
+    """How well the estimator's costed kernels alone explain the measurements up to one scale factor
+    (median log ratio; leave-one-out). A diagnostic of the kernel structure, not `calibrate`."""
+    import numpy as np
+
+    comp = np.array([sum(v for k, v in r["breakdown"].items() if k not in HOST_TERMS) for r in rows])
+    for label, key in (("wall", "meas"), ("CPU-time", "cpu")):
+        y = np.array([r[key] for r in rows])
+        lr = np.log(y / comp)
+        loo = [abs(np.exp(np.median(np.delete(lr, i))) * comp[i] - y[i]) / y[i] for i in range(len(y))]
+        print(f"  diagnostic: costed kernels (without {', '.join(HOST_TERMS)}) x one factor "
+              f"{np.exp(np.median(lr)):.2f} vs {label}: leave-one-out MAPE {np.mean(loo):.1%}")
+
+
 def breakdown_table(rows):
     comps = sorted({c for r in rows for c in r["breakdown"]})
     print("\npredicted breakdown (seconds per iteration; measured t_iter last):")
@@ -294,6 +311,7 @@ def main() -> None:
     print(f"  (diagnostic, not the target: MAPE against rank-0 CPU-time medians "
           f"{statistics.mean(r['ape_cpu'] for r in rows):.1%}; 1-min load average at the end "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+    one_factor_diagnostic(rows)
     loo, after = calibrate_and_report(url, specs, rows)
     if loo is not None:
         print(f"step-time MAPE after calibrate fit, leave-one-configuration-out: {loo:.1%} (target <= 10%); "
