@@ -86,6 +86,7 @@ def predict(spec, dp, mbs, ckpt, url, use_calibration=False, calibration_id=None
     """The estimator's result; by default uncalibrated (chi_sys = 1, default dispatch law), so the
     'before' figure does not depend on calibrations an earlier run left in the DB."""
     from scaleplan.estimator import Estimator
+
     from scaleplan.specs import Layout
 
     est = Estimator("cpu-local", url, extrapolate="clamp", use_calibration=use_calibration,
@@ -159,6 +160,7 @@ def calibrate_and_report(url, specs, rows):
     configurations' runs (stored as a calibration version), predict the held-out one with it.
     Returns (LOO step-time MAPE, in-sample step-time MAPE of the fit on all) or (None, None)."""
     from scaleplan.calibrate.runner import fit_chi_sys
+
     from scaleplan.errors import ScaleplanError
     from scaleplan.specs import load_spec
 
