@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import (JSON, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Integer, String,
+from sqlalchemy import (JSON, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey, Integer, String,
                         Text, UniqueConstraint, func)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -261,7 +261,7 @@ class CollectivePoint(_Point, Base):
     world_size: Mapped[int | None]
     layout: Mapped[str] = mapped_column(String(16), default="contiguous")
     inter_node: Mapped[bool] = mapped_column(Boolean)
-    size_bytes: Mapped[int]
+    size_bytes: Mapped[int] = mapped_column(BigInteger)  # messages above 2 GiB (revision 0002)
     dtype: Mapped[str] = mapped_column(String(16))
     t_s: Mapped[float | None] = mapped_column(Float)
     t_p10_s: Mapped[float | None] = mapped_column(Float)
