@@ -14,7 +14,8 @@ The fit is scipy.optimize.least_squares with a soft-L1 loss (robust to run-to-ru
 bounds that keep the physics: c_a2a >= 0, c_pp >= 0 (cross-node effects only slow a step down) and
 -0.9 <= c_ovl <= 0 (an in-node deep pipeline can only be credited, and chi stays positive).
 A term the data cannot identify (its feature is zero on every run, or constant within every sweep
-in normalized mode, or collinear with another) is fixed (at 0 unless pinned) and reported.
+in normalized mode, or collinear with another) is fixed and reported: at 0, or at a prior the user
+names (``prior``: used only where the data cannot identify the term; e.g. :data:`REFERENCE_PRIOR`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ TERMS = ("c_a2a", "c_pp", "c_ovl")
 BOUNDS = {"c_a2a": (0.0, 20.0), "c_pp": (0.0, 5.0), "c_ovl": (-0.9, 0.0)}
 SOFT_L1_SCALE = 0.1  # residuals beyond ~10% (run-to-run noise) are down-weighted
 MODES = ("absolute", "normalized")
+# The desync coefficients published with the paper's reference estimator (dmlc/ScalePlan,
+# dlcalc/utils/desync.py), fitted there on B200 sweeps that include inter-node EP and PP: an opt-in
+# prior for terms our data cannot identify (never used for a term the data do identify).
+REFERENCE_PRIOR = {"c_a2a": 1.2, "c_pp": 0.5, "c_ovl": -0.18}
 _WHY_ZERO = {
     "c_a2a": "no observation has its EP group spanning more than one node (ceil(ep*etp/gpus_per_node) > 1)",
     "c_pp": "no observation has its pipeline spanning more than one node (ceil(pp/gpus_per_node) > 1)",
@@ -157,7 +162,7 @@ class ChiFit:
 
 
 def fit_chi(d: ChiData, mode: str = "absolute", fixed: dict[str, float] | None = None,
-            allow_identity: bool = False) -> ChiFit:
+            allow_identity: bool = False, prior: dict[str, float] | None = None) -> ChiFit:
     """Fit (c_a2a, c_pp, c_ovl) on ``d`` (eq:desync) by soft-L1 least squares on log step-time residuals.
 
     Args:
@@ -166,6 +171,7 @@ def fit_chi(d: ChiData, mode: str = "absolute", fixed: dict[str, float] | None =
             scale-free, the rest compared on their level); 'normalized': every sweep scale-free.
         fixed: terms pinned by the user, e.g. {"c_pp": 0.5}; unidentifiable terms are fixed at 0.
         allow_identity: return chi = 1 (all fixed) instead of refusing when no term is identifiable.
+        prior: values for terms the data cannot identify (default 0); identified terms ignore it.
 
     Raises:
         ScaleplanError: unknown mode, fewer observations than parameters, or nothing identifiable.
@@ -183,7 +189,8 @@ def fit_chi(d: ChiData, mode: str = "absolute", fixed: dict[str, float] | None =
     if not free and not allow_identity:
         raise ScaleplanError("chi_sys fit refused: no term is identifiable on these observations: "
                              + "; ".join(f"{t} {r}" for t, r in why.items()))
-    coeffs = {t: float(fixed.get(t, 0.0)) for t in TERMS}
+    prior = prior or {}
+    coeffs = {t: float(fixed.get(t, prior.get(t, 0.0))) for t in TERMS}
     if free and n >= len(free) + n_scales:
         lo = [BOUNDS[t][0] for t in free]
         hi = [BOUNDS[t][1] for t in free]
@@ -197,7 +204,8 @@ def fit_chi(d: ChiData, mode: str = "absolute", fixed: dict[str, float] | None =
     else:
         free = []
     res = _residuals(d, coeffs)
-    notes = [f"{t} fixed at {coeffs[t]:g}: {r}" for t, r in why.items()]
+    notes = [f"{t} fixed at {coeffs[t]:g}" + (" (prior)" if t in prior and t not in fixed else "") + f": {r}"
+             for t, r in why.items()]
     at_bound = [t for t in free if np.isclose(coeffs[t], BOUNDS[t][0]) or np.isclose(coeffs[t], BOUNDS[t][1])]
     notes += [f"{t} sits at its physical bound {coeffs[t]:g}" for t in at_bound]
     return ChiFit(coefficients=coeffs, free=free, unidentified=why, mode=mode, n_obs=n, residuals=res,

@@ -30,11 +30,11 @@ def _pred_after(d_coeffs: dict[str, float], obs: Sequence[Observed], preds: Sequ
     return np.array([p.mfu_analytic for p in preds]) / chi_from(d_coeffs, d)
 
 
-def _held_out(obs, preds, bases, mode, fixed, hold: np.ndarray) -> np.ndarray:
+def _held_out(obs, preds, bases, mode, fixed, prior, hold: np.ndarray) -> np.ndarray:
     """MFU predictions for the runs in ``hold`` from a fit on the others (chi = 1 if nothing identifiable)."""
     train = [i for i in range(len(obs)) if not hold[i]]
     d = chi_data([obs[i] for i in train], [preds[i] for i in train], bases)
-    coeffs = fit_chi(d, mode, fixed, allow_identity=True).coefficients if len(d) else {}
+    coeffs = fit_chi(d, mode, fixed, allow_identity=True, prior=prior).coefficients if len(d) else dict(prior or {})
     held = [i for i in range(len(obs)) if hold[i]]
     return _pred_after(coeffs, [obs[i] for i in held], [preds[i] for i in held], bases)
 
@@ -52,7 +52,8 @@ def _reference(rows: list[Observed], meas: np.ndarray, normalized: bool) -> dict
 
 
 def sweep_report(obs: Sequence[Observed], preds: Sequence[Prediction], bases: dict[str, SweepBasis],
-                 coeffs: dict[str, float], mode: str, fixed: dict[str, float] | None = None
+                 coeffs: dict[str, float], mode: str, fixed: dict[str, float] | None = None,
+                 prior: dict[str, float] | None = None
                  ) -> tuple[list[dict[str, Any]], dict[str, dict[str, np.ndarray]]]:
     """Per-sweep metrics (the report's "sweeps" list) and the arrays behind them (for the parity plot)."""
     if len(obs) != len(preds):
@@ -71,9 +72,9 @@ def sweep_report(obs: Sequence[Observed], preds: Sequence[Prediction], bases: di
         before = np.array([p.mfu_analytic for p in prs])
         after = after_all[idx]
         if len(sweeps) > 1:
-            loso, cv = _held_out(obs, preds, bases, mode, fixed, idx), "loso"
+            loso, cv = _held_out(obs, preds, bases, mode, fixed, prior, idx), "loso"
         else:  # one sweep: leave one run out
-            loso = np.array([_held_out(obs, preds, bases, mode, fixed, np.arange(len(obs)) == i)[0]
+            loso = np.array([_held_out(obs, preds, bases, mode, fixed, prior, np.arange(len(obs)) == i)[0]
                              for i in np.flatnonzero(idx)])
             cv = "loo"
         mb, ma, ml = (_metrics(x, meas, basis.scale_free) for x in (before, after, loso))

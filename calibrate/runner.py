@@ -38,8 +38,11 @@ def _observations(url, profile, sweeps=None, sources=None):
 def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "absolute",
                 fixed: dict[str, float] | None = None, predictor: Predictor | None = None,
                 sweeps: list[str] | None = None, sources: list[str] | None = None,
-                extrapolate: str = "clamp", save: bool = True) -> dict[str, Any]:
+                extrapolate: str = "clamp", save: bool = True,
+                prior: dict[str, float] | None = None) -> dict[str, Any]:
     """Fit chi_sys (eq:desync) on the profile's observed runs; store a new Calibration version.
+
+    ``fixed`` pins terms; ``prior`` gives values for terms the data cannot identify (default 0).
 
     Raises ScaleplanError: no observations, too few for the parameters, nothing identifiable.
     """
@@ -50,11 +53,11 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
     obs, preds, skipped = usable(obs, predictor(obs))
     bases = bases_for(obs, mode)
     d = chi_data(obs, preds, bases)
-    fit = fit_chi(d, mode, fixed)
-    rows, _ = sweep_report(obs, preds, bases, fit.coefficients, mode, fixed)
+    fit = fit_chi(d, mode, fixed, prior=prior)
+    rows, _ = sweep_report(obs, preds, bases, fit.coefficients, mode, fixed, prior)
     cv = float(np.mean([r["loso_mape"] for r in rows]))
     used = [o for o in obs if o.sweep in bases]
-    inputs = {"mode": mode, "fixed": fixed or {}, "free": fit.free, "unidentified": fit.unidentified,
+    inputs = {"mode": mode, "fixed": fixed or {}, "prior": prior or {}, "free": fit.free, "unidentified": fit.unidentified,
               "observation_ids": [o.id for o in used],
               "sweeps": {s: {"quantity": b.quantity, "scale_free": b.scale_free} for s, b in bases.items()},
               "features": {t: features(d)[:, j].tolist() for j, t in enumerate(TERMS)}, "y": d.y.tolist(),
@@ -145,10 +148,11 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
     coeffs = info["coefficients"] if info else {t: 0.0 for t in TERMS}
     mode = mode or inputs.get("mode", "absolute")
     fixed = inputs.get("fixed") or None
+    prior = inputs.get("prior") or None
     obs = _observations(url, profile, sweeps)
     obs, preds, skipped = usable(obs, (predictor or estimator_predictor(profile, url, extrapolate))(obs))
     bases = bases_for(obs, mode)
-    rows, arrays = sweep_report(obs, preds, bases, coeffs, mode, fixed)
+    rows, arrays = sweep_report(obs, preds, bases, coeffs, mode, fixed, prior)
     out = {"calibration_id": info["id"] if info else None, "coefficients": coeffs, "sweeps": rows,
            "profile": profile, "mode": mode, "version": info["version"] if info else None,
            "n_obs": int(sum(r["n"] for r in rows)), "skipped": skipped, "runs": run_rows(arrays)}

@@ -20,18 +20,31 @@ ProfileOpt = typer.Option("p6-b200.48xlarge", "--profile", help="Hardware profil
 ModeOpt = typer.Option(None, "--mode", help="absolute (default for fit) or normalized (every sweep scale-free).")
 
 
-def _fixed(values: list[str] | None) -> dict[str, float] | None:
+def _fixed(values: list[str] | None, opt: str = "--fix") -> dict[str, float] | None:
     from scaleplan.calibrate.chi_sys import TERMS
 
     out = {}
     for v in values or []:
         k, sep, x = v.partition("=")
         if not sep or k.strip() not in TERMS:
-            raise SpecError("--fix", v, f"term=value with term in {', '.join(TERMS)}")
+            raise SpecError(opt, v, f"term=value with term in {', '.join(TERMS)}")
         try:
             out[k.strip()] = float(x)
         except ValueError:
-            raise SpecError("--fix", v, "a number after '='") from None
+            raise SpecError(opt, v, "a number after '='") from None
+    return out or None
+
+
+def _prior(values: list[str] | None) -> dict[str, float] | None:
+    """--prior reference (the reference estimator's published coefficients) and/or term=value."""
+    from scaleplan.calibrate.chi_sys import REFERENCE_PRIOR
+
+    out: dict[str, float] = {}
+    for v in values or []:
+        if v.strip() == "reference":
+            out.update(REFERENCE_PRIOR)
+        else:
+            out.update(_fixed([v], "--prior") or {})
     return out or None
 
 
@@ -92,6 +105,9 @@ def fit(profile: str = ProfileOpt,
         kind: str = typer.Option("chi_sys", "--kind", help="chi_sys, dispatch or all."),
         mode: str = ModeOpt,
         fix: list[str] = typer.Option(None, "--fix", help="Pin a chi_sys term, e.g. --fix c_pp=0.5 (repeatable)."),
+        prior: list[str] = typer.Option(None, "--prior", help="Value for a term the data cannot identify "
+                                        "(default 0): term=value, or 'reference' for the reference "
+                                        "estimator's published c_a2a=1.2, c_pp=0.5, c_ovl=-0.18."),
         sweep: list[str] = typer.Option(None, "--sweep", help="Only these sweeps (repeatable)."),
         extrapolate: str = typer.Option("clamp", "--extrapolate", help="clamp or error, for table lookups."),
         db: str = DbOpt, json_out: bool = JsonOpt) -> None:
@@ -108,7 +124,7 @@ def fit(profile: str = ProfileOpt,
         results.append(fit_dispatch_floor(url, profile))
     if kind in ("chi_sys", "all"):
         results.append(fit_chi_sys(url, profile, mode or "absolute", _fixed(fix), sweeps=sweep or None,
-                                   extrapolate=extrapolate))
+                                   extrapolate=extrapolate, prior=_prior(prior)))
     if want_json(json_out):
         print_json(results[0] if len(results) == 1 else {"fits": results})
         return

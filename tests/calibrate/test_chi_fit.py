@@ -102,3 +102,12 @@ def test_term_constant_within_sweeps_unidentifiable_in_normalized_mode():
 def test_pinned_term_is_not_fitted():
     fit = fit_chi(_synthetic(), mode="absolute", fixed={"c_pp": 0.4})
     assert fit.coefficients["c_pp"] == 0.4 and "c_pp" not in fit.free
+
+
+def test_prior_only_for_unidentifiable_terms():
+    d = _synthetic()
+    d = d.subset(d.ep_nodes == 1)  # c_a2a unidentifiable, c_pp and c_ovl identifiable
+    fit = fit_chi(d, mode="absolute", prior={"c_a2a": 1.2, "c_pp": 9.0})
+    assert fit.coefficients["c_a2a"] == 1.2  # taken from the prior
+    assert fit.coefficients["c_pp"] == pytest.approx(TRUE["c_pp"], abs=0.05)  # the data win
+    assert any(n.startswith("c_a2a fixed at 1.2 (prior)") for n in fit.notes)
