@@ -185,7 +185,8 @@ class Estimator:
                 i = bad[0]
                 raise OutOfRangeError(str(ev.oor.table[i]), str(ev.oor.axis[i]), float(ev.oor.value[i]),
                                       float(ev.oor.lo[i]), float(ev.oor.hi[i]))
-        mem = memory_breakdown(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type)
+        mem = memory_breakdown(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
+                               self.profile.memory_reserve_bytes)
         cap = self.profile.hbm_bytes
         return [self._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, 1.0) for i in range(len(plans))]
 
@@ -213,7 +214,7 @@ class Estimator:
         if len(plans) == 0:
             return g, plans, None, None, np.zeros(0, bool), np.zeros(0, object), counts, total
         ev = self.model.evaluate(g, plans, gbs, seqlen, optimizer)
-        mem = memory_breakdown(g, plans, gbs, seqlen, optimizer)
+        mem = memory_breakdown(g, plans, gbs, seqlen, optimizer, self.profile.memory_reserve_bytes)
         tot = sum(mem.values())
         reason = np.array(ev.oor.reason, dtype=object)
         oor = ev.oor.reason != None
@@ -247,7 +248,8 @@ class Estimator:
 
         layouts = layouts or [spec.default_layout()]
         return table_points(geometry(spec.model), plans_from_layouts(layouts, n_devices), spec.data.gbs,
-                            spec.data.seqlen, self.profile.gpus_per_node, self.tables.vocab_size)
+                            spec.data.seqlen, self.profile.gpus_per_node, self.tables.vocab_size,
+                            self.profile.serial_dispatch)
 
     # -- helpers -------------------------------------------------------------------------------
     def _validate_layout(self, g: Geometry, lo: Layout, n: int, gbs: int, seqlen: int) -> None:

@@ -20,7 +20,24 @@ def _gemm3(out, m, n, k, dtype):
         _add(out, "gemm", {"m": int(round(a)), "n": int(round(b)), "k": int(round(c)), "dtype": dtype})
 
 
-def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_vocab: int | None) -> dict[str, list[dict]]:
+# probe instance of the reference model for the ``ops:*`` dispatch rows (op counts are structural)
+OPS_PROBE = {"m": 64, "n": 64, "k": 4}
+
+
+def _ops_points(out, g: Geometry, ckpt: str) -> None:
+    """Host-dispatch rows of serial-dispatch profiles (bench/suites/model_ops.py)."""
+    modes = [f"ops:moe:{ckpt}"] if g.is_moe else []
+    modes += [f"ops:dense:{ckpt}", f"ops:microbatch:{ckpt}", "ops:step_dense", "ops:step"]
+    modes += ["ops:step_moe"] if g.is_moe else []
+    for mode in modes:
+        _add(out, "dispatch", {"mode": mode, **OPS_PROBE, "dtype": g.precision, "chain_len": 1})
+
+
+def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_vocab: int | None,
+                 serial_dispatch: bool = False) -> dict[str, list[dict]]:
+    """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model."""
+    from scaleplan.estimator.model import CKPT_NAMES
+
     out: dict[str, list[dict]] = {}
     dt = g.precision
     for i in range(len(pl)):
@@ -40,7 +57,7 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
         V_loc = int(padded_vocab(g.vocab, tp)) // tp
         for op in ("lm_head_gemm", "cross_entropy"):
             _add(out, "vocab", {"op": op, "tokens": T, "hidden": g.d, "vocab": V_loc * 1,
-                                "dtype": "bf16" if op == "lm_head_gemm" else "fp32"})
+                                "dtype": dt if op == "lm_head_gemm" else "fp32"})
         for coll in ("all_gather", "reduce_scatter"):
             if tp > 1:
                 _add(out, "collectives", {"collective": coll, "group_size": tp, "layout": "contiguous",
@@ -68,5 +85,7 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
                                           "inter_node": tp * cp * dp > gpn, "size_bytes": 2 * 40_000_000,
                                           "dtype": "bf16"})
         _add(out, "dispatch", {"mode": "gemm", "m": 8, "n": 2048, "k": 2048, "dtype": "bf16", "chain_len": 512})
+        if serial_dispatch:
+            _ops_points(out, g, CKPT_NAMES[int(pl.ckpt[i])])
     del table_vocab
     return out

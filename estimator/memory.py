@@ -24,7 +24,7 @@ from scaleplan.estimator.geom import Geometry, padded_vocab
 
 OPT_STATE_BYTES = {"adam": 12.0, "adamw": 12.0, "muon": 8.0, "scion": 8.0, "sgd": 8.0}
 WEIGHT_BYTES, GRAD_BYTES = 2.0, 4.0
-RESERVE_BYTES = 5e9  # CUDA context, NCCL buffers, allocator fragmentation
+RESERVE_BYTES = 5e9  # GPU default: CUDA context, NCCL buffers, allocator fragmentation (profile field)
 
 
 def dense_layer_activation_bytes(s, b, h, a, ffn, *, kv_heads=None, head_dim=None, glu=False,
@@ -75,9 +75,11 @@ def dense_block_bytes(s, b, g: Geometry, tp, mode_code):
     return np.select([mode_code == 3, mode_code == 2], [inp, sup], full)
 
 
-def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str) -> dict[str, np.ndarray]:
+def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
+                     reserve_bytes: float = RESERVE_BYTES) -> dict[str, np.ndarray]:
     """Bytes per device for the worst stage, by category (weights, grads, optimizer, activations,
-    logits, reserve), each an array over plans; the worst stage is chosen by total."""
+    logits, reserve), each an array over plans; the worst stage is chosen by total.
+    ``reserve_bytes``: framework memory outside the model (the profile's ``memory_reserve_bytes``)."""
     tp, cp, pp, dp, ep, etp, vpp, mbs = (getattr(pl, f).astype(float) for f in
                                          ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs"))
     ck = pl.ckpt
@@ -121,7 +123,7 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str) -> 
             "optimizer": opt_b * (dense_all / (dp * cp) + exp / edp),
             "activations": act,
             "logits": np.where(has_head, logits, 0.0),
-            "reserve": np.full_like(tp, RESERVE_BYTES),
+            "reserve": np.full_like(tp, float(reserve_bytes)),
         }
     tot_f = sum(out["first"].values())
     tot_l = sum(out["last"].values())

@@ -197,11 +197,13 @@ class StagePeriods:
     period_disp: np.ndarray   # the same without the vocabulary work
 
 
-def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last, t_disp) -> StagePeriods:
+def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last, t_disp, serial=False) -> StagePeriods:
     """Per-micro-batch period of the slowest stage, first / middle / last stages considered.
 
     PP = 1: one stage runs the layers, the embedding and the LM head. PP > 1: the first stage adds
-    the embedding, the last the LM head; the middle stages (PP > 2) only layers.
+    the embedding, the last the LM head; the middle stages (PP > 2) only layers. ``serial``: the
+    host dispatches on the cores that compute (a CPU device), so dispatch adds to the compute
+    (t_mb = t_cmp + t_disp) instead of hiding behind it (t_mb = max(t_cmp, t_disp), a GPU).
     """
     pp = np.asarray(pp)
     one = t_first_layers + t_first + t_last
@@ -209,6 +211,8 @@ def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last, t_disp) -
     last = t_other_layers + t_last
     gpu = np.where(pp > 1, np.maximum(first, last), one)
     gpu0 = np.maximum(t_first_layers, t_other_layers)
+    if serial:
+        return StagePeriods(gpu + t_disp, gpu0 + t_disp)
     return StagePeriods(np.maximum(gpu, t_disp), np.maximum(gpu0, t_disp))
 
 
@@ -313,7 +317,9 @@ class TimeModel:
     def __init__(self, profile: ClusterProfile, tables: Tables, clamp: bool, dispatch: DispatchLaw,
                  chi: ChiCoefficients):
         self.prof, self.tb, self.clamp, self.disp, self.chi_c = profile, tables, clamp, dispatch, chi
+        self._tb_base = tables
         self.gpn = profile.gpus_per_node
+        self.serial = bool(getattr(profile, "serial_dispatch", False))
         # every framework kernel (counted by kappa, not costed individually) occupies the GPU at least
         # this long: the measured GPU-active time of the smallest chained kernel, else the analytic floor
         self.t_kernel_min = tables.t_kernel_min_s or an.KERNEL_FLOOR_S
@@ -567,6 +573,7 @@ class TimeModel:
         """Evaluate every plan of ``pl``; see the module docstring for the terms. Arrays of length P."""
         P = len(pl)
         rec = _Recorder(P, self.clamp)
+        self.tb = self._tb_base.view(g.precision)  # the spec's precision's GEMM/grouped/vocab rows
         prof = self.prof
         peak = prof.peak(g.precision)
         hbm = prof.hbm_bandwidth
@@ -605,6 +612,9 @@ class TimeModel:
         n_fw = units * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
         fw = n_fw * self.t_kernel_min
         rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
+        if self.serial:  # on a CPU these ops are host work: their time is in the dispatch term
+            fw = np.zeros(P)
+            rec.mark("framework_kernels", np.zeros(P, np.int8))
         t_moe_layer = moe_lf + moe_lb + rc_moe + fw
         t_den_layer = den_lf + den_lb + rc_den + fw
 
@@ -624,7 +634,10 @@ class TimeModel:
         n_moe_stage = L_stage * (g.n_moe / g.L) if moe else 0.0
         t_ep_host = np.where(ep > 1, n_moe_stage * self.disp.t_ep_host_s * _KERNEL_UNITS[ckc] / 4.0, 0.0)
         t_disp = L_stage * kappa * self.disp.t_gap_s + t_ep_host + self.disp.t_host_s
-        st = stage_periods(pp, t_stage0, t_other, t_first, t_last, t_disp)
+        t_step_host = np.zeros(P)
+        if self.serial:
+            t_disp, t_step_host = self._serial_host(rec, g, ckc, L_stage, nd0, t_disp)
+        st = stage_periods(pp, t_stage0, t_other, t_first, t_last, t_disp, self.serial)
         f_bub = bubble_fraction(pp, vpp, n_mb)
         t_pipe = pipeline_time(n_mb, pp, vpp, st.period, t_first, t_last)
         t_bubble = f_bub * n_mb * st.period_disp
@@ -645,7 +658,7 @@ class TimeModel:
         w_bwd = L_stage * (common_b + moe_b + sh_b if moe else den_lb)
         w_fwd = L_stage * (common_f + moe_f + sh_f if moe else den_lf)
         t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd)
-        t_opt = self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm)
+        t_opt = self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm) + t_step_host
 
         comps = {
             "attn_proj": n_mb * L_stage * (attn_f + attn_b + np.where(ckc == 3, attn_f, 0.0)),
@@ -682,14 +695,17 @@ class TimeModel:
         comps["pp_p2p"] = t_pp
         comps["dp_comm"] = t_dp
         comps["optimizer"] = t_opt
-        rec.mark("dispatch_floor", 0)
+        if not self.serial:
+            rec.mark("dispatch_floor", 0)
         rec.mark("bubble", rec.src.get("dispatch_floor", 0))
         t_an = sum(comps.values())
 
         # eq:desync
         ep_nodes = np.ceil(ep * tp / self.gpn)
         pp_nodes = np.ceil(pp / self.gpn)
-        deep = (pp >= self.gpn) & (pp_nodes == 1)
+        # eq:desync's overlap credit is for a deep pipeline inside one node: it needs a pipeline
+        # (PP > 1), else one-GPU "nodes" (cpu-local) would switch it on for every plan
+        deep = (pp >= self.gpn) & (pp_nodes == 1) & (pp > 1)
         t_a2a_wire = n_mb * n_m * (a2a_f * (1 + rc) + a2a_b) if moe else np.zeros(P)
         c = self.chi_c
         chi = 1.0 + c.c_a2a * (t_a2a_wire / t_an) * (ep_nodes > 1) + c.c_pp * (pp_nodes - 1) + c.c_ovl * deep
@@ -707,6 +723,39 @@ class TimeModel:
         return Evaluation(pl, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
                           pp_nodes.astype(int), deep, mfu, mfu_ne, hfu, rec.n_clamped, rec.oor, rec.warnings,
                           rec.notes)
+
+    def _serial_host(self, rec, g, ckc, L_stage, nd0, t_law):
+        """Host seconds on a serial-dispatch device: (per micro-batch and stage, per step).
+
+        Per micro-batch: n_moe_stage t_moe(ckpt) + n_dense_stage t_dense(ckpt) + t_microbatch(ckpt),
+        the measured host time of the reference model's ops (dispatch rows ``ops:*``: op count kappa
+        x seconds per op, bench/suites/model_ops.py); per step the optimizer's ops (step_moe,
+        step_dense, step). A checkpoint mode without rows keeps the kernel-count law ``t_law``
+        (labelled analytic). The first stage (dense blocks, embedding) is the one costed.
+        """
+        P = rec.P
+        h = self.tb.host_ops
+        prec = g.precision
+        n_moe = (L_stage - nd0) if g.is_moe else np.zeros(P)
+        n_den = nd0 if g.is_moe else L_stage * np.ones(P)
+        t_mb = np.array(t_law, dtype=float, copy=True).reshape(-1) * np.ones(P)
+        src = np.full(P, ANALYTIC, dtype=np.int8)
+        for code, name in CKPT_NAMES.items():
+            sel = ckc == code
+            parts = [("dense", name), ("microbatch", name)] + ([("moe", name)] if g.is_moe else [])
+            if not sel.any() or any((p, c, prec) not in h for p, c in parts):
+                continue
+            t = n_den * h[("dense", name, prec)] + h[("microbatch", name, prec)]                 + (n_moe * h[("moe", name, prec)] if g.is_moe else 0.0)
+            t_mb = np.where(sel, t, t_mb)
+            src[sel] = MEASURED
+        rec.mark("dispatch_floor", src)
+        step = np.zeros(P)
+        keys = [("step", "", prec), ("step_dense", "", prec)] + ([("step_moe", "", prec)] if g.is_moe else [])
+        if all(k in h for k in keys):
+            step = (g.L - g.n_moe) * h[("step_dense", "", prec)] + h[("step", "", prec)] \
+                + (g.n_moe * h[("step_moe", "", prec)] if g.is_moe else 0.0)
+            step = step * L_stage / g.L  # this stage's share of the parameters
+        return t_mb, step
 
     def _vocab(self, rec, g, T, tp, peak, hbm, b_el):
         """(t_first, t_last) per micro-batch: embedding gather/scatter; LM head GEMM + cross-entropy.

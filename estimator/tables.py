@@ -20,6 +20,7 @@ plans at once. Times are seconds.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -32,8 +33,11 @@ MEASURED, INTERPOLATED, CLAMPED, ANALYTIC = 0, 1, 2, 3
 SOURCE_NAMES = {MEASURED: "measured", INTERPOLATED: "interpolated", CLAMPED: "clamped", ANALYTIC: "analytic"}
 
 # The training stack (paper app:training-stack) is Megatron-Core with Transformer Engine layers,
-# whose DotProductAttention runs the TE fused (cuDNN / flash) backend: SDPA rows of backend "te".
-SDPA_BACKEND = "te"
+# whose DotProductAttention runs the TE fused (cuDNN / flash) backend: SDPA rows of backend "te"
+# where the profile has them, else the fastest fused backend measured on the device, down to the
+# eager math path (a CPU measures flash and math): the first of this order present in the table.
+SDPA_BACKENDS = ("te", "flash", "cudnn", "efficient", "math", "pt")
+SDPA_BACKEND = SDPA_BACKENDS[0]
 
 
 @dataclass
@@ -223,6 +227,20 @@ class Tables:
     t_host_s: float | None = None  # fixed per-microbatch host time (dispatch table, mode host_overhead)
     t_kernel_min_s: float | None = None  # GPU-active time of the smallest measured kernel (dispatch table)
     n_points: dict[str, int] = field(default_factory=dict)
+    # per precision ("bf16", "fp32", ...): the GEMM / grouped / vocab tables of that dtype's rows;
+    # ``gemm``, ``grouped``, ``vocab`` hold bf16 (the default view); see :meth:`view`
+    by_dtype: dict[str, dict] = field(default_factory=dict)
+    # serial-dispatch host seconds (dispatch rows ``ops:<part>[:<ckpt>]``): (part, ckpt, dtype) -> s
+    host_ops: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    sdpa_backend: str | None = None
+
+    def view(self, precision: str) -> Tables:
+        """These tables with gemm / grouped / vocab taken from ``precision``'s rows (a spec in fp32
+        looks up fp32 GEMMs). A precision without rows keeps the bf16 tables (the previous rule)."""
+        d = self.by_dtype.get(precision)
+        if d is None or precision == "bf16":
+            return self
+        return dataclasses.replace(self, **{k: v for k, v in d.items() if v})
 
     @property
     def empty(self) -> bool:
@@ -284,14 +302,18 @@ def build_tables(profile: str, frames: dict[str, pd.DataFrame], peak_flops: floa
 
 
 def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float) -> None:
+    """Dense GEMM grid over (m, n, k), one per dtype (bf16 in ``tb.gemm``, every dtype in by_dtype)."""
     if df.empty:
         return
-    df = df[df["dtype"] == "bf16"]
-    df = _newest(df, ["m", "n", "k"])
-    if len(df) < 8:
-        return
-    grid, vals = fill_grid(df, ["m", "n", "k"], "t_s", work=lambda p: 2.0 * p[:, 0] * p[:, 1] * p[:, 2] / peak)
-    tb.gemm = GridTable("gemm", ("m", "n", "k"), grid, vals)
+    for dt, d in df.groupby("dtype"):
+        d = _newest(d, ["m", "n", "k"])
+        if len(d) < 1:
+            continue
+        grid, vals = fill_grid(d, ["m", "n", "k"], "t_s", work=lambda p: 2.0 * p[:, 0] * p[:, 1] * p[:, 2] / peak)
+        tab = GridTable("gemm", ("m", "n", "k"), grid, vals)
+        tb.by_dtype.setdefault(str(dt), {})["gemm"] = tab
+        if dt == "bf16":
+            tb.gemm = tab
 
 
 def _build_grouped(tb: Tables, df: pd.DataFrame) -> None:
@@ -302,8 +324,18 @@ def _build_grouped(tb: Tables, df: pd.DataFrame) -> None:
     """
     if df.empty:
         return
-    df = df[(df["distribution"] == "balanced") & (df["dtype"] == "bf16")]
-    df = _newest(df, ["proj", "num_gemms", "tokens_per_expert", "hidden", "ffn"])
+    df = df[df["distribution"] == "balanced"]
+    for dt, d in df.groupby("dtype"):
+        out: dict = {}
+        _build_grouped_dtype(out, _newest(d, ["proj", "num_gemms", "tokens_per_expert", "hidden", "ffn"]))
+        tb.by_dtype.setdefault(str(dt), {})["grouped"] = out
+        if dt == "bf16":
+            tb.grouped = out
+
+
+def _build_grouped_dtype(out: dict, df: pd.DataFrame) -> None:
+    """One dtype's grouped grids (every measured point is used, however few: a lookup between them
+    is interpolated, outside them out of range)."""
     for (h, f), g in df.groupby(["hidden", "ffn"]):
         for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
             gg = g.dropna(subset=[col])
@@ -311,15 +343,16 @@ def _build_grouped(tb: Tables, df: pd.DataFrame) -> None:
             if not {"fc1", "fc2"} <= set(piv.columns):
                 continue
             tot = (piv["fc1"] + piv["fc2"]).dropna().rename("t").reset_index()
-            if len(tot) < 4:
+            if len(tot) < 1:
                 continue
             grid, vals = fill_grid(tot, ["num_gemms", "tokens_per_expert"], "t")
-            tb.grouped[(dirn, int(h), int(f))] = GridTable(f"grouped_gemm[{h}x{f}]", ("num_gemms", "tokens_per_expert"),
+            out[(dirn, int(h), int(f))] = GridTable(f"grouped_gemm[{h}x{f}]", ("num_gemms", "tokens_per_expert"),
                                                           grid, vals)
 
 
 def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
-    """SDPA grid over (seq_len, micro_bs, n_q_heads, head_dim), backend ``SDPA_BACKEND``, causal.
+    """SDPA grid over (seq_len, micro_bs, n_q_heads, head_dim), causal, of the first backend of
+    ``SDPA_BACKENDS`` the profile measured; any number of points (between them interpolated).
 
     n_kv_heads is not an independent axis of the recorded data (it co-varies with n_q_heads:
     kv=1 only at q=8), and the causal flash kernel's work is set by the query heads (K/V reads are
@@ -328,9 +361,14 @@ def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
     """
     if df.empty:
         return
-    df = df[(df["backend"] == SDPA_BACKEND) & df["bwd_s"].notna() & (df["causal"].astype(bool))]
-    df = _newest(df, ["seq_len", "micro_bs", "n_q_heads", "n_kv_heads", "head_dim"])
-    if len(df) < 4:
+    df = df[df["bwd_s"].notna() & (df["causal"].astype(bool))]
+    have = set(df["backend"].astype(str))
+    backend = next((b for b in SDPA_BACKENDS if b in have), None)
+    if backend is None:
+        return
+    tb.sdpa_backend = backend
+    df = _newest(df[df["backend"] == backend], ["seq_len", "micro_bs", "n_q_heads", "n_kv_heads", "head_dim"])
+    if len(df) < 1:
         return
     axes = ["seq_len", "micro_bs", "n_q_heads", "head_dim"]
     for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
@@ -364,6 +402,20 @@ def _build_vocab(tb: Tables, df: pd.DataFrame) -> None:
     """
     if df.empty:
         return
+    # the LM-head GEMM runs in the model precision: one vocab dict per dtype of its rows (the fp32
+    # cross-entropy rows go with every dtype); bf16 (or the only dtype) is the default view
+    head = df[df["op"] == "lm_head_gemm"]
+    dts = sorted(set(head["dtype"].astype(str))) or ["bf16"]
+    for dt in dts:
+        sub = Tables(tb.profile)
+        _build_vocab_dtype(sub, df[(df["op"] != "lm_head_gemm") | (df["dtype"] == dt)])
+        tb.by_dtype.setdefault(dt, {})["vocab"] = sub.vocab
+        tb.by_dtype[dt]["vocab_size"] = sub.vocab_size
+        if dt == "bf16" or len(dts) == 1:
+            tb.vocab, tb.vocab_size = sub.vocab, sub.vocab_size
+
+
+def _build_vocab_dtype(tb: Tables, df: pd.DataFrame) -> None:
     df = _newest(df, ["op", "tokens", "hidden", "vocab", "dtype"])
     vs = df["vocab"].mode()
     if vs.empty:
@@ -429,7 +481,14 @@ def _build_dispatch(tb: Tables, df: pd.DataFrame) -> None:
     if not bound.empty:
         tb.t_gap_s = float(bound["wall_per_kernel_s"].median())
     if not g.empty:
-        tb.t_kernel_min_s = float(g["active_per_kernel_s"].min())
+        # a kernel cannot keep the device busy longer than the wall time it takes (rows measured by
+        # an older CPU definition of "active" could say so): never use more than the wall
+        tb.t_kernel_min_s = float(np.minimum(g["active_per_kernel_s"], g["wall_per_kernel_s"]).min())
+    ops = df[df["mode"].astype(str).str.startswith("ops:")]
+    ops = _newest(ops, ["mode", "m", "n", "k", "dtype", "chain_len"])
+    for (mode, dt), r in ops.groupby(["mode", "dtype"]):
+        _, part, *ck = str(mode).split(":")
+        tb.host_ops[(part, ck[0] if ck else "", str(dt))] = float(r["wall_per_kernel_s"].median())
 
 
 @functools.lru_cache(maxsize=32)

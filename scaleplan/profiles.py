@@ -45,6 +45,10 @@ class ClusterProfile(BaseModel):
     scaleout_bandwidth: float = Field(ge=0)
     measure_peak: bool = False
     dispatch: DispatchDefaults | None = None
+    # the host issues each op on the cores that compute it (a CPU "device"): dispatch adds to compute
+    serial_dispatch: bool = False
+    # per-device memory outside the model (framework context, communication buffers), bytes
+    memory_reserve_bytes: float = Field(default=5e9, ge=0)
 
     def peak(self, precision: str = "bf16") -> float:
         """Peak dense FLOP/s per device for ``precision``; falls back to bf16, then fp32.

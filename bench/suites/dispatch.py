@@ -12,11 +12,27 @@ per kernel:
 - CUDA: the chain captured once in a CUDA graph and replayed (no per-kernel CPU dispatch),
   timed with CUDA events, / chain_len.
 - CPU: a CPU has no separate device timeline (each kernel runs on the dispatching thread), so
-  "active" is defined as the compute-only time: the chain's GEMMs (and ReLUs) issued as ONE
-  batched call (``torch.bmm`` over min(chain_len, 64) GEMMs of the same shapes, W broadcast), so
-  the framework's per-op dispatch is paid once, divided by the kernels it stands for. wall -
-  active is then the per-op dispatch cost.
+  "active" is defined as the kernel's compute time without the per-op dispatch cost: wall per
+  kernel minus the wall per kernel of the same chain at m = n = k = 1 (same ops, same dispatch
+  path, negligible arithmetic), clipped to [0, wall]. So active <= wall always, and wall - active
+  is the per-op dispatch cost, as on a GPU. (An earlier definition timed one batched ``bmm`` with
+  a broadcast W; that runs a slower kernel than the chain's ``mm`` and gave active > wall.)
 The per-kernel gap t_gap is wall - active.
+
+``ops:<part>[:<ckpt>]`` (serial-dispatch profiles, e.g. cpu-local, where the host issues every op
+on the cores that compute it): host seconds of the reference training model
+(:mod:`scaleplan.validate.model`) for one part, stored in ``wall_per_kernel_s`` with chain_len = 1:
+``moe`` / ``dense`` per layer and micro-batch (forward + backward + the recompute of ``ckpt``),
+``microbatch`` per micro-batch outside the layers (embedding, final norm, LM head, loss),
+``step_moe`` / ``step_dense`` / ``step`` optimizer-step ops per MoE layer, per dense layer and fixed.
+The op counts are measured, not typed in: every aten op reaching the dispatcher is counted
+(``TorchDispatchMode``) in a forward + backward (or optimizer step) of a probe instance of the
+reference model (m tokens, hidden n, k experts; op counts are structural: they do not depend on
+the widths, E or K, because the experts run as one grouped GEMM), per part by differences over
+the layer count. The seconds per op are the floor (minimum over repetitions) of the probe's wall
+time divided by its op count: at the probe's tiny widths that is the host cost of eager autograd
+ops (dispatcher, autograd graph, module hooks, recompute machinery). The note records n_ops and
+seconds per op (kappa of sec:iteration-time-model, measured for this model).
 
 ``host_overhead``: a dispatch-bound microbatch (forward + loss + backward) of a tiny MLP with L
 layers of Linear(k, k) + GELU on m tokens, for L in ``host_layers``, timed round-robin over L
@@ -41,7 +57,6 @@ from scaleplan.db import models as m
 NAME = "dispatch"
 TABLE = m.DispatchPoint
 KEY = ("mode", "m", "n", "k", "dtype", "chain_len")
-CPU_BATCH = 64  # GEMMs per batched call when defining CPU "active" time
 HOST_MIN_REPS = 20  # host_overhead: repetitions per layer count (cheap: tiny model)
 
 
@@ -120,19 +135,17 @@ def _active_cuda(chain, ctx: h.Context, reps: int) -> float:
     return st.median
 
 
-def _active_cpu(p: dict, dt: torch.dtype, ctx: h.Context, relu: bool) -> float:
-    """Median per-kernel time of the chain's arithmetic issued as one batched call (see module
-    docstring): ``torch.bmm`` over up to CPU_BATCH copies of the [m, k] x [k, n] GEMM (W broadcast,
-    not copied), plus one ReLU over the batch for gemm_relu; divided by the kernels it stands for."""
-    n_mm = min(CPU_BATCH, p["chain_len"] // 2 if relu else p["chain_len"])
-    xb = h.randn((n_mm, p["m"], p["k"]), dt, ctx.device)
-    wb = h.randn((p["k"], p["n"]), dt, ctx.device, scale=p["k"] ** -0.5).expand(n_mm, p["k"], p["n"])
-
-    def batched(_):
-        y = torch.bmm(xb, wb)
-        return torch.relu(y) if relu else y
-
-    return h.time_fn(batched, ctx, flush=False).median / (2 * n_mm if relu else n_mm)
+def _active_cpu(p: dict, dt: torch.dtype, ctx: h.Context, relu: bool, wall: float) -> float:
+    """Compute-only seconds per kernel (see module docstring): ``wall`` minus the wall per kernel of
+    the same chain at m = n = k = 1, clipped to [0, wall]."""
+    x0 = h.randn((1, 1), dt, ctx.device)
+    w = h.randn((1, 1), dt, ctx.device)
+    tiny = _chain(x0, w, p["chain_len"], relu)
+    for _ in range(max(1, ctx.timing.warmup)):
+        tiny()
+    reps = max(ctx.timing.min_reps, min(ctx.timing.reps, 10))
+    t_op = min(_wall(tiny, ctx, reps)) / p["chain_len"]  # contention only adds: the floor is dispatch
+    return float(min(max(wall - t_op, 0.0), wall))
 
 
 def _chain_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
@@ -149,14 +162,14 @@ def _chain_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
         chain()
     walls = _wall(chain, ctx, max(ctx.timing.min_reps, min(ctx.timing.reps, 10)))
     n = p["chain_len"]
-    active = _active_cuda(chain, ctx, ctx.timing.reps) / n if ctx.is_cuda else _active_cpu(p, dt, ctx, relu)
     wall = float(np.median(walls)) / n
+    active = _active_cuda(chain, ctx, ctx.timing.reps) / n if ctx.is_cuda else _active_cpu(p, dt, ctx, relu, wall)
     return dict(
         wall_per_kernel_s=wall,
         active_per_kernel_s=active,
         n_rep=len(walls),
         note=f"gap_per_kernel_s={wall - active:.3e}; active via "
-        f"{'CUDA graph replay' if ctx.is_cuda else 'one batched call (CPU)'}",
+        f"{'CUDA graph replay' if ctx.is_cuda else 'wall minus the m=n=k=1 chain (CPU)'}",
     )
 
 
@@ -206,4 +219,8 @@ def measure(p: dict, ctx: h.Context) -> dict:
         return _chain_point(p, dt, ctx)
     if p["mode"] == "host_overhead":
         return _host_point(p, dt, ctx)
+    if p["mode"].startswith("ops:"):
+        from scaleplan.bench.suites import model_ops
+
+        return model_ops.measure(p, dt, ctx)
     raise h.Unsupported(f"unknown dispatch mode {p['mode']!r}")
