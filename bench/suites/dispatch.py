@@ -29,8 +29,8 @@ The op counts are measured, not typed in: every aten op reaching the dispatcher 
 (``TorchDispatchMode``) in a forward + backward (or optimizer step) of a probe instance of the
 reference model (m tokens, hidden n, k experts; op counts are structural: they do not depend on
 the widths, E or K, because the experts run as one grouped GEMM), per part by differences over
-the layer count. The seconds per op are the floor (minimum over repetitions) of the probe's wall
-time divided by its op count: at the probe's tiny widths that is the host cost of eager autograd
+the layer count. The seconds per op are the median (as in every table) of the probe's wall time
+divided by its op count: at the probe's tiny widths that is the host cost of eager autograd
 ops (dispatcher, autograd graph, module hooks, recompute machinery). The note records n_ops and
 seconds per op (kappa of sec:iteration-time-model, measured for this model).
 
