@@ -745,16 +745,16 @@ class TimeModel:
             parts = [("dense", name), ("microbatch", name)] + ([("moe", name)] if g.is_moe else [])
             if not sel.any() or any((p, c, prec) not in h for p, c in parts):
                 continue
-            t = n_den * h[("dense", name, prec)] + h[("microbatch", name, prec)]                 + (n_moe * h[("moe", name, prec)] if g.is_moe else 0.0)
+            t = (n_den * h[("dense", name, prec)] + h[("microbatch", name, prec)]
+                 + (n_moe * h[("moe", name, prec)] if g.is_moe else 0.0))
             t_mb = np.where(sel, t, t_mb)
             src[sel] = MEASURED
         rec.mark("dispatch_floor", src)
-        step = np.zeros(P)
-        keys = [("step", "", prec), ("step_dense", "", prec)] + ([("step_moe", "", prec)] if g.is_moe else [])
-        if all(k in h for k in keys):
-            step = (g.L - g.n_moe) * h[("step_dense", "", prec)] + h[("step", "", prec)] \
-                + (g.n_moe * h[("step_moe", "", prec)] if g.is_moe else 0.0)
-            step = step * L_stage / g.L  # this stage's share of the parameters
+        # per step: the optimizer's ops; a part without a row issues none (the bench stores a part
+        # that counts 0 ops, e.g. the per-layer master copies of an fp32 model, as UNSUPPORTED)
+        n_den_all, n_moe_all = g.L - g.n_moe, g.n_moe
+        step = (n_den_all * h.get(("step_dense", "", prec), 0.0) + h.get(("step", "", prec), 0.0)
+                + n_moe_all * h.get(("step_moe", "", prec), 0.0)) * L_stage / g.L  # this stage's share
         return t_mb, step
 
     def _vocab(self, rec, g, T, tp, peak, hbm, b_el):

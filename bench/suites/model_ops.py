@@ -101,6 +101,8 @@ def measure(p: dict, dt: torch.dtype, ctx) -> dict:
     n_ops = {"moe": m3[0] - m2[0], "dense": d2[0] - d1[0], "microbatch": d1[0] - (d2[0] - d1[0]),
              "step_moe": m3[1] - m2[1], "step_dense": d2[1] - d1[1], "step": d1[1] - (d2[1] - d1[1])}[part]
     per_op = per_op_st if part.startswith("step") else per_op_fb
+    if n_ops == 0 and part.startswith("step"):  # e.g. fp32: no master copies, one fused AdamW call
+        raise h.Unsupported(f"part {part} issues no ops in {prec} (counted: 0)")
     if n_ops <= 0:
         raise RuntimeError(f"non-positive op count {n_ops} for part {part} ({ckpt})")
     return dict(wall_per_kernel_s=n_ops * per_op, active_per_kernel_s=None, n_rep=REPS,
