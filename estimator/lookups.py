@@ -20,17 +20,15 @@ def _gemm3(out, m, n, k, dtype):
         _add(out, "gemm", {"m": int(round(a)), "n": int(round(b)), "k": int(round(c)), "dtype": dtype})
 
 
-# probe instance of the reference model for the ``ops:*`` dispatch rows (op counts are structural)
-OPS_PROBE = {"m": 64, "n": 64, "k": 4}
-
-
-def _ops_points(out, g: Geometry, ckpt: str) -> None:
-    """Host-dispatch rows of serial-dispatch profiles (bench/suites/model_ops.py)."""
+def _ops_points(out, g: Geometry, ckpt: str, tokens: int) -> None:
+    """Host-dispatch rows of serial-dispatch profiles (bench/suites/model_ops.py), keyed by the
+    widths the uncosted ops run at: m = tokens per micro-batch, n = hidden, k = experts."""
+    probe = {"m": int(tokens), "n": int(g.d), "k": int(g.E) if g.is_moe else 1}
     modes = [f"ops:moe:{ckpt}"] if g.is_moe else []
     modes += [f"ops:dense:{ckpt}", f"ops:microbatch:{ckpt}", "ops:step_dense", "ops:step"]
     modes += ["ops:step_moe"] if g.is_moe else []
     for mode in modes:
-        _add(out, "dispatch", {"mode": mode, **OPS_PROBE, "dtype": g.precision, "chain_len": 1})
+        _add(out, "dispatch", {"mode": mode, **probe, "dtype": g.precision, "chain_len": 1})
 
 
 def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_vocab: int | None,
@@ -86,6 +84,6 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
                                           "dtype": "bf16"})
         _add(out, "dispatch", {"mode": "gemm", "m": 8, "n": 2048, "k": 2048, "dtype": "bf16", "chain_len": 512})
         if serial_dispatch:
-            _ops_points(out, g, CKPT_NAMES[int(pl.ckpt[i])])
+            _ops_points(out, g, CKPT_NAMES[int(pl.ckpt[i])], T)
     del table_vocab
     return out

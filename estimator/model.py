@@ -636,7 +636,7 @@ class TimeModel:
         t_disp = L_stage * kappa * self.disp.t_gap_s + t_ep_host + self.disp.t_host_s
         t_step_host = np.zeros(P)
         if self.serial:
-            t_disp, t_step_host = self._serial_host(rec, g, ckc, L_stage, nd0, t_disp)
+            t_disp, t_step_host = self._serial_host(rec, g, ckc, L_stage, nd0, t_disp, seqlen * mbs / cp)
         st = stage_periods(pp, t_stage0, t_other, t_first, t_last, t_disp, self.serial)
         f_bub = bubble_fraction(pp, vpp, n_mb)
         t_pipe = pipeline_time(n_mb, pp, vpp, st.period, t_first, t_last)
@@ -724,7 +724,7 @@ class TimeModel:
                           pp_nodes.astype(int), deep, mfu, mfu_ne, hfu, rec.n_clamped, rec.oor, rec.warnings,
                           rec.notes)
 
-    def _serial_host(self, rec, g, ckc, L_stage, nd0, t_law):
+    def _serial_host(self, rec, g, ckc, L_stage, nd0, t_law, T):
         """Host seconds on a serial-dispatch device: (per micro-batch and stage, per step).
 
         Per micro-batch: n_moe_stage t_moe(ckpt) + n_dense_stage t_dense(ckpt) + t_microbatch(ckpt),
@@ -734,27 +734,31 @@ class TimeModel:
         (labelled analytic). The first stage (dense blocks, embedding) is the one costed.
         """
         P = rec.P
-        h = self.tb.host_ops
-        prec = g.precision
+        tb, prec = self.tb, g.precision
+        E = int(g.E) if g.is_moe else 1
         n_moe = (L_stage - nd0) if g.is_moe else np.zeros(P)
         n_den = nd0 if g.is_moe else L_stage * np.ones(P)
         t_mb = np.array(t_law, dtype=float, copy=True).reshape(-1) * np.ones(P)
         src = np.full(P, ANALYTIC, dtype=np.int8)
-        for code, name in CKPT_NAMES.items():
+
+        def part(name, ck):
+            return tb.host_time(name, ck, prec, T, g.d, E)
+
+        for code, ck in CKPT_NAMES.items():
             sel = ckc == code
-            parts = [("dense", name), ("microbatch", name)] + ([("moe", name)] if g.is_moe else [])
-            if not sel.any() or any((p, c, prec) not in h for p, c in parts):
+            if not sel.any():
                 continue
-            t = (n_den * h[("dense", name, prec)] + h[("microbatch", name, prec)]
-                 + (n_moe * h[("moe", name, prec)] if g.is_moe else 0.0))
-            t_mb = np.where(sel, t, t_mb)
+            den, mb, mo = part("dense", ck), part("microbatch", ck), part("moe", ck) if g.is_moe else 0.0
+            if den is None or mb is None or mo is None:
+                continue
+            t_mb = np.where(sel, n_den * den + mb + n_moe * mo, t_mb)
             src[sel] = MEASURED
         rec.mark("dispatch_floor", src)
         # per step: the optimizer's ops; a part without a row issues none (the bench stores a part
         # that counts 0 ops, e.g. the per-layer master copies of an fp32 model, as UNSUPPORTED)
-        n_den_all, n_moe_all = g.L - g.n_moe, g.n_moe
-        step = (n_den_all * h.get(("step_dense", "", prec), 0.0) + h.get(("step", "", prec), 0.0)
-                + n_moe_all * h.get(("step_moe", "", prec), 0.0)) * L_stage / g.L  # this stage's share
+        st = {k: (v if v is not None else 0.0) for k in ("step_dense", "step", "step_moe")
+              for v in [part(k, "")]}
+        step = ((g.L - g.n_moe) * st["step_dense"] + st["step"] + g.n_moe * st["step_moe"]) * L_stage / g.L
         return t_mb, step
 
     def _vocab(self, rec, g, T, tp, peak, hbm, b_el):

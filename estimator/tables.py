@@ -230,9 +230,25 @@ class Tables:
     # per precision ("bf16", "fp32", ...): the GEMM / grouped / vocab tables of that dtype's rows;
     # ``gemm``, ``grouped``, ``vocab`` hold bf16 (the default view); see :meth:`view`
     by_dtype: dict[str, dict] = field(default_factory=dict)
-    # serial-dispatch host seconds (dispatch rows ``ops:<part>[:<ckpt>]``): (part, ckpt, dtype) -> s
-    host_ops: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    # serial-dispatch host seconds (dispatch rows ``ops:<part>[:<ckpt>]``): (part, ckpt, dtype) ->
+    # array of rows (tokens m, hidden n, experts k, seconds); see :meth:`host_time`
+    host_ops: dict[tuple[str, str, str], np.ndarray] = field(default_factory=dict)
     sdpa_backend: str | None = None
+
+    def host_time(self, part: str, ckpt: str, dtype: str, tokens, hidden: int, experts: int):
+        """Host seconds of a model part at ``tokens`` per micro-batch (array), or None without rows.
+
+        Rows of the exact (hidden, experts) are used where present (else all rows); between measured
+        token counts log-log interpolation, outside them the nearest (the dispatch share does not
+        depend on the widths; the uncosted compute is a small share)."""
+        rows = self.host_ops.get((part, ckpt, dtype))
+        if rows is None:
+            return None
+        same = rows[(rows[:, 1] == hidden) & (rows[:, 2] == experts)]
+        rows = same if len(same) else rows
+        rows = rows[np.argsort(rows[:, 0])]
+        m, t = np.log(rows[:, 0]), np.log(rows[:, 3])
+        return np.exp(np.interp(np.log(np.asarray(tokens, dtype=float)), m, t))
 
     def view(self, precision: str) -> Tables:
         """These tables with gemm / grouped / vocab taken from ``precision``'s rows (a spec in fp32
@@ -488,7 +504,8 @@ def _build_dispatch(tb: Tables, df: pd.DataFrame) -> None:
     ops = _newest(ops, ["mode", "m", "n", "k", "dtype", "chain_len"])
     for (mode, dt), r in ops.groupby(["mode", "dtype"]):
         _, part, *ck = str(mode).split(":")
-        tb.host_ops[(part, ck[0] if ck else "", str(dt))] = float(r["wall_per_kernel_s"].median())
+        r = r.groupby(["m", "n", "k"])["wall_per_kernel_s"].median().reset_index()
+        tb.host_ops[(part, ck[0] if ck else "", str(dt))] = r[["m", "n", "k", "wall_per_kernel_s"]].to_numpy(float)
 
 
 @functools.lru_cache(maxsize=32)

@@ -17,6 +17,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 PARTS = ("moe", "dense", "microbatch", "step_moe", "step_dense", "step")
 REPS = 15
+TINY = (64, 64, 4)  # (tokens, hidden, experts) of the probe whose wall per op is the dispatch cost
+# ops the estimator costs from its own tables (GEMM, grouped GEMM, SDPA, vocab, router top-k): their
+# compute is not host work; every other op's compute at the model's widths is (elementwise, index,
+# copies, router arithmetic), timed one by one in the probe
+COSTED = {"mm", "addmm", "bmm", "_grouped_mm", "_scaled_dot_product_flash_attention_for_cpu",
+          "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention",
+          "_scaled_dot_product_flash_attention_backward", "_log_softmax", "_log_softmax_backward_data",
+          "nll_loss_forward", "nll_loss_backward", "topk"}
 
 
 class _OpCounter(TorchDispatchMode):
@@ -31,11 +39,28 @@ class _OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class _OpTimer(TorchDispatchMode):
+    """Sums the wall seconds of every op not in COSTED (the op's kernel, below this mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t0 = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ not in COSTED:
+            self.t += time.perf_counter() - t0
+        return out
+
+
 def _spec(tokens: int, hidden: int, experts: int, layers: int, moe: bool, precision: str):
     from scaleplan.specs import parse_spec
 
-    model = {"hidden_sz": hidden, "inter_sz": 2 * hidden, "n_q_heads": 2, "n_kv_heads": 1,
-             "head_dim": max(hidden // 2, 8), "vocab_sz": 256, "n_layers": layers, "precision": precision}
+    hd = 32 if hidden % 32 == 0 and hidden >= 64 else max(hidden // 2, 1)  # the reference's head_dim
+    heads = hidden // hd
+    model = {"hidden_sz": hidden, "inter_sz": 2 * hidden, "n_q_heads": heads, "n_kv_heads": max(heads // 2, 1),
+             "head_dim": hd, "vocab_sz": 256, "n_layers": layers, "precision": precision}
     if moe:
         model["moe"] = {"n_experts": experts, "experts_per_token": min(2, experts),
                         "expert_inter_sz": hidden // 2, "shared_expert_inter_sz": hidden // 2}
@@ -44,8 +69,9 @@ def _spec(tokens: int, hidden: int, experts: int, layers: int, moe: bool, precis
 
 
 @functools.lru_cache(maxsize=64)
-def _probe(tokens, hidden, experts, layers, moe, ckpt, precision, dtype_name) -> tuple[int, int, float, float]:
-    """(ops of one fwd+bwd, ops of one optimizer step, floor wall s of fwd+bwd, of the step)."""
+def _probe(tokens, hidden, experts, layers, moe, ckpt, precision, dtype_name) -> tuple:
+    """(ops of one fwd+bwd, ops of one optimizer step, median wall s of fwd+bwd, of the step,
+    median seconds of the uncosted ops' kernels in a fwd+bwd, in a step)."""
     from scaleplan.validate.model import build_model
     from scaleplan.validate.runner import MasterAdamW
 
@@ -65,6 +91,14 @@ def _probe(tokens, hidden, experts, layers, moe, ckpt, precision, dtype_name) ->
         fb()
     with _OpCounter() as c2:
         opt.step()
+    unc_fb, unc_st = [], []
+    for _ in range(5):
+        with _OpTimer() as t1:
+            fb()
+        with _OpTimer() as t2:
+            opt.step()
+        unc_fb.append(t1.t)
+        unc_st.append(t2.t)
     fbs, sts = [], []
     for _ in range(REPS):
         t0 = time.perf_counter()
@@ -74,7 +108,7 @@ def _probe(tokens, hidden, experts, layers, moe, ckpt, precision, dtype_name) ->
         fbs.append(t1 - t0)
         sts.append(time.perf_counter() - t1)
     # the median, like every other table (and like the validate step time it adds to)
-    return c.n, c2.n, float(np.median(fbs)), float(np.median(sts))
+    return c.n, c2.n, float(np.median(fbs)), float(np.median(sts)), float(np.median(unc_fb)), float(np.median(unc_st))
 
 
 def measure(p: dict, dt: torch.dtype, ctx) -> dict:
@@ -90,21 +124,32 @@ def measure(p: dict, dt: torch.dtype, ctx) -> dict:
     prec = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dt)
     if prec is None:
         raise h.Unsupported(f"the reference model runs in bf16/fp16/fp32, not {dt}")
-    args = (p["m"], p["n"], p["k"])
     dn = str(dt).removeprefix("torch.")
-    # the first block is dense, every later one MoE: L=2 -> L=3 adds one MoE layer; the dense-only
-    # model L=1 -> L=2 adds one dense layer; the dense L=1 model minus its layer is the rest
-    m2, m3 = _probe(*args, 2, True, ckpt, prec, dn), _probe(*args, 3, True, ckpt, prec, dn)
-    d1, d2 = _probe(*args, 1, False, ckpt, prec, dn), _probe(*args, 2, False, ckpt, prec, dn)
-    per_op_fb = m3[2] / m3[0]  # seconds per op of a forward + backward (largest probe)
-    per_op_st = m3[3] / max(m3[1], 1)
-    n_ops = {"moe": m3[0] - m2[0], "dense": d2[0] - d1[0], "microbatch": d1[0] - (d2[0] - d1[0]),
-             "step_moe": m3[1] - m2[1], "step_dense": d2[1] - d1[1], "step": d1[1] - (d2[1] - d1[1])}[part]
-    per_op = per_op_st if part.startswith("step") else per_op_fb
+
+    def parts(args, i):
+        """Per-part quantity i of _probe: the first block is dense, every later one MoE, so L=2 -> L=3
+        adds one MoE layer; the dense-only model L=1 -> L=2 one dense layer; dense L=1 minus its
+        layer is the rest."""
+        m2, m3 = _probe(*args, 2, True, ckpt, prec, dn), _probe(*args, 3, True, ckpt, prec, dn)
+        d1, d2 = _probe(*args, 1, False, ckpt, prec, dn), _probe(*args, 2, False, ckpt, prec, dn)
+        j = i + 1  # the optimizer-step column beside the fwd+bwd one
+        return m3, {"moe": m3[i] - m2[i], "dense": d2[i] - d1[i], "microbatch": d1[i] - (d2[i] - d1[i]),
+                    "step_moe": m3[j] - m2[j], "step_dense": d2[j] - d1[j], "step": d1[j] - (d2[j] - d1[j])}
+
+    # dispatch: op count x the seconds per op of the tiny probe (wall / ops: host cost of eager
+    # autograd ops); compute of the ops the tables do not cost: timed at this point's widths
+    m3, counts = parts(TINY, 0)
+    per_op = m3[3] / max(m3[1], 1) if part.startswith("step") else m3[2] / m3[0]
+    n_ops = counts[part]
+    _, unc = parts((p["m"], p["n"], p["k"]), 4)
+    _, unc_tiny = parts(TINY, 4)
+    # the tiny probe's wall per op already holds its own (small) uncosted compute
+    extra = max(unc[part] - unc_tiny[part], 0.0)
     if n_ops == 0 and part.startswith("step"):  # e.g. fp32: no master copies, one fused AdamW call
         raise h.Unsupported(f"part {part} issues no ops in {prec} (counted: 0)")
     if n_ops <= 0:
         raise RuntimeError(f"non-positive op count {n_ops} for part {part} ({ckpt})")
-    return dict(wall_per_kernel_s=n_ops * per_op, active_per_kernel_s=None, n_rep=REPS,
-                note=f"n_ops={n_ops}; t_op_s={per_op:.3e}; ckpt={ckpt}; probe tokens={p['m']} hidden={p['n']} "
-                f"experts={p['k']} ({m3[0]} fwd+bwd ops, {m3[1]} step ops at L=3)")
+    return dict(wall_per_kernel_s=n_ops * per_op + extra, active_per_kernel_s=None, n_rep=REPS,
+                note=f"n_ops={n_ops}; t_op_s={per_op:.3e}; uncosted_compute_s={extra:.3e}; ckpt={ckpt}; "
+                f"widths tokens={p['m']} hidden={p['n']} experts={p['k']}; dispatch probe {TINY} "
+                f"({m3[0]} fwd+bwd ops, {m3[1]} step ops at L=3)")
