@@ -122,7 +122,7 @@ def _minimal_row(table, run_id: int) -> dict:
     for c in table.__table__.columns:
         if c.name in row or c.primary_key or c.nullable or c.default is not None or c.server_default is not None:
             continue
-        row[c.name] = {"INTEGER": 4, "BOOLEAN": True}.get(str(c.type), "x")
+        row[c.name] = {"INTEGER": 4, "BIGINT": 4, "BOOLEAN": True}.get(str(c.type), "x")
     for c in table.__table__.constraints:
         if (c.name or "").endswith("_present_when_ok"):
             row[c.name.removesuffix("_present_when_ok")] = 1e-3
