@@ -16,7 +16,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 PARTS = ("moe", "dense", "microbatch", "step_moe", "step_dense", "step")
-REPS = 15
+REPS = 40  # the per-op host time varies with the machine's state: a long sample for a stable median
 TINY = (64, 64, 4)  # (tokens, hidden, experts) of the probe whose wall per op is the dispatch cost
 # ops the estimator costs from its own tables (GEMM, grouped GEMM, SDPA, vocab, router top-k): their
 # compute is not host work; every other op's compute at the model's widths is (elementwise, index,
