@@ -5,6 +5,7 @@ and cached; every evaluation is vectorised over plans (``model.TimeModel``).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -85,13 +86,17 @@ class Estimator:
         extrapolate: "error" (out-of-range lookups raise / mark plans infeasible) or "clamp".
         calibration_id: a Calibration row id to use for chi_sys (None: newest per kind).
         use_calibration: False -> chi_sys = 1 and the default dispatch law (t_analytic).
+        host_scale: multiply the dispatch law's host terms (t_gap, t_ep_host, t_host; on a
+            serial-dispatch profile also the measured per-op host times of the ``ops:*`` rows) by
+            this factor; None -> the ``host_scale`` coefficient of the 'dispatch' calibration in
+            force (1 without one). Used by ``calibrate fit --kind dispatch --from-runs``.
     Raises:
         SpecError: unknown profile or extrapolate mode.
     """
 
     def __init__(self, profile: str | ClusterProfile = "p6-b200.48xlarge", db_url: str | None = None,
                  extrapolate: str = "error", calibration_id: int | None = None, use_calibration: bool = True,
-                 tables: Tables | None = None):
+                 tables: Tables | None = None, host_scale: float | None = None):
         if extrapolate not in ("error", "clamp"):
             raise SpecError("extrapolate", extrapolate, "error or clamp")
         self.profile = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
@@ -102,7 +107,11 @@ class Estimator:
 
             tables = cached_tables(resolve_url(db_url), self.profile.name, self.profile.peak("bf16"))
         self.tables = tables
+        self.host_scale = 1.0
         self.dispatch, self.chi = self._calibration(calibration_id, use_calibration)
+        if host_scale is not None:
+            self.host_scale = float(host_scale)
+        self._apply_host_scale()
         self.model = TimeModel(self.profile, self.tables, extrapolate == "clamp", self.dispatch, self.chi)
 
     @classmethod
@@ -134,12 +143,33 @@ class Estimator:
             law = DispatchLaw(float(co.get("kappa0", law.kappa0)), float(co.get("kappa1", law.kappa1)),
                               float(co.get("t_gap_s", law.t_gap_s)), float(co.get("t_host_s", law.t_host_s)),
                               f"calibration {d.id}", float(co.get("t_ep_host_s", law.t_ep_host_s)))
+            self.host_scale = float(co.get("host_scale", 1.0))
         c = rows.get("chi_sys")
         if c is not None:
             co = c.coefficients
             chi = ChiCoefficients(float(co.get("c_a2a", 0.0)), float(co.get("c_pp", 0.0)),
                                   float(co.get("c_ovl", 0.0)), c.id)
         return law, chi
+
+    def _apply_host_scale(self) -> None:
+        """Scale the host side of dispatch by ``self.host_scale`` (the per-op host cost measured on a
+        probe understates a real model's): t_gap, t_ep_host, t_host of the law and, for serial-dispatch
+        profiles, the ``ops:*`` host seconds (a copy of the tables; the cached ones stay unscaled)."""
+        s = self.host_scale
+        if s == 1.0:
+            return
+        if not (math.isfinite(s) and s > 0):
+            raise SpecError("host_scale", s, "a positive finite number")
+        law = self.dispatch
+        self.dispatch = DispatchLaw(law.kappa0, law.kappa1, law.t_gap_s * s, law.t_host_s * s,
+                                    f"{law.source}, host_scale {s:.4g}", law.t_ep_host_s * s)
+        if self.tables.host_ops:
+            scaled = {}
+            for k, rows in self.tables.host_ops.items():
+                rows = np.array(rows, dtype=float, copy=True)
+                rows[:, 3] *= s  # column 3 = host seconds (m, n, k, wall_per_kernel_s)
+                scaled[k] = rows
+            self.tables = dataclasses.replace(self.tables, host_ops=scaled)
 
     def _calibration_rows(self, cal_id) -> dict[str, Any]:
         from sqlalchemy import inspect, select

@@ -100,6 +100,21 @@ def _print_dispatch(out: dict) -> None:
         stdout.print(f"  note: {n}")
 
 
+def _print_host(out: dict) -> None:
+    m = out["step_time_mape"]
+    stdout.print(f"dispatch calibration id {out['calibration_id']} (version {out['version']}) for {out['profile']}: "
+                 f"host_scale={out['host_scale']:.4g} (bounds {out['bounds']}) from {out['n_obs']} observed runs; "
+                 f"step-time MAPE {m['before']:.1%} at host_scale=1 -> {m['after']:.1%}", highlight=False)
+    for r in out["runs"]:
+        stdout.print(f"  run {r['id']} ({r['sweep']}): measured {r['t_meas_s']:.4g} s, predicted "
+                     f"{r['t_pred_before_s']:.4g} -> {r['t_pred_after_s']:.4g} s, log residual "
+                     f"{r['log_residual_after']:+.3f}", highlight=False)
+    for n in out["notes"]:
+        stdout.print(f"  note: {n}")
+    if out["skipped"]:
+        stdout.print(f"  {len(out['skipped'])} run(s) left out: the estimator refused them")
+
+
 @app.command("fit")
 def fit(profile: str = ProfileOpt,
         kind: str = typer.Option("chi_sys", "--kind", help="chi_sys, dispatch or all."),
@@ -110,18 +125,26 @@ def fit(profile: str = ProfileOpt,
                                         "estimator's published c_a2a=1.2, c_pp=0.5, c_ovl=-0.18."),
         sweep: list[str] = typer.Option(None, "--sweep", help="Only these sweeps (repeatable)."),
         extrapolate: str = typer.Option("clamp", "--extrapolate", help="clamp or error, for table lookups."),
+        from_runs: bool = typer.Option(False, "--from-runs", help="With --kind dispatch or all: also fit the "
+                                       "dispatch law's host-time factor host_scale (bounded [0.2, 5]) on the "
+                                       "observed runs' absolute step times (--sweep selects runs); with "
+                                       "--kind dispatch only that fit, with all: benchmarks, host_scale, chi_sys."),
         db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     """Fit and store a new calibration version (the estimator uses the newest)."""
-    from scaleplan.calibrate.runner import fit_chi_sys, fit_dispatch_floor
+    from scaleplan.calibrate.runner import fit_chi_sys, fit_dispatch_floor, fit_host_scale_from_runs
 
     if kind not in ("chi_sys", "dispatch", "all"):
         raise SpecError("--kind", kind, "chi_sys, dispatch or all")
     _check_mode(mode)
     _check_extrapolate(extrapolate)
+    if from_runs and kind == "chi_sys":
+        raise SpecError("--from-runs", "with --kind chi_sys", "--kind dispatch or all")
     url = db_url(db)
     results = []
-    if kind in ("dispatch", "all"):
+    if kind == "all" or (kind == "dispatch" and not from_runs):
         results.append(fit_dispatch_floor(url, profile))
+    if from_runs:
+        results.append(fit_host_scale_from_runs(url, profile, sweeps=sweep or None, extrapolate=extrapolate))
     if kind in ("chi_sys", "all"):
         results.append(fit_chi_sys(url, profile, mode or "absolute", _fixed(fix), sweeps=sweep or None,
                                    extrapolate=extrapolate, prior=_prior(prior)))
@@ -129,7 +152,7 @@ def fit(profile: str = ProfileOpt,
         print_json(results[0] if len(results) == 1 else {"fits": results})
         return
     for r in results:
-        (_print_chi if r["kind"] == "chi_sys" else _print_dispatch)(r)
+        (_print_chi if r["kind"] == "chi_sys" else _print_host if r.get("from_runs") else _print_dispatch)(r)
 
 
 def _pct(x) -> str:
