@@ -155,11 +155,17 @@ def fit_host_scale_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sw
         return cache[s]
 
     fit = fit_host_scale(t_of_scale, t_meas)
-    base: dict[str, float] = {}
+    # the law in force, written out (so a later benchmark refit keeps its block-level t_gap) and
+    # overlaid with the previous dispatch row's other keys: the estimator sees the same base law
+    from scaleplan.estimator import Estimator
+
+    law = Estimator(profile, url, extrapolate, use_calibration=use_calibration, host_scale=1.0).dispatch
+    base = {"t_gap_s": law.t_gap_s, "kappa0": law.kappa0, "kappa1": law.kappa1, "t_host_s": law.t_host_s,
+            "t_ep_host_s": law.t_ep_host_s}
     with dbs.session_scope(url) as s:
         prev = store.newest(s, profile, "dispatch") if use_calibration else None
         if prev is not None:
-            base = {k: v for k, v in dict(prev.coefficients or {}).items() if k != "host_scale"}
+            base.update({k: v for k, v in dict(prev.coefficients or {}).items() if k != "host_scale"})
     coeffs = {**base, "host_scale": fit.host_scale}
     runs = [{"id": o.id, "sweep": o.sweep, "t_meas_s": float(t), "t_pred_before_s": float(t * np.exp(rb)),
              "t_pred_after_s": float(t * np.exp(ra)), "log_residual_before": rb, "log_residual_after": ra}

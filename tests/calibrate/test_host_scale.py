@@ -46,3 +46,33 @@ def test_refuses_without_observations():
 def test_refuses_when_host_time_never_matters():
     with pytest.raises(ScaleplanError, match="not identifiable"):
         fit_host_scale(lambda s: np.array([1.0, 2.0]), [1.1, 2.2])
+
+
+def test_runner_stores_a_dispatch_row_the_estimator_reproduces(recorded_db, validation_dir, tmp_path):
+    """fit --kind dispatch --from-runs on the published B200 sweeps: the stored row predicts what the
+    fit reported, a refit does not compound the scale, a benchmark refit keeps it and the block gap."""
+    from scaleplan.calibrate.evaluate import estimator_predictor, observed_from_db
+    from scaleplan.calibrate.observations import add_runs
+    from scaleplan.calibrate.runner import fit_dispatch_floor, fit_host_scale_from_runs
+    from scaleplan.db.session import session_scope
+
+    from .fakes import copy_sqlite
+
+    url = copy_sqlite(recorded_db, tmp_path / "hs.db")
+    add_runs(url, validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml")
+    prof = "p6-b200.48xlarge"
+    gap0 = Estimator(prof, url).dispatch.t_gap_s
+    out = fit_host_scale_from_runs(url, prof)
+    assert BOUNDS[0] < out["host_scale"] < BOUNDS[1] and out["n_obs"] == 20 and out["version"] == 1
+    assert out["coefficients"]["t_gap_s"] == pytest.approx(gap0)  # the base law is written out unchanged
+    with session_scope(url) as s:
+        obs = {o.id: o for o in observed_from_db(s, prof)}
+    runs = out["runs"][:3]
+    preds = estimator_predictor(prof, url)([obs[r["id"]] for r in runs])  # newest row in force
+    for r, p in zip(runs, preds):
+        assert p.t_analytic_s == pytest.approx(r["t_pred_after_s"], rel=1e-9)
+    again = fit_host_scale_from_runs(url, prof)
+    assert again["host_scale"] == pytest.approx(out["host_scale"], rel=1e-6) and again["version"] == 2
+    bench = fit_dispatch_floor(url, prof)
+    assert bench["coefficients"]["host_scale"] == pytest.approx(out["host_scale"])
+    assert bench["coefficients"]["t_gap_s"] == pytest.approx(gap0)
