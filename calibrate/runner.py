@@ -140,6 +140,7 @@ def fit_host_scale_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sw
     law (benchmarks' LOO). Raises ScaleplanError: no runs, none absolute, s not identifiable.
     """
     from scaleplan.calibrate.host_scale import BOUNDS, absolute_times, fit_host_scale
+
     from scaleplan.db import session as dbs
 
     obs = _observations(url, profile, sweeps, sources)

@@ -3,6 +3,13 @@
 Observed runs (CSV/JSON, see :mod:`scaleplan.calibrate.observations` for the columns) go into the
 database; `fit` turns them into a new versioned chi_sys calibration (eq:desync) and/or fits the
 dispatch floor from the dispatch benchmark; `report` shows what the calibration bought, per sweep.
+
+`fit --kind dispatch --from-runs` (opt-in) instead fits one factor ``host_scale`` in [0.2, 5] on the
+dispatch law's host terms (t_gap, t_ep_host, t_host; on serial-dispatch profiles the ``ops:*`` host
+seconds) from the observed runs' absolute step times (soft-L1 on log step time) and stores it as a
+new 'dispatch' version (the law in force written out + ``host_scale``). `--kind all` = dispatch from
+benchmarks, then chi_sys, as before; `--kind all --from-runs` puts the host_scale fit between them.
+A later benchmark refit keeps the stored host_scale.
 """
 from __future__ import annotations
 

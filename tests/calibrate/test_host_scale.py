@@ -54,6 +54,7 @@ def test_runner_stores_a_dispatch_row_the_estimator_reproduces(recorded_db, vali
     from scaleplan.calibrate.evaluate import estimator_predictor, observed_from_db
     from scaleplan.calibrate.observations import add_runs
     from scaleplan.calibrate.runner import fit_dispatch_floor, fit_host_scale_from_runs
+
     from scaleplan.db.session import session_scope
 
     from .fakes import copy_sqlite
