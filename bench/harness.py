@@ -130,6 +130,22 @@ def time_fn(
     return _time_cpu(run, setup, reps)
 
 
+
+def time_fwd_bwd(fwd: Callable[[], Any], leaves: list[Any], grad: Any, ctx: Context) -> tuple[Stats, Stats]:
+    """Time a forward ``fwd()`` and, separately, its backward with output gradient ``grad``.
+
+    The backward is timed alone: every repetition re-runs the forward untimed after clearing the
+    ``leaves``' gradients. Returns (forward stats, backward stats) in seconds.
+    """
+    f = time_fn(lambda _: fwd(), ctx)
+
+    def setup():
+        for x in leaves:
+            x.grad = None
+        return fwd()
+
+    return f, time_fn(lambda y: y.backward(grad), ctx, setup=setup)
+
 def _warmup(run, setup, ctx: Context) -> float:
     """Run the warm-up calls; return the wall seconds of the last one (a budget estimate)."""
     last = 0.0

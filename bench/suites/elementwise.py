@@ -90,13 +90,5 @@ def measure(p: dict, ctx: h.Context) -> dict:
         raise h.Unsupported(f"element-wise ops are benchmarked in bf16/fp16/fp32, not {p['dtype']}")
     h.check_memory(ctx, dt.itemsize * 8 * p["tokens"] * p["hidden"])
     fwd, leaves = _closure(p, dt, ctx)
-    f = h.time_fn(lambda _: fwd(), ctx)
-    g = torch.randn_like(fwd())
-
-    def setup():
-        for x in leaves:
-            x.grad = None
-        return fwd()
-
-    b = h.time_fn(lambda y: y.backward(g), ctx, setup=setup)
+    f, b = h.time_fwd_bwd(fwd, leaves, torch.randn_like(fwd()), ctx)
     return dict(fwd_s=f.median, bwd_s=b.median, n_rep=f.n)

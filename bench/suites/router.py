@@ -139,13 +139,5 @@ def measure(p: dict, ctx: h.Context) -> dict:
     t, e, k, d = p["num_tokens"], p["num_experts"], p["k"], max(p["hidden"], 1)
     h.check_memory(ctx, 4 * (6 * t * e + 4 * t * k * d + e * d))
     fwd, gshape, leaves = _closures(p, dt, ctx)
-    f = h.time_fn(lambda _: fwd(), ctx)
-    g = torch.randn(gshape, dtype=dt, device=ctx.device)
-
-    def setup():
-        for x in leaves:
-            x.grad = None
-        return fwd()
-
-    b = h.time_fn(lambda y: y.backward(g), ctx, setup=setup)
+    f, b = h.time_fwd_bwd(fwd, leaves, torch.randn(gshape, dtype=dt, device=ctx.device), ctx)
     return dict(fwd_s=f.median, bwd_s=b.median, n_rep=f.n)

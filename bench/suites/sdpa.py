@@ -140,13 +140,5 @@ def measure(p: dict, ctx: h.Context) -> dict:
         fwd, note, leaves = _torch_attention(p, q, k, v, TORCH_BACKENDS[p["backend"]])
     else:
         raise h.Unsupported(f"unknown sdpa backend {p['backend']!r}")
-    f = h.time_fn(lambda _: fwd(), ctx)
-    dout = torch.randn_like(fwd())
-
-    def setup():
-        for t in leaves:
-            t.grad = None
-        return fwd()
-
-    bw = h.time_fn(lambda o: o.backward(dout), ctx, setup=setup)
+    f, bw = h.time_fwd_bwd(fwd, leaves, torch.randn_like(fwd()), ctx)
     return dict(fwd_s=f.median, bwd_s=bw.median, n_rep=f.n, note=note)
