@@ -9,7 +9,6 @@ import sys
 import typer
 from rich.markup import escape
 
-from scaleplan.cli import _common
 from scaleplan.cli._common import STATE, stderr
 from scaleplan.errors import ScaleplanError, one_line
 from sqlalchemy.exc import DBAPIError

@@ -12,7 +12,6 @@ from scaleplan.estimator.model import _Recorder
 from scaleplan.estimator.tables import ANALYTIC, CLAMPED, INTERPOLATED
 from scaleplan.geometry import ladder_model
 
-from scaleplan.errors import OutOfRangeError
 from scaleplan.specs import Layout, parse_spec
 
 from .conftest import frame, grouped_frame, moe_spec
