@@ -121,7 +121,8 @@ class GridTable:
         exact = np.ones(shape, dtype=bool)
         clamped = []
         for i, c in enumerate(cs):
-            bad = ((c < self.lo[i] * (1 - 1e-9)) | (c > self.hi[i] * (1 + 1e-9))) & (oor_axis < 0)
+            # NaN compares false both ways: flag it out of range explicitly rather than return NaN
+            bad = ((c < self.lo[i] * (1 - 1e-9)) | (c > self.hi[i] * (1 + 1e-9)) | np.isnan(c)) & (oor_axis < 0)
             oor_axis[bad] = i
             oor_val[bad] = c[bad]
             cc = np.clip(c, self.lo[i], self.hi[i])

@@ -63,8 +63,6 @@ def test_negative_sizes_never_reach_the_estimator():
             parse_spec(_spec(**{field: v}))
 
 
-@pytest.mark.xfail(strict=True, reason="estimator: GridTable.lookup returns a NaN time for a NaN coordinate "
-                                       "instead of flagging it out of range (reported to the estimator owner)")
 def test_table_lookup_flags_nan_coordinates():
     t = GridTable("gemm", ("m", "n"), [np.array([64.0, 128.0]), np.array([64.0, 256.0])],
                   np.array([1e-5, 2e-5, 3e-5, 4e-5]))
