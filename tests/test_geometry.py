@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from paper_tables import RESULT_ROWS, SCALE_LADDER
 
 from scaleplan.geometry import ladder_model, ladder_param_counts, spec_param_counts
 
-# tab:scale-ladder: q -> (N_tot B, N_act B, S) at E=128, K=3, G=4 (non-embedding)
-LADDER = {4: (15.5, 0.7, 0.954), 6: (53.2, 2.3, 0.957), 8: (127.3, 5.4, 0.958), 10: (250.0, 10.4, 0.958),
-          12: (433.7, 17.9, 0.959), 14: (690.5, 28.2, 0.959), 16: (1032.8, 41.9, 0.959), 18: (1472.8, 59.5, 0.960)}
+LADDER = {row[0]: (row[5], row[6], row[7]) for row in SCALE_LADDER}
 
 
 @pytest.mark.parametrize("q", sorted(LADDER))
@@ -21,13 +20,7 @@ def test_ladder_table(q):
     assert pc.s == pytest.approx(s, abs=1e-3)
 
 
-@pytest.mark.parametrize("q,E,K,G,n_act,n_tot,s", [
-    (12, 96, 2, 4, 14.5, None, 0.956),       # tab:pareto-B
-    (10, 128, 2, 4, 8.5, 250.0, 0.966),      # tab:staged-top4 ID 1
-    (10, 128, 2, 8, 5.6, 126.4, 0.956),      # ID 2
-    (10, 32, 2, 4, 8.5, 66.0, 0.872),        # ID 3
-    (8, 32, 2, 2, 7.3, 65.8, 0.889),         # ID 4
-])
+@pytest.mark.parametrize("q,E,K,G,n_act,n_tot,s", RESULT_ROWS)
 def test_result_tables(q, E, K, G, n_act, n_tot, s):
     pc = spec_param_counts(ladder_model(q, E, K, G))
     assert pc.n_act / 1e9 == pytest.approx(n_act, abs=0.05)

@@ -1,14 +1,11 @@
 """Parameter counts of the geometry ladder (paper tab:scale-ladder, E=128, K=3, G=4)."""
 import pytest
+from paper_tables import SCALE_LADDER
 from scaleplan.estimator.geom import geometry
 
 from scaleplan.geometry import ladder_model
 
-# q: (L, n_head, d, d_ff, N_tot [B], N_act [B]) as printed in tab:scale-ladder (non-embedding)
-LADDER = {4: (16, 16, 2048, 5120, 15.5, 0.7), 6: (24, 24, 3072, 7680, 53.2, 2.3),
-          8: (32, 32, 4096, 10240, 127.3, 5.4), 10: (40, 40, 5120, 12800, 250.0, 10.4),
-          12: (48, 48, 6144, 15360, 433.7, 17.9), 14: (56, 56, 7168, 17920, 690.5, 28.2),
-          16: (64, 64, 8192, 20480, 1032.8, 41.9), 18: (72, 72, 9216, 23040, 1472.8, 59.5)}
+LADDER = {q: (L, nh, d, dff, ntot, nact) for q, L, nh, d, dff, ntot, nact, _s in SCALE_LADDER}
 
 
 def _close(ours_b: float, printed_b: float) -> bool:

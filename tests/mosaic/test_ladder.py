@@ -2,29 +2,10 @@
 import itertools
 
 import pytest
+from paper_tables import RESULT_ROWS, SCALE_LADDER
 
 from scaleplan.geometry import ladder_model, spec_param_counts
 from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries
-
-# tab:scale-ladder: q, L, n_head, d, d_ff, N_tot (B), N_act (B), S at E=128, K=3, G=4
-SCALE_LADDER = [
-    (4, 16, 16, 2048, 5120, 15.5, 0.7, 0.954),
-    (6, 24, 24, 3072, 7680, 53.2, 2.3, 0.957),
-    (8, 32, 32, 4096, 10240, 127.3, 5.4, 0.958),
-    (10, 40, 40, 5120, 12800, 250.0, 10.4, 0.958),
-    (12, 48, 48, 6144, 15360, 433.7, 17.9, 0.959),
-    (14, 56, 56, 7168, 17920, 690.5, 28.2, 0.959),
-    (16, 64, 64, 8192, 20480, 1032.8, 41.9, 0.959),
-    (18, 72, 72, 9216, 23040, 1472.8, 59.5, 0.960),
-]
-# tab:staged-top4 (q from L = 4q) and tab:pareto-B: q, E, K, G, N_act (B), N_tot (B) or None, S
-RESULT_ROWS = [
-    (10, 128, 2, 4, 8.5, 250.0, 0.966),
-    (10, 128, 2, 8, 5.6, 126.4, 0.956),
-    (10, 32, 2, 4, 8.5, 66.0, 0.872),
-    (8, 32, 2, 2, 7.3, 65.8, 0.889),
-    (12, 96, 2, 4, 14.5, None, 0.956),
-]
 
 
 def _grid_row(q, e, k, g):
