@@ -13,27 +13,20 @@ import argparse
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-import yaml
+from scaleplan.calibrate.observations import sweeps_of
 from scaleplan.estimator import Estimator, PlanConstraints
 from scipy.stats import spearmanr
 
 from scaleplan.geometry import ladder_model
-from scaleplan.specs import Layout, parse_spec
 
 VALIDATION = Path(__file__).resolve().parents[1].parent / "shared" / "validation"
 
 
 def sweep_specs(vdir: Path):
-    models = yaml.safe_load((vdir / "models.yaml").read_text())
-    df = pd.read_csv(vdir / "mfu_sweeps.csv")
-    for name, g in df.groupby("sweep", sort=False):
-        r0 = g.iloc[0]
-        d = dict(models[r0.model])
-        d["data"] = {"seqlen": int(r0.seqlen), "gbs": int(r0.gbs)}
-        lays = [Layout(tp=int(r.tp), cp=int(r.cp), pp=int(r.pp), dp=int(r.dp), ep=int(r.ep), mbs=int(r.mbs),
-                       ckpt="full") for r in g.itertuples()]
-        yield name, parse_spec(d), int(r0.n_devices), lays, g
+    """(sweep, Spec, n_devices, layouts, measured MFU %, reference MFU %) per validation sweep."""
+    for name, spec, n, lays, obs in sweeps_of(vdir / "mfu_sweeps.csv", vdir / "models.yaml"):
+        yield (name, spec, n, lays, 100 * np.array([o.measured_mfu for o in obs]),
+               100 * np.array([o.reference_mfu for o in obs]))
 
 
 def _mape(pred: np.ndarray, real: np.ndarray) -> float:
@@ -53,11 +46,9 @@ def main() -> None:
           f"t_gap={est.dispatch.t_gap_s * 1e6:.1f} us t_host={est.dispatch.t_host_s * 1e3:.1f} ms "
           f"({est.dispatch.source}); chi_sys calibration: {est.chi.calibration_id}")
     print(f"{'sweep':<14}{'n':>3}  {'ours MAPE':>10}{'ours rho':>10}  {'ref MAPE':>9}{'ref rho':>9}  best-measured rank")
-    for name, spec, n, lays, g in sweep_specs(Path(a.validation)):
+    for name, spec, n, lays, real, ref in sweep_specs(Path(a.validation)):
         res = est.estimate(spec, n, lays)
         pred = np.array([100 * r.mfu for r in res])
-        real = g.real_mfu_pct_est.to_numpy()
-        ref = g.reference_pred_mfu_pct.to_numpy()
         rank = int(np.argsort(np.argsort(-pred))[int(np.argmax(real))]) + 1
         print(f"{name:<14}{len(lays):>3}  {_mape(pred, real):>9.1f}%{spearmanr(pred, real)[0]:>10.2f}  "
               f"{_mape(ref, real):>8.1f}%{spearmanr(ref, real)[0]:>9.2f}  {rank}")

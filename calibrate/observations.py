@@ -282,6 +282,20 @@ def parse_runs_file(path: str | Path, specs_path: str | Path | None = None, prof
             for i, rec in enumerate(records)]
 
 
+
+def sweeps_of(path: str | Path, specs_path: str | Path | None = None) -> list[tuple[str, Spec, int, list[Layout],
+                                                                                   list[Observation]]]:
+    """The runs of a file grouped by sweep, in file order: (sweep, Spec, n_devices, layouts, observations).
+
+    One sweep shares its model, device count and batch (as in ../shared/validation/mfu_sweeps.csv);
+    the Spec is the first run's. Raises SpecError like :func:`parse_runs_file`.
+    """
+    groups: dict[str, list[Observation]] = {}
+    for o in parse_runs_file(path, specs_path):
+        groups.setdefault(o.sweep, []).append(o)
+    return [(name, parse_spec(obs[0].spec), obs[0].n_devices, [Layout(**o.layout) for o in obs], obs)
+            for name, obs in groups.items()]
+
 # --- storing ---------------------------------------------------------------------------------------
 
 def store_observations(sess, observations: list[Observation]) -> int:

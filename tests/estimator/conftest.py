@@ -4,9 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
-
-from scaleplan.specs import Layout, parse_spec
 
 
 def moe_spec(**over) -> dict:
@@ -50,18 +47,12 @@ def grouped_frame(hidden: int, ffn: int, law) -> pd.DataFrame:
 @pytest.fixture(scope="session")
 def sweeps(validation_dir):
     """(sweep name, Spec, n_devices, [Layout], measured MFU %, reference MFU %) per validation sweep."""
-    models = yaml.safe_load((validation_dir / "models.yaml").read_text())
-    df = pd.read_csv(validation_dir / "mfu_sweeps.csv")
-    out = []
-    for name, g in df.groupby("sweep", sort=False):
-        r0 = g.iloc[0]
-        d = dict(models[r0.model])
-        d["data"] = {"seqlen": int(r0.seqlen), "gbs": int(r0.gbs)}
-        lays = [Layout(tp=int(r.tp), cp=int(r.cp), pp=int(r.pp), dp=int(r.dp), ep=int(r.ep), mbs=int(r.mbs),
-                       ckpt="full") for r in g.itertuples()]
-        out.append((name, parse_spec(d), int(r0.n_devices), lays, g.real_mfu_pct_est.to_numpy(),
-                    g.reference_pred_mfu_pct.to_numpy()))
-    return out
+    from scaleplan.calibrate.observations import sweeps_of
+
+    return [(name, spec, n, lays, 100 * np.array([o.measured_mfu for o in obs]),
+             100 * np.array([o.reference_mfu for o in obs]))
+            for name, spec, n, lays, obs in sweeps_of(validation_dir / "mfu_sweeps.csv",
+                                                      validation_dir / "models.yaml")]
 
 
 def rel(a, b) -> float:
