@@ -32,6 +32,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from scaleplan.errors import ScaleplanError
+from scaleplan.estimator.model import KAPPA0_DEFAULT, KAPPA1_DEFAULT, T_HOST_DEFAULT_S
 
 CHAIN_MODES = ("gemm", "gemm_relu")
 
@@ -43,10 +44,6 @@ def launches_per_unit(mode: str, source: str) -> int:
 # Last-resort priors (no previous calibration, no dispatch block in the profile): the estimator's
 # module defaults, kernel counts per layer of a Megatron-Core MoE block counted in profiler traces
 # (kappa0, kappa1) and no host time.
-try:
-    from scaleplan.estimator.model import KAPPA0_DEFAULT, KAPPA1_DEFAULT, T_HOST_DEFAULT_S
-except ImportError:  # estimator not importable: the same trace-counted values
-    KAPPA0_DEFAULT, KAPPA1_DEFAULT, T_HOST_DEFAULT_S = 642.0, 7.29, 0.0
 PRIOR = {"kappa0": float(KAPPA0_DEFAULT), "kappa1": float(KAPPA1_DEFAULT), "t_host_s": float(T_HOST_DEFAULT_S)}
 COEFFS = ("t_gap_s", "kappa0", "kappa1", "t_host_s", "t_gap_chain_s")
 

@@ -257,3 +257,15 @@ def parse_layout(text: str, base: Layout | None = None) -> Layout:
                 raise SpecError(f"--layout {key}", val, "a positive integer")
             values[key] = n
     return Layout(**values)
+
+
+def parse_ckpt_modes(text: str, field: str = "--ckpt") -> tuple[str, ...]:
+    """Parse a comma-separated list of checkpointing modes (``none,full``). Raises SpecError
+    naming the first unknown mode, or the whole value when it names none."""
+    modes = tuple(m.strip() for m in text.split(",") if m.strip())
+    for m in modes:
+        if m not in CKPT_MODES:
+            raise SpecError(field, m, f"one of {', '.join(CKPT_MODES)}")
+    if not modes:
+        raise SpecError(field, text, f"a comma-separated subset of {', '.join(CKPT_MODES)}")
+    return modes

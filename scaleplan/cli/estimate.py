@@ -13,7 +13,7 @@ import typer
 
 from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
 from scaleplan.errors import SpecError
-from scaleplan.specs import CKPT_MODES, load_spec, parse_layout
+from scaleplan.specs import CKPT_MODES, load_spec, parse_ckpt_modes, parse_layout
 
 ProfileOpt = typer.Option(None, "--profile", help="Hardware profile (default: the spec's hardware.node_type).")
 ExtrapOpt = typer.Option("error", "--extrapolate", help="Outside the measured range: error (default) or clamp.")
@@ -53,6 +53,14 @@ def _row(r) -> list[str]:
             f"{r.chi_sys:.3f}", "yes" if r.feasible else (r.reason or "no")]
 
 
+def _device_count(spec, devices: int | None) -> int:
+    """--devices, else the spec's search.num_devices. Raises SpecError when neither is positive."""
+    n = devices or spec.search.num_devices
+    if not n or n <= 0:
+        raise SpecError("--devices", devices, "a positive device count (or search.num_devices in the spec)")
+    return n
+
+
 def estimate(
     spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="Model spec (paper listing format)."),
     devices: int = typer.Option(None, "--devices", help="N_dev (default: the spec's search.num_devices)."),
@@ -65,9 +73,7 @@ def estimate(
 ) -> None:
     """Predict t_iter, MFU, HFU and memory of a spec under one or more layouts."""
     spec = load_spec(spec_path)
-    n = devices or spec.search.num_devices
-    if not n or n <= 0:
-        raise SpecError("--devices", devices, "a positive device count (or search.num_devices in the spec)")
+    n = _device_count(spec, devices)
     base = spec.default_layout()
     layouts = [parse_layout(t, base) for t in layout] if layout else [base]
     est = _estimator(spec, profile, db, extrapolate, calibration)
@@ -120,13 +126,8 @@ def layouts(
     from scaleplan.estimator import PlanConstraints
 
     spec = load_spec(spec_path)
-    n = devices or spec.search.num_devices
-    if not n or n <= 0:
-        raise SpecError("--devices", devices, "a positive device count (or search.num_devices in the spec)")
-    modes = tuple(m.strip() for m in ckpt.split(",") if m.strip())
-    for m in modes:
-        if m not in CKPT_MODES:
-            raise SpecError("--ckpt", m, f"one of {', '.join(CKPT_MODES)}")
+    n = _device_count(spec, devices)
+    modes = parse_ckpt_modes(ckpt)
     if not (0 < mem_fraction <= 1.0):
         raise SpecError("--mem-fraction", mem_fraction, "a fraction in (0, 1]")
     if top <= 0:

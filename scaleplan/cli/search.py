@@ -69,16 +69,14 @@ def search(
     from scaleplan.mosaic.ladder import LadderGrid
     from scaleplan.mosaic.law import load_law
     from scaleplan.mosaic.search import Envelope, Mosaic, default_workers, sweep_row
-    from scaleplan.specs import CKPT_MODES, OPTIMIZERS
+    from scaleplan.specs import OPTIMIZERS, parse_ckpt_modes
 
     node_list, day_list = _ints("--nodes", nodes), _floats("--days", days)
     if len(node_list) > 1 and len(day_list) > 1:
         raise SpecError("--nodes/--days", f"{nodes} / {days}", "a list for at most one of them (a 1-D sweep)")
     if optimizer not in OPTIMIZERS:
         raise SpecError("--optimizer", optimizer, f"one of {', '.join(OPTIMIZERS)}")
-    modes = tuple(m.strip() for m in ckpt.split(",") if m.strip())
-    if not modes or any(m not in CKPT_MODES for m in modes):
-        raise SpecError("--ckpt", ckpt, f"a comma-separated subset of {', '.join(CKPT_MODES)}")
+    modes = parse_ckpt_modes(ckpt)
     if not 0 <= s_min < 1:
         raise SpecError("--s-min", s_min, "a sparsity in [0, 1)")
     if top < 1:
