@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 from scaleplan.db.session import mask_url, resolve_url
 from scaleplan.errors import SpecError
@@ -35,8 +35,7 @@ def test_status_shows_the_masked_url_of_a_reachable_server(cli, migrated_db):
         code, out, _ = cli("db", "status", "--db", migrated_db, "--json")
         assert code == 0 and json.loads(out)["url"] == migrated_db  # no password: shown as is
         return
-    url = URL.create("postgresql+psycopg", username="postgres", password=SECRET,
-                     host="127.0.0.1", port=5432, database=migrated_db.rsplit("/", 1)[1])
+    url = make_url(migrated_db).set(password=SECRET)  # same server and port as the fixture's
     code, out, err = cli("db", "status", "--db", url.render_as_string(hide_password=False), "--json")
     assert code == 0, err  # trust auth accepts any password
     assert SECRET not in out + err and json.loads(out)["url"].startswith("postgresql+psycopg://postgres:***@")
