@@ -21,3 +21,15 @@ RESULT_ROWS = [
     (8, 32, 2, 2, 7.3, 65.8, 0.889),      # ID 4
     (12, 96, 2, 4, 14.5, None, 0.956),    # tab:pareto-B
 ]
+
+# tab:staged-top4: the four staged runs on 64 B200 GPUs (8 p6 nodes), gbs 1024, seqlen 2048, all at
+# tp=1, cp=1, pp=4, ep=8, mbs=4: (q, E, K, G, paper's predicted MFU [%], measured MFU / max measured).
+# The measured ratios are the only measured MFU of ladder geometries the paper publishes
+# (../shared/validation/README.md points to them).
+STAGED_RUNS = [
+    (10, 128, 2, 4, 14.0, 0.84),
+    (10, 128, 2, 8, 11.6, 0.69),
+    (10, 32, 2, 4, 21.8, 0.91),
+    (8, 32, 2, 2, 23.3, 1.00),
+]
+STAGED_LAYOUT = {"n_devices": 64, "gbs": 1024, "seqlen": 2048, "tp": 1, "cp": 1, "pp": 4, "ep": 8, "mbs": 4}
