@@ -34,7 +34,8 @@ def _ops_points(out, g: Geometry, ckpt: str, tokens: int) -> None:
 def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_vocab: int | None,
                  serial_dispatch: bool = False) -> dict[str, list[dict]]:
     """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model."""
-    from scaleplan.estimator.model import CKPT_NAMES
+    from scaleplan.estimator.model import (CKPT_NAMES, GRAD_BYTES_COMM, PARAM_BYTES_COMM, bias_sync,
+                                           dp_buckets)
 
     out: dict[str, list[dict]] = {}
     dt = g.precision
@@ -77,11 +78,16 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
                 _add(out, "collectives", {"collective": "all_to_all", "group_size": ep, "layout": "contiguous",
                                           "inter_node": tp * cp * ep > gpn, "size_bytes": R * g.d * 2,
                                           "dtype": "bf16"})
-        if dp * cp > 1:
-            for coll in ("reduce_scatter", "all_gather"):
-                _add(out, "collectives", {"collective": coll, "group_size": dp * cp, "layout": "contiguous",
-                                          "inter_node": tp * cp * dp > gpn, "size_bytes": 2 * 40_000_000,
-                                          "dtype": "bf16"})
+        for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, gpn):
+            if group > 1 and params > 0:
+                for coll, nbytes in (("reduce_scatter", GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM)):
+                    _add(out, "collectives", {"collective": coll, "group_size": int(group), "layout": layout,
+                                              "inter_node": bool(inter), "size_bytes": int(params / nb * nbytes),
+                                              "dtype": "bf16"})
+        n_bias, group, inter, size = bias_sync(g, tp, cp, pp, dp, gpn)
+        if n_bias > 0 and group > 1:
+            _add(out, "collectives", {"collective": "all_reduce", "group_size": int(group), "layout": "contiguous",
+                                      "inter_node": bool(inter), "size_bytes": int(size), "dtype": "bf16"})
         _add(out, "dispatch", {"mode": "gemm", "m": 8, "n": 2048, "k": 2048, "dtype": "bf16", "chain_len": 512})
         if serial_dispatch:
             _ops_points(out, g, CKPT_NAMES[int(pl.ckpt[i])], T)

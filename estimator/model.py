@@ -88,6 +88,36 @@ GRAD_BYTES_COMM, PARAM_BYTES_COMM = 4, 2
 P2P_LAT_INTRA_S, P2P_LAT_INTER_S = 10e-6, 25e-6
 
 
+def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int):
+    """The distributed optimizer's two gradient groups on the heaviest stage, as
+    ``[(params, group, layout, inter_node, n_buckets)]`` (arrays or scalars, parameters per rank).
+
+    Dense grads (attention, dense and shared MLPs, router, embedding or LM head): over the DP x CP
+    group of contiguous ranks. Expert grads: over EDP = TP CP DP / (EP ETP) strided ranks, which
+    leave the node once TP CP EP fills it. Megatron buckets max(40M, 1M x group) parameters.
+    """
+    L_stage = g.L / pp
+    dense_p = (L_stage * g.attn_params + np.minimum(g.n_dense, L_stage) * g.dense_mlp_params
+               + np.maximum(L_stage - g.n_dense, 0) * g.moe_dense_params) / tp
+    dense_p = dense_p + g.vocab * g.d / tp  # embedding (first) or LM head (last): the heavier stage
+    exp_p = np.maximum(L_stage - np.where(pp > 1, 0, g.n_dense), 0) * g.expert_params / (ep * etp)
+    out = []
+    for params, group, layout, inter in ((dense_p, dp * cp, "contiguous", tp * cp * dp > gpn),
+                                         (exp_p, tp * cp * dp / (ep * etp), "strided", tp * cp * ep >= gpn)):
+        nb = np.maximum(np.ceil(params / np.maximum(DDP_BUCKET_PARAMS, 1e6 * group)), 1)
+        out.append((params, group, layout, inter, nb))
+    return out
+
+
+def bias_sync(g: Geometry, tp, cp, pp, dp, gpn: int):
+    """The loss-free balancing bias update (eq:bias-update) all-reduces each MoE layer's fp32 token
+    counts per expert over the TP x CP x DP group once per step (Megatron's expert-bias path):
+    (MoE layers on the stage, group, inter_node, bytes)."""
+    n_layers = np.ceil(g.n_moe / pp) if g.is_moe else np.zeros_like(np.asarray(pp, dtype=float))
+    group = tp * cp * dp
+    return n_layers, group, group > gpn, 4 * g.E
+
+
 @dataclass
 class DispatchLaw:
     """t_disp = L_stage kappa(E_loc) t_gap + n_moe_stage [EP>1] t_ep_host + t_host (seconds, per
@@ -406,7 +436,8 @@ class TimeModel:
                            np.full(P, INTERPOLATED, dtype=np.int8), ax, val, l, h)
         rec.use("experts", res, sel)
 
-    def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None):
+    def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None,
+                    small_analytic=False):
         """Collective time from the table of the regime; analytic ring formula where unmeasured.
 
         Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw
@@ -450,7 +481,12 @@ class TimeModel:
                 # busbw invariance across group sizes: keep bytes per link, factor(n) S / busbw
                 s_ref = size * an.bus_factor(coll, n) / np.maximum(an.bus_factor(coll, nref), 1e-9)
             t, lo, hi, exact = tab.time(nref, s_ref)
-            oor_s = (s_ref < lo * (1 - 1e-9)) | (s_ref > hi * (1 + 1e-9))
+            below = s_ref < lo * (1 - 1e-9)
+            if small_analytic and (below & sel).any():  # latency-bound messages under the measured range
+                t = np.where(below, ana, t)
+                rec.mark(comp, np.where(below & sel, ANALYTIC, 0))
+                below = np.zeros(P, dtype=bool)
+            oor_s = below | (s_ref > hi * (1 + 1e-9))
             res = LookupResult(tab.name, ("size_bytes",), t, np.where(exact, 0, 1).astype(np.int8),
                                np.where(oor_s, 0, -1).astype(np.int16), s_ref, lo, hi)
             tt = rec.use(comp, res, sel)
@@ -694,6 +730,7 @@ class TimeModel:
         comps["vocab"] = t_vocab
         comps["pp_p2p"] = t_pp
         comps["dp_comm"] = t_dp
+        comps["bias_sync"] = self._bias_sync(rec, g, tp, cp, pp, dp)
         comps["optimizer"] = t_opt
         if not self.serial:
             rec.mark("dispatch_floor", 0)
@@ -787,35 +824,35 @@ class TimeModel:
         return t_first, t_last
 
     def _dp_comm(self, rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd):
-        """Exposed distributed-optimizer traffic per iteration.
+        """Exposed data-parallel traffic per iteration: the distributed optimizer's bucketed gradient
+        reduce-scatter and parameter all-gather (groups and buckets: :func:`dp_buckets`).
 
-        Dense grads: reduce-scatter over the DP x CP group (contiguous ranks); params all-gathered
-        back. Expert grads: over EDP = TP CP DP / (EP ETP) strided ranks. Megatron buckets grads
-        (max(40M, 1M x DP) params per bucket) and overlaps reduce-scatter with the last micro-batch's
-        backward and the all-gather with the next first forward; the last bucket is always exposed.
+        Megatron overlaps the reduce-scatter with the last micro-batch's backward and the all-gather
+        with the next first forward; the last bucket is always exposed. On a serial-dispatch profile
+        (a CPU) nothing overlaps: the collective runs on the cores that compute. The bias all-reduce
         """
-        P = len(pl)
-        L_stage = g.L / pp
-        dense_p = (L_stage * g.attn_params + np.minimum(g.n_dense, L_stage) * g.dense_mlp_params
-                   + np.maximum(L_stage - g.n_dense, 0) * g.moe_dense_params) / tp
-        dense_p = dense_p + g.vocab * g.d / tp  # embedding (first) or LM head (last): the heavier stage
-        exp_p = np.maximum(L_stage - np.where(pp > 1, 0, g.n_dense), 0) * g.expert_params / (ep * etp)
-        n_dp = dp * cp
-        edp = tp * cp * dp / (ep * etp)
-        out = np.zeros(P)
-        for params, group, layout, inter in (
-                (dense_p, n_dp, "contiguous", tp * cp * dp > self.gpn),
-                (exp_p, edp, "strided", tp * cp * ep >= self.gpn)):
-            bucket = np.maximum(DDP_BUCKET_PARAMS, 1e6 * group)
-            nb = np.maximum(np.ceil(params / bucket), 1)
+        out = np.zeros(len(pl))
+        for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn):
             per_bucket = params / nb
             act = (group > 1) & (params > 0)
             rs = nb * self._collective(rec, "dp_comm", "reduce_scatter", group, per_bucket * GRAD_BYTES_COMM,
                                        inter, layout, act)
             ag = nb * self._collective(rec, "dp_comm", "all_gather", group, per_bucket * PARAM_BYTES_COMM,
                                        inter, layout, act)
-            out += np.maximum(rs - w_bwd, rs / nb) + np.maximum(ag - w_fwd, ag / nb)
+            if self.serial:
+                out += rs + ag
+            else:
+                out += np.maximum(rs - w_bwd, rs / nb) + np.maximum(ag - w_fwd, ag / nb)
         return out
+
+    def _bias_sync(self, rec, g, tp, cp, pp, dp):
+        """The expert-bias token-count all-reduces of one step (:func:`bias_sync`), exposed: they run
+        between the optimizer step and the next forward. A few hundred bytes: below a GPU table's
+        measured sizes this is the analytic latency-bound ring time (labelled analytic)."""
+        n_layers, group, inter, size = bias_sync(g, tp, cp, pp, dp, self.gpn)
+        act = (n_layers > 0) & (group > 1)
+        return n_layers * self._collective(rec, "bias_sync", "all_reduce", group, size, inter, "contiguous", act,
+                                           small_analytic=True)
 
     def _optimizer(self, rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm):
         """Optimizer step on this rank's shard (distributed optimizer), bandwidth/FLOP roofline.

@@ -109,5 +109,12 @@ def load_profile(name: str) -> ClusterProfile:
     if prof.measure_peak:
         flops = measure_cpu_gemm_flops()
         lanes = {p: flops for p in ("fp32", "tf32", "bf16", "fp16")}
-        prof = prof.model_copy(update={"peak_flops": lanes, "hbm_bytes": prof.hbm_bytes or _ram_bytes()})
+        # every "device" of the local machine (one core at the default one thread per process) is on
+        # this one node: a DP group of processes here talks over loopback, intra-node
+        prof = prof.model_copy(update={"peak_flops": lanes, "hbm_bytes": prof.hbm_bytes or _ram_bytes(),
+                                       "gpus_per_node": _usable_cpus()})
     return prof
+
+
+def _usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
