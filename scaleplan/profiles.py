@@ -112,9 +112,10 @@ def load_profile(name: str) -> ClusterProfile:
         # every "device" of the local machine (one core at the default one thread per process) is on
         # this one node: a DP group of processes here talks over loopback, intra-node
         prof = prof.model_copy(update={"peak_flops": lanes, "hbm_bytes": prof.hbm_bytes or _ram_bytes(),
-                                       "gpus_per_node": _usable_cpus()})
+                                       "gpus_per_node": usable_cpus()})
     return prof
 
 
-def _usable_cpus() -> int:
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -48,14 +48,13 @@ def _print_table(rows: list[dict], profile: str, reason: str | None, hint: str, 
 
 def _measure_tables(spec: Path, layouts, nproc: int, profile: str, url, device: str, threads: int | None) -> None:
     """bench plan --run for exactly the lookups of these layouts (CPU: with the per-process thread count)."""
-    import os
-
     import torch
 
     from scaleplan.bench import plan as bplan
+    from scaleplan.validate.runner import default_threads
 
     if device == "cpu":
-        torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // nproc))
+        torch.set_num_threads(threads or default_threads(nproc))
     lay = [",".join(f"{k}={v}" for k, v in x.model_dump().items() if v is not None) for x in layouts]
     points, _ = bplan.lookups(spec, nproc, lay, profile, url)
     stderr.print(f"measuring {sum(len(v) for v in points.values())} table points for {profile}", highlight=False)

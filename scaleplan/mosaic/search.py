@@ -80,12 +80,12 @@ def _plan_chunk(bounds: tuple[int, int]) -> list[dict]:
 def default_workers() -> int:
     """Worker processes for the plan search: the usable CPUs (at most 8); 1 where fork is unavailable."""
     import multiprocessing as mp
-    import os
+
+    from scaleplan.profiles import usable_cpus
 
     if "fork" not in mp.get_all_start_methods():
         return 1
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(8, n))
+    return max(1, min(8, usable_cpus()))
 
 
 def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: Envelope, constraints=None,

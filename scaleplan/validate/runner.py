@@ -162,6 +162,11 @@ class MasterAdamW:
                     p.copy_(m)
 
 
+def default_threads(nproc: int) -> int:
+    """torch threads per process when ``--threads`` is not given: the CPUs shared by the processes."""
+    return max(1, (os.cpu_count() or 1) // nproc)
+
+
 def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -174,7 +179,7 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
     n_mb = check_layout(spec, layout, world)
     cuda = cfg.device == "cuda"
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
-    threads = cfg.threads or max(1, (os.cpu_count() or 1) // world)
+    threads = cfg.threads or default_threads(world)
     torch.set_num_threads(threads)
     if cuda:
         torch.cuda.set_device(device)
