@@ -10,7 +10,7 @@ prints both.
 """
 import numpy as np
 from paper_tables import STAGED_LAYOUT, STAGED_RUNS
-from scaleplan.estimator import Estimator
+from scaleplan.estimator import Estimator, PlanConstraints
 from scipy.stats import spearmanr
 
 from scaleplan.geometry import ladder_model
@@ -20,12 +20,10 @@ def staged_mfu(est: Estimator, q: int, E: int, K: int, G: int) -> float:
     """Best feasible MFU over the checkpointing modes at the staged layout (N = active params with the
     embedding and LM head, as the validation data counts it)."""
     lay = STAGED_LAYOUT
-    _, plans, ev, _, feasible, *_ = est.evaluate_arrays(ladder_model(q, E, K, G), lay["n_devices"], lay["gbs"],
-                                                        lay["seqlen"], "adamw")
-    sel = feasible & (plans.tp == lay["tp"]) & (plans.cp == lay["cp"]) & (plans.pp == lay["pp"]) \
-        & (plans.ep == lay["ep"]) & (plans.mbs == lay["mbs"])
-    assert sel.any(), (q, E, K, G)
-    return float(ev.mfu[sel].max())
+    fixed = PlanConstraints(**{k: (lay[k],) for k in ("tp", "cp", "pp", "ep", "mbs")})
+    r = est.best_plan(ladder_model(q, E, K, G), lay["n_devices"], lay["gbs"], lay["seqlen"], "adamw", fixed)
+    assert r is not None, (q, E, K, G)
+    return r.mfu
 
 
 def test_staged_runs_ordered_and_normalised_as_measured(recorded_db):
