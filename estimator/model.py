@@ -113,7 +113,7 @@ def bias_sync(g: Geometry, tp, cp, pp, dp, gpn: int):
     """The loss-free balancing bias update (eq:bias-update) all-reduces each MoE layer's fp32 token
     counts per expert over the TP x CP x DP group once per step (Megatron's expert-bias path):
     (MoE layers on the stage, group, inter_node, bytes)."""
-    n_layers = np.ceil(g.n_moe / pp) if g.is_moe else np.zeros_like(np.asarray(pp, dtype=float))
+    n_layers = np.ceil(g.n_moe / np.asarray(pp, dtype=float))  # 0 for a dense model
     group = tp * cp * dp
     return n_layers, group, group > gpn, 4 * g.E
 
@@ -482,11 +482,10 @@ class TimeModel:
                 s_ref = size * an.bus_factor(coll, n) / np.maximum(an.bus_factor(coll, nref), 1e-9)
             t, lo, hi, exact = tab.time(nref, s_ref)
             below = s_ref < lo * (1 - 1e-9)
-            if small_analytic and (below & sel).any():  # latency-bound messages under the measured range
+            if small_analytic:  # latency-bound messages under the measured range: the analytic time
                 t = np.where(below, ana, t)
                 rec.mark(comp, np.where(below & sel, ANALYTIC, 0))
-                below = np.zeros(P, dtype=bool)
-            oor_s = below | (s_ref > hi * (1 + 1e-9))
+            oor_s = (below & (not small_analytic)) | (s_ref > hi * (1 + 1e-9))
             res = LookupResult(tab.name, ("size_bytes",), t, np.where(exact, 0, 1).astype(np.int8),
                                np.where(oor_s, 0, -1).astype(np.int16), s_ref, lo, hi)
             tt = rec.use(comp, res, sel)
