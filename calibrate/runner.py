@@ -222,10 +222,3 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
         out["plot"] = parity_plot(arrays, plot, title=f"{profile}: MFU parity"
                                   + (f" (calibration {info['id']})" if info else " (chi_sys = 1)"))
     return out
-
-
-def chi_data_for(url, profile, mode="absolute", predictor=None):
-    """(observations, predictions, ChiData) for a profile: for scripts and notebooks."""
-    obs = _observations(url, profile)
-    obs, preds, _ = usable(obs, (predictor or estimator_predictor(profile, url))(obs))
-    return obs, preds, chi_data(obs, preds, bases_for(obs, mode))

@@ -91,10 +91,6 @@ class JointLaw:
         """Coefficients as an array in NAMES order."""
         return np.array([self.to_dict()[k] for k in NAMES])
 
-    @classmethod
-    def from_vector(cls, v) -> JointLaw:
-        return cls.from_dict(dict(zip(NAMES, map(float, v))))
-
     def per_g(self, g: float) -> JointLaw:
         """The per-G law (eq:abnar-law) this joint law implies at split factor g (eta folded into j)."""
         return replace(self, j=self.j * float(g) ** -self.eta, eta=0.0)

@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import subprocess
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +134,3 @@ def comparison_row(layout: Layout, n_devices: int, result, measured_mfu: float,
         "predicted_mem_gb": prediction["mem_per_device_gb"] if prediction else None,
         "observation_id": observation_id,
     }
-
-
-def result_dict(result) -> dict[str, Any]:
-    return asdict(result)
