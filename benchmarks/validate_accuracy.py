@@ -7,17 +7,20 @@ checkpointing and DP degree) this script
   2. runs real training steps of the reference model (``scaleplan validate``'s runner) and stores
      each as an ObservedRun (source 'validate', one sweep per configuration);
   3. prints predicted vs measured step time per configuration and the MAPE before calibration;
-  4. fits the dispatch law's host-time factor on these runs (``scaleplan calibrate fit --kind
-     dispatch --from-runs``) leave-one-configuration-out and prints the held-out step-time MAPE;
+  4. fits the runtime scales host_scale and kernel_scale on these runs (``scaleplan calibrate fit
+     --kind dispatch --from-runs``) leave-one-configuration-out and prints the held-out MAPE;
   5. fits ``scaleplan calibrate fit`` (chi_sys, eq:desync) on these runs and prints the
      leave-one-sweep-out (= leave-one-configuration-out) MAPE it reports, and the MAPE after
      (refused where no chi_sys term is active: pp = 1 on one node).
 
 A CPU "device" is ``--threads`` cores (default 1): the bench tables and every DP process run
 with that many threads, so DP=2 processes use two devices' worth of cores, as DP=2 GPUs would.
+Each configuration is trained ``--rounds`` times, round-robin over the configurations, and its step
+time is the median of all its steps: a shared 2-core machine drifts by 10-15% over minutes, and
+interleaving spreads that drift over every configuration instead of a few.
 
-Usage: python benchmarks/validate_accuracy.py [--db /tmp/validate_accuracy.db] [--steps 5]
-       [--warmup 2] [--threads 1] [--skip-bench | --reuse-runs] [--configs c1,c2] [--breakdown]
+Usage: python benchmarks/validate_accuracy.py [--db /tmp/validate_accuracy.db] [--steps 8]
+       [--warmup 2] [--rounds 2] [--threads 1] [--skip-bench | --reuse-runs] [--configs c1,c2] [--breakdown]
        [--profile-components c1,c4]
 Targets (issue 7): MAPE <= 20% before calibration, <= 10% leave-one-out after.
 """
@@ -85,49 +88,68 @@ def measure_tables(specs: dict[str, Path], url: str) -> None:
     forget_cached_tables()  # lookups() cached the tables as they were before measuring
 
 
-def predict(spec, dp, mbs, ckpt, url, use_calibration=False, calibration_id=None, host_scale=None):
+def predict(spec, dp, mbs, ckpt, url, use_calibration=False, calibration_id=None, scales=(None, None)):
     """The estimator's result; by default uncalibrated (chi_sys = 1, default dispatch law), so the
-    'before' figure does not depend on calibrations an earlier run left in the DB. ``host_scale``:
-    the dispatch law's host-time factor (``calibrate fit --kind dispatch --from-runs``)."""
+    'before' figure does not depend on calibrations an earlier run left in the DB. ``scales``:
+    (host_scale, kernel_scale) as ``calibrate fit --kind dispatch --from-runs`` fits them."""
     from scaleplan.estimator import Estimator
 
     from scaleplan.specs import Layout
 
     est = Estimator("cpu-local", url, extrapolate="clamp", use_calibration=use_calibration,
-                    calibration_id=calibration_id, host_scale=host_scale)
+                    calibration_id=calibration_id, host_scale=scales[0], kernel_scale=scales[1])
     return est.estimate(spec, dp, [Layout(mbs=mbs, ckpt=ckpt, dp=dp)])[0]
 
 
-def run_all(specs, url, steps, warmup, threads):
+def _pooled(results):
+    """One RunResult from the rounds of a configuration: all their steps, the median of them."""
+    import dataclasses
+
+    steps = [t for r in results for t in r.step_times_s]
+    cpu = [t for r in results for t in r.extra["step_cpu_s_rank0"]]
+    last = results[-1]
+    return dataclasses.replace(last, step_times_s=steps, t_iter_s=statistics.median(steps),
+                               peak_mem_bytes=max(r.peak_mem_bytes for r in results),
+                               extra={**last.extra, "step_cpu_s_rank0": cpu, "rounds": len(results)})
+
+
+def run_all(specs, url, steps, warmup, threads, rounds):
     from scaleplan.profiles import load_profile
     from scaleplan.specs import Layout, load_spec
     from scaleplan.validate import compare
     from scaleplan.validate.runner import RunConfig, run_layout
 
     peak = load_profile("cpu-local").peak(BASE["precision"])
+    done: dict[str, list] = {name: [] for name in specs}
+    for k in range(rounds):  # round-robin: slow drift of the machine reaches every configuration alike
+        for name, path in specs.items():
+            *_, mbs, ckpt, dp = CONFIGS[name]
+            lay = Layout(mbs=mbs, ckpt=ckpt, dp=dp)
+            res = run_layout(RunConfig(spec=load_spec(path).model_dump(mode="json"), layout=lay.model_dump(),
+                                       steps=steps, warmup=warmup, device="cpu", nproc=dp, threads=threads))
+            done[name].append(res)
+            print(f"  round {k + 1} {name}: median {res.t_iter_s:.4f} s", flush=True)
     rows = []
     for name, path in specs.items():
         *_, mbs, ckpt, dp = CONFIGS[name]
-        spec = load_spec(path)
-        lay = Layout(mbs=mbs, ckpt=ckpt, dp=dp)
+        spec, lay = load_spec(path), Layout(mbs=mbs, ckpt=ckpt, dp=dp)
         pred = predict(spec, dp, mbs, ckpt, url).to_dict()
-        res = run_layout(RunConfig(spec=spec.model_dump(mode="json"), layout=lay.model_dump(), steps=steps,
-                                   warmup=warmup, device="cpu", nproc=dp, threads=threads))
+        res = _pooled(done[name])
         m = compare.mfu(spec, res.t_iter_s, dp, peak)
         oid = compare.store_observation(url, spec, name, lay, dp, "cpu-local", res, m, pred, f"acc-{name}",
-                                        steps, warmup, "cpu")
+                                        steps * rounds, warmup, "cpu")
         ape = abs(pred["t_iter_s"] - res.t_iter_s) / res.t_iter_s
         # contention diagnostic: with one thread per process, CPU seconds ~ uncontended wall seconds
         cpu = statistics.median(res.extra["step_cpu_s_rank0"])
         rows.append({"name": name, "cfg": CONFIGS[name], "meas": res.t_iter_s, "pred": pred["t_iter_s"],
-                     "ape": ape, "cpu": cpu, "ape_cpu": abs(pred["t_iter_s"] - cpu) / cpu, "spread": (min(res.step_times_s), max(res.step_times_s)), "id": oid,
+                     "ape": ape, "cpu": cpu, "ape_cpu": abs(pred["t_iter_s"] - cpu) / cpu, "id": oid,
                      "breakdown": pred["breakdown_s"], "sources": pred["sources"],
-                     "mem_meas_gb": res.peak_mem_bytes / 1e9, "mem_pred_gb": pred["mem_per_device_gb"],
-                     "load": os.getloadavg()[0]})
-        print(f"{name} L,E,K,G,mbs,ckpt,dp={CONFIGS[name]}: measured {res.t_iter_s:.4f} s "
-              f"(min {min(res.step_times_s):.4f}, max {max(res.step_times_s):.4f}), predicted "
-              f"{pred['t_iter_s']:.4f} s, APE {ape:.1%} (CPU-time median {cpu:.4f} s), mem {res.peak_mem_bytes / 1e9:.3f} vs "
-              f"{pred['mem_per_device_gb']:.3f} GB, load {os.getloadavg()[0]:.1f}", flush=True)
+                     "mem_meas_gb": res.peak_mem_bytes / 1e9, "mem_pred_gb": pred["mem_per_device_gb"]})
+        rounds_s = ", ".join(f"{r.t_iter_s:.4f}" for r in done[name])
+        print(f"{name} L,E,K,G,mbs,ckpt,dp={CONFIGS[name]}: measured {res.t_iter_s:.4f} s (rounds {rounds_s}; "
+              f"min {min(res.step_times_s):.4f}, max {max(res.step_times_s):.4f}), predicted "
+              f"{pred['t_iter_s']:.4f} s, APE {ape:.1%} (CPU-time median {cpu:.4f} s), mem "
+              f"{res.peak_mem_bytes / 1e9:.3f} vs {pred['mem_per_device_gb']:.3f} GB", flush=True)
     return rows
 
 
@@ -187,23 +209,25 @@ def calibrate_and_report(url, specs, rows):
     return statistics.mean(loo), statistics.mean(ape(r, fit["calibration_id"]) for r in rows)
 
 
-def host_scale_loo(url, specs, rows):
+def scales_loo(url, specs, rows):
     """`scaleplan calibrate fit --kind dispatch --from-runs` as Python, leave-one-configuration-out:
-    per fold fit host_scale on the other configurations' runs (not stored; uncalibrated base law, as
-    the 'before' figure), predict the held-out one at that scale. Returns (LOO step-time MAPE,
-    in-sample MAPE, host_scale on all, per-fold scales) or None when the fit refuses."""
-    from scaleplan.calibrate.runner import fit_host_scale_from_runs
+    per fold fit (host_scale, kernel_scale) on the other configurations' runs (not stored;
+    uncalibrated base law, as the 'before' figure), predict the held-out one at those scales.
+    Returns (LOO step-time MAPE, in-sample MAPE, scales on all, per-fold scales) or None when the
+    fit refuses."""
+    from scaleplan.calibrate.runner import fit_scales_from_runs
 
     from scaleplan.errors import ScaleplanError
     from scaleplan.specs import load_spec
 
     def fit(names):
-        return fit_host_scale_from_runs(url, "cpu-local", sweeps=[f"acc-{n}" for n in names], save=False,
-                                        use_calibration=False)["host_scale"]
+        out = fit_scales_from_runs(url, "cpu-local", sweeps=[f"acc-{n}" for n in names], save=False,
+                                   use_calibration=False)
+        return out["host_scale"], out["kernel_scale"]
 
-    def ape(r, s):
+    def ape(r, sc):
         *_, mbs, ckpt, dp = r["cfg"]
-        p = predict(load_spec(specs[r["name"]]), dp, mbs, ckpt, url, host_scale=s)
+        p = predict(load_spec(specs[r["name"]]), dp, mbs, ckpt, url, scales=sc)
         return abs(p.t_iter_s - r["meas"]) / r["meas"]
 
     try:
@@ -214,7 +238,8 @@ def host_scale_loo(url, specs, rows):
         return None
     loo = [ape(r, folds[r["name"]]) for r in rows]
     for r, a in zip(rows, loo):
-        print(f"  {r['name']}: held-out host_scale {folds[r['name']]:.3f}, APE {r['ape']:.1%} -> {a:.1%}")
+        h, k = folds[r["name"]]
+        print(f"  {r['name']}: held-out host_scale {h:.3f}, kernel_scale {k:.3f}, APE {r['ape']:.1%} -> {a:.1%}")
     return statistics.mean(loo), statistics.mean(ape(r, s_all) for r in rows), s_all, folds
 
 
@@ -309,8 +334,10 @@ def profile_components(name: str, path: Path, url: str, threads: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", default="/tmp/validate_accuracy.db")
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2, help="trainings per configuration, round-robin; the "
+                    "step time is the median of all their steps")
     ap.add_argument("--threads", type=int, default=1, help="cores per CPU 'device' (bench and each DP process)")
     ap.add_argument("--skip-bench", action="store_true", help="reuse the tables already in --db")
     ap.add_argument("--reuse-runs", action="store_true", help="no training: re-predict the runs stored in --db "
@@ -340,7 +367,7 @@ def main() -> None:
         profile_components(name, specs[name], url, a.threads)
     if a.profile_components:
         return
-    rows = reuse_runs(specs, url) if a.reuse_runs else run_all(specs, url, a.steps, a.warmup, a.threads)
+    rows = reuse_runs(specs, url) if a.reuse_runs else run_all(specs, url, a.steps, a.warmup, a.threads, a.rounds)
     mape = statistics.mean(r["ape"] for r in rows)
     if a.breakdown:
         breakdown_table(rows)
@@ -349,12 +376,13 @@ def main() -> None:
           f"{statistics.mean(r['ape_cpu'] for r in rows):.1%}; 1-min load average at the end "
           f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     one_factor_diagnostic(rows)
-    print("\nhost_scale (calibrate fit --kind dispatch --from-runs), leave-one-configuration-out:")
-    hs = host_scale_loo(url, specs, rows)
-    if hs is not None:
-        loo, after, s_all, _ = hs
+    print("\nruntime scales (calibrate fit --kind dispatch --from-runs), leave-one-configuration-out:")
+    sc = scales_loo(url, specs, rows)
+    if sc is not None:
+        loo, after, (h, k), _ = sc
         print(f"step-time MAPE after calibrate fit --kind dispatch --from-runs, leave-one-configuration-out: "
-              f"{loo:.1%} (target <= 10%); in-sample {after:.1%} at host_scale {s_all:.3f} (all configurations)")
+              f"{loo:.1%} (target <= 10%); in-sample {after:.1%} at host_scale {h:.3f}, kernel_scale {k:.3f} "
+              f"(all configurations)")
     loo, after = calibrate_and_report(url, specs, rows)
     if loo is not None:
         print(f"step-time MAPE after calibrate fit (chi_sys), leave-one-configuration-out: {loo:.1%} "

@@ -70,7 +70,8 @@ Predictor = Callable[[Sequence[Observed]], list[Prediction]]
 
 
 def estimator_predictor(profile: str, db_url: str | None, extrapolate: str = "clamp",
-                        host_scale: float | None = None, use_calibration: bool = True) -> Predictor:
+                        host_scale: float | None = None, use_calibration: bool = True,
+                        kernel_scale: float | None = None) -> Predictor:
     """A :data:`Predictor` backed by ``scaleplan.estimator.Estimator``: the chi = 1 step time.
 
     The analytic time is ``t_analytic_s`` (chi_sys = 1, eq:cal-iter) evaluated under the dispatch
@@ -78,15 +79,16 @@ def estimator_predictor(profile: str, db_url: str | None, extrapolate: str = "cl
     default), so chi_sys is fitted on exactly the time the estimator will multiply; the analytic
     MFU is ``mfu * chi_sys`` (MFU scales as 1 / t_iter). Runs are grouped by (spec, n_devices), one
     ``estimate`` call per group. Raises ScaleplanError (e.g. OutOfRangeError with
-    extrapolate='error') naming the sweep. ``host_scale`` overrides the dispatch law's host-time
-    factor (see :mod:`scaleplan.calibrate.host_scale`); ``use_calibration`` False ignores stored rows.
+    extrapolate='error') naming the sweep. ``host_scale`` / ``kernel_scale`` override the fitted
+    runtime scales (see :mod:`scaleplan.calibrate.run_scales`); ``use_calibration`` False ignores
+    stored rows.
     """
     from scaleplan.estimator import Estimator
 
     from scaleplan.specs import Layout, parse_spec
 
     est = Estimator(profile=profile, db_url=db_url, extrapolate=extrapolate, use_calibration=use_calibration,
-                    host_scale=host_scale)
+                    host_scale=host_scale, kernel_scale=kernel_scale)
 
     def predict(obs: Sequence[Observed]) -> list[Prediction]:
         groups: dict[tuple[str, int], list[int]] = {}

@@ -20,6 +20,7 @@ from scaleplan.calibrate.report import parity_plot, run_rows, sweep_report
 from scaleplan.errors import ScaleplanError
 
 DEFAULT_PROFILE = "p6-b200.48xlarge"
+RUN_SCALES = ("host_scale", "kernel_scale")  # fitted by fit_scales_from_runs, kept by a benchmark refit
 
 
 def _observations(url, profile, sweeps=None, sources=None):
@@ -112,9 +113,10 @@ def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bo
                              "`scaleplan bench run --suite dispatch` or import recorded tables")
     prior, source = _dispatch_prior(profile, prev)
     fit = fit_dispatch(rows, prior, source)
-    if prev is not None and "host_scale" in prev[1]:  # a --from-runs fit stays in force until refitted
-        fit.coefficients["host_scale"] = float(prev[1]["host_scale"])
-        fit.notes.append(f"host_scale = {fit.coefficients['host_scale']:.4g} kept from calibration {prev[0]}")
+    for k in RUN_SCALES:  # a --from-runs fit stays in force until refitted
+        if prev is not None and k in prev[1]:
+            fit.coefficients[k] = float(prev[1][k])
+            fit.notes.append(f"{k} = {fit.coefficients[k]:.4g} kept from calibration {prev[0]}")
     out = {"profile": profile, "kind": "dispatch", "coefficients": fit.coefficients, "identified": fit.identified,
            "unidentified": fit.unidentified, "n_obs": fit.n_obs, "per_mode_gap_s": fit.per_mode_gap_s,
            "t_lat_s": fit.t_lat_s, "notes": fit.notes, "calibration_id": None, "version": None}
@@ -130,61 +132,66 @@ def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bo
     return out
 
 
-def fit_host_scale_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[str] | None = None,
-                             sources: list[str] | None = None, extrapolate: str = "clamp", save: bool = True,
-                             use_calibration: bool = True) -> dict[str, Any]:
-    """Fit the dispatch law's host-time factor on observed absolute step times; store a new 'dispatch'
-    version = the law in force (newest dispatch calibration's coefficients, unchanged) + ``host_scale``.
+def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[str] | None = None,
+                         sources: list[str] | None = None, extrapolate: str = "clamp", save: bool = True,
+                         use_calibration: bool = True) -> dict[str, Any]:
+    """Fit the runtime scales (host_scale, kernel_scale) on observed absolute step times; store a new
+    'dispatch' version = the law in force (newest dispatch calibration's coefficients) + both scales.
 
-    See :mod:`scaleplan.calibrate.host_scale`. ``use_calibration`` False fits on the uncalibrated
-    law (benchmarks' LOO). Raises ScaleplanError: no runs, none absolute, s not identifiable.
+    See :mod:`scaleplan.calibrate.run_scales`. ``use_calibration`` False fits on the uncalibrated
+    law (benchmarks' LOO). Raises ScaleplanError: no runs, none absolute, nothing identifiable.
     """
-    from scaleplan.calibrate.host_scale import BOUNDS, absolute_times, fit_host_scale
+    from scaleplan.calibrate.run_scales import BOUNDS, absolute_times, fit_run_scales
 
     from scaleplan.db import session as dbs
 
     obs = _observations(url, profile, sweeps, sources)
-    obs, preds, skipped = usable(obs, estimator_predictor(profile, url, extrapolate, 1.0, use_calibration)(obs))
+    obs, preds, skipped = usable(obs, estimator_predictor(profile, url, extrapolate, 1.0, use_calibration,
+                                                          kernel_scale=1.0)(obs))
     idx, t_meas = absolute_times(obs, preds)
     obs = [obs[i] for i in idx]
-    cache: dict[float, np.ndarray] = {}
+    cache: dict[tuple[float, float], np.ndarray] = {}
 
-    def t_of_scale(s: float) -> np.ndarray:
-        if s not in cache:
-            ps = estimator_predictor(profile, url, extrapolate, s, use_calibration)(obs)
-            cache[s] = np.array([p.t_analytic_s for p in ps])
-        return cache[s]
+    def t_of_scales(s_h: float, s_k: float) -> np.ndarray:
+        if (s_h, s_k) not in cache:
+            ps = estimator_predictor(profile, url, extrapolate, s_h, use_calibration, kernel_scale=s_k)(obs)
+            cache[(s_h, s_k)] = np.array([p.t_analytic_s for p in ps])
+        return cache[(s_h, s_k)]
 
-    fit = fit_host_scale(t_of_scale, t_meas)
+    from scaleplan.profiles import load_profile
+
+    serial = bool(load_profile(profile).serial_dispatch)
+    fit = fit_run_scales(t_of_scales, t_meas, params=RUN_SCALES if serial else RUN_SCALES[:1])
     # the law in force, written out (so a later benchmark refit keeps its block-level t_gap) and
     # overlaid with the previous dispatch row's other keys: the estimator sees the same base law
     from scaleplan.estimator import Estimator
 
-    law = Estimator(profile, url, extrapolate, use_calibration=use_calibration, host_scale=1.0).dispatch
+    law = Estimator(profile, url, extrapolate, use_calibration=use_calibration, host_scale=1.0,
+                    kernel_scale=1.0).dispatch
     base = {"t_gap_s": law.t_gap_s, "kappa0": law.kappa0, "kappa1": law.kappa1, "t_host_s": law.t_host_s,
             "t_ep_host_s": law.t_ep_host_s}
     with dbs.session_scope(url) as s:
         prev = store.newest(s, profile, "dispatch") if use_calibration else None
         if prev is not None:
-            base.update({k: v for k, v in dict(prev.coefficients or {}).items() if k != "host_scale"})
-    coeffs = {**base, "host_scale": fit.host_scale}
+            base.update({k: v for k, v in dict(prev.coefficients or {}).items() if k not in RUN_SCALES})
+    coeffs = {**base, **fit.coefficients()}
     runs = [{"id": o.id, "sweep": o.sweep, "t_meas_s": float(t), "t_pred_before_s": float(t * np.exp(rb)),
              "t_pred_after_s": float(t * np.exp(ra)), "log_residual_before": rb, "log_residual_after": ra}
             for o, t, rb, ra in zip(obs, t_meas, fit.residuals_before, fit.residuals)]
     mape = {k: float(np.mean(np.abs(np.expm1(getattr(fit, a))))) for k, a in
             (("before", "residuals_before"), ("after", "residuals"))}
     out = {"profile": profile, "kind": "dispatch", "from_runs": True, "coefficients": coeffs,
-           "host_scale": fit.host_scale, "bounds": list(BOUNDS), "at_bound": fit.at_bound, "n_obs": fit.n_obs,
-           "step_time_mape": mape, "runs": runs, "skipped": skipped, "notes": fit.notes,
+           **fit.coefficients(), "fitted": fit.fitted, "bounds": list(BOUNDS), "at_bound": fit.at_bound,
+           "n_obs": fit.n_obs, "step_time_mape": mape, "runs": runs, "skipped": skipped, "notes": fit.notes,
            "calibration_id": None, "version": None}
     if save:
         with dbs.session_scope(url) as s:
             row = store.store_calibration(
                 s, profile, "dispatch", coeffs,
                 inputs={"from_runs": True, "observation_ids": [o.id for o in obs], "bounds": list(BOUNDS),
-                        "base": base, "runs": runs},
+                        "fitted": fit.fitted, "base": base, "runs": runs},
                 residuals=fit.residuals, cv_error=None, n_obs=fit.n_obs,
-                notes="; ".join([f"host_scale fitted on {fit.n_obs} observed step times"] + fit.notes))
+                notes="; ".join([f"{', '.join(fit.fitted)} fitted on {fit.n_obs} observed step times"] + fit.notes))
             out.update(calibration_id=row.id, version=row.version)
     return out
 

@@ -90,13 +90,17 @@ class Estimator:
             serial-dispatch profile also the measured per-op host times of the ``ops:*`` rows) by
             this factor; None -> the ``host_scale`` coefficient of the 'dispatch' calibration in
             force (1 without one). Used by ``calibrate fit --kind dispatch --from-runs``.
+        kernel_scale: multiply every device-kernel time (see :class:`TimeModel`) by this factor;
+            None -> the ``kernel_scale`` coefficient of the 'dispatch' calibration in force (1
+            without one). Fitted with host_scale by ``calibrate fit --kind dispatch --from-runs``.
     Raises:
         SpecError: unknown profile or extrapolate mode.
     """
 
     def __init__(self, profile: str | ClusterProfile = "p6-b200.48xlarge", db_url: str | None = None,
                  extrapolate: str = "error", calibration_id: int | None = None, use_calibration: bool = True,
-                 tables: Tables | None = None, host_scale: float | None = None):
+                 tables: Tables | None = None, host_scale: float | None = None,
+                 kernel_scale: float | None = None):
         if extrapolate not in ("error", "clamp"):
             raise SpecError("extrapolate", extrapolate, "error or clamp")
         self.profile = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
@@ -107,12 +111,17 @@ class Estimator:
 
             tables = cached_tables(resolve_url(db_url), self.profile.name, self.profile.peak("bf16"))
         self.tables = tables
-        self.host_scale = 1.0
+        self.host_scale = self.kernel_scale = 1.0
         self.dispatch, self.chi = self._calibration(calibration_id, use_calibration)
         if host_scale is not None:
             self.host_scale = float(host_scale)
+        if kernel_scale is not None:
+            self.kernel_scale = float(kernel_scale)
+        if not (math.isfinite(self.kernel_scale) and self.kernel_scale > 0):
+            raise SpecError("kernel_scale", self.kernel_scale, "a positive finite number")
         self._apply_host_scale()
-        self.model = TimeModel(self.profile, self.tables, extrapolate == "clamp", self.dispatch, self.chi)
+        self.model = TimeModel(self.profile, self.tables, extrapolate == "clamp", self.dispatch, self.chi,
+                               self.kernel_scale)
 
     @classmethod
     def from_frames(cls, profile: str | ClusterProfile, frames, **kw) -> Estimator:
@@ -144,6 +153,7 @@ class Estimator:
                               float(co.get("t_gap_s", law.t_gap_s)), float(co.get("t_host_s", law.t_host_s)),
                               f"calibration {d.id}", float(co.get("t_ep_host_s", law.t_ep_host_s)))
             self.host_scale = float(co.get("host_scale", 1.0))
+            self.kernel_scale = float(co.get("kernel_scale", 1.0))
         c = rows.get("chi_sys")
         if c is not None:
             co = c.coefficients
@@ -316,6 +326,9 @@ class Estimator:
         ana = [k for k, v in src.items() if v == "analytic"]
         if ana:
             warnings.append("analytic (no measured table): " + ", ".join(ana))
+        if (self.host_scale, self.kernel_scale) != (1.0, 1.0):
+            warnings.append(f"fitted on observed runs: host time x{self.host_scale:.3g}, "
+                            f"kernel time x{self.kernel_scale:.3g}")
         if int(ev.n_clamped[i]):
             warnings.append(f"{int(ev.n_clamped[i])} lookups clamped to the measured range")
         if reason == "memory":

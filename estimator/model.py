@@ -342,11 +342,16 @@ class TimeModel:
         clamp: extrapolate="clamp" (else out-of-range lookups are reported per plan).
         dispatch: the dispatch law (kappa0, kappa1, t_gap, t_host).
         chi: eq:desync coefficients (zeros: chi_sys = 1).
+        kernel_scale: multiplies every device-kernel time (GEMM, grouped GEMM, SDPA, router,
+            element-wise, vocabulary, optimizer, framework kernels), never collectives or host time:
+            an isolated microbenchmark runs with warm caches that a real step does not give it. 1
+            unless ``calibrate fit --kind dispatch --from-runs`` fitted it (calibrate/run_scales.py).
     """
 
     def __init__(self, profile: ClusterProfile, tables: Tables, clamp: bool, dispatch: DispatchLaw,
-                 chi: ChiCoefficients):
+                 chi: ChiCoefficients, kernel_scale: float = 1.0):
         self.prof, self.tb, self.clamp, self.disp, self.chi_c = profile, tables, clamp, dispatch, chi
+        self.kernel_scale = float(kernel_scale)
         self._tb_base = tables
         self.gpn = profile.gpus_per_node
         self.serial = bool(getattr(profile, "serial_dispatch", False))
@@ -588,6 +593,13 @@ class TimeModel:
         tp_one = self._collective(rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
             self._collective(rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
         tp_f = tp_b = 2 * tp_one
+        t_first, t_last = self._vocab(rec, g, T, tp, peak, hbm, b_el)
+        ks = self.kernel_scale
+        (attn_f, attn_b, sd_f, sd_b, ew_f, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f, tk_b,
+         perm, ex_f, ex_b, t_first, t_last) = (ks * x for x in (
+            attn_f, attn_b, sd_f, sd_b, ew_f, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f, tk_b,
+            perm, ex_f, ex_b, t_first, t_last))
+
         # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
         kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el
         cp_inter = tp * cp > self.gpn
@@ -596,8 +608,6 @@ class TimeModel:
         cp_f = np.maximum(self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
         cp_b = np.maximum(cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
                           - sd_b, 0.0)
-
-        t_first, t_last = self._vocab(rec, g, T, tp, peak, hbm, b_el)
         names = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "dense_f", "dense_b", "moe_f", "moe_b", "a2a_f",
                  "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b",
                  "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "T", "Tsp")
@@ -645,7 +655,7 @@ class TimeModel:
         # kappa0 but not costed above: each occupies the GPU for at least t_kernel_min
         units = _KERNEL_UNITS[ckc]
         n_fw = units * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
-        fw = n_fw * self.t_kernel_min
+        fw = n_fw * self.t_kernel_min * self.kernel_scale
         rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
         if self.serial:  # on a CPU these ops are host work: their time is in the dispatch term
             fw = np.zeros(P)
@@ -693,7 +703,8 @@ class TimeModel:
         w_bwd = L_stage * (common_b + moe_b + sh_b if moe else den_lb)
         w_fwd = L_stage * (common_f + moe_f + sh_f if moe else den_lf)
         t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd)
-        t_opt = self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm) + t_step_host
+        t_opt = self.kernel_scale * self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm) \
+            + t_step_host
 
         comps = {
             "attn_proj": n_mb * L_stage * (attn_f + attn_b + np.where(ckc == 3, attn_f, 0.0)),

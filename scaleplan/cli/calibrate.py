@@ -4,12 +4,13 @@ Observed runs (CSV/JSON, see :mod:`scaleplan.calibrate.observations` for the col
 database; `fit` turns them into a new versioned chi_sys calibration (eq:desync) and/or fits the
 dispatch floor from the dispatch benchmark; `report` shows what the calibration bought, per sweep.
 
-`fit --kind dispatch --from-runs` (opt-in) instead fits one factor ``host_scale`` in [0.2, 5] on the
-dispatch law's host terms (t_gap, t_ep_host, t_host; on serial-dispatch profiles the ``ops:*`` host
-seconds) from the observed runs' absolute step times (soft-L1 on log step time) and stores it as a
-new 'dispatch' version (the law in force written out + ``host_scale``). `--kind all` = dispatch from
-benchmarks, then chi_sys, as before; `--kind all --from-runs` puts the host_scale fit between them.
-A later benchmark refit keeps the stored host_scale.
+`fit --kind dispatch --from-runs` (opt-in) instead fits two runtime scales in [0.2, 5] from the
+observed runs' absolute step times (soft-L1 on log step time; calibrate/run_scales.py): ``host_scale``
+on the dispatch law's host terms (t_gap, t_ep_host, t_host; on serial-dispatch profiles the ``ops:*``
+host seconds) and ``kernel_scale`` on every table-read kernel time; a scale the runs cannot identify
+stays 1. It stores a new 'dispatch' version (the law in force written out + both scales). `--kind
+all` = dispatch from benchmarks, then chi_sys, as before; `--kind all --from-runs` puts the scale fit
+between them. A later benchmark refit keeps the stored scales.
 """
 from __future__ import annotations
 
@@ -107,11 +108,12 @@ def _print_dispatch(out: dict) -> None:
         stdout.print(f"  note: {n}")
 
 
-def _print_host(out: dict) -> None:
+def _print_scales(out: dict) -> None:
     m = out["step_time_mape"]
     stdout.print(f"dispatch calibration id {out['calibration_id']} (version {out['version']}) for {out['profile']}: "
-                 f"host_scale={out['host_scale']:.4g} (bounds {out['bounds']}) from {out['n_obs']} observed runs; "
-                 f"step-time MAPE {m['before']:.1%} at host_scale=1 -> {m['after']:.1%}", highlight=False)
+                 f"host_scale={out['host_scale']:.4g}, kernel_scale={out['kernel_scale']:.4g} (fitted: "
+                 f"{', '.join(out['fitted'])}; bounds {out['bounds']}) from {out['n_obs']} observed runs; "
+                 f"step-time MAPE {m['before']:.1%} at scale 1 -> {m['after']:.1%}", highlight=False)
     for r in out["runs"]:
         stdout.print(f"  run {r['id']} ({r['sweep']}): measured {r['t_meas_s']:.4g} s, predicted "
                      f"{r['t_pred_before_s']:.4g} -> {r['t_pred_after_s']:.4g} s, log residual "
@@ -133,12 +135,13 @@ def fit(profile: str = ProfileOpt,
         sweep: list[str] = typer.Option(None, "--sweep", help="Only these sweeps (repeatable)."),
         extrapolate: str = typer.Option("clamp", "--extrapolate", help="clamp or error, for table lookups."),
         from_runs: bool = typer.Option(False, "--from-runs", help="With --kind dispatch or all: also fit the "
-                                       "dispatch law's host-time factor host_scale (bounded [0.2, 5]) on the "
-                                       "observed runs' absolute step times (--sweep selects runs); with "
-                                       "--kind dispatch only that fit, with all: benchmarks, host_scale, chi_sys."),
+                                       "runtime scales host_scale (dispatch host terms) and kernel_scale "
+                                       "(table kernel times), each bounded [0.2, 5], on the observed runs' "
+                                       "absolute step times (--sweep selects runs); with --kind dispatch "
+                                       "only that fit, with all: benchmarks, scales, chi_sys."),
         db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     """Fit and store a new calibration version (the estimator uses the newest)."""
-    from scaleplan.calibrate.runner import fit_chi_sys, fit_dispatch_floor, fit_host_scale_from_runs
+    from scaleplan.calibrate.runner import fit_chi_sys, fit_dispatch_floor, fit_scales_from_runs
 
     if kind not in ("chi_sys", "dispatch", "all"):
         raise SpecError("--kind", kind, "chi_sys, dispatch or all")
@@ -151,7 +154,7 @@ def fit(profile: str = ProfileOpt,
     if kind == "all" or (kind == "dispatch" and not from_runs):
         results.append(fit_dispatch_floor(url, profile))
     if from_runs:
-        results.append(fit_host_scale_from_runs(url, profile, sweeps=sweep or None, extrapolate=extrapolate))
+        results.append(fit_scales_from_runs(url, profile, sweeps=sweep or None, extrapolate=extrapolate))
     if kind in ("chi_sys", "all"):
         results.append(fit_chi_sys(url, profile, mode or "absolute", _fixed(fix), sweeps=sweep or None,
                                    extrapolate=extrapolate, prior=_prior(prior)))
@@ -159,7 +162,7 @@ def fit(profile: str = ProfileOpt,
         print_json(results[0] if len(results) == 1 else {"fits": results})
         return
     for r in results:
-        (_print_chi if r["kind"] == "chi_sys" else _print_host if r.get("from_runs") else _print_dispatch)(r)
+        (_print_chi if r["kind"] == "chi_sys" else _print_scales if r.get("from_runs") else _print_dispatch)(r)
 
 
 def _pct(x) -> str:

@@ -1,4 +1,4 @@
-"""The dispatch law's host-time factor host_scale (calibrate fit --kind dispatch --from-runs)."""
+"""The runtime scales host_scale and kernel_scale (calibrate fit --kind dispatch --from-runs) in the estimator."""
 from __future__ import annotations
 
 import pytest
@@ -30,6 +30,29 @@ def test_serial_host_time_scales_and_compute_does_not():
     assert _serial().estimate(_spec(), 1, LAY)[0].t_iter_s == pytest.approx(base.t_iter_s, rel=1e-12)
 
 
+def test_serial_kernel_time_scales_and_host_time_does_not():
+    base = _serial().estimate(_spec(), 1, LAY)[0]
+    s = 1.7
+    r = _serial(kernel_scale=s).estimate(_spec(), 1, LAY)[0]
+    assert r.breakdown_s["dispatch_floor"] == pytest.approx(base.breakdown_s["dispatch_floor"], rel=1e-12)
+    for k in ("attn_proj", "sdpa", "experts", "router", "shared_expert", "dense_mlp", "elementwise", "vocab"):
+        assert base.breakdown_s[k] > 0, k
+        assert r.breakdown_s[k] == pytest.approx(s * base.breakdown_s[k], rel=1e-9), k
+    # the optimizer: its roofline part scales, its host ops (the ops:step* rows) do not
+    step_host = HOST["step_dense"] + 2 * HOST["step_moe"] + HOST["step"]
+    assert r.breakdown_s["optimizer"] - step_host == pytest.approx(s * (base.breakdown_s["optimizer"] - step_host),
+                                                                  rel=1e-9)
+    assert "kernel time x1.7" in " ".join(r.warnings) and not any("fitted on" in w for w in base.warnings)
+
+
+def test_kernel_scale_leaves_collectives_alone():
+    two = [Layout(mbs=1, ckpt="none", dp=2)]
+    base = _serial().estimate(_spec(), 2, two)[0]
+    r = _serial(kernel_scale=3.0).estimate(_spec(), 2, two)[0]
+    assert base.breakdown_s["dp_comm"] > 0
+    assert r.breakdown_s["dp_comm"] == pytest.approx(base.breakdown_s["dp_comm"], rel=1e-12)
+
+
 def test_gpu_law_host_terms_scale():
     prof = load_profile("h200-single").model_copy(update={"dispatch": DispatchDefaults(
         t_gap_s=20e-6, kappa0=600, kappa1=7, t_host_s=1e-3, source="test")})
@@ -49,7 +72,7 @@ def test_stored_dispatch_row_host_scale_is_applied(sqlite_url):
         store_calibration(s, prof, "dispatch", {"host_scale": 0.5}, inputs={}, residuals=[], cv_error=None,
                           n_obs=1, notes=None)
     after = Estimator(prof, sqlite_url)
-    assert after.host_scale == 0.5
+    assert (after.host_scale, after.kernel_scale) == (0.5, 1.0)  # a row without kernel_scale: 1
     assert after.dispatch.t_gap_s == pytest.approx(0.5 * before.dispatch.t_gap_s)
     assert after.dispatch.t_host_s == pytest.approx(0.5 * before.dispatch.t_host_s)
     # an explicit host_scale (the fit's trial values) overrides the stored one
@@ -63,3 +86,5 @@ def test_bad_host_scale_is_a_spec_error():
 
     with pytest.raises(SpecError):
         _serial(host_scale=-1.0)
+    with pytest.raises(SpecError, match="kernel_scale"):
+        _serial(kernel_scale=float("nan"))
