@@ -111,7 +111,6 @@ def test_cli_fits_both_scales_on_a_cpu_profile(tmp_path):
     from typer.testing import CliRunner
 
     from scaleplan.cli import app
-
     from scaleplan.specs import parse_spec
 
     model = {"n_layers": 3, "hidden_sz": 128, "inter_sz": 320, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 32,
