@@ -403,7 +403,7 @@ def _build_topk(tb: Tables, df: pd.DataFrame) -> None:
     df = _newest(df, ["num_tokens", "num_experts", "k", "dtype"])
     for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
         gg = df.dropna(subset=[col])
-        if len(gg) < 4:
+        if gg.empty:
             continue
         grid, vals = fill_grid(gg, ["num_tokens", "num_experts", "k"], col)
         tb.topk[dirn] = GridTable("router", ("num_tokens", "num_experts", "k"), grid, vals)
@@ -442,7 +442,7 @@ def _build_vocab_dtype(tb: Tables, df: pd.DataFrame) -> None:
     for op, g in df.groupby("op"):
         for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
             gg = g.dropna(subset=[col])
-            if len(gg) < 2:
+            if gg.empty:
                 continue
             grid, vals = fill_grid(gg, ["tokens", "hidden"], col)
             tb.vocab[(str(op), dirn)] = GridTable(f"vocab.{op}", ("tokens", "hidden"), grid, vals)
@@ -456,7 +456,7 @@ def _build_collectives(tb: Tables, df: pd.DataFrame) -> None:
         groups, sizes, lts = [], [], []
         for n, gg in g.groupby("group_size"):
             s = gg.groupby("size_bytes")["t_s"].median()
-            if len(s) < 2:
+            if s.empty:
                 continue
             # enforce a non-decreasing curve in size (noise such as a slow rerun point is smoothed away)
             t = np.maximum.accumulate(s.to_numpy(dtype=float))
@@ -475,7 +475,7 @@ def _build_elementwise(tb: Tables, df: pd.DataFrame) -> None:
     for op, g in df.groupby("op"):
         for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
             gg = g.dropna(subset=[col])
-            if gg["tokens"].nunique() < 2 or gg["hidden"].nunique() < 1:
+            if gg.empty:
                 continue
             grid, vals = fill_grid(gg, ["tokens", "hidden"], col)
             tb.elementwise[(str(op), dirn)] = GridTable(f"elementwise.{op}", ("tokens", "hidden"), grid, vals)

@@ -113,3 +113,29 @@ def test_single_valued_vocab_axis_maps_to_logit_count(vocab, tp, logit_ratio):
     expect = 2 * 1e-9 * 8192 * logit_ratio * (2048 + 1000) * 2 / 2  # (gemm + ce) x (fwd + bwd)
     assert float(k["t_last"][0]) == pytest.approx(expect, rel=1e-9)
     assert not rec.has_oor.any()
+
+
+def test_one_measured_point_is_a_table():
+    """`bench plan` measures exactly the points one layout looks up: a single vocab, router or
+    element-wise row is a table whose lookup at that point is measured (not a GEMM-table fallback
+    out of range), and a collective measured at one size answers that size."""
+    from scaleplan.estimator.tables import build_tables
+
+    fr = {"vocab": frame([dict(op=op, tokens=64, hidden=64, vocab=512, dtype="fp32", fwd_s=f, bwd_s=2 * f)
+                          for op, f in (("lm_head_gemm", 4e-5), ("cross_entropy", 1e-5))]),
+          "router": frame([dict(variant="topk", num_tokens=64, num_experts=8, k=2, dtype="fp32", fwd_s=3e-6,
+                                bwd_s=5e-6)]),
+          "elementwise": frame([dict(op="rmsnorm", tokens=64, hidden=64, dtype="fp32", fwd_s=2e-6, bwd_s=4e-6)]),
+          "collectives": frame([dict(collective="all_reduce", group_size=2, layout="contiguous", inter_node=False,
+                                     size_bytes=4096, dtype="fp32", t_s=7e-5)])}
+    tb = build_tables("cpu-local", fr, 1e12)
+    res = tb.view("fp32").vocab[("lm_head_gemm", "bwd")].lookup(64, 64)
+    from scaleplan.estimator.tables import MEASURED
+
+    assert float(np.ravel(res.t)[0]) == pytest.approx(8e-5) and int(np.ravel(res.code)[0]) == MEASURED
+    assert float(np.ravel(tb.topk["fwd"].lookup(64, 8, 2).t)[0]) == pytest.approx(3e-6)
+    assert float(np.ravel(tb.elementwise[("rmsnorm", "bwd")].lookup(64, 64).t)[0]) == pytest.approx(4e-6)
+    t, lo, hi, _ = tb.collectives[("all_reduce", "contiguous", False)].time(np.array([2.0]), np.array([4096.0]))
+    assert float(t[0]) == pytest.approx(7e-5) and (lo[0], hi[0]) == (4096, 4096)
+    # another point is out of range, reported, not extrapolated
+    assert int(np.ravel(tb.view("fp32").vocab[("lm_head_gemm", "fwd")].lookup(128, 64).oor_axis)[0]) == 0

@@ -94,3 +94,16 @@ def test_mfu_counts_embedding_and_head():
     flops = 6 * n * spec.data.gbs * spec.data.seqlen
     assert mfu(spec, 0.5, 2, 1e9) == pytest.approx(flops / (0.5 * 2 * 1e9))
     assert m.moe.n_experts == 8
+
+
+def test_bench_then_predict_on_the_same_machine(sqlite_url):
+    """README step 5: `validate --bench` measures exactly the points the prediction looks up (one of
+    each for one layout), so the prediction exists and reads measured tables, not analytic fallbacks."""
+    p = _cli("--json", "validate", str(TINY), "--steps", "2", "--warmup", "1", "--bench", "--db", sqlite_url)
+    assert p.returncode == 0, p.stderr
+    (r,) = json.loads(p.stdout)
+    assert r["predicted_t_iter_s"] and r["predicted_t_iter_s"] > 0 and r["predicted_mfu"] > 0
+    o = _observed(sqlite_url)[0]
+    src = o.extra["predicted_sources"]
+    for comp in ("attn_proj", "sdpa", "experts", "router", "vocab", "dispatch_floor"):
+        assert src[comp] in ("measured", "interpolated"), (comp, src[comp])
