@@ -85,7 +85,10 @@ def _identifiable(J: np.ndarray, allowed: Sequence[str]) -> tuple[list[int], lis
         notes.append(f"{PARAMS[j]} not identifiable: no run's step time depends on it; kept at 1")
     if len(live) == 2:
         sv = np.linalg.svd(J / np.linalg.norm(J, axis=0), compute_uv=False)
-        if J.shape[0] < 2 or sv[-1] <= 0 or sv[0] / sv[-1] > COND_MAX:
+        if J.shape[0] < 2:
+            notes.append("kernel_scale not identifiable apart from host_scale from one run; kept at 1")
+            live = [0]
+        elif sv[-1] <= 0 or sv[0] / sv[-1] > COND_MAX:
             notes.append("kernel_scale not identifiable apart from host_scale: the runs have (nearly) "
                          "the same host share of their step time; kept at 1")
             live = [0]
