@@ -106,8 +106,8 @@ def fit_run_scales(t_of_scales: Callable[[float, float], np.ndarray], t_meas: Se
         params: the scales that may be fitted (the rest stay 1): PARAMS on a serial-dispatch
             profile, ("host_scale",) on a GPU one.
     Raises:
-        ScaleplanError: no observations; fewer observations than identifiable scales; or neither
-            scale changes any predicted step time (nothing to fit).
+        ScaleplanError: no observations, or no allowed scale changes any predicted step time
+            (nothing to fit). One run, or runs that share one host share, fit host_scale alone.
     """
     y = np.log(np.asarray(t_meas, dtype=float))
     n = len(y)

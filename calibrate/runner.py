@@ -16,11 +16,12 @@ from scaleplan.calibrate.evaluate import (
     usable,
 )
 from scaleplan.calibrate.report import parity_plot, run_rows, sweep_report
+from scaleplan.calibrate.run_scales import BOUNDS, absolute_times, fit_run_scales
+from scaleplan.calibrate.run_scales import PARAMS as RUN_SCALES  # kept by a benchmark refit
 
 from scaleplan.errors import ScaleplanError
 
 DEFAULT_PROFILE = "p6-b200.48xlarge"
-RUN_SCALES = ("host_scale", "kernel_scale")  # fitted by fit_scales_from_runs, kept by a benchmark refit
 
 
 def _observations(url, profile, sweeps=None, sources=None):
@@ -141,8 +142,6 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
     See :mod:`scaleplan.calibrate.run_scales`. ``use_calibration`` False fits on the uncalibrated
     law (benchmarks' LOO). Raises ScaleplanError: no runs, none absolute, nothing identifiable.
     """
-    from scaleplan.calibrate.run_scales import BOUNDS, absolute_times, fit_run_scales
-
     from scaleplan.db import session as dbs
 
     obs = _observations(url, profile, sweeps, sources)

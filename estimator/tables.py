@@ -439,13 +439,7 @@ def _build_vocab_dtype(tb: Tables, df: pd.DataFrame) -> None:
         return
     tb.vocab_size = int(vs.iloc[0])
     df = df[df["vocab"] == tb.vocab_size]
-    for op, g in df.groupby("op"):
-        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
-            gg = g.dropna(subset=[col])
-            if gg.empty:
-                continue
-            grid, vals = fill_grid(gg, ["tokens", "hidden"], col)
-            tb.vocab[(str(op), dirn)] = GridTable(f"vocab.{op}", ("tokens", "hidden"), grid, vals)
+    tb.vocab.update(_per_op_grids(df, "vocab"))
 
 
 def _build_collectives(tb: Tables, df: pd.DataFrame) -> None:
@@ -472,13 +466,20 @@ def _build_elementwise(tb: Tables, df: pd.DataFrame) -> None:
     if df.empty:
         return
     df = _newest(df, ["op", "tokens", "hidden", "dtype"])
+    tb.elementwise.update(_per_op_grids(df, "elementwise"))
+
+
+def _per_op_grids(df: pd.DataFrame, suite: str) -> dict[tuple[str, str], GridTable]:
+    """(op, fwd|bwd) -> GridTable over (tokens, hidden) of the rows that have that direction's time
+    (one row is enough: a single-point table answers that point and reports the rest out of range)."""
+    out = {}
     for op, g in df.groupby("op"):
         for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
             gg = g.dropna(subset=[col])
-            if gg.empty:
-                continue
-            grid, vals = fill_grid(gg, ["tokens", "hidden"], col)
-            tb.elementwise[(str(op), dirn)] = GridTable(f"elementwise.{op}", ("tokens", "hidden"), grid, vals)
+            if not gg.empty:
+                grid, vals = fill_grid(gg, ["tokens", "hidden"], col)
+                out[(str(op), dirn)] = GridTable(f"{suite}.{op}", ("tokens", "hidden"), grid, vals)
+    return out
 
 
 def _build_dispatch(tb: Tables, df: pd.DataFrame) -> None:
