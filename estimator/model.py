@@ -595,7 +595,7 @@ class TimeModel:
         tp_f = tp_b = 2 * tp_one
         t_first, t_last = self._vocab(rec, g, T, tp, peak, hbm, b_el)
         ks = self.kernel_scale
-        if ks != 1.0:  # a fitted runtime scale (calibrate/run_scales.py); the search runs at 1
+        if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
             (attn_f, attn_b, sd_f, sd_b, ew_f, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f, tk_b,
              perm, ex_f, ex_b, t_first, t_last) = (ks * x for x in (
                 attn_f, attn_b, sd_f, sd_b, ew_f, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f,
