@@ -19,6 +19,7 @@ stderr = Console(stderr=True, soft_wrap=True)
 
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite file (default: $SCALEPLAN_DB or the user data dir).")
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
+LawOpt = typer.Option(None, "--law", help="Name of a stored law fit (default: the paper's coefficients).")
 
 
 @dataclass

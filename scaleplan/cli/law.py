@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.cli._common import DbOpt, JsonOpt, LawOpt, db_url, print_json, stderr, stdout, want_json
 from scaleplan.errors import SpecError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
@@ -26,7 +26,7 @@ def eval_(
     s: float = typer.Option(..., "--s", help="Sparsity S = 1 - N_act/N_tot in [0, 1)."),
     d: float = typer.Option(..., "--d", help="Training tokens D (raw count, e.g. 1.42e12)."),
     g: float = typer.Option(1.0, "--g", help="Expert split factor G = d_ff/d_expert."),
-    law_name: str = typer.Option(None, "--law", help="Name of a stored fit (default: the paper's coefficients)."),
+    law_name: str = LawOpt,
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:
@@ -57,7 +57,7 @@ def optimum(
     s_min: float = typer.Option(0.5, "--s-min", help="Lower end of the sparsity range."),
     points: int = typer.Option(24, "--points", help="Sparsity grid points."),
     plot: Path = typer.Option(None, "--plot", help="Write N_tot*, N_act*, L* vs S to this PNG."),
-    law_name: str = typer.Option(None, "--law", help="Name of a stored fit (default: the paper's coefficients)."),
+    law_name: str = LawOpt,
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:

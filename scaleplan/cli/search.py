@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.cli._common import DbOpt, JsonOpt, LawOpt, db_url, print_json, stderr, stdout, want_json
 from scaleplan.errors import SpecError
 
 CKPT_ALL = "none,selective,super-selective,full"
@@ -57,7 +57,7 @@ def search(
     optimizer: str = typer.Option("adamw", "--optimizer", help="Optimizer (memory of its states)."),
     extrapolate: str = typer.Option("error", "--extrapolate",
                                     help="Table lookups outside the measured range: error (plan infeasible) or clamp."),
-    law_name: str = typer.Option(None, "--law", help="Name of a stored law fit (default: the paper's coefficients)."),
+    law_name: str = LawOpt,
     workers: int = typer.Option(0, "--workers", help="Processes for the per-geometry plan search (0: the usable CPUs)."),
     csv: Path = typer.Option(None, "--csv", help="Write the full feasible frontier (every feasible candidate) here."),
     plot: Path = typer.Option(None, "--plot", help="PNG: loss vs C_model by G (or optimal loss vs budget in a sweep)."),

@@ -24,7 +24,7 @@ def _times(s_h: float, s_k: float = 1.0, cases=CASES) -> np.ndarray:
                      for ck, mbs in cases])
 
 
-@pytest.mark.parametrize("s_true", [(0.6, 1.8), (2.3, 0.7), (1.0, 1.0)])
+@pytest.mark.parametrize("s_true", [(0.6, 1.8), (2.3, 0.7), (1.0, 3.0)])
 def test_recovers_known_scales(s_true):
     fit = fit_run_scales(_times, _times(*s_true))
     assert (fit.host_scale, fit.kernel_scale) == pytest.approx(s_true, rel=0.005)
