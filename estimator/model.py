@@ -86,6 +86,8 @@ DDP_BUCKET_PARAMS = 40_000_000
 # reduce-scattered in fp32; the distributed optimizer all-gathers bf16 parameters
 GRAD_BYTES_COMM, PARAM_BYTES_COMM = 4, 2
 P2P_LAT_INTRA_S, P2P_LAT_INTER_S = 10e-6, 25e-6
+# optimizers that orthogonalise whole weight matrices (Newton-Schulz): no distributed optimizer
+ORTHO_OPTIMIZERS = ("muon", "scion")
 
 
 def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int):
@@ -223,27 +225,38 @@ def vocab_stage_time(n_mb, pp, vpp, t_first, t_last):
 
 @dataclass
 class StagePeriods:
-    period: np.ndarray        # 1F1B period: slowest stage's max(GPU incl. vocab, CPU dispatch)
+    period: np.ndarray        # 1F1B period: slowest stage's max(layers, dispatch) + A2A + vocabulary
     period_disp: np.ndarray   # the same without the vocabulary work
 
 
-def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last, t_disp, serial=False) -> StagePeriods:
-    """Per-micro-batch period of the slowest stage, first / middle / last stages considered.
+def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last, t_disp, serial=False,
+                  a2a_first=0.0, a2a_other=0.0) -> StagePeriods:
+    """Per-micro-batch period of the slowest stage, first / middle / last stages considered (seconds).
 
-    PP = 1: one stage runs the layers, the embedding and the LM head. PP > 1: the first stage adds
-    the embedding, the last the LM head; the middle stages (PP > 2) only layers. ``serial``: the
-    host dispatches on the cores that compute (a CPU device), so dispatch adds to the compute
-    (t_mb = t_cmp + t_disp) instead of hiding behind it (t_mb = max(t_cmp, t_disp), a GPU).
+    Per stage: t_mb = max(t_layers, t_disp) + t_A2A + t_vocab (sec:iteration-time-model):
+
+    * ``t_first_layers`` / ``t_other_layers``: the stage's GPU layer time *without* the exposed EP
+      all-to-all, which is passed separately (``a2a_first`` / ``a2a_other``). The all-to-all sits
+      outside the dispatch max because Megatron's token dispatcher reads the per-expert token counts
+      on the host before it can size the exchange (a device-to-host sync per MoE layer): the host
+      cannot run ahead across it, so launch time already spent cannot hide the wire time.
+    * the vocabulary work (embedding on the first stage ``t_first``, LM head + cross-entropy on the
+      last ``t_last``) is added, as the paper's t_vocab is additive: a handful of long kernels that the
+      host launches in microseconds, so they cannot hide behind, or hide, the layers' launch floor.
+
+    PP = 1: one stage runs the layers, the embedding and the LM head. ``serial``: the host dispatches
+    on the cores that compute (a CPU device), so t_mb = t_layers + t_disp + ... (all additive).
     """
     pp = np.asarray(pp)
-    one = t_first_layers + t_first + t_last
-    first = t_first_layers + t_first
-    last = t_other_layers + t_last
-    gpu = np.where(pp > 1, np.maximum(first, last), one)
-    gpu0 = np.maximum(t_first_layers, t_other_layers)
     if serial:
-        return StagePeriods(gpu + t_disp, gpu0 + t_disp)
-    return StagePeriods(np.maximum(gpu, t_disp), np.maximum(gpu0, t_disp))
+        l0, lo = t_first_layers + t_disp + a2a_first, t_other_layers + t_disp + a2a_other
+    else:
+        l0 = np.maximum(t_first_layers, t_disp) + a2a_first
+        lo = np.maximum(t_other_layers, t_disp) + a2a_other
+    one = l0 + t_first + t_last
+    period = np.where(pp > 1, np.maximum(l0 + t_first, lo + t_last), one)
+    period_disp = np.where(pp > 1, np.maximum(l0, lo), l0)
+    return StagePeriods(period, period_disp)
 
 
 def pipeline_time(n_mb, pp, vpp, period, t_first, t_last):
@@ -666,12 +679,17 @@ class TimeModel:
 
         L_stage = g.L / pp
         nd0 = np.minimum(g.n_dense, L_stage)  # dense blocks sit on the first stage
+        # the all-to-all wire time the shared expert does not cover, per MoE layer (fwd, bwd, recompute)
+        rc1 = np.where(ckc == 3, 1.0, 0.0)
+        a2a_x = (np.maximum(sh_f, a2a_f) - sh_f) * (1 + rc1) + np.maximum(sh_b, a2a_b) - sh_b
         if moe:
             t_stage0 = nd0 * t_den_layer + (L_stage - nd0) * t_moe_layer
             t_other = np.where(pp > 1, L_stage * t_moe_layer, 0.0)
+            a2a0, a2a_o = (L_stage - nd0) * a2a_x, np.where(pp > 1, L_stage * a2a_x, 0.0)
         else:
             t_stage0 = L_stage * t_den_layer
             t_other = np.where(pp > 1, t_stage0, 0.0)
+            a2a0 = a2a_o = np.zeros(P)
         t_cmp = np.maximum(t_stage0, t_other)
 
         # CPU dispatch per stage and micro-batch (kernels x gap + host); the GPU of each stage runs
@@ -683,7 +701,7 @@ class TimeModel:
         t_step_host = np.zeros(P)
         if self.serial:
             t_disp, t_step_host = self._serial_host(rec, g, ckc, L_stage, nd0, t_disp, seqlen * mbs / cp)
-        st = stage_periods(pp, t_stage0, t_other, t_first, t_last, t_disp, self.serial)
+        st = stage_periods(pp, t_stage0 - a2a0, t_other - a2a_o, t_first, t_last, t_disp, self.serial, a2a0, a2a_o)
         f_bub = bubble_fraction(pp, vpp, n_mb)
         t_pipe = pipeline_time(n_mb, pp, vpp, st.period, t_first, t_last)
         t_bubble = f_bub * n_mb * st.period_disp
@@ -703,7 +721,7 @@ class TimeModel:
         # links (the NIC once either group leaves the node), so the window excludes its exposed part
         w_bwd = L_stage * (common_b + moe_b + sh_b if moe else den_lb)
         w_fwd = L_stage * (common_f + moe_f + sh_f if moe else den_lf)
-        t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd)
+        t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer)
         t_opt = self.kernel_scale * self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm) \
             + t_step_host
 
@@ -834,18 +852,27 @@ class TimeModel:
             t_last = f + b + 2 * ce
         return t_first, t_last
 
-    def _dp_comm(self, rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd):
-        """Exposed data-parallel traffic per iteration: the distributed optimizer's bucketed gradient
-        reduce-scatter and parameter all-gather (groups and buckets: :func:`dp_buckets`).
+    def _dp_comm(self, rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer="adamw"):
+        """Exposed data-parallel traffic per iteration (seconds, shape (P,)); groups and buckets:
+        :func:`dp_buckets`.
 
-        Megatron overlaps the reduce-scatter with the last micro-batch's backward and the all-gather
-        with the next first forward; the last bucket is always exposed. On a serial-dispatch profile
-        (a CPU) nothing overlaps: the collective runs on the cores that compute. The bias all-reduce
+        adam/adamw/sgd run Megatron's distributed optimizer (ZeRO-1): a bucketed fp32 gradient
+        reduce-scatter overlapped with the last micro-batch's backward and a bf16 parameter all-gather
+        overlapped with the next first forward; the last bucket of each is always exposed.
+        muon/scion (orthogonalised updates, :data:`ORTHO_OPTIMIZERS`): Megatron-Core's Muon refuses the
+        distributed optimizer and gradient-reduce overlap (``validate_args``), so the gradients are
+        all-reduced in fp32 after the backward, fully exposed, and no parameters are gathered.
+        On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
         """
         out = np.zeros(len(pl))
+        ortho = optimizer in ORTHO_OPTIMIZERS
         for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn):
             per_bucket = params / nb
             act = (group > 1) & (params > 0)
+            if ortho:
+                out += nb * self._collective(rec, "dp_comm", "all_reduce", group, per_bucket * GRAD_BYTES_COMM,
+                                             inter, layout, act)
+                continue
             rs = nb * self._collective(rec, "dp_comm", "reduce_scatter", group, per_bucket * GRAD_BYTES_COMM,
                                        inter, layout, act)
             ag = nb * self._collective(rec, "dp_comm", "all_gather", group, per_bucket * PARAM_BYTES_COMM,
@@ -866,28 +893,34 @@ class TimeModel:
                                            small_analytic=True)
 
     def _optimizer(self, rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm):
-        """Optimizer step on this rank's shard (distributed optimizer), bandwidth/FLOP roofline.
+        """Optimizer step of one rank (seconds, shape (P,)): bandwidth / FLOP roofline.
 
         adam/adamw: read fp32 master, m, v and the grad, write master, m, v and the bf16 param
-        (30 bytes/param). sgd (momentum): 18 bytes/param. muon/scion: momentum update (18 bytes/
-        param) plus 5 Newton-Schulz iterations per weight matrix, ~5 (4 m^2 n + 2 m^3) FLOPs for an
-        m x n matrix (m <= n), at the GEMM roofline.
+        (30 bytes/param), on this rank's distributed-optimizer shard (1/(DP CP) of the dense and
+        1/EDP of the expert parameters). sgd (momentum): 18 bytes/param, sharded the same way.
+        muon/scion: momentum update (18 bytes/param) plus 5 Newton-Schulz iterations per weight
+        matrix, ~5 (4 m^2 n + 2 m^3) FLOPs for an m x n matrix (m <= n), at half the GEMM peak.
+        Megatron-Core's Muon runs without the distributed optimizer (its ``validate_args`` refuses
+        the combination: the orthogonalisation needs whole matrices), so every DP replica
+        orthogonalises all of its TP/PP/EP-local matrices: the step is *not* divided by DP.
         """
         rec.mark("optimizer", ANALYTIC)
         L_stage = g.L / pp
+        ortho = optimizer in ORTHO_OPTIMIZERS
+        dense_rep = np.ones_like(dp) if ortho else dp * cp      # ranks sharing one dense shard's step
+        exp_rep = np.ones_like(dp) if ortho else np.maximum(tp * cp * dp / (ep * etp), 1)
         dense = (L_stage * g.attn_params + g.n_dense * g.dense_mlp_params / pp
-                 + (g.n_moe / pp) * g.moe_dense_params + g.vocab * g.d) / (tp * dp * cp)
-        experts = (g.n_moe / pp) * g.expert_params / (ep * etp) / np.maximum(tp * cp * dp / (ep * etp), 1)
-        shard = dense + experts
+                 + (g.n_moe / pp) * g.moe_dense_params + g.vocab * g.d) / (tp * dense_rep)
+        experts = (g.n_moe / pp) * g.expert_params / (ep * etp) / exp_rep
         per = {"adam": 30.0, "adamw": 30.0, "sgd": 18.0, "muon": 18.0, "scion": 18.0}.get(optimizer, 30.0)
-        t = an.memory_time(per * shard, hbm)
-        if optimizer in ("muon", "scion"):
+        t = an.memory_time(per * (dense + experts), hbm)
+        if ortho:
             def ns(m, n):
                 m, n = min(m, n), max(m, n)
                 return 5.0 * (4.0 * m * m * n + 2.0 * m ** 3)
             attn = ns(g.d, g.nq * g.hd) * 2 + ns(g.d, g.nkv * g.hd) * 2
             exp_m = ns(g.d, g.dexp) * 3
-            fl_dense = L_stage * attn / (tp * dp * cp)
-            fl_exp = (g.n_moe / pp) * g.E * exp_m / (ep * etp) / np.maximum(tp * cp * dp / (ep * etp), 1)
+            fl_dense = L_stage * attn / tp
+            fl_exp = (g.n_moe / pp) * g.E * exp_m / (ep * etp)
             t = t + (fl_dense + fl_exp) / (0.5 * peak)
         return t
