@@ -16,7 +16,15 @@ from scaleplan.estimator.geom import Geometry, geometry
 from scaleplan.estimator.memory import memory_breakdown
 from scaleplan.estimator.model import CKPT_CODES, ChiCoefficients, DispatchLaw, Evaluation, Plans, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans, plans_from_layouts
-from scaleplan.estimator.tables import ANALYTIC, SOURCE_NAMES, Tables, build_tables, cached_tables
+from scaleplan.estimator.tables import (
+    ANALYTIC,
+    COMPOSED,
+    EXTRAPOLATE_MODES,
+    SOURCE_NAMES,
+    Tables,
+    build_tables,
+    cached_tables,
+)
 
 from scaleplan.errors import OutOfRangeError, ScaleplanError, SpecError
 from scaleplan.profiles import ClusterProfile, load_profile
@@ -48,6 +56,7 @@ class EstimateResult:
     reason: str | None
     warnings: list[str] = field(default_factory=list)
     n_clamped: int = 0
+    composed_share: float = 0.0  # fraction of t_analytic_s read from composed (out-of-range) lookups
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,7 +92,9 @@ class Estimator:
     Args:
         profile: profile name or ClusterProfile.
         db_url: calibration database (None: the default); tables cached per (url, profile).
-        extrapolate: "error" (out-of-range lookups raise / mark plans infeasible) or "clamp".
+        extrapolate: "compose" (default: out-of-range lookups composed by each table's physical rule,
+            tables.COMPOSE_RULES, labelled "composed"), "error" (they raise / mark plans infeasible)
+            or "clamp" (the edge value, counted).
         calibration_id: a Calibration row id to use for chi_sys (None: newest per kind).
         use_calibration: False -> chi_sys = 1 and the default dispatch law (t_analytic).
         host_scale: multiply the dispatch law's host terms (t_gap, t_ep_host, t_host; on a
@@ -98,11 +109,11 @@ class Estimator:
     """
 
     def __init__(self, profile: str | ClusterProfile = "p6-b200.48xlarge", db_url: str | None = None,
-                 extrapolate: str = "error", calibration_id: int | None = None, use_calibration: bool = True,
+                 extrapolate: str = "compose", calibration_id: int | None = None, use_calibration: bool = True,
                  tables: Tables | None = None, host_scale: float | None = None,
                  kernel_scale: float | None = None):
-        if extrapolate not in ("error", "clamp"):
-            raise SpecError("extrapolate", extrapolate, "error or clamp")
+        if extrapolate not in EXTRAPOLATE_MODES:
+            raise SpecError("extrapolate", extrapolate, " | ".join(EXTRAPOLATE_MODES))
         self.profile = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
         self.extrapolate = extrapolate
         self.db_url = db_url
@@ -120,7 +131,7 @@ class Estimator:
         if not (math.isfinite(self.kernel_scale) and self.kernel_scale > 0):
             raise SpecError("kernel_scale", self.kernel_scale, "a positive finite number")
         self._apply_host_scale()
-        self.model = TimeModel(self.profile, self.tables, extrapolate == "clamp", self.dispatch, self.chi,
+        self.model = TimeModel(self.profile, self.tables, extrapolate, self.dispatch, self.chi,
                                self.kernel_scale)
 
     @classmethod
@@ -342,7 +353,8 @@ class Estimator:
                         "gpus_per_node": int(self.profile.gpus_per_node)},
             tokens_per_s=float(tokens / ev.t_iter[i]), mem_per_device_gb=tot, mem_breakdown_gb=memb,
             n_act=float(g.n_act), n_tot=float(g.n_tot), breakdown_s=bd, sources=src,
-            feasible=reason is None, reason=reason, warnings=warnings, n_clamped=int(ev.n_clamped[i]))
+            feasible=reason is None, reason=reason, warnings=warnings, n_clamped=int(ev.n_clamped[i]),
+            composed_share=float(ev.composed_share[i]) if ev.composed_share is not None else 0.0)
 
 
 __all__ = [

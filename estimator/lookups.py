@@ -34,8 +34,7 @@ def _ops_points(out, g: Geometry, ckpt: str, tokens: int) -> None:
 def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_vocab: int | None,
                  serial_dispatch: bool = False) -> dict[str, list[dict]]:
     """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model."""
-    from scaleplan.estimator.model import (CKPT_NAMES, GRAD_BYTES_COMM, PARAM_BYTES_COMM, bias_sync,
-                                           dp_buckets)
+    from scaleplan.estimator.model import CKPT_NAMES, GRAD_BYTES_COMM, PARAM_BYTES_COMM, bias_sync, dp_buckets
 
     out: dict[str, list[dict]] = {}
     dt = g.precision

@@ -56,7 +56,17 @@ from dataclasses import dataclass, field
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry, padded_vocab
-from scaleplan.estimator.tables import ANALYTIC, CLAMPED, INTERPOLATED, MEASURED, LookupResult, Tables
+from scaleplan.estimator.tables import (
+    ANALYTIC,
+    CLAMPED,
+    COMPOSED,
+    EXTRAPOLATE_MODES,
+    INTERPOLATED,
+    MEASURED,
+    LookupResult,
+    Tables,
+    compose_rule,
+)
 
 from scaleplan.profiles import ClusterProfile
 from scaleplan.units import BYTES_PER_ELEMENT
@@ -204,6 +214,7 @@ class Evaluation:
     oor: OOR
     warnings: list[str] = field(default_factory=list)
     notes: dict[str, np.ndarray] = field(default_factory=dict)  # message -> bool mask over plans
+    composed_share: np.ndarray | None = None  # fraction of t_analytic from composed lookups
 
 
 def bubble_fraction(pp, vpp, n_mb):
@@ -269,10 +280,16 @@ def pipeline_time(n_mb, pp, vpp, period, t_first, t_last):
 
 
 class _Recorder:
-    """Collects source codes, clamp counts and out-of-range reasons while the model looks up tables."""
+    """Collects source codes, clamp counts and out-of-range reasons while the model looks up tables.
 
-    def __init__(self, P: int, clamp: bool):
-        self.P, self.clamp = P, clamp
+    ``mode`` (the estimator's ``extrapolate``): "compose" replaces an out-of-range lookup by its
+    table's composition rule (tables.COMPOSE_RULES, labelled "composed", the rule in the warnings);
+    "clamp" by the edge value (labelled "clamped", counted); "error" records the first
+    out-of-range lookup per plan, which makes the plan infeasible.
+    """
+
+    def __init__(self, P: int, mode: str):
+        self.P, self.mode = P, mode
         self.src: dict[str, np.ndarray] = {}
         self.n_clamped = np.zeros(P, dtype=np.int64)
         self.has_oor = np.zeros(P, dtype=bool)
@@ -313,7 +330,12 @@ class _Recorder:
         if not all_active:
             bad &= active
         if bad.any():
-            if self.clamp:
+            if self.mode == "compose":
+                code = np.where(bad, COMPOSED, code)
+                t = np.where(bad, _vec(res.t if res.t_composed is None else res.t_composed, P), t)
+                self.note(f"{comp} composed beyond the measured {res.table} range: {compose_rule(res.table)[1]}",
+                          bad)
+            elif self.mode == "clamp":
                 code = np.where(bad, CLAMPED, code)
                 self.n_clamped += bad
             else:
@@ -352,7 +374,7 @@ class TimeModel:
     Args:
         profile: the hardware profile (peaks, HBM bandwidth, link bandwidths, GPUs per node).
         tables: measured tables (components without a table fall back to :mod:`analytic`).
-        clamp: extrapolate="clamp" (else out-of-range lookups are reported per plan).
+        extrapolate: "compose" | "error" | "clamp": what an out-of-range lookup becomes (:class:`_Recorder`).
         dispatch: the dispatch law (kappa0, kappa1, t_gap, t_host).
         chi: eq:desync coefficients (zeros: chi_sys = 1).
         kernel_scale: multiplies every device-kernel time (GEMM, grouped GEMM, SDPA, router,
@@ -361,9 +383,11 @@ class TimeModel:
             unless ``calibrate fit --kind dispatch --from-runs`` fitted it (calibrate/run_scales.py).
     """
 
-    def __init__(self, profile: ClusterProfile, tables: Tables, clamp: bool, dispatch: DispatchLaw,
+    def __init__(self, profile: ClusterProfile, tables: Tables, extrapolate: str, dispatch: DispatchLaw,
                  chi: ChiCoefficients, kernel_scale: float = 1.0):
-        self.prof, self.tb, self.clamp, self.disp, self.chi_c = profile, tables, clamp, dispatch, chi
+        if extrapolate not in EXTRAPOLATE_MODES:
+            raise ValueError(f"extrapolate: got {extrapolate!r}; one of {', '.join(EXTRAPOLATE_MODES)}")
+        self.prof, self.tb, self.mode, self.disp, self.chi_c = profile, tables, extrapolate, dispatch, chi
         self.kernel_scale = float(kernel_scale)
         self._tb_base = tables
         self.gpn = profile.gpus_per_node
@@ -505,7 +529,8 @@ class TimeModel:
                 rec.mark(comp, np.where(below & sel, ANALYTIC, 0))
             oor_s = (below & (not small_analytic)) | (s_ref > hi * (1 + 1e-9))
             res = LookupResult(tab.name, ("size_bytes",), t, np.where(exact, 0, 1).astype(np.int8),
-                               np.where(oor_s, 0, -1).astype(np.int16), s_ref, lo, hi)
+                               np.where(oor_s, 0, -1).astype(np.int16), s_ref, lo, hi,
+                               np.where(below, t, tab.composed(nref, s_ref)))
             tt = rec.use(comp, res, sel)
             out[sel] = tt[sel]
             off_grid = sel & ((n < g_lo) | (n > g_hi))
@@ -631,7 +656,7 @@ class TimeModel:
     def evaluate(self, g: Geometry, pl: Plans, gbs: int, seqlen: int, optimizer: str) -> Evaluation:
         """Evaluate every plan of ``pl``; see the module docstring for the terms. Arrays of length P."""
         P = len(pl)
-        rec = _Recorder(P, self.clamp)
+        rec = _Recorder(P, self.mode)
         self.tb = self._tb_base.view(g.precision)  # the spec's precision's GEMM/grouped/vocab rows
         prof = self.prof
         peak = prof.peak(g.precision)
@@ -646,7 +671,7 @@ class TimeModel:
         code = (((pl.tp * 4096 + pl.cp) * 4096 + pl.ep) * 64 + pl.etp) * 4096 + pl.mbs
         _, first, inv = np.unique(code, return_index=True, return_inverse=True)
         inv = inv.reshape(-1)
-        rec_u = _Recorder(len(first), self.clamp)
+        rec_u = _Recorder(len(first), self.mode)
         K = {k: v[inv] for k, v in self._kernels(g, pl.take(first), seqlen, rec_u).items()}
         rec.absorb(rec_u, inv)
         (attn_f, attn_b, sd_f, sd_b, ew_f, dense_f, dense_b, moe_f, moe_b, a2a_f, a2a_b, sh_f, sh_b, E_loc,
@@ -765,6 +790,8 @@ class TimeModel:
             rec.mark("dispatch_floor", 0)
         rec.mark("bubble", rec.src.get("dispatch_floor", 0))
         t_an = sum(comps.values())
+        # the share of the predicted time whose component read a composed (out-of-range) lookup
+        composed_share = sum(np.where(rec.src.get(k, 0) == COMPOSED, v, 0.0) for k, v in comps.items()) / t_an
 
         # eq:desync
         ep_nodes = np.ceil(ep * tp / self.gpn)
@@ -788,7 +815,7 @@ class TimeModel:
         hfu = (6.0 * g.n_mfu * tokens + rec_flops) / denom
         return Evaluation(pl, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
                           pp_nodes.astype(int), deep, mfu, mfu_ne, hfu, rec.n_clamped, rec.oor, rec.warnings,
-                          rec.notes)
+                          rec.notes, composed_share)
 
     def _serial_host(self, rec, g, ckc, L_stage, nd0, t_law, T):
         """Host seconds on a serial-dispatch device: (per micro-batch and stage, per step).

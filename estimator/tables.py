@@ -29,8 +29,40 @@ import pandas as pd
 from scipy.interpolate import NearestNDInterpolator, RegularGridInterpolator
 
 # source codes per looked-up element (higher = weaker provenance)
-MEASURED, INTERPOLATED, CLAMPED, ANALYTIC = 0, 1, 2, 3
-SOURCE_NAMES = {MEASURED: "measured", INTERPOLATED: "interpolated", CLAMPED: "clamped", ANALYTIC: "analytic"}
+MEASURED, INTERPOLATED, CLAMPED, COMPOSED, ANALYTIC = 0, 1, 2, 3, 4
+SOURCE_NAMES = {MEASURED: "measured", INTERPOLATED: "interpolated", CLAMPED: "clamped", COMPOSED: "composed",
+                ANALYTIC: "analytic"}
+EXTRAPOLATE_MODES = ("compose", "error", "clamp")
+
+# Composition beyond the measured range (``--extrapolate compose``, the default). Above the largest
+# measured value of an axis a kernel keeps the throughput of the edge point: its time scales with its
+# work, t(x) = t(edge) (x / edge)^e per axis, e the power with which the work grows along that axis.
+# Grouped GEMMs are the exception the hold-outs show (estimator/holdout.py): at the largest recorded
+# tile (4096 tokens per expert) the small shapes are still amortising per-group cost, so there the
+# exponent is the measured slope of the last interval, bounded to [0, e] ("trend" rules).
+# Below the smallest measured value the edge time is kept: a smaller kernel of the same family is
+# not faster than the launch- or latency-bound floor the smallest measured one already sits on.
+# (table name prefix) -> (work exponent per axis, rule text)
+TREND_RULES = ("grouped_gemm",)
+COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {
+    "gemm": ((1.0, 1.0, 1.0), "GEMM: FLOPs (m n k) scaled at the edge point's measured throughput"),
+    "grouped_gemm": ((1.0, 1.0), "grouped GEMM: the last measured interval's throughput trend along each "
+                                 "axis, never faster-growing than FLOPs (num_gemms x tokens_per_expert)"),
+    "sdpa": ((2.0, 1.0, 1.0, 1.0), "causal SDPA: FLOPs scaled (quadratic in seq_len, linear in micro-batch, "
+                                   "heads, head_dim)"),
+    "router": ((1.0, 1.0, 0.0), "router top-k: scaled by the score count (tokens x experts), memory-bound"),
+    "vocab": ((1.0, 1.0), "LM head / cross-entropy: scaled by tokens x hidden at the edge throughput"),
+    "elementwise": ((1.0, 1.0), "element-wise: bytes (tokens x hidden) scaled at the edge bandwidth"),
+    "collectives": ((1.0,), "collective: beyond the largest measured message at that message's bus "
+                            "bandwidth (bandwidth-bound); below the smallest, its latency-bound time"),
+}
+
+
+def compose_rule(table: str) -> tuple[tuple[float, ...], str]:
+    """The composition rule of a table (by its name's prefix: ``grouped_gemm[4096x1024]`` ->
+    ``grouped_gemm``); an unknown table scales linearly in every axis."""
+    key = table.split("[")[0].split(".")[0]
+    return COMPOSE_RULES.get(key, ((1.0,) * 8, "linear in every axis beyond the edge"))
 
 # The training stack (paper app:training-stack) is Megatron-Core with Transformer Engine layers,
 # whose DotProductAttention runs the TE fused (cuDNN / flash) backend: SDPA rows of backend "te"
@@ -57,6 +89,7 @@ class LookupResult:
     oor_value: np.ndarray
     lo: np.ndarray
     hi: np.ndarray
+    t_composed: np.ndarray | None = None
 
 
 # memoised lookups per table (cleared when full; a cache entry is a few small arrays)
@@ -70,7 +103,9 @@ def _readonly(a) -> np.ndarray:
 
 
 def _frozen(res: LookupResult) -> LookupResult:
-    for f in ("t", "code", "oor_axis", "oor_value", "lo", "hi"):
+    if res.t_composed is None:
+        res.t_composed = res.t
+    for f in ("t", "code", "oor_axis", "oor_value", "lo", "hi", "t_composed"):
         setattr(res, f, _readonly(getattr(res, f)))
     return res
 
@@ -113,6 +148,23 @@ class GridTable:
             hit = self._cache[key] = self._lookup(arrs)
         return hit
 
+    def _edge_slope(self, i: int, cs, e_max: float) -> np.ndarray:
+        """The composition exponent along axis ``i``: ``e_max`` (constant throughput), or for a
+        TREND_RULES table d log t / d log x over the axis' last measured interval at the other
+        (clamped) coordinates, bounded to [0, e_max]: the kernel keeps the throughput trend of its last
+        measured step, and its time never grows faster than its work."""
+        g = self.grid[i]
+        if len(g) < 2 or i not in self._keep or self.name.split("[")[0] not in TREND_RULES:
+            return np.full(np.shape(cs[0]), e_max)
+        pts = []
+        for x in (g[-2], g[-1]):
+            c2 = [np.clip(c, self.lo[j], self.hi[j]) for j, c in enumerate(cs)]
+            c2[i] = np.full(np.shape(cs[0]), x)
+            pts.append(np.stack([np.log(c2[j]).ravel() for j in self._keep], axis=-1))
+        lt0, lt1 = self._interp(pts[0]), self._interp(pts[1])
+        s = (lt1 - lt0) / np.log(g[-1] / g[-2])
+        return np.clip(s, 0.0, e_max).reshape(np.shape(cs[0]))
+
     def _lookup(self, arrs) -> LookupResult:
         cs = np.broadcast_arrays(*arrs)
         shape = cs[0].shape
@@ -120,6 +172,8 @@ class GridTable:
         oor_val = np.zeros(shape)
         exact = np.ones(shape, dtype=bool)
         clamped = []
+        grow = np.ones(shape)  # work ratio beyond the upper edges (COMPOSE_RULES)
+        exps = compose_rule(self.name)[0]
         for i, c in enumerate(cs):
             # NaN compares false both ways: flag it out of range explicitly rather than return NaN
             bad = ((c < self.lo[i] * (1 - 1e-9)) | (c > self.hi[i] * (1 + 1e-9)) | np.isnan(c)) & (oor_axis < 0)
@@ -127,6 +181,10 @@ class GridTable:
             oor_val[bad] = c[bad]
             cc = np.clip(c, self.lo[i], self.hi[i])
             clamped.append(cc)
+            above = c > self.hi[i] * (1 + 1e-9)
+            if above.any():
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    grow = grow * np.where(above, (c / self.hi[i]) ** self._edge_slope(i, cs, exps[i]), 1.0)
             exact &= np.isin(cc, self.grid[i])
         if self._keep:
             pts = np.stack([np.log(clamped[i]).ravel() for i in self._keep], axis=-1)
@@ -136,7 +194,7 @@ class GridTable:
         code = np.where(exact, MEASURED, INTERPOLATED).astype(np.int8)
         lo = np.where(oor_axis >= 0, self.lo[np.maximum(oor_axis, 0)], np.nan)
         hi = np.where(oor_axis >= 0, self.hi[np.maximum(oor_axis, 0)], np.nan)
-        return _frozen(LookupResult(self.name, self.axes, t, code, oor_axis, oor_val, lo, hi))
+        return _frozen(LookupResult(self.name, self.axes, t, code, oor_axis, oor_val, lo, hi, t * grow))
 
 
 def fill_grid(df: pd.DataFrame, axes: list[str], value: str, work: np.ndarray | None = None):
@@ -186,6 +244,13 @@ class CollectiveTable:
                 self._cache.clear()
             hit = self._cache[key] = tuple(_readonly(x) for x in self._time(g, s))
         return hit
+
+    def composed(self, group: np.ndarray, size: np.ndarray) -> np.ndarray:
+        """Seconds with the COMPOSE_RULES["collectives"] rule outside the measured sizes: beyond the
+        largest message at that message's bus bandwidth (t grows linearly in size), below the smallest
+        its (latency-bound) time."""
+        t, _, hi, _ = self.time(group, size)
+        return t * np.maximum(np.asarray(size, dtype=float) / hi, 1.0)
 
     def _time(self, group: np.ndarray, size: np.ndarray):
         g = np.clip(group, self.groups[0], self.groups[-1])

@@ -8,12 +8,11 @@ import sys
 
 import typer
 from rich.markup import escape
-
-from scaleplan.cli._common import STATE, stderr
-from scaleplan.errors import ScaleplanError, one_line
 from sqlalchemy.exc import DBAPIError
 
+from scaleplan.cli._common import STATE, stderr
 from scaleplan.db.session import mask_url, resolve_url
+from scaleplan.errors import ScaleplanError, one_line
 
 app = typer.Typer(name="scaleplan", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Plan sparse-MoE architecture, tokens and parallel layout for your cluster (MOSAIC).")

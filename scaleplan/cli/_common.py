@@ -20,6 +20,18 @@ stderr = Console(stderr=True, soft_wrap=True)
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite file (default: $SCALEPLAN_DB or the user data dir).")
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
 LawOpt = typer.Option(None, "--law", help="Name of a stored law fit (default: the paper's coefficients).")
+# one option and one check for every command that reads the tables (estimator.tables.COMPOSE_RULES)
+EXTRAPOLATE_HELP = ("Table lookups outside the measured range: compose (default: each table's physical "
+                    "rule, labelled 'composed'), error (the plan is infeasible) or clamp (the edge value).")
+ExtrapOpt = typer.Option("compose", "--extrapolate", help=EXTRAPOLATE_HELP)
+
+
+def check_extrapolate(x: str) -> None:
+    """Raises SpecError naming --extrapolate unless ``x`` is one of compose, error, clamp."""
+    from scaleplan.errors import SpecError
+
+    if x not in ("compose", "error", "clamp"):
+        raise SpecError("--extrapolate", x, "compose, error or clamp")
 
 
 @dataclass

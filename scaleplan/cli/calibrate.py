@@ -19,7 +19,17 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.cli._common import (
+    DbOpt,
+    ExtrapOpt,
+    JsonOpt,
+    check_extrapolate,
+    db_url,
+    print_json,
+    stderr,
+    stdout,
+    want_json,
+)
 from scaleplan.errors import SpecError
 
 app = typer.Typer(no_args_is_help=True, help="Fit chi_sys and the dispatch law from observed runs; report accuracy.")
@@ -62,8 +72,7 @@ def _check_mode(mode: str | None) -> None:
 
 
 def _check_extrapolate(x: str) -> None:
-    if x not in ("clamp", "error"):
-        raise SpecError("--extrapolate", x, "clamp or error")
+    check_extrapolate(x)
 
 
 @app.command("add")
@@ -133,7 +142,7 @@ def fit(profile: str = ProfileOpt,
                                         "(default 0): term=value, or 'reference' for the reference "
                                         "estimator's published c_a2a=1.2, c_pp=0.5, c_ovl=-0.18."),
         sweep: list[str] = typer.Option(None, "--sweep", help="Only these sweeps (repeatable)."),
-        extrapolate: str = typer.Option("clamp", "--extrapolate", help="clamp or error, for table lookups."),
+        extrapolate: str = ExtrapOpt,
         from_runs: bool = typer.Option(False, "--from-runs", help="With --kind dispatch or all: also fit the "
                                        "runtime scales host_scale (dispatch host terms) and kernel_scale "
                                        "(table kernel times), each bounded [0.2, 5], on the observed runs' "
@@ -175,7 +184,7 @@ def report(profile: str = ProfileOpt,
            mode: str = ModeOpt,
            plot: Path = typer.Option(None, "--plot", help="Write a parity plot (PNG)."),
            sweep: list[str] = typer.Option(None, "--sweep", help="Only these sweeps (repeatable)."),
-           extrapolate: str = typer.Option("clamp", "--extrapolate", help="clamp or error, for table lookups."),
+           extrapolate: str = ExtrapOpt,
            db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     """Per-sweep MFU MAPE, Spearman, top-k overlap and leave-one-sweep-out MAPE, before and after calibration."""
     from scaleplan.calibrate.runner import build_report

@@ -11,12 +11,21 @@ from pathlib import Path
 
 import typer
 
-from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.cli._common import (
+    DbOpt,
+    ExtrapOpt,
+    JsonOpt,
+    check_extrapolate,
+    db_url,
+    print_json,
+    stderr,
+    stdout,
+    want_json,
+)
 from scaleplan.errors import SpecError
 from scaleplan.specs import CKPT_MODES, load_spec, parse_ckpt_modes, parse_layout
 
 ProfileOpt = typer.Option(None, "--profile", help="Hardware profile (default: the spec's hardware.node_type).")
-ExtrapOpt = typer.Option("error", "--extrapolate", help="Outside the measured range: error (default) or clamp.")
 
 
 def _banner(components: list[str]) -> None:

@@ -9,7 +9,18 @@ from pathlib import Path
 
 import typer
 
-from scaleplan.cli._common import DbOpt, JsonOpt, LawOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.cli._common import (
+    DbOpt,
+    ExtrapOpt,
+    JsonOpt,
+    LawOpt,
+    check_extrapolate,
+    db_url,
+    print_json,
+    stderr,
+    stdout,
+    want_json,
+)
 from scaleplan.errors import SpecError
 
 CKPT_ALL = "none,selective,super-selective,full"
@@ -55,8 +66,7 @@ def search(
     kv_heads: int = typer.Option(8, "--kv-heads", help="GQA key/value heads of the ladder models."),
     top: int = typer.Option(10, "--top", help="How many of the best candidates to list."),
     optimizer: str = typer.Option("adamw", "--optimizer", help="Optimizer (memory of its states)."),
-    extrapolate: str = typer.Option("error", "--extrapolate",
-                                    help="Table lookups outside the measured range: error (plan infeasible) or clamp."),
+    extrapolate: str = ExtrapOpt,
     law_name: str = LawOpt,
     workers: int = typer.Option(0, "--workers", help="Processes for the per-geometry plan search (0: the usable CPUs)."),
     csv: Path = typer.Option(None, "--csv", help="Write the full feasible frontier (every feasible candidate) here."),

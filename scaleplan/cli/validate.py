@@ -8,7 +8,17 @@ from pathlib import Path
 
 import typer
 
-from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.cli._common import (
+    DbOpt,
+    ExtrapOpt,
+    JsonOpt,
+    check_extrapolate,
+    db_url,
+    print_json,
+    stderr,
+    stdout,
+    want_json,
+)
 from scaleplan.errors import SpecError
 
 BENCH_HINT = ("measure this machine's tables first: `scaleplan bench plan {spec} --devices {n} --run "
@@ -83,8 +93,7 @@ def validate(
                                 "(default: cpu-local on CPU, the matching GPU profile on CUDA)."),
     threads: int = typer.Option(None, "--threads", help="CPU threads per process (default: cores / nproc)."),
     sweep: str = typer.Option("validate", "--sweep", help="Sweep name stored with the observed runs."),
-    extrapolate: str = typer.Option("error", "--extrapolate", help="error | clamp: table lookups outside "
-                                    "the measured range."),
+    extrapolate: str = ExtrapOpt,
     store: bool = typer.Option(True, "--store/--no-store", help="Store each run as an ObservedRun."),
     bench: bool = typer.Option(False, "--bench", help="First measure on this machine the table points the "
                                "prediction looks up (`scaleplan bench plan SPEC --devices NPROC --run`), with "
@@ -108,8 +117,7 @@ def validate(
 
         if not torch.cuda.is_available():
             raise SpecError("--device", "cuda", "no CUDA device is visible here; use --device cpu")
-    if extrapolate not in ("error", "clamp"):
-        raise SpecError("--extrapolate", extrapolate, "error or clamp")
+    check_extrapolate(extrapolate)
     sp = load_spec(spec)
     base = sp.default_layout()
     layouts = [parse_layout(s, base) for s in layout] if layout else [base]

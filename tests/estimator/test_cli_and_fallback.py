@@ -13,7 +13,7 @@ from .conftest import moe_spec
 
 RESULT_KEYS = {"layout", "mfu", "mfu_nonembed", "hfu", "t_iter_s", "t_analytic_s", "chi_sys", "chi_inputs",
                "tokens_per_s", "mem_per_device_gb", "mem_breakdown_gb", "n_act", "n_tot", "breakdown_s", "sources",
-               "feasible", "reason", "warnings", "n_clamped"}
+               "feasible", "reason", "warnings", "n_clamped", "composed_share"}
 CHI_KEYS = {"t_a2a_s", "ep_nodes", "pp_nodes", "deep_pp_in_node", "gpus_per_node"}
 
 
@@ -53,7 +53,7 @@ def test_estimate_json_contract_and_banner(spec_file, sqlite_url):
         assert set(r["chi_inputs"]) == CHI_KEYS
         assert set(r["layout"]) == {"tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"}
         assert set(r["sources"]) == set(r["breakdown_s"])
-        assert set(r["sources"].values()) <= {"measured", "interpolated", "clamped", "analytic"}
+        assert set(r["sources"].values()) <= {"measured", "interpolated", "clamped", "composed", "analytic"}
     assert out[1]["layout"]["ckpt"] == "selective" and out[1]["layout"]["dp"] == 32
     assert "scaleplan bench" in p.stderr  # the analytic banner, on stderr only
 
@@ -82,7 +82,7 @@ def test_user_errors_are_one_line_exit_2(spec_file, sqlite_url, tmp_path):
 def test_out_of_range_is_one_line_exit_2(recorded_db, tmp_path):
     long = tmp_path / "long.yaml"
     long.write_text(yaml.safe_dump(moe_spec(data={"seqlen": 65536, "gbs": 256}, parallelism={"pp": 2, "ep": 8})))
-    p = _cli("estimate", str(long), "--devices", "32", "--db", recorded_db)
+    p = _cli("estimate", str(long), "--devices", "32", "--db", recorded_db, "--extrapolate", "error")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     assert "outside the measured range" in p.stderr
     ok = _cli("estimate", str(long), "--devices", "32", "--db", recorded_db, "--extrapolate", "clamp", "--json")

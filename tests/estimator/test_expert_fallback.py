@@ -28,7 +28,7 @@ def _gemm_frame(lo=6):
 
 def _experts(est, g, E_loc, tile, etp=1.0, clamp=False):
     E_loc, tile, etp = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (E_loc, tile, etp))
-    rec = _Recorder(len(tile), clamp)
+    rec = _Recorder(len(tile), "clamp" if clamp else "error")
     peak = est.profile.peak("bf16")
     f, b = est.model._experts(rec, g, E_loc, tile, etp, peak, est.profile.hbm_bandwidth)
     return f, b, rec
@@ -70,7 +70,7 @@ def test_no_tables_is_analytic():
 
 def test_dense_loop_lookups_are_range_checked():
     # the GEMM grid starts at 1024: a 768-row tile is out of range on m, never extrapolated
-    est = Estimator.from_frames("p6-b200.48xlarge", {"gemm": _gemm_frame(lo=10)})
+    est = Estimator.from_frames("p6-b200.48xlarge", {"gemm": _gemm_frame(lo=10)}, extrapolate="error")
     g = geometry(parse_spec(moe_spec()).model)
     _, _, rec = _experts(est, g, [16.0, 16.0], [768.0, 4096.0])
     assert list(rec.oor.reason) == ["out_of_range:gemm.m", None]
@@ -153,7 +153,8 @@ def test_recorded_loop_vs_grouped_kernel_at_measured_shapes(recorded):
 def test_recorded_ladder_shapes_are_costed_from_measurements(recorded):
     # q=12, G=2: d_expert = 7680 is not a grouped-table shape; no component of the experts is analytic
     r = recorded.best_plan(ladder_model(12, 32, 2, 2), 256, 1024, 2048, "adamw")
-    assert r is not None and r.sources["experts"] == "interpolated"
+    # (composed: tiles beyond the grouped tables' measured envelope, costed by the same dense loop)
+    assert r is not None and r.sources["experts"] in ("interpolated", "composed")
     assert any("6144x7680" in w for w in r.warnings)
 
 
@@ -165,7 +166,7 @@ def test_inter_node_all_to_all_keeps_inter_node_bytes_per_rank():
     rows = [dict(collective="all_to_all", group_size=n, layout="contiguous", inter_node=True, size_bytes=s,
                  dtype="bf16", t_s=s * (n - 8) / n / BW) for n in (16, 32) for s in sizes]
     est = Estimator.from_frames("p6-b200.48xlarge", {"collectives": frame(rows)})
-    rec = _Recorder(3, False)
+    rec = _Recorder(3, "error")
     n = np.array([16.0, 128.0, 64.0])
     S = np.array([1e8, 1e8, 4e8])
     t = est.model._collective(rec, "ep_a2a", "all_to_all", n, S, True, per_node=np.array([8.0, 8.0, 4.0]))

@@ -47,7 +47,7 @@ def _sdpa_frame():
 
 
 def test_estimate_raises_out_of_range_and_clamp_counts():
-    est = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()})
+    est = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()}, extrapolate="error")
     spec = parse_spec(moe_spec(data={"seqlen": 32768, "gbs": 256}))
     with pytest.raises(OutOfRangeError) as ei:
         est.estimate(spec, 32, [Layout(pp=2, ep=8)])
@@ -62,7 +62,7 @@ def test_estimate_raises_out_of_range_and_clamp_counts():
 
 
 def test_plan_search_marks_out_of_range_plans_infeasible():
-    est = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()})
+    est = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()}, extrapolate="error")
     spec = parse_spec(moe_spec())
     res = est.layouts(spec, 32, top=None)
     # n_q_heads per TP rank below the measured 8 (TP >= 4 on 16 heads) is out of range, never extrapolated
@@ -108,7 +108,7 @@ def test_single_valued_vocab_axis_maps_to_logit_count(vocab, tp, logit_ratio):
     spec = parse_spec(moe_spec(model={**moe_spec()["model"], "vocab_sz": vocab}))
     g = geometry(spec.model)
     pl = plans_from_layouts([Layout(tp=tp, pp=2, ep=8)], 32)
-    rec = _Recorder(1, clamp=False)
+    rec = _Recorder(1, "error")
     k = est.model._kernels(g, pl, spec.data.seqlen, rec)
     expect = 2 * 1e-9 * 8192 * logit_ratio * (2048 + 1000) * 2 / 2  # (gemm + ce) x (fwd + bwd)
     assert float(k["t_last"][0]) == pytest.approx(expect, rel=1e-9)
@@ -139,3 +139,18 @@ def test_one_measured_point_is_a_table():
     assert float(t[0]) == pytest.approx(7e-5) and (lo[0], hi[0]) == (4096, 4096)
     # another point is out of range, reported, not extrapolated
     assert int(np.ravel(tb.view("fp32").vocab[("lm_head_gemm", "fwd")].lookup(128, 64).oor_axis)[0]) == 0
+
+
+def test_compose_is_the_default_and_labels_what_it_composed():
+    # seqlen 32768 on a table measured to 16384: composed quadratically (t ~ s^2 in the synthetic
+    # table, so exact), labelled, with its rule in the warnings and its share of the step time
+    spec = parse_spec(moe_spec(data={"seqlen": 32768, "gbs": 256}))
+    est = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()})
+    r = est.estimate(spec, 32, [Layout(pp=2, ep=8)])[0]
+    assert r.feasible and r.sources["sdpa"] == "composed"
+    assert any("quadratic in seq_len" in w for w in r.warnings)
+    assert r.composed_share == pytest.approx(r.breakdown_s["sdpa"] / r.t_analytic_s, rel=1e-9)
+    half = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()}).estimate(
+        parse_spec(moe_spec(data={"seqlen": 16384, "gbs": 512})), 32, [Layout(pp=2, ep=8)])[0]
+    # same tokens per step, twice the sequence: SDPA work per step doubles (quadratic per sequence)
+    assert r.breakdown_s["sdpa"] == pytest.approx(2 * half.breakdown_s["sdpa"], rel=1e-6)

@@ -1,0 +1,103 @@
+"""How good is composition beyond the measured range? Hide the top of a recorded table, compose, compare.
+
+For each table kind the points above a cut on one axis are removed, the table is rebuilt from the
+rest, and the removed points are looked up through the composition rule (tables.COMPOSE_RULES);
+the error is against their measured times. This is the honest test of ``--extrapolate compose``:
+the composed values are checked against measurements the rule never saw
+(tests/estimator/test_compose.py, benchmarks/compose_accuracy.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from scaleplan.estimator.tables import build_tables
+
+
+@dataclass
+class Holdout:
+    """One hold-out: ``table`` hidden above ``cut`` on ``axis``; errors of the composed times."""
+
+    table: str
+    axis: str
+    cut: float
+    n: int
+    mape: float       # mean |composed / measured - 1|
+    median_ratio: float  # median composed / measured (< 1: composition is optimistic)
+    max_err: float
+
+
+def _summary(table, axis, cut, pred, meas) -> Holdout:
+    r = np.asarray(pred, dtype=float) / np.asarray(meas, dtype=float)
+    return Holdout(table, axis, float(cut), int(r.size), float(np.mean(np.abs(r - 1))), float(np.median(r)),
+                   float(np.max(np.abs(r - 1))))
+
+
+def _rebuilt(frames: dict[str, pd.DataFrame], suite: str, keep: pd.DataFrame, peak: float):
+    return build_tables("holdout", {**{k: pd.DataFrame() for k in frames}, suite: keep}, peak)
+
+
+def grouped(frames, peak: float, cut: float = 2048) -> Holdout:
+    """Grouped GEMM, tokens_per_expert above ``cut`` hidden (fc1 + fc2, fwd + bwd, balanced bf16)."""
+    df = frames["grouped_gemm"]
+    df = df[(df["distribution"] == "balanced") & (df["dtype"] == "bf16")]
+    tb = _rebuilt(frames, "grouped_gemm", df[df["tokens_per_expert"] <= cut], peak)
+    hid = df[df["tokens_per_expert"] > cut]
+    pred, meas = [], []
+    for (h, f, ng, tpe), g in hid.groupby(["hidden", "ffn", "num_gemms", "tokens_per_expert"]):
+        per = g.groupby("proj")[["fwd_s", "bwd_s"]].median()
+        if not {"fc1", "fc2"} <= set(per.index):
+            continue
+        for dirn in ("fwd", "bwd"):
+            tab = tb.grouped.get((dirn, int(h), int(f)))
+            if tab is not None:
+                pred.append(float(tab.lookup(ng, tpe).t_composed))
+                meas.append(float(per.loc[["fc1", "fc2"], f"{dirn}_s"].sum()))
+    return _summary("grouped_gemm", "tokens_per_expert", cut, pred, meas)
+
+
+def gemm(frames, peak: float, cut: float = 32768, min_nk: float = 1024) -> Holdout:
+    """Dense GEMM, m above ``cut`` hidden; checked where n, k >= ``min_nk`` (the model's shapes)."""
+    df = frames["gemm"]
+    df = df[df["dtype"] == "bf16"]
+    tb = _rebuilt(frames, "gemm", df[df["m"] <= cut], peak)
+    hid = df[(df["m"] > cut) & (df["n"] >= min_nk) & (df["k"] >= min_nk)]
+    hid = hid.groupby(["m", "n", "k"])["t_s"].median().reset_index()
+    pred = tb.gemm.lookup(hid["m"].to_numpy(float), hid["n"].to_numpy(float), hid["k"].to_numpy(float)).t_composed
+    return _summary("gemm", "m", cut, pred, hid["t_s"])
+
+
+def sdpa(frames, peak: float, cut: float = 8192) -> Holdout:
+    """Causal SDPA (the backend the tables pick), seq_len above ``cut`` hidden (fwd + bwd)."""
+    df = frames["sdpa"]
+    full = build_tables("holdout", {"sdpa": df}, peak)
+    df = df[(df["backend"] == full.sdpa_backend) & df["bwd_s"].notna() & df["causal"].astype(bool)]
+    tb = _rebuilt(frames, "sdpa", df[df["seq_len"] <= cut], peak)
+    hid = df[df["seq_len"] > cut].groupby(["seq_len", "micro_bs", "n_q_heads", "head_dim"])[
+        ["fwd_s", "bwd_s"]].median().reset_index()
+    c = [hid[a].to_numpy(float) for a in ("seq_len", "micro_bs", "n_q_heads", "head_dim")]
+    pred = tb.sdpa["fwd"].lookup(*c).t_composed + tb.sdpa["bwd"].lookup(*c).t_composed
+    return _summary("sdpa", "seq_len", cut, pred, hid["fwd_s"] + hid["bwd_s"])
+
+
+def collectives(frames, peak: float, frac: float = 0.25) -> Holdout:
+    """Every collective curve with its sizes above ``frac`` x its largest size hidden."""
+    df = frames["collectives"]
+    pred, meas = [], []
+    for (coll, lay, inter, n), g in df.groupby(["collective", "layout", "inter_node", "group_size"]):
+        cut = frac * g["size_bytes"].max()
+        tb = _rebuilt(frames, "collectives", g[g["size_bytes"] <= cut], peak)
+        tab = tb.collectives.get((str(coll), str(lay), bool(inter)))
+        hid = g[g["size_bytes"] > cut].groupby("size_bytes")["t_s"].median()
+        if tab is None or hid.empty:
+            continue
+        pred.extend(tab.composed(np.full(len(hid), float(n)), hid.index.to_numpy(float)).tolist())
+        meas.extend(hid.to_numpy(float).tolist())
+    return _summary("collectives", "size_bytes", frac, pred, meas)
+
+
+def all_holdouts(frames, peak: float) -> list[Holdout]:
+    """The hold-outs of every table kind the recorded B200 data can test."""
+    return [grouped(frames, peak), gemm(frames, peak), sdpa(frames, peak), collectives(frames, peak)]
