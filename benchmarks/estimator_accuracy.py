@@ -1,13 +1,16 @@
-"""Estimator accuracy on the measured validation sweeps (prints figures; nothing is fitted here).
+"""Estimator accuracy on the measured validation sweeps (prints figures).
 
-Per sweep: absolute MFU MAPE against ``real_mfu_pct_est`` and the Spearman rank correlation, beside
-the same metrics of the paper's reference estimator (``reference_pred_mfu_pct``). Also prints the
+Per sweep: absolute MFU MAPE against ``real_mfu_pct_est``, the Spearman rank correlation and the
+rank of the best measured layout, for our estimator uncalibrated, calibrated on that sweep
+(in-sample), calibrated on the other sweeps only (leave-one-sweep-out, calibrate/joint.py), and the
+paper's reference estimator (``reference_pred_mfu_pct``). MFU in the validation data's FLOP count
+(Geometry.n_mfu_validation). Also prints the
 MOSAIC optimum sanity check (q=12, E=96, K=2, G=4 on 256 B200, gbs 1024, seqlen 2048, adamw; the
 paper's estimator gives pp=8, ep=8, tp=1, cp=1, mbs=4 at 12.38% MFU) and the four staged runs of
 tab:staged-top4 (64 B200, pp=4 ep=8 mbs=4): our MFU and the paper's predicted MFU, each normalised
 by its best of the four, against the measured ratios.
 
-    python benchmarks/estimator_accuracy.py --db URL-with-recorded-tables [--no-calibration] [--verbose]
+    python benchmarks/estimator_accuracy.py --db URL-with-recorded-tables [--verbose]
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scaleplan.calibrate.joint import IDENTITY, estimator_t_pred, fit_joint
 from scaleplan.calibrate.observations import sweeps_of
 from scaleplan.estimator import Estimator, PlanConstraints
 from scipy.stats import spearmanr
@@ -37,29 +41,60 @@ def _mape(pred: np.ndarray, real: np.ndarray) -> float:
     return 100 * float(np.mean(np.abs(pred - real) / real))
 
 
+def _metrics(pred: np.ndarray, real: np.ndarray) -> str:
+    """MAPE, Spearman, and the rank of the best measured layout in the prediction (1 = predicted best)."""
+    rank = int(np.argsort(np.argsort(-pred))[int(np.argmax(real))]) + 1
+    return f"{_mape(pred, real):>6.1f}% {spearmanr(pred, real)[0]:>5.2f} {rank:>3}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", default=None)
     ap.add_argument("--validation", default=str(VALIDATION))
-    ap.add_argument("--no-calibration", action="store_true", help="chi_sys = 1 (t_analytic)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
-    est = Estimator("p6-b200.48xlarge", db_url=a.db, use_calibration=not a.no_calibration)
+    profile = "p6-b200.48xlarge"
+    est = Estimator(profile, db_url=a.db, use_calibration=False)
     print(f"dispatch law: kappa0={est.dispatch.kappa0:g} kappa1={est.dispatch.kappa1:g} "
           f"t_gap={est.dispatch.t_gap_s * 1e6:.1f} us t_host={est.dispatch.t_host_s * 1e3:.1f} ms "
-          f"({est.dispatch.source}); chi_sys calibration: {est.chi.calibration_id}")
-    print(f"{'sweep':<14}{'n':>3}  {'ours MAPE':>10}{'ours rho':>10}  {'ref MAPE':>9}{'ref rho':>9}  best-measured rank")
-    for name, spec, n, lays, real, ref in sweep_specs(Path(a.validation)):
+          f"t_ep_host={est.dispatch.t_ep_host_s * 1e3:.1f} ms ({est.dispatch.source})")
+    sw = list(sweep_specs(Path(a.validation)))
+    # measured step times: MFU x t is fixed for a run, in the validation data's FLOP count
+    t_meas, groups = {}, {}
+    for name, spec, n, lays, real, _ in sw:
         res = est.estimate(spec, n, lays)
-        pred = np.array([100 * r.mfu for r in res])
-        rank = int(np.argsort(np.argsort(-pred))[int(np.argmax(real))]) + 1
-        print(f"{name:<14}{len(lays):>3}  {_mape(pred, real):>9.1f}%{spearmanr(pred, real)[0]:>10.2f}  "
-              f"{_mape(ref, real):>8.1f}%{spearmanr(ref, real)[0]:>9.2f}  {rank}")
-        if a.verbose:
-            for lo, r, p, m in zip(lays, res, pred, real):
+        t_meas[name] = np.array([r.t_iter_s * r.mfu_validation for r in res]) / (real / 100)
+        groups[name] = [(spec, n, lays)]
+
+    def mfu_of(name, params):
+        t = estimator_t_pred(profile, a.db, groups[name])(params)
+        return 100 * (t_meas[name] * [s for s in sw if s[0] == name][0][4] / 100) / t
+
+    fits = {"in-sample": {}, "LOSO": {}}
+    for name, *_ in sw:
+        others = [o for o, *_ in sw if o != name]
+        for kind, train in (("in-sample", [name]), ("LOSO", others)):
+            tp = estimator_t_pred(profile, a.db, [g for o in train for g in groups[o]])
+            fits[kind][name] = fit_joint(tp, np.concatenate([t_meas[o] for o in train]))
+    print("per sweep: MAPE, Spearman rho, rank of the best measured layout in our prediction (1 = top)")
+    print(f"{'sweep':<13}{'n':>3}  {'uncalibrated':>19}  {'calibrated in-sample':>19}  {'LOSO':>19}  "
+          f"{'paper estimator':>19}")
+    for name, spec, n, lays, real, ref in sw:
+        cols = [_metrics(mfu_of(name, IDENTITY), real)]
+        cols += [_metrics(mfu_of(name, fits[k][name].params), real) for k in ("in-sample", "LOSO")]
+        cols.append(_metrics(ref, real))
+        print(f"{name:<13}{len(lays):>3}  " + "  ".join(f"{c:>19}" for c in cols))
+    for kind in ("in-sample", "LOSO"):
+        for name, f in fits[kind].items():
+            print(f"  {kind} fit for {name}: " + ", ".join(f"{k}={f.params[k]:.4g}" for k in f.free)
+                  + (" | not fitted: " + "; ".join(f"{k}: {v}" for k, v in f.unidentified.items())
+                     if f.unidentified else ""))
+    if a.verbose:
+        for name, spec, n, lays, real, _ in sw:
+            for lo, r, m in zip(lays, est.estimate(spec, n, lays), real):
                 top = sorted(r.breakdown_s.items(), key=lambda kv: -kv[1])[:4]
-                print(f"   pp={lo.pp} ep={lo.ep} dp={lo.dp}: pred {p:5.2f}% real {m:5.2f}%  "
-                      + ", ".join(f"{k} {v:.2f}s" for k, v in top))
+                print(f"   {name} pp={lo.pp} ep={lo.ep} dp={lo.dp}: pred {100 * r.mfu_validation:5.2f}% "
+                      f"real {m:5.2f}%  " + ", ".join(f"{k} {v:.2f}s" for k, v in top))
     m = ladder_model(12, 96, 2, 4)
     best = est.best_plan(m, 256, 1024, 2048, "adamw", PlanConstraints())
     if best is None:
@@ -67,8 +102,8 @@ def main() -> None:
     else:
         lo = best.layout
         print(f"MOSAIC check q=12 E=96 K=2 G=4 on 256 B200, gbs 1024, seqlen 2048: best tp={lo['tp']} cp={lo['cp']} "
-              f"pp={lo['pp']} ep={lo['ep']} mbs={lo['mbs']} ckpt={lo['ckpt']} MFU {100 * best.mfu:.2f}% "
-              f"(paper's estimator: pp=8 ep=8 tp=1 cp=1 mbs=4, 12.38%)")
+              f"pp={lo['pp']} ep={lo['ep']} mbs={lo['mbs']} ckpt={lo['ckpt']} MFU {100 * best.mfu_validation:.2f}% "
+              f"(validation FLOP count; paper's estimator: pp=8 ep=8 tp=1 cp=1 mbs=4, 12.38%)")
     staged_runs(est)
 
 
@@ -83,7 +118,7 @@ def staged_runs(est: Estimator) -> None:
     ours = []
     for q, E, K, G, _, _ in runs:
         r = est.best_plan(ladder_model(q, E, K, G), lay["n_devices"], lay["gbs"], lay["seqlen"], "adamw", fixed)
-        ours.append(float("nan") if r is None else 100 * r.mfu)
+        ours.append(float("nan") if r is None else 100 * r.mfu_validation)
     ours_n = np.array(ours) / np.nanmax(ours)
     paper_n = np.array([r[4] for r in runs]) / max(r[4] for r in runs)
     meas = np.array([r[5] for r in runs])

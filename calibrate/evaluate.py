@@ -116,7 +116,7 @@ def estimator_predictor(profile: str, db_url: str | None, extrapolate: str = "cl
 
 def _from_result(r) -> Prediction:
     ci = r.chi_inputs
-    return Prediction(t_analytic_s=r.t_analytic_s, mfu_analytic=r.mfu * r.chi_sys, t_a2a_s=ci["t_a2a_s"],
+    return Prediction(t_analytic_s=r.t_analytic_s, mfu_analytic=r.mfu_validation * r.chi_sys, t_a2a_s=ci["t_a2a_s"],
                       ep_nodes=int(ci["ep_nodes"]), pp_nodes=int(ci["pp_nodes"]),
                       deep_pp_in_node=bool(ci["deep_pp_in_node"]), warnings=list(r.warnings))
 

@@ -228,3 +228,60 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
         out["plot"] = parity_plot(arrays, plot, title=f"{profile}: MFU parity"
                                   + (f" (calibration {info['id']})" if info else " (chi_sys = 1)"))
     return out
+
+
+def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[str] | None = None,
+                sources: list[str] | None = None, extrapolate: str = "compose", save: bool = True) -> dict[str, Any]:
+    """Fit the runtime calibration (calibrate/joint.py: host_scale, c_a2a, c_pp, c_level, each only
+    where the runs identify it) on the observed runs' absolute step times, with a leave-one-sweep-out
+    check; store a 'dispatch' version (the law in force + host_scale) and a 'chi_sys' version.
+
+    Raises ScaleplanError: no observed runs, none with an absolute measurement.
+    """
+    from scaleplan.calibrate.joint import IDENTITY, estimator_t_pred, fit_joint
+    from scaleplan.db import session as dbs
+    from scaleplan.specs import Layout, parse_spec
+
+    obs = _observations(url, profile, sweeps, sources)
+    obs, preds, skipped = usable(obs, estimator_predictor(profile, url, extrapolate, 1.0, False,
+                                                          kernel_scale=1.0)(obs))
+    idx, t_meas = absolute_times(obs, preds)
+    if not idx:
+        raise ScaleplanError("runtime calibration: no observed run has a step time or an absolute MFU")
+    obs = [obs[i] for i in idx]
+    groups = [(parse_spec(o.spec), o.n_devices, [Layout(**o.layout)]) for o in obs]
+    fit = fit_joint(estimator_t_pred(profile, url, groups, extrapolate), t_meas)
+    names = sorted({o.sweep for o in obs})
+    loso = {}
+    for s in names:  # leave one sweep out: fit on the others, predict it
+        tr = [i for i, o in enumerate(obs) if o.sweep != s]
+        te = [i for i, o in enumerate(obs) if o.sweep == s]
+        if not tr:
+            continue
+        f = fit_joint(estimator_t_pred(profile, url, [groups[i] for i in tr], extrapolate), t_meas[tr])
+        t_te = estimator_t_pred(profile, url, [groups[i] for i in te], extrapolate)(f.params)
+        t_0 = estimator_t_pred(profile, url, [groups[i] for i in te], extrapolate)(IDENTITY)
+        loso[s] = {"mape_before": float(np.mean(np.abs(t_0 / t_meas[te] - 1))),
+                   "mape_loso": float(np.mean(np.abs(t_te / t_meas[te] - 1))), "params": f.params}
+    mape = {"before": float(np.mean(np.abs(np.expm1(fit.residuals_before)))),
+            "after": float(np.mean(np.abs(np.expm1(fit.residuals))))}
+    from scaleplan.estimator import Estimator
+
+    law = Estimator(profile, url, extrapolate, use_calibration=False).dispatch
+    disp = {"t_gap_s": law.t_gap_s, "kappa0": law.kappa0, "kappa1": law.kappa1, "t_host_s": law.t_host_s,
+            "t_ep_host_s": law.t_ep_host_s, "host_scale": fit.params["host_scale"]}
+    chi = {"c_a2a": fit.params["c_a2a"], "c_pp": fit.params["c_pp"], "c_ovl": 0.0, "c_level": fit.params["c_level"]}
+    out = {"profile": profile, "kind": "runtime", "params": fit.params, "free": fit.free,
+           "unidentified": fit.unidentified, "n_obs": len(obs), "step_time_mape": mape, "loso": loso,
+           "notes": fit.notes, "skipped": skipped, "calibration_ids": []}
+    if save:
+        inputs = {"runtime": True, "observation_ids": [o.id for o in obs], "free": fit.free,
+                  "unidentified": fit.unidentified, "loso": loso}
+        cv = float(np.mean([v["mape_loso"] for v in loso.values()])) if loso else None
+        with dbs.session_scope(url) as s:
+            for kind, co in (("dispatch", disp), ("chi_sys", chi)):
+                row = store.store_calibration(s, profile, kind, co, inputs=inputs, residuals=fit.residuals.tolist(),
+                                              cv_error=cv, n_obs=len(obs),
+                                              notes=f"runtime fit ({', '.join(fit.free) or 'nothing identified'})")
+                out["calibration_ids"].append(row.id)
+    return out

@@ -39,7 +39,7 @@ class EstimateResult:
 
     layout: dict[str, Any]
     mfu: float
-    mfu_nonembed: float
+    mfu_validation: float
     hfu: float
     t_iter_s: float
     t_analytic_s: float
@@ -169,7 +169,7 @@ class Estimator:
         if c is not None:
             co = c.coefficients
             chi = ChiCoefficients(float(co.get("c_a2a", 0.0)), float(co.get("c_pp", 0.0)),
-                                  float(co.get("c_ovl", 0.0)), c.id)
+                                  float(co.get("c_ovl", 0.0)), c.id, float(co.get("c_level", 0.0)))
         return law, chi
 
     def _apply_host_scale(self) -> None:
@@ -345,7 +345,7 @@ class Estimator:
         if reason == "memory":
             warnings.append(f"needs {tot:.1f} GB > {frac * cap / GB:.1f} GB per device")
         return EstimateResult(
-            layout=ev.plans.layout(i), mfu=float(ev.mfu[i]), mfu_nonembed=float(ev.mfu_nonembed[i]),
+            layout=ev.plans.layout(i), mfu=float(ev.mfu[i]), mfu_validation=float(ev.mfu_validation[i]),
             hfu=float(ev.hfu[i]), t_iter_s=float(ev.t_iter[i]), t_analytic_s=float(ev.t_analytic[i]),
             chi_sys=float(ev.chi[i]),
             chi_inputs={"t_a2a_s": float(ev.t_a2a[i]), "ep_nodes": int(ev.ep_nodes[i]),

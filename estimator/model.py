@@ -148,10 +148,36 @@ class DispatchLaw:
 
 @dataclass
 class ChiCoefficients:
+    """eq:desync coefficients plus a level term: chi = 1 + c_level + c_a2a (t_A2A / t) [EP spans nodes]
+    + c_pp (inter-node PP hops) + c_ovl [deep pipeline in one node] (see :func:`desync_features`).
+    c_level is what every run of the stack pays beyond the microbenchmarks (allocator, GC, launch
+    jitter, input pipeline: paper app:training-stack); fitted only where observed runs identify it."""
+
     c_a2a: float = 0.0
     c_pp: float = 0.0
     c_ovl: float = 0.0
     calibration_id: int | None = None
+    c_level: float = 0.0
+
+
+def desync_features(tp, cp, pp, dp, ep, gpn: int):
+    """eq:desync's placement features from Megatron-Core's default rank order (tp fastest, then cp,
+    then ep inside dp, pp outermost), arrays over plans:
+
+    * ep_nodes: nodes one EP group spans; EP ranks are TP CP apart: ceil(EP TP CP / gpn);
+    * pp_hops: inter-node hops along the pipeline. Consecutive stages are TP CP DP ranks apart, so
+      once TP CP DP fills a node every stage boundary leaves the node (PP - 1 hops); otherwise the
+      pipeline covers ceil(PP TP CP DP / gpn) nodes. (eq:desync's N_node^PP - 1 = ceil(PP/gpn) - 1
+      assumes stages are adjacent ranks, which Megatron's order never makes them unless TP CP DP = 1.)
+    * deep: a pipeline of >= gpn stages inside one node (only when TP CP DP = 1).
+    """
+    tp, cp, pp, dp, ep = (np.asarray(x, dtype=float) for x in (tp, cp, pp, dp, ep))
+    stride = tp * cp * dp
+    ep_nodes = np.ceil(ep * tp * cp / gpn)
+    pp_nodes = np.where(stride >= gpn, pp, np.ceil(pp * stride / gpn))
+    pp_hops = np.where(pp > 1, pp_nodes - 1, 0.0)
+    deep = (pp >= gpn) & (pp_nodes == 1) & (pp > 1)
+    return ep_nodes, pp_hops, deep
 
 
 @dataclass
@@ -208,7 +234,7 @@ class Evaluation:
     pp_nodes: np.ndarray
     deep_pp_in_node: np.ndarray
     mfu: np.ndarray
-    mfu_nonembed: np.ndarray
+    mfu_validation: np.ndarray  # MFU in the published validation sweeps' FLOP count (Geometry.n_mfu_validation)
     hfu: np.ndarray
     n_clamped: np.ndarray
     oor: OOR
@@ -793,28 +819,28 @@ class TimeModel:
         # the share of the predicted time whose component read a composed (out-of-range) lookup
         composed_share = sum(np.where(rec.src.get(k, 0) == COMPOSED, v, 0.0) for k, v in comps.items()) / t_an
 
-        # eq:desync
-        ep_nodes = np.ceil(ep * tp / self.gpn)
-        pp_nodes = np.ceil(pp / self.gpn)
-        # eq:desync's overlap credit is for a deep pipeline inside one node: it needs a pipeline
-        # (PP > 1), else one-GPU "nodes" (cpu-local) would switch it on for every plan
-        deep = (pp >= self.gpn) & (pp_nodes == 1) & (pp > 1)
+        # eq:desync, with the placement features of Megatron's rank order (desync_features)
+        ep_nodes, pp_hops, deep = desync_features(tp, cp, pp, dp, ep, self.gpn)
+        pp_nodes = pp_hops + 1
         t_a2a_wire = n_mb * n_m * (a2a_f * (1 + rc) + a2a_b) if moe else np.zeros(P)
         c = self.chi_c
-        chi = 1.0 + c.c_a2a * (t_a2a_wire / t_an) * (ep_nodes > 1) + c.c_pp * (pp_nodes - 1) + c.c_ovl * deep
+        chi = (1.0 + c.c_level + c.c_a2a * (t_a2a_wire / t_an) * (ep_nodes > 1) + c.c_pp * pp_hops
+               + c.c_ovl * deep)
         t_iter = chi * t_an
 
         tokens = gbs * seqlen
         denom = t_iter * prof.peak(g.precision) * (tp * cp * pp * dp)
-        mfu = 6.0 * g.n_mfu * tokens / denom
-        mfu_ne = 6.0 * g.n_act * tokens / denom
+        # eq:mfu: N(Z) = N_act, the non-embedding parameters active per token (the paper's N_act of
+        # tab:scale-ladder and C_model = 6 N_act D); recomputation earns no credit (HFU adds it)
+        mfu = 6.0 * g.n_act * tokens / denom
+        mfu_val = 6.0 * g.n_mfu_validation * tokens / denom
         # HFU: add the recomputed forward FLOPs (full: the transformer blocks' 2 N_act per token;
         # selective / super-selective: the causal attention-score FLOPs)
         attn_score = 2.0 * seqlen * g.nq * g.hd * g.L  # per token, causal fwd QK^T + PV
         rec_flops = np.select([ckc == 3, ckc >= 1], [2.0 * g.n_act + attn_score, attn_score], 0.0) * tokens
-        hfu = (6.0 * g.n_mfu * tokens + rec_flops) / denom
+        hfu = (6.0 * g.n_act * tokens + rec_flops) / denom
         return Evaluation(pl, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
-                          pp_nodes.astype(int), deep, mfu, mfu_ne, hfu, rec.n_clamped, rec.oor, rec.warnings,
+                          pp_nodes.astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
                           rec.notes, composed_share)
 
     def _serial_host(self, rec, g, ckc, L_stage, nd0, t_law, T):

@@ -135,7 +135,9 @@ def _print_scales(out: dict) -> None:
 
 @app.command("fit")
 def fit(profile: str = ProfileOpt,
-        kind: str = typer.Option("chi_sys", "--kind", help="chi_sys, dispatch or all."),
+        kind: str = typer.Option("runtime", "--kind", help="runtime (default: host_scale, c_a2a, c_pp, c_level "
+                                 "where the observed runs identify them, with leave-one-sweep-out), chi_sys, "
+                                 "dispatch or all (dispatch benchmarks, then runtime)."),
         mode: str = ModeOpt,
         fix: list[str] = typer.Option(None, "--fix", help="Pin a chi_sys term, e.g. --fix c_pp=0.5 (repeatable)."),
         prior: list[str] = typer.Option(None, "--prior", help="Value for a term the data cannot identify "
@@ -150,28 +152,48 @@ def fit(profile: str = ProfileOpt,
                                        "only that fit, with all: benchmarks, scales, chi_sys."),
         db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     """Fit and store a new calibration version (the estimator uses the newest)."""
-    from scaleplan.calibrate.runner import fit_chi_sys, fit_dispatch_floor, fit_scales_from_runs
+    from scaleplan.calibrate.runner import fit_chi_sys, fit_dispatch_floor, fit_runtime, fit_scales_from_runs
 
-    if kind not in ("chi_sys", "dispatch", "all"):
-        raise SpecError("--kind", kind, "chi_sys, dispatch or all")
+    if kind not in ("runtime", "chi_sys", "dispatch", "all"):
+        raise SpecError("--kind", kind, "runtime, chi_sys, dispatch or all")
     _check_mode(mode)
     _check_extrapolate(extrapolate)
-    if from_runs and kind == "chi_sys":
-        raise SpecError("--from-runs", "with --kind chi_sys", "--kind dispatch or all")
+    if from_runs and kind in ("chi_sys", "runtime"):
+        raise SpecError("--from-runs", f"with --kind {kind}", "--kind dispatch or all")
     url = db_url(db)
     results = []
     if kind == "all" or (kind == "dispatch" and not from_runs):
         results.append(fit_dispatch_floor(url, profile))
     if from_runs:
         results.append(fit_scales_from_runs(url, profile, sweeps=sweep or None, extrapolate=extrapolate))
-    if kind in ("chi_sys", "all"):
+    if kind in ("runtime", "all") and not from_runs:
+        results.append(fit_runtime(url, profile, sweeps=sweep or None, extrapolate=extrapolate))
+    if kind == "chi_sys" or (kind == "all" and from_runs):
         results.append(fit_chi_sys(url, profile, mode or "absolute", _fixed(fix), sweeps=sweep or None,
                                    extrapolate=extrapolate, prior=_prior(prior)))
     if want_json(json_out):
         print_json(results[0] if len(results) == 1 else {"fits": results})
         return
     for r in results:
+        if r["kind"] == "runtime":
+            _print_runtime(r)
+            continue
         (_print_chi if r["kind"] == "chi_sys" else _print_scales if r.get("from_runs") else _print_dispatch)(r)
+
+
+def _print_runtime(out: dict) -> None:
+    m = out["step_time_mape"]
+    stdout.print(f"runtime calibration ({out['profile']}, {out['n_obs']} runs; stored as "
+                 f"{', '.join(map(str, out['calibration_ids'])) or 'not stored'}): "
+                 + ", ".join(f"{k}={out['params'][k]:.4g}" for k in out["free"])
+                 + f"; step-time MAPE {m['before']:.1%} -> {m['after']:.1%} (in-sample)", highlight=False)
+    for k, why in out["unidentified"].items():
+        stdout.print(f"  {k} not fitted: {why}", highlight=False)
+    for s, v in out["loso"].items():
+        stdout.print(f"  leave-one-sweep-out {s}: MAPE {v['mape_before']:.1%} uncalibrated -> "
+                     f"{v['mape_loso']:.1%} fitted without it", highlight=False)
+    for n in out["notes"]:
+        stdout.print(f"  note: {n}")
 
 
 def _pct(x) -> str:

@@ -64,7 +64,7 @@ def _plan_row(est, model, n_devices: int, env: Envelope, constraints) -> dict:
     if res is None:
         return {"plan_ok": False}
     lay = res.layout
-    return {"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu_nonembed,
+    return {"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu,
             "mfu_with_embedding": res.mfu, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_KEYS},
             "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic"))}
 

@@ -11,7 +11,7 @@ from scaleplan.specs import Layout, parse_spec
 
 from .conftest import moe_spec
 
-RESULT_KEYS = {"layout", "mfu", "mfu_nonembed", "hfu", "t_iter_s", "t_analytic_s", "chi_sys", "chi_inputs",
+RESULT_KEYS = {"layout", "mfu", "mfu_validation", "hfu", "t_iter_s", "t_analytic_s", "chi_sys", "chi_inputs",
                "tokens_per_s", "mem_per_device_gb", "mem_breakdown_gb", "n_act", "n_tot", "breakdown_s", "sources",
                "feasible", "reason", "warnings", "n_clamped", "composed_share"}
 CHI_KEYS = {"t_a2a_s", "ep_nodes", "pp_nodes", "deep_pp_in_node", "gpus_per_node"}

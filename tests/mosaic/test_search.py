@@ -19,7 +19,6 @@ PEAK_B200 = 2.25e15  # tab:results-envelope, bf16 dense per device
 class FakeResult:
     layout: dict
     mfu: float
-    mfu_nonembed: float
     tokens_per_s: float
     mem_per_device_gb: float = 100.0
     sources: dict = field(default_factory=lambda: {"experts": "measured", "dp_comm": "analytic"})
@@ -45,7 +44,7 @@ class FakeEstimator:
         tps = mfu * self.profile.peak("bf16") * n_devices / (6 * pc.n_act)
         lay = {"tp": 1, "cp": 1, "pp": 4, "ep": 8, "dp": n_devices // 4, "etp": 1, "vpp": 1, "mbs": 2,
                "ckpt": "selective"}
-        return FakeResult(lay, mfu * (pc.n_act + pc.embedding) / pc.n_act, mfu, tps)
+        return FakeResult(lay, mfu, tps)
 
 
 SMALL = LadderGrid(q=(8, 12), experts=(16, 32, 96, 128, 384), topk=(1, 2, 4), g=(1, 2, 4, 8))

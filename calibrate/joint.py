@@ -1,0 +1,128 @@
+"""The runtime calibration: what observed runs can identify, fitted jointly (eq:cal-iter, eq:desync).
+
+    t_iter = chi(theta) * t_analytic(host_scale)
+    chi    = 1 + c_level + c_a2a (t_A2A / t_an) [EP spans nodes] + c_pp (inter-node PP hops)
+
+* ``host_scale`` multiplies the host side of the dispatch law (t_gap, t_ep_host, t_host,
+  sec:iteration-time-model): on B200 the floor is 45-62% of the step, and its constants come from
+  profiler traces of one stack, so it is the term most worth learning.
+* ``c_level``: what every run of the stack pays beyond the microbenchmarks (paper app:training-stack:
+  allocator, garbage collection, launch jitter, input pipeline).
+* ``c_a2a``, ``c_pp``: eq:desync's cross-node terms, with the placement features of Megatron's rank
+  order (estimator.model.desync_features).
+
+The estimator itself evaluates every candidate (one place for the physics). A term is fitted only
+when the runs identify it: its sensitivity d log t / d theta is non-zero on some run, and adding it
+keeps the condition number of the runs' sensitivity matrix <= COND_MAX (greedy, in the order of
+PARAMS: the dispatch law first, cross-node terms next, the level last); fewer runs than free terms
++ 1 stops the greedy. The rest stay at their identity value, and the fit says why. The objective is
+soft-L1 on log step-time residuals (run-to-run noise of ~14% between identical layouts).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from scaleplan.errors import ScaleplanError
+
+PARAMS = ("host_scale", "c_a2a", "c_pp", "c_level")
+IDENTITY = {"host_scale": 1.0, "c_a2a": 0.0, "c_pp": 0.0, "c_level": 0.0}
+BOUNDS = {"host_scale": (0.2, 5.0), "c_a2a": (0.0, 20.0), "c_pp": (0.0, 5.0), "c_level": (-0.5, 1.0)}
+COND_MAX = 30.0
+SENS_MIN = 1e-3
+SOFT_L1_SCALE = 0.1
+_H = 0.05  # finite-difference step (log host_scale; the chi coefficients themselves)
+
+
+@dataclass
+class JointFit:
+    """Fitted values (identity where not fitted), which were free, why the others were not, and the
+    log residuals log(t_pred / t_meas) per run before (identity) and after."""
+
+    params: dict[str, float]
+    free: list[str]
+    unidentified: dict[str, str]
+    residuals: np.ndarray
+    residuals_before: np.ndarray
+    notes: list[str] = field(default_factory=list)
+
+
+def _to_x(p: dict[str, float], names) -> np.ndarray:
+    return np.array([np.log(p[n]) if n == "host_scale" else p[n] for n in names])
+
+
+def _from_x(x, names) -> dict[str, float]:
+    out = dict(IDENTITY)
+    out.update({n: float(np.exp(v)) if n == "host_scale" else float(v) for n, v in zip(names, x)})
+    return out
+
+
+def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarray) -> JointFit:
+    """Fit the identifiable subset of PARAMS.
+
+    Args:
+        t_pred: parameters -> predicted step times of the runs (seconds, shape (n,)).
+        t_meas: measured step times (seconds, shape (n,)).
+
+    Raises:
+        ScaleplanError: no runs, or a non-positive / non-finite measured time.
+    """
+    t_meas = np.asarray(t_meas, dtype=float)
+    if t_meas.size == 0 or not np.all(np.isfinite(t_meas) & (t_meas > 0)):
+        raise ScaleplanError("runtime calibration: needs observed runs with positive finite step times")
+    y = np.log(t_meas)
+    r0 = np.log(t_pred(IDENTITY)) - y
+    sens = {}
+    for n in PARAMS:
+        sens[n] = (np.log(t_pred(_from_x(_to_x(IDENTITY, [n]) + _H, [n]))) - y - r0) / _H
+    free: list[str] = []
+    why: dict[str, str] = {}
+    for n in PARAMS:
+        if np.max(np.abs(sens[n])) < SENS_MIN:
+            why[n] = "no run's step time depends on it"
+            continue
+        if len(free) + 2 > t_meas.size:
+            why[n] = f"{t_meas.size} runs are too few for another free term"
+            continue
+        J = np.column_stack([sens[m] for m in free + [n]])
+        cond = np.linalg.cond(J)
+        if not np.isfinite(cond) or cond > COND_MAX:
+            why[n] = f"not separable from {', '.join(free)} on these runs (condition number {cond:.3g})"
+            continue
+        free.append(n)
+    if not free:
+        return JointFit(dict(IDENTITY), [], why, r0, r0)
+    lo = _to_x({n: BOUNDS[n][0] for n in PARAMS}, free)
+    hi = _to_x({n: BOUNDS[n][1] for n in PARAMS}, free)
+
+    def fun(x):
+        return np.log(t_pred(_from_x(x, free))) - y
+
+    sol = least_squares(fun, np.clip(_to_x(IDENTITY, free), lo + 1e-9, hi - 1e-9), bounds=(lo, hi),
+                        loss="soft_l1", f_scale=SOFT_L1_SCALE)
+    p = _from_x(sol.x, free)
+    notes = [f"{n} sits at its bound {p[n]:.4g}" for n, v, a, b in zip(free, sol.x, lo, hi)
+             if min(v - a, b - v) < 1e-6 * (b - a)]
+    return JointFit(p, free, why, fun(sol.x), r0, notes)
+
+
+def estimator_t_pred(profile: str, db_url: str | None, groups, extrapolate: str = "compose"):
+    """A ``t_pred`` for :func:`fit_joint`: ``groups`` = [(Spec, n_devices, [Layout])], the runs in that
+    order; the estimator at each parameter vector (its stored calibrations ignored: this is the fit)."""
+    from scaleplan.estimator import Estimator
+    from scaleplan.estimator.model import ChiCoefficients
+
+    cache: dict[float, object] = {}
+
+    def t_pred(p: dict[str, float]) -> np.ndarray:
+        hs = round(float(p["host_scale"]), 12)
+        est = cache.get(hs)
+        if est is None:
+            est = cache[hs] = Estimator(profile, db_url, extrapolate, use_calibration=False, host_scale=hs)
+        est.model.chi_c = ChiCoefficients(p["c_a2a"], p["c_pp"], 0.0, None, p["c_level"])
+        return np.concatenate([[r.t_iter_s for r in est.estimate(spec, n, lays)] for spec, n, lays in groups])
+
+    return t_pred
