@@ -32,12 +32,14 @@ SOFT_L1_SCALE = 0.1  # residuals beyond ~10% (run-to-run noise) are down-weighte
 MODES = ("absolute", "normalized")
 # The desync coefficients published with the paper's reference estimator (dmlc/ScalePlan,
 # dlcalc/utils/desync.py), fitted there on B200 sweeps that include inter-node EP and PP: an opt-in
-# prior for terms our data cannot identify (never used for a term the data do identify).
+# prior for terms our data cannot identify (never used for a term the data do identify). Its c_pp
+# multiplies ceil(pp / gpus_per_node) - 1, not our placement-based hop count
+# (estimator.model.desync_features), so as a prior for c_pp it over-charges pipelines.
 REFERENCE_PRIOR = {"c_a2a": 1.2, "c_pp": 0.5, "c_ovl": -0.18}
 _WHY_ZERO = {
     "c_a2a": "no observation has its EP group spanning more than one node (ceil(ep*etp/gpus_per_node) > 1)",
-    "c_pp": "no observation has its pipeline spanning more than one node (ceil(pp/gpus_per_node) > 1)",
-    "c_ovl": "no observation has a deep pipeline inside one node (pp >= gpus_per_node, one node)",
+    "c_pp": "no observation has a pipeline stage boundary between nodes (stages are tp*cp*dp ranks apart)",
+    "c_ovl": "no observation has a deep pipeline inside one node (pp >= gpus_per_node, tp*cp*dp = 1)",
 }
 
 

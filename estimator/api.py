@@ -300,7 +300,7 @@ class Estimator:
         layouts = layouts or [spec.default_layout()]
         return table_points(geometry(spec.model), plans_from_layouts(layouts, n_devices), spec.data.gbs,
                             spec.data.seqlen, self.profile.gpus_per_node, self.tables.vocab_size,
-                            self.profile.serial_dispatch)
+                            self.profile.serial_dispatch, spec.optimizer.optimizer_type)
 
     # -- helpers -------------------------------------------------------------------------------
     def _validate_layout(self, g: Geometry, lo: Layout, n: int, gbs: int, seqlen: int) -> None:

@@ -1,12 +1,14 @@
 """The table points an evaluation looks up, keyed by measurement-table column names.
 
-Used by ``scaleplan bench plan`` to measure exactly what a spec needs. Mirrors the keys of
-:mod:`scaleplan.estimator.model` (same shapes, same EP tile correction, same vocab mapping).
+Used by ``scaleplan bench plan`` to measure exactly what a spec needs. The shapes come from
+:func:`scaleplan.estimator.shapes.rank_shapes`, the same function the time model reads, and the
+collectives from the same group/bucket helpers, so the two cannot drift apart.
 """
 from __future__ import annotations
 
-from scaleplan.estimator.geom import Geometry, padded_vocab
+from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.model import Plans
+from scaleplan.estimator.shapes import rank_shapes
 
 
 def _add(out: dict[str, list[dict]], suite: str, row: dict) -> None:
@@ -32,54 +34,62 @@ def _ops_points(out, g: Geometry, ckpt: str, tokens: int) -> None:
 
 
 def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_vocab: int | None,
-                 serial_dispatch: bool = False) -> dict[str, list[dict]]:
-    """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model."""
-    from scaleplan.estimator.model import CKPT_NAMES, GRAD_BYTES_COMM, PARAM_BYTES_COMM, bias_sync, dp_buckets
+                 serial_dispatch: bool = False, optimizer: str = "adamw") -> dict[str, list[dict]]:
+    """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model;
+    ``optimizer`` picks the DP collectives (muon/scion all-reduce, else reduce-scatter + all-gather)."""
+    from scaleplan.estimator.model import (
+        CKPT_NAMES,
+        GRAD_BYTES_COMM,
+        ORTHO_OPTIMIZERS,
+        PARAM_BYTES_COMM,
+        bias_sync,
+        dp_buckets,
+    )
 
     out: dict[str, list[dict]] = {}
     dt = g.precision
     for i in range(len(pl)):
         tp, cp, pp, dp, ep, etp, vpp, mbs = (int(getattr(pl, f)[i]) for f in
                                              ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs"))
-        T = seqlen * mbs // cp
-        kv_loc = max(g.nkv // tp, 1)
-        n_qkv = (g.nq * g.hd + (g.nq if g.gate else 0)) // tp + 2 * kv_loc * g.hd
-        _gemm3(out, T, n_qkv, g.d, dt)
-        _gemm3(out, T, g.d, g.nq * g.hd // tp, dt)
+        sh = rank_shapes(g, tp, cp, ep, etp, mbs, seqlen)
+        T, kv_loc, b_el = int(round(float(sh.T))), int(round(float(sh.kv_loc))), sh.b_el
+        _gemm3(out, T, float(sh.n_qkv), g.d, dt)
+        _gemm3(out, T, g.d, float(sh.n_attn_out), dt)
         w1 = 2 if g.glu else 1
         if g.n_dense:
             _gemm3(out, T, w1 * g.dff // tp, g.d, dt)
             _gemm3(out, T, g.d, g.dff // tp, dt)
         _add(out, "sdpa", {"seq_len": seqlen, "micro_bs": mbs, "n_q_heads": g.nq // tp, "n_kv_heads": kv_loc,
                            "head_dim": g.hd, "causal": True, "dtype": g.precision})
-        V_loc = int(padded_vocab(g.vocab, tp)) // tp
+        V_loc = int(round(float(sh.V_loc)))
         for op in ("lm_head_gemm", "cross_entropy"):
             _add(out, "vocab", {"op": op, "tokens": T, "hidden": g.d, "vocab": V_loc * 1,
                                 "dtype": dt if op == "lm_head_gemm" else "fp32"})
         for coll in ("all_gather", "reduce_scatter"):
             if tp > 1:
                 _add(out, "collectives", {"collective": coll, "group_size": tp, "layout": "contiguous",
-                                          "inter_node": tp > gpn, "size_bytes": T * g.d * 2, "dtype": "bf16"})
+                                          "inter_node": tp > gpn, "size_bytes": T * g.d * b_el, "dtype": dt})
         if g.is_moe:
-            R = T * g.K * etp // tp
-            tile = R * ep // g.E
-            _add(out, "router", {"variant": "topk", "num_tokens": T // tp, "num_experts": g.E, "k": g.K,
+            tile = int(round(float(sh.tile)))
+            _add(out, "router", {"variant": "topk", "num_tokens": int(round(float(sh.Tsp))), "num_experts": g.E, "k": g.K,
                                  "hidden": 0, "dtype": "fp32"})
-            _gemm3(out, T // tp, g.E, g.d, dt)
+            _gemm3(out, float(sh.Tsp), g.E, g.d, dt)
             for proj in ("fc1", "fc2"):
                 _add(out, "grouped_gemm", {"proj": proj, "distribution": "balanced", "num_gemms": g.E // ep,
                                            "tokens_per_expert": max(tile, 1), "hidden": g.d,
-                                           "ffn": g.dexp // etp, "dtype": dt})
+                                           "ffn": int(round(float(sh.ffn_loc))), "dtype": dt})
             if g.dsh:
                 _gemm3(out, T, w1 * g.dsh // tp, g.d, dt)
                 _gemm3(out, T, g.d, g.dsh // tp, dt)
             if ep > 1:
                 _add(out, "collectives", {"collective": "all_to_all", "group_size": ep, "layout": "contiguous",
-                                          "inter_node": tp * cp * ep > gpn, "size_bytes": R * g.d * 2,
-                                          "dtype": "bf16"})
+                                          "inter_node": tp * cp * ep > gpn,
+                                          "size_bytes": int(round(float(sh.a2a_bytes))), "dtype": dt})
         for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, gpn):
             if group > 1 and params > 0:
-                for coll, nbytes in (("reduce_scatter", GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM)):
+                colls = ((("all_reduce", GRAD_BYTES_COMM),) if optimizer in ORTHO_OPTIMIZERS
+                         else (("reduce_scatter", GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM)))
+                for coll, nbytes in colls:
                     _add(out, "collectives", {"collective": coll, "group_size": int(group), "layout": layout,
                                               "inter_node": bool(inter), "size_bytes": int(params / nb * nbytes),
                                               "dtype": "bf16"})

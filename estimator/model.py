@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry, padded_vocab
+from scaleplan.estimator.shapes import rank_shapes
 from scaleplan.estimator.tables import (
     ANALYTIC,
     CLAMPED,
@@ -577,19 +578,15 @@ class TimeModel:
         prof = self.prof
         peak = prof.peak(g.precision)
         hbm = prof.hbm_bandwidth
-        b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
         tp, cp, ep, etp, mbs = (getattr(kp, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
-        T = seqlen * mbs / cp                       # tokens of a rank's sequence shard (all TP ranks)
-        Tsp = T / tp                                # sequence-parallel shard
-        kv_loc = np.maximum(g.nkv / tp, 1.0)        # kv heads replicated when TP > n_kv
+        sh = rank_shapes(g, tp, cp, ep, etp, mbs, seqlen)  # the same shapes bench plan measures
+        b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
         moe = g.is_moe
         P = len(tp)
 
         # attention projections (gate folded into the QKV GEMM: same input, n_q extra columns)
-        n_qkv = ((g.nq + 2 * kv_loc * 1.0) * g.hd + (g.nq if g.gate else 0)) / tp
-        n_qkv = (g.nq * g.hd + (g.nq if g.gate else 0)) / tp + 2 * kv_loc * g.hd
-        f_qkv, b_qkv = self._gemm(rec, "attn_proj", T, n_qkv, g.d, peak)
-        f_o, b_o = self._gemm(rec, "attn_proj", T, g.d, g.nq * g.hd / tp, peak)
+        f_qkv, b_qkv = self._gemm(rec, "attn_proj", T, sh.n_qkv, g.d, peak)
+        f_o, b_o = self._gemm(rec, "attn_proj", T, g.d, sh.n_attn_out, peak)
         attn_f, attn_b = f_qkv + f_o, b_qkv + b_o
 
         # SDPA on TP-sharded heads; CP: each rank computes 1/CP of the (load-balanced) causal work
@@ -619,9 +616,7 @@ class TimeModel:
         moe_f = moe_b = a2a_f = a2a_b = sh_f = sh_b = z
         E_loc = np.ones(P)
         if moe:
-            E_loc = g.E / ep
-            R = T * g.K * etp / tp                       # routed rows per rank (balanced routing)
-            tile = R * ep / g.E                          # rows per local expert (EP correction)
+            E_loc, R, tile = sh.E_loc, sh.R, sh.tile    # balanced routing; EP tile correction
             # router GEMM (fp32 island costed as bf16 GEMM: d x E is tiny) + top-k
             rg_f, rg_b = self._gemm(rec, "router", Tsp, g.E, g.d, peak)
             if self.tb.topk:
@@ -634,7 +629,7 @@ class TimeModel:
                 tk_b = tk_f
             perm = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)   # permute + unpermute
             rec.mark("permute", ANALYTIC)
-            ffn_loc = g.dexp / etp
+            ffn_loc = sh.ffn_loc
             ex_f, ex_b = self._experts(rec, g, E_loc, tile, etp, peak, hbm)
             ex_act = an.memory_time(b_el * R * ffn_loc * 3, hbm)        # SwiGLU on routed rows
             ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
@@ -646,7 +641,7 @@ class TimeModel:
             # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes
             span = tp * cp * ep
             # EP ranks are TP*CP apart: gpn / (TP CP) of them share a node
-            a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, R * g.d * b_el, span > self.gpn,
+            a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, span > self.gpn,
                                        active=ep > 1, per_node=np.maximum(self.gpn / (tp * cp), 1.0))
             a2a_f, a2a_b = 2 * a2a_one, 2 * a2a_one
             moe_f = rg_f + tk_f + perm + ex_f

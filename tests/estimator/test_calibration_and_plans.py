@@ -25,16 +25,20 @@ def test_chi_sys_from_newest_calibration(sqlite_url):
     _add(sqlite_url, "chi_sys", 2, {"c_a2a": 0.5, "c_pp": 0.1, "c_ovl": -0.2})
     est = Estimator("p6-b200.48xlarge", db_url=sqlite_url)
     spec = parse_spec(moe_spec(data={"seqlen": 8192, "gbs": 512}))
-    # EP=16 spans 2 nodes (a2a term), PP=8 on 128 devices stays in one node of PP ranks (overlap credit)
+    # EP=16 spans 2 nodes (a2a term); PP=8 on 128 devices: stages are DP=16 ranks apart, so each of
+    # the 7 stage boundaries leaves the node (no in-node overlap credit)
     r = est.estimate(spec, 128, [Layout(pp=8, ep=16, mbs=1)])[0]
     ci = r.chi_inputs
-    assert ci["ep_nodes"] == 2 and ci["pp_nodes"] == 1 and ci["deep_pp_in_node"] is True
-    expect = 1 + 0.5 * ci["t_a2a_s"] / r.t_analytic_s + 0.1 * 0 - 0.2
+    assert ci["ep_nodes"] == 2 and ci["pp_nodes"] == 8 and ci["deep_pp_in_node"] is False
+    expect = 1 + 0.5 * ci["t_a2a_s"] / r.t_analytic_s + 0.1 * 7
     assert r.chi_sys == pytest.approx(expect)
     assert r.t_iter_s == pytest.approx(expect * r.t_analytic_s)
-    # single-node, shallow pipeline: no correction
+    # two stages of 8 ranks each: one stage boundary between two nodes
     r1 = est.estimate(spec, 16, [Layout(pp=2, ep=8, mbs=1)])[0]
-    assert r1.chi_sys == 1.0
+    assert r1.chi_sys == pytest.approx(1 + 0.1 * 1)
+    # a shallow pipeline inside one node (8 devices, stages 4 ranks apart): no correction
+    r0 = est.estimate(spec, 8, [Layout(pp=2, ep=4, mbs=1)])[0]
+    assert r0.chi_sys == 1.0
     # use_calibration=False is the analytic time
     raw = Estimator("p6-b200.48xlarge", db_url=sqlite_url, use_calibration=False)
     assert raw.estimate(spec, 128, [Layout(pp=8, ep=16, mbs=1)])[0].chi_sys == 1.0

@@ -43,17 +43,20 @@ def test_uncalibrated_700m_best_measured_is_in_predicted_top3(recorded_db, sweep
 
 
 @pytest.fixture()
-def paper_calibrated_db(recorded_db, tmp_path):
+def runtime_calibrated_db(recorded_db, validation_dir, tmp_path):
+    from scaleplan.calibrate.observations import add_runs
+    from scaleplan.calibrate.runner import fit_runtime
+
     path = tmp_path / "calibrated.db"
     shutil.copy(recorded_db.removeprefix("sqlite:///"), path)
     url = f"sqlite:///{path}"
-    with dbs.session_scope(url) as s:
-        s.add(Calibration(profile="p6-b200.48xlarge", kind="chi_sys", version=1, coefficients=PAPER_CHI,
-                          n_obs=0, notes="the paper's published eq:desync coefficients"))
-    return url
+    add_runs(url, validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml")
+    return url, fit_runtime(url)
 
 
-def test_paper_calibrated_both_sweeps_best_measured_in_top3(paper_calibrated_db, sweeps):
-    est = Estimator("p6-b200.48xlarge", db_url=paper_calibrated_db)
-    assert est.chi.c_a2a == PAPER_CHI["c_a2a"]  # the stored calibration is the one in force
+def test_runtime_calibrated_both_sweeps_best_measured_in_top3(runtime_calibrated_db, sweeps):
+    url, fit = runtime_calibrated_db
+    est = Estimator("p6-b200.48xlarge", db_url=url)
+    assert "host_scale" in fit["free"] and est.host_scale == pytest.approx(fit["params"]["host_scale"])
+    assert est.chi.c_level == pytest.approx(fit["params"]["c_level"])  # the stored calibration is in force
     _top3_check(est, sweeps, {"700m-32dev", "5p4b-256dev"})

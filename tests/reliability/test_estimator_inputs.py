@@ -37,13 +37,16 @@ def est(recorded_db):
 def test_outside_measured_range_raises(est, recorded_db, model, table, axis, value):
     spec = parse_spec(_spec(**model))
     with pytest.raises(OutOfRangeError) as ei:
-        est.estimate(spec, 8, [Layout()])
+        Estimator(PROFILE, db_url=recorded_db, extrapolate="error").estimate(spec, 8, [Layout()])
     e = ei.value
     assert (e.table, e.axis, e.value) == (table, axis, value)
     assert not e.lo <= e.value <= e.hi  # the request is really outside what was measured
     assert "\n" not in str(e)
     clamped = Estimator(PROFILE, db_url=recorded_db, extrapolate="clamp").estimate(spec, 8, [Layout()])[0]
     assert clamped.n_clamped > 0 and math.isfinite(clamped.t_iter_s)  # clamping is explicit and counted
+    composed = est.estimate(spec, 8, [Layout()])[0]  # the default composes, labelled, with its share
+    assert composed.reason in (None, "memory") and "composed" in composed.sources.values()
+    assert 0 < composed.composed_share < 1
 
 
 @pytest.mark.parametrize("n_devices", [math.nan, math.inf, -8, 0, 8.5])
