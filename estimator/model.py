@@ -598,11 +598,11 @@ class TimeModel:
             sd_f = an.sdpa_fwd_time(seqlen, mbs, g.nq / tp, g.hd, peak, hbm) / cp
             sd_b = an.SDPA_BWD_OVER_FWD * sd_f
 
-        # element-wise: 2 norms, 2 residual adds, RoPE on q/k, gate sigmoid*mul (bytes through HBM)
-        ew_bytes = b_el * Tsp * g.d * (2 * 2 + 2 * 3) + b_el * T * (g.nq / tp + kv_loc) * g.hd * 2 \
-            + (b_el * T * g.nq * g.hd / tp * 3 if g.gate else 0.0)
-        rec.mark("elementwise", ANALYTIC)
-        ew_f = an.memory_time(ew_bytes, hbm)
+        # element-wise: 2 norms, 2 residual adds, RoPE on q/k, gate sigmoid*mul
+        ew_f, ew_b = self._elementwise(rec, g, T, Tsp, (g.nq / tp + kv_loc) * g.hd, b_el, hbm)
+        if g.gate:  # the head gate has no table: bytes through HBM
+            gate = an.memory_time(b_el * T * g.nq * g.hd / tp * 3, hbm)
+            ew_f, ew_b = ew_f + gate, ew_b + 2 * gate
 
         # dense MLP (first block(s)) and the MoE block
         w1 = 2 if g.glu else 1
@@ -655,9 +655,9 @@ class TimeModel:
         t_first, t_last = self._vocab(rec, g, T, tp, peak, hbm, b_el)
         ks = self.kernel_scale
         if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
-            (attn_f, attn_b, sd_f, sd_b, ew_f, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f, tk_b,
+            (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f, tk_b,
              perm, ex_f, ex_b, t_first, t_last) = (ks * x for x in (
-                attn_f, attn_b, sd_f, sd_b, ew_f, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f,
+                attn_f, attn_b, sd_f, sd_b, ew_f, ew_b, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f,
                 tk_b, perm, ex_f, ex_b, t_first, t_last))
 
         # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
@@ -668,7 +668,7 @@ class TimeModel:
         cp_f = np.maximum(self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
         cp_b = np.maximum(cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
                           - sd_b, 0.0)
-        names = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "dense_f", "dense_b", "moe_f", "moe_b", "a2a_f",
+        names = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b", "a2a_f",
                  "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b",
                  "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "T", "Tsp")
         loc = locals()
@@ -695,15 +695,15 @@ class TimeModel:
         rec_u = _Recorder(len(first), self.mode)
         K = {k: v[inv] for k, v in self._kernels(g, pl.take(first), seqlen, rec_u).items()}
         rec.absorb(rec_u, inv)
-        (attn_f, attn_b, sd_f, sd_b, ew_f, dense_f, dense_b, moe_f, moe_b, a2a_f, a2a_b, sh_f, sh_b, E_loc,
+        (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b, dense_f, dense_b, moe_f, moe_b, a2a_f, a2a_b, sh_f, sh_b, E_loc,
          rg_f, rg_b, tk_f, tk_b, perm, ex_f, ex_b, tp_f, tp_b, cp_f, cp_b, t_first, t_last, T, Tsp) = (
-            K[k] for k in ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "dense_f", "dense_b", "moe_f", "moe_b",
+            K[k] for k in ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b",
                            "a2a_f", "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm",
                            "ex_f", "ex_b", "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "T", "Tsp"))
 
         # per-layer totals (shared expert overlapped with the routed all-to-all: max of the two)
         common_f = attn_f + sd_f + ew_f + tp_f + cp_f
-        common_b = attn_b + sd_b + 2 * ew_f + tp_b + cp_b
+        common_b = attn_b + sd_b + ew_b + tp_b + cp_b
         moe_lf = common_f + moe_f + np.maximum(sh_f, a2a_f)
         moe_lb = common_b + moe_b + np.maximum(sh_b, a2a_b)
         den_lf = common_f + dense_f
@@ -791,7 +791,7 @@ class TimeModel:
             for k in ("experts", "router", "permute", "shared_expert", "ep_a2a"):
                 comps[k] = np.zeros(P)
             comps["dense_mlp"] = n_mb * L_stage * (dense_f * (1 + rc) + dense_b)
-        comps["elementwise"] = n_mb * L_stage * (ew_f * (3 + np.where(ckc >= 2, 1.0, 0.0)))
+        comps["elementwise"] = n_mb * L_stage * (ew_f * (1 + np.where(ckc >= 2, 1.0, 0.0)) + ew_b)
         comps["framework_kernels"] = n_mb * L_stage * fw
         comps["tp_comm"] = n_mb * L_stage * (tp_f * (1 + rc) + tp_b)
         comps["cp_comm"] = n_mb * L_stage * (cp_f * (1 + rc) + cp_b)
@@ -874,6 +874,29 @@ class TimeModel:
               for v in [part(k, "")]}
         step = ((g.L - g.n_moe) * st["step_dense"] + st["step"] + g.n_moe * st["step_moe"]) * L_stage / g.L
         return t_mb, step
+
+    # (op, tokens is the sequence-parallel shard?, count per layer and pass, analytic bytes factor)
+    _EW_OPS = (("rmsnorm", True, 2, 2.0), ("residual_add", True, 2, 3.0), ("rope", False, 1, 2.0))
+
+    def _elementwise(self, rec, g, T, Tsp, rope_width, b_el, hbm):
+        """Per layer and micro-batch (fwd, bwd) seconds of the 2 RMSNorms and 2 residual adds on the
+        sequence-parallel shard [T/TP, d] and RoPE on the local q/k heads [T, (n_q/TP + kv_loc) hd]:
+        the element-wise table (bench/suites/elementwise.py) where it has the op, else the bytes
+        through HBM (read + write; backward twice the forward), labelled analytic."""
+        f = np.zeros(np.shape(T))
+        b = np.zeros(np.shape(T))
+        for op, sp, n, passes in self._EW_OPS:
+            rows, width = (Tsp, g.d) if sp else (T, rope_width)
+            tf, tb = self.tb.elementwise.get((op, "fwd")), self.tb.elementwise.get((op, "bwd"))
+            if tf is not None:
+                of = rec.use("elementwise", tf.lookup(rows, width))
+                ob = rec.use("elementwise", tb.lookup(rows, width)) if tb is not None else 2 * of
+            else:
+                rec.mark("elementwise", ANALYTIC)
+                of = an.memory_time(b_el * rows * width * passes, hbm)
+                ob = 2 * of
+            f, b = f + n * of, b + n * ob
+        return f, b
 
     def _vocab(self, rec, g, T, tp, peak, hbm, b_el):
         """(t_first, t_last) per micro-batch: embedding gather/scatter; LM head GEMM + cross-entropy.

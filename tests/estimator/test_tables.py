@@ -154,3 +154,19 @@ def test_compose_is_the_default_and_labels_what_it_composed():
         parse_spec(moe_spec(data={"seqlen": 16384, "gbs": 512})), 32, [Layout(pp=2, ep=8)])[0]
     # same tokens per step, twice the sequence: SDPA work per step doubles (quadratic per sequence)
     assert r.breakdown_s["sdpa"] == pytest.approx(2 * half.breakdown_s["sdpa"], rel=1e-6)
+
+
+def test_elementwise_table_is_read_where_it_has_the_op():
+    # fwd = 1 ns per element, bwd = 3 ns per element: the model must read these, not the HBM roofline
+    rows = [dict(op=op, tokens=t, hidden=h, dtype="bf16", fwd_s=1e-9 * t * h, bwd_s=3e-9 * t * h)
+            for op in ("rmsnorm", "residual_add", "rope") for t in (1024, 16384) for h in (1024, 8192)]
+    est = Estimator.from_frames("p6-b200.48xlarge", {"elementwise": frame(rows)})
+    spec = parse_spec(moe_spec(performance={"activation_checkpointing_type": "none"}))
+    r = est.estimate(spec, 8, [Layout(pp=1, ep=1, mbs=1, ckpt="none")])[0]
+    assert r.sources["elementwise"] in ("measured", "interpolated")
+    T, d, L, n_mb = 8192, 2048, 16, 256 / 8
+    rope_w = (16 + 16) * 128  # local q + kv heads x head_dim at TP = 1
+    per_elem = 4 * T * d + T * rope_w  # 2 norms + 2 residual adds on [T, d], RoPE on [T, rope_w]
+    gate = 2 * T * 16 * 128 * 3 / 7.7e12  # the head gate has no table: bf16 bytes through HBM (fwd)
+    expect = n_mb * L * ((1e-9 + 3e-9) * per_elem + 3 * gate)  # backward: twice the gate's forward
+    assert r.breakdown_s["elementwise"] == pytest.approx(expect, rel=1e-6)
