@@ -239,6 +239,7 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
     Raises ScaleplanError: no observed runs, none with an absolute measurement.
     """
     from scaleplan.calibrate.joint import IDENTITY, estimator_t_pred, fit_joint
+
     from scaleplan.db import session as dbs
     from scaleplan.specs import Layout, parse_spec
 

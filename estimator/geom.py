@@ -47,6 +47,7 @@ class Geometry:
     dense_mlp_params: float
     moe_dense_params: float  # per MoE block: router + shared expert (replicated over EP)
     expert_params: float     # per MoE block: all routed experts (sharded over EP)
+    capacity_factor: float = 1.0  # routed rows per expert relative to balanced routing (MoE block)
 
     @property
     def is_moe(self) -> bool:
@@ -85,4 +86,5 @@ def geometry(m: ModelBlock) -> Geometry:
         n_act=pc.n_act, n_tot=pc.n_tot, embedding=pc.embedding, attn_params=attn, dense_mlp_params=dense_mlp,
         moe_dense_params=float(E * m.hidden_sz) + shared,
         expert_params=float(E * swiglu_params(m.hidden_sz, dexp)) if moe else 0.0,
+        capacity_factor=float(moe.capacity_factor) if moe else 1.0,
     )

@@ -22,7 +22,7 @@ class RankShapes:
     n_qkv: np.ndarray    # QKV(+gate) GEMM output width per TP rank
     n_attn_out: np.ndarray  # attention output GEMM input width per TP rank (n_q head_dim / TP)
     E_loc: np.ndarray    # local experts, E / EP (1 for a dense model)
-    R: np.ndarray        # routed rows per rank, T K ETP / TP (balanced routing)
+    R: np.ndarray        # routed rows per rank, T K ETP cf / TP (balanced routing; cf the capacity factor)
     tile: np.ndarray     # rows per local expert, R EP / E (the EP tile correction, estimator.model)
     ffn_loc: np.ndarray  # expert width per ETP rank
     V_loc: np.ndarray    # Megatron-padded vocabulary per TP rank
@@ -38,7 +38,9 @@ def rank_shapes(g: Geometry, tp, cp, ep, etp, mbs, seqlen: int) -> RankShapes:
     kv_loc = np.maximum(g.nkv / tp, 1.0)
     n_qkv = (g.nq * g.hd + (g.nq if g.gate else 0)) / tp + 2 * kv_loc * g.hd
     E_loc = g.E / ep if g.is_moe else np.ones_like(tp)
-    R = T * g.K * etp / tp if g.is_moe else np.zeros_like(T)
+    # the capacity factor sizes the routed token budget and the all-to-all (paper sec:performance-model,
+    # "model.moe"): each expert's buffer holds cf x its balanced share (dropped or padded rows)
+    R = T * g.K * etp * g.capacity_factor / tp if g.is_moe else np.zeros_like(T)
     tile = R * ep / g.E if g.is_moe else np.zeros_like(T)
     V_loc = padded_vocab(g.vocab, tp.astype(np.int64)) / tp
     return RankShapes(T=T, Tsp=T / tp, kv_loc=kv_loc, n_qkv=n_qkv, n_attn_out=g.nq * g.hd / tp, E_loc=E_loc,

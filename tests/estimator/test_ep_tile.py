@@ -52,3 +52,16 @@ def test_lookup_keys_use_the_corrected_tile(sqlite_url):
         groups = {p["num_gemms"] for p in pts}
         # T_seq*B*K/E = 8192*2*3/128 = 384 rows per expert without EP; EP multiplies the tile
         assert tiles == {ep * 8192 * 2 * 3 // 128} and groups == {128 // ep}
+
+
+def test_capacity_factor_sizes_the_routed_rows():
+    from scaleplan.estimator.shapes import rank_shapes
+
+    base = moe_spec()
+    g1 = geometry(parse_spec(base).model)
+    g2 = geometry(parse_spec(moe_spec(model={**base["model"], "moe": {**base["model"]["moe"],
+                                                                      "capacity_factor": 1.25}})).model)
+    s1, s2 = rank_shapes(g1, 1, 1, 8, 1, 1, 8192), rank_shapes(g2, 1, 1, 8, 1, 1, 8192)
+    assert float(s1.R) == 8192 * 3 and float(s2.R) == pytest.approx(1.25 * 8192 * 3)
+    assert float(s2.tile) == pytest.approx(1.25 * float(s1.tile)) and float(s2.a2a_bytes) == pytest.approx(
+        1.25 * float(s1.a2a_bytes))
