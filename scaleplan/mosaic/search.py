@@ -206,24 +206,33 @@ def _analytic(plans: pd.DataFrame) -> list[str]:
 
 
 class Mosaic:
-    """The search over one profile: plans are cached per node count (they do not depend on the window)."""
+    """The search over one profile.
+
+    Plans are cached per (devices, gbs, seqlen, optimizer, constraints): everything the inner max of
+    eq:c-flops depends on. They do not depend on the window or the goodput, so a days sweep reuses them.
+    """
 
     def __init__(self, est, grid: LadderGrid, law: JointLaw = PAPER_JOINT_LAW, constraints=None,
                  progress: bool = False, workers: int = 1):
         self.est, self.grid, self.law, self.constraints, self.progress = est, grid, law, constraints, progress
         self.workers = workers
         self.geoms = enumerate_geometries(grid)
-        self._plans: dict[int, pd.DataFrame] = {}
+        self._plans: dict[tuple, pd.DataFrame] = {}
 
     @property
     def gpus_per_node(self) -> int:
         return int(self.est.profile.gpus_per_node)
 
+    def plan_key(self, nodes: int, env: Envelope) -> tuple:
+        """The cache key of :meth:`plans`: every input of ``Estimator.best_plan`` that can change."""
+        return (nodes * self.gpus_per_node, env.gbs, env.seqlen, env.optimizer, self.constraints)
+
     def plans(self, nodes: int, env: Envelope) -> pd.DataFrame:
-        n_dev = nodes * self.gpus_per_node
-        if n_dev not in self._plans:
-            self._plans[n_dev] = self._run_plans(n_dev, env)
-        return self._plans[n_dev]
+        """Best plan per geometry (:func:`plan_table`) on ``nodes`` nodes for env's batch and optimizer."""
+        key = self.plan_key(nodes, env)
+        if key not in self._plans:
+            self._plans[key] = self._run_plans(key[0], env)
+        return self._plans[key]
 
     def _run_plans(self, n_dev: int, env: Envelope) -> pd.DataFrame:
         from threadpoolctl import threadpool_limits
