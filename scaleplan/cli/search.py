@@ -158,7 +158,7 @@ def _human(out, results, est, env0, csv, plot) -> None:
     if out["best"] is None:
         stdout.print("[red]no feasible configuration[/red] in this envelope")
     cols = ("L", "E", "K", "G", "N_act (B)", "N_tot (B)", "S", "TPP", "D (T)", "MFU (%)", "Loss", "pp", "ep",
-            "mb", "cp", "tp", "ckpt")
+            "mb", "cp", "tp", "ckpt", "composed")
     t = Table(title="optimum and top candidates (MFU: non-embedding N_act, eq:mfu)")
     for c in cols:
         t.add_column(c, justify="right")
@@ -167,7 +167,8 @@ def _human(out, results, est, env0, csv, plot) -> None:
         t.add_row(str(r["n_layers"]), str(r["n_experts"]), str(r["topk"]), str(r["g"]), f"{r['n_act'] / 1e9:.1f}",
                   f"{r['n_tot'] / 1e9:.1f}", f"{r['s']:.3f}", f"{r['tpp']:.0f}", f"{r['d_tokens'] / 1e12:.2f}",
                   f"{100 * r['mfu']:.2f}", f"[bold]{r['loss']:.4f}[/bold]" if i == 0 else f"{r['loss']:.4f}",
-                  str(lay["pp"]), str(lay["ep"]), str(lay["mbs"]), str(lay["cp"]), str(lay["tp"]), lay["ckpt"])
+                  str(lay["pp"]), str(lay["ep"]), str(lay["mbs"]), str(lay["cp"]), str(lay["tp"]), lay["ckpt"],
+                  f"{r['composed_share']:.0%}")
     _wide().print(t)
     if "sweep" in out:
         s = Table(title=f"budget sweep over {out['sweep_axis']}")

@@ -65,7 +65,7 @@ def _plan_row(est, model, n_devices: int, env: Envelope, constraints) -> dict:
         return {"plan_ok": False}
     lay = res.layout
     return {"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu,
-            "mfu_with_embedding": res.mfu, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_KEYS},
+            "composed_share": res.composed_share, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_KEYS},
             "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic"))}
 
 
@@ -94,7 +94,8 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
 
     The geometries are independent, so with ``workers`` > 1 they are split over forked processes that
     inherit the estimator (its tables are loaded once, in this process). ``on_step(n)`` reports progress.
-    Columns: plan_ok, tokens_per_s, mfu_plan (non-embedding N_act, eq:mfu), mfu_with_embedding, mem_gb,
+    Columns: plan_ok, tokens_per_s, mfu_plan (non-embedding N_act, eq:mfu), composed_share (fraction of
+    the plan's predicted time read from lookups composed beyond the measured tables), mem_gb,
     tp, cp, pp, ep, dp, mbs, ckpt, analytic (comma-joined analytic components).
     """
     global _FORK_STATE
@@ -121,7 +122,7 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
         for mdl in models:
             rows.append(_plan_row(est, mdl, n_devices, env, constraints))
             step(1)
-    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "mfu_with_embedding", "mem_gb", *LAYOUT_KEYS, "analytic"]
+    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_KEYS, "analytic"]
     ints = {k: "Int64" for k in LAYOUT_KEYS if k != "ckpt"}
     return pd.DataFrame(rows, columns=cols).astype({"plan_ok": bool, **ints})
 
@@ -159,7 +160,7 @@ def row_json(r) -> dict:
             "topk": int(r["topk"]), "g": int(r["g"]), "n_act": float(r["n_act"]), "n_tot": float(r["n_tot"]),
             "s": float(r["s"]), "tpp": float(r["tpp"]), "d_tokens": float(r["d_tokens"]),
             "c_model": float(r["c_model"]), "mfu": float(r["mfu_plan"]),
-            "mfu_with_embedding": float(r["mfu_with_embedding"]), "loss": float(r["loss"]),
+            "composed_share": float(r["composed_share"]), "loss": float(r["loss"]),
             "tpp_capped": bool(r["tpp_capped"]), "tokens_per_s": float(r["tokens_per_s"]),
             "mem_per_device_gb": float(r["mem_gb"]),
             "layout": {k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_KEYS}}

@@ -21,6 +21,7 @@ class FakeResult:
     mfu: float
     tokens_per_s: float
     mem_per_device_gb: float = 100.0
+    composed_share: float = 0.0
     sources: dict = field(default_factory=lambda: {"experts": "measured", "dp_comm": "analytic"})
 
 
