@@ -181,6 +181,7 @@ def run_preset(
         get_suite(s)
         if s not in preset.suites:
             raise ScaleplanError(f"--suite {s}: preset {preset.name!r} has no block for it")
+    names = _preflight(names, preset, dev, explicit=bool(suites), on_event=on_event)
     prov = provenance.run_provenance(dev.type, dev.index or 0)
     planned = []
     for s in names:
@@ -198,6 +199,27 @@ def run_preset(
             on_event("hint", {"run_id": run_id, "suite": s, "same_config": unfinished})
         planned.append((run_id, mod, cfg))
     return _execute(planned, url, dev, on_event)
+
+
+def _preflight(names: list[str], preset: Preset, dev: torch.device, explicit: bool,
+               on_event: Event | None) -> list[str]:
+    """Suites whose ``preflight(cfg, device)`` refuses this machine (collectives on one rank):
+    named with --suite, the refusal is raised before any run starts (exit 2); as part of a whole
+    preset, the suite is left out with the same one-line reason."""
+    keep = []
+    for s in names:
+        mod = get_suite(s)
+        check = getattr(mod, "preflight", None)
+        try:
+            if check is not None:
+                check(validate_suite_config(s, mod.Config, preset.suites[s]), dev)
+            keep.append(s)
+        except ScaleplanError as e:
+            if explicit:
+                raise
+            if on_event:
+                on_event("error", {"run_id": "-", "suite": s, "message": f"skipped: {e}"})
+    return keep
 
 
 def resume_runs(

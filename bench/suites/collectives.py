@@ -157,6 +157,18 @@ def expand(cfg: Config, ctx: h.Context) -> list[dict]:
     return expand_for(cfg, n, n)[0]
 
 
+def preflight(cfg: Config, device: torch.device) -> None:
+    """Refuse a world of one rank before anything starts: no group of 2 exists, so a torchrun
+    launch would spend its start-up (17 s on an H100) to record 0 points. Raises SpecError."""
+    n = default_nproc(cfg, device)
+    if n < 2:
+        from scaleplan.errors import SpecError
+
+        what = f"{torch.cuda.device_count()} visible GPU(s)" if device.type == "cuda" else "nproc"
+        raise SpecError("suites.collectives.nproc", n,
+                        f"collectives need a world of at least 2 ranks ({what}); skip this suite here")
+
+
 # ---------------------------------------------------------------- parent side (one machine) ----
 
 
@@ -164,6 +176,7 @@ def launch(run_id: int, url: str, cfg: Config, ctx: h.Context, emit) -> Any:
     """Run the sweep of ``run_id`` in torchrun processes on this machine; return a SuiteResult."""
     from scaleplan.bench.runner import SuiteResult
 
+    preflight(cfg, ctx.device)  # also on --resume, which does not pass run_preset's check
     nproc = default_nproc(cfg, ctx.device)
     cmd = [
         sys.executable,

@@ -6,9 +6,10 @@ backend is forced with ``torch.nn.attention.sdpa_kernel`` so the stored backend 
 ran; a backend that cannot run the shape on this device is stored as UNSUPPORTED with torch's
 reason. ``backends: [auto]`` means every backend of this device: flash, cudnn, efficient, math on
 CUDA (plus te when Transformer Engine imports), math and flash (torch's CPU flash kernel) on CPU.
-Grouped-query attention uses ``enable_gqa``; a backend that refuses it gets K/V expanded to the
-query heads outside the timed region (noted on the row). Times in seconds; bwd_s is the backward
-pass alone.
+Grouped-query attention runs natively with ``enable_gqa`` (checked forward and backward before
+timing); a backend that refuses it gets K/V expanded to the query heads inside the timed forward.
+The row's note names the method that ran (``method=enable_gqa``, ``method=expand_kv`` with torch's
+reason, ``method=native`` for MHA, ``method=te``). Times in seconds; bwd_s is the backward pass alone.
 """
 
 from __future__ import annotations
@@ -77,30 +78,52 @@ def expand(cfg: Config, ctx: h.Context) -> list[dict]:
     return [p for p in pts if p["n_q_heads"] >= p["n_kv_heads"]]
 
 
-def _torch_attention(p: dict, q, k, v, backend: SDPBackend):
-    """A forward closure forcing one backend; falls back to expanded K/V when GQA is refused."""
-    gqa = p["n_q_heads"] != p["n_kv_heads"]
-
-    def native():
+def _sdpa(p: dict, backend: SDPBackend, gqa: bool):
+    def run(q, k, v):
         with sdpa_kernel([backend]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"], enable_gqa=gqa)
 
+    return run
+
+
+def _fwd_bwd_once(fwd, leaves) -> None:
+    """One untimed forward and backward: a backend may take a shape forward and refuse its backward."""
+    fwd().sum().backward()
+    for x in leaves:
+        x.grad = None
+
+
+def _torch_attention(p: dict, q, k, v, backend: SDPBackend):
+    """(forward closure, note naming the method that ran, leaves) with ``backend`` forced.
+
+    GQA runs as Megatron runs it: natively with ``enable_gqa`` (flash, cuDNN and math take it); a
+    backend that refuses it, forward or backward, gets K/V expanded to the query heads inside the
+    timed forward (``repeat_interleave``, Megatron's unfused path), so its backward includes the
+    reduction of the expanded K/V gradients. MHA runs natively. Raises RuntimeError when the
+    backend cannot run the shape either way (stored UNSUPPORTED with torch's reason)."""
+    gqa = p["n_q_heads"] != p["n_kv_heads"]
+    native = _sdpa(p, backend, gqa)
+    leaves = [q, k, v]
+
+    def fwd_native():
+        return native(q, k, v)
+
+    if not gqa:
+        _fwd_bwd_once(fwd_native, leaves)
+        return fwd_native, "method=native (MHA)", leaves
     try:
-        native()
-        return native, None, [q, k, v]
-    except RuntimeError:
-        if not gqa:
-            raise
+        _fwd_bwd_once(fwd_native, leaves)
+        return fwd_native, "method=enable_gqa (native GQA)", leaves
+    except RuntimeError as e:
+        reason = (str(e).strip().splitlines() or ["refused"])[0][:160]
     rep = p["n_q_heads"] // p["n_kv_heads"]
-    ke = k.detach().repeat_interleave(rep, dim=1).requires_grad_()
-    ve = v.detach().repeat_interleave(rep, dim=1).requires_grad_()
+    plain = _sdpa(p, backend, False)
 
-    def expanded():
-        with sdpa_kernel([backend]):
-            return F.scaled_dot_product_attention(q, ke, ve, is_causal=p["causal"])
+    def fwd_expanded():
+        return plain(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1))
 
-    expanded()
-    return expanded, "backend refused enable_gqa: K/V expanded to the query heads before timing", [q, ke, ve]
+    _fwd_bwd_once(fwd_expanded, leaves)
+    return fwd_expanded, f"method=expand_kv (K/V repeated x{rep} in the timed forward; enable_gqa refused: {reason})", leaves
 
 
 def _te_attention(p: dict, dt: torch.dtype, ctx: h.Context):
@@ -118,7 +141,7 @@ def _te_attention(p: dict, dt: torch.dtype, ctx: h.Context):
     q = h.randn((b, s, hq, d), dt, ctx.device, grad=True)
     k = h.randn((b, s, hk, d), dt, ctx.device, grad=True)
     v = h.randn((b, s, hk, d), dt, ctx.device, grad=True)
-    return (lambda: attn(q, k, v)), [q, k, v], None
+    return (lambda: attn(q, k, v)), [q, k, v], f"method=te (num_gqa_groups={hk})"
 
 
 def measure(p: dict, ctx: h.Context) -> dict:
