@@ -70,21 +70,26 @@ def main() -> None:
         t = estimator_t_pred(profile, a.db, groups[name])(params)
         return 100 * (t_meas[name] * [s for s in sw if s[0] == name][0][4] / 100) / t
 
-    fits = {"in-sample": {}, "LOSO": {}}
-    for name, *_ in sw:
-        others = [o for o, *_ in sw if o != name]
+    fits = {"in-sample": {}, "pooled": {}, "LOSO": {}}
+    names = [name for name, *_ in sw]
+    pooled = fit_joint(estimator_t_pred(profile, a.db, [groups[o][0] for o in names]),
+                       np.concatenate([t_meas[o] for o in names]), np.repeat(names, [len(t_meas[o]) for o in names]))
+    for name in names:
+        fits["pooled"][name] = pooled
+        others = [o for o in names if o != name]
         for kind, train in (("in-sample", [name]), ("LOSO", others)):
             tp = estimator_t_pred(profile, a.db, [g for o in train for g in groups[o]])
-            fits[kind][name] = fit_joint(tp, np.concatenate([t_meas[o] for o in train]))
+            fits[kind][name] = fit_joint(tp, np.concatenate([t_meas[o] for o in train]),
+                                         np.repeat(train, [len(t_meas[o]) for o in train]))
     print("per sweep: MAPE, Spearman rho, rank of the best measured layout in our prediction (1 = top)")
-    print(f"{'sweep':<13}{'n':>3}  {'uncalibrated':>19}  {'calibrated in-sample':>19}  {'LOSO':>19}  "
-          f"{'paper estimator':>19}")
+    print(f"{'sweep':<13}{'n':>3}  {'uncalibrated':>19}  {'in-sample (this sweep)':>22}  {'pooled (all sweeps)':>19}  "
+          f"{'LOSO':>19}  {'paper estimator':>19}")
     for name, spec, n, lays, real, ref in sw:
         cols = [_metrics(mfu_of(name, IDENTITY), real)]
-        cols += [_metrics(mfu_of(name, fits[k][name].params), real) for k in ("in-sample", "LOSO")]
+        cols += [_metrics(mfu_of(name, fits[k][name].params), real) for k in ("in-sample", "pooled", "LOSO")]
         cols.append(_metrics(ref, real))
-        print(f"{name:<13}{len(lays):>3}  " + "  ".join(f"{c:>19}" for c in cols))
-    for kind in ("in-sample", "LOSO"):
+        print(f"{name:<13}{len(lays):>3}  " + "  ".join(f"{c:>{22 if i == 1 else 19}}" for i, c in enumerate(cols)))
+    for kind in ("in-sample", "pooled", "LOSO"):
         for name, f in fits[kind].items():
             print(f"  {kind} fit for {name}: " + ", ".join(f"{k}={f.params[k]:.4g}" for k in f.free)
                   + (" | not fitted: " + "; ".join(f"{k}: {v}" for k, v in f.unidentified.items())

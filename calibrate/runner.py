@@ -251,17 +251,21 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
         raise ScaleplanError("runtime calibration: no observed run has a step time or an absolute MFU")
     obs = [obs[i] for i in idx]
     groups = [(parse_spec(o.spec), o.n_devices, [Layout(**o.layout)]) for o in obs]
-    fit = fit_joint(estimator_t_pred(profile, url, groups, extrapolate), t_meas)
-    names = sorted({o.sweep for o in obs})
+    labels = [o.sweep for o in obs]
+    fit = fit_joint(estimator_t_pred(profile, url, groups, extrapolate), t_meas, labels)
+    names = sorted(set(labels))
     loso = {}
+    loso_rel = []  # pred/meas - 1 of every held-out run: the estimator's out-of-sample error
     for s in names:  # leave one sweep out: fit on the others, predict it
         tr = [i for i, o in enumerate(obs) if o.sweep != s]
         te = [i for i, o in enumerate(obs) if o.sweep == s]
         if not tr:
             continue
-        f = fit_joint(estimator_t_pred(profile, url, [groups[i] for i in tr], extrapolate), t_meas[tr])
+        f = fit_joint(estimator_t_pred(profile, url, [groups[i] for i in tr], extrapolate), t_meas[tr],
+                      [labels[i] for i in tr])
         t_te = estimator_t_pred(profile, url, [groups[i] for i in te], extrapolate)(f.params)
         t_0 = estimator_t_pred(profile, url, [groups[i] for i in te], extrapolate)(IDENTITY)
+        loso_rel.extend((t_te / t_meas[te] - 1).tolist())
         loso[s] = {"mape_before": float(np.mean(np.abs(t_0 / t_meas[te] - 1))),
                    "mape_loso": float(np.mean(np.abs(t_te / t_meas[te] - 1))), "params": f.params}
     mape = {"before": float(np.mean(np.abs(np.expm1(fit.residuals_before)))),
@@ -281,7 +285,10 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
         cv = float(np.mean([v["mape_loso"] for v in loso.values()])) if loso else None
         with dbs.session_scope(url) as s:
             for kind, co in (("dispatch", disp), ("chi_sys", chi)):
-                row = store.store_calibration(s, profile, kind, co, inputs=inputs, residuals=fit.residuals.tolist(),
+                # residuals: the leave-one-sweep-out relative step-time errors when there are >= 2 sweeps
+                # (what the search's uncertainty reads), else the in-sample ones
+                res = loso_rel if loso_rel else np.expm1(fit.residuals).tolist()
+                row = store.store_calibration(s, profile, kind, co, inputs=inputs, residuals=res,
                                               cv_error=cv, n_obs=len(obs),
                                               notes=f"runtime fit ({', '.join(fit.free) or 'nothing identified'})")
                 out["calibration_ids"].append(row.id)

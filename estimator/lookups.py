@@ -87,8 +87,8 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
                                           "size_bytes": int(round(float(sh.a2a_bytes))), "dtype": dt})
         for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, gpn):
             if group > 1 and params > 0:
-                colls = ((("all_reduce", GRAD_BYTES_COMM),) if optimizer in ORTHO_OPTIMIZERS
-                         else (("reduce_scatter", GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM)))
+                red = "all_reduce" if optimizer in ORTHO_OPTIMIZERS else "reduce_scatter"  # layer-wise vs ZeRO-1
+                colls = ((red, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))
                 for coll, nbytes in colls:
                     _add(out, "collectives", {"collective": coll, "group_size": int(group), "layout": layout,
                                               "inter_node": bool(inter), "size_bytes": int(params / nb * nbytes),

@@ -123,12 +123,13 @@ def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int):
 
 
 def bias_sync(g: Geometry, tp, cp, pp, dp, gpn: int):
-    """The loss-free balancing bias update (eq:bias-update) all-reduces each MoE layer's fp32 token
-    counts per expert over the TP x CP x DP group once per step (Megatron's expert-bias path):
-    (MoE layers on the stage, group, inter_node, bytes)."""
+    """The loss-free balancing bias update (eq:bias-update): Megatron-Core stacks the fp32 token counts
+    per expert of every MoE layer on the stage and all-reduces them once per step over the TP x CP x DP
+    group (``_update_router_expert_bias`` in finalize_model_grads): (1 all-reduce where the stage has
+    MoE layers, group, inter_node, bytes = MoE layers on the stage x E x 4)."""
     n_layers = np.ceil(g.n_moe / np.asarray(pp, dtype=float))  # 0 for a dense model
     group = tp * cp * dp
-    return n_layers, group, group > gpn, 4 * g.E
+    return np.minimum(n_layers, 1.0), group, group > gpn, 4 * g.E * n_layers
 
 
 @dataclass
@@ -263,37 +264,47 @@ def vocab_stage_time(n_mb, pp, vpp, t_first, t_last):
 
 @dataclass
 class StagePeriods:
-    period: np.ndarray        # 1F1B period: slowest stage's max(layers, dispatch) + A2A + vocabulary
+    period: np.ndarray        # 1F1B period: slowest stage's max(GPU, dispatch) + A2A + exposed LM head/CE
     period_disp: np.ndarray   # the same without the vocabulary work
 
 
-def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last, t_disp, serial=False,
+def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_last_bwd, t_disp, serial=False,
                   a2a_first=0.0, a2a_other=0.0) -> StagePeriods:
     """Per-micro-batch period of the slowest stage, first / middle / last stages considered (seconds).
 
-    Per stage: t_mb = max(t_layers, t_disp) + t_A2A + t_vocab (sec:iteration-time-model):
+    Per stage: t_mb = max(t_GPU, t_disp) + t_A2A + t_last_fwd (sec:iteration-time-model), where
 
     * ``t_first_layers`` / ``t_other_layers``: the stage's GPU layer time *without* the exposed EP
-      all-to-all, which is passed separately (``a2a_first`` / ``a2a_other``). The all-to-all sits
-      outside the dispatch max because Megatron's token dispatcher reads the per-expert token counts
-      on the host before it can size the exchange (a device-to-host sync per MoE layer): the host
-      cannot run ahead across it, so launch time already spent cannot hide the wire time.
-    * the vocabulary work (embedding on the first stage ``t_first``, LM head + cross-entropy on the
-      last ``t_last``) is added, as the paper's t_vocab is additive: a handful of long kernels that the
-      host launches in microseconds, so they cannot hide behind, or hide, the layers' launch floor.
+      all-to-all, passed separately (``a2a_first`` / ``a2a_other``). The all-to-all sits outside the
+      dispatch max: Megatron's token dispatcher reads the per-expert token counts on the host before
+      it can size the exchange (a device-to-host sync per MoE layer), so launch time already spent
+      cannot hide the wire time.
+    * the LM head + cross-entropy forward ``t_last_fwd`` (last stage) is exposed: Megatron's loss
+      function checks each micro-batch's loss for NaN/Inf on the host (rerun state machine,
+      ``check_for_nan_in_loss_and_grad``), a device-to-host sync right after those kernels, so the host
+      waits for them. Their backward ``t_last_bwd`` is launched at once after the loss and runs while
+      the host launches the layers' backward: it joins the GPU side of the max, as does the
+      embedding ``t_first`` (first stage).
 
     PP = 1: one stage runs the layers, the embedding and the LM head. ``serial``: the host dispatches
-    on the cores that compute (a CPU device), so t_mb = t_layers + t_disp + ... (all additive).
+    on the cores that compute (a CPU device), so every term adds.
     """
     pp = np.asarray(pp)
     if serial:
-        l0, lo = t_first_layers + t_disp + a2a_first, t_other_layers + t_disp + a2a_other
-    else:
-        l0 = np.maximum(t_first_layers, t_disp) + a2a_first
-        lo = np.maximum(t_other_layers, t_disp) + a2a_other
-    one = l0 + t_first + t_last
-    period = np.where(pp > 1, np.maximum(l0 + t_first, lo + t_last), one)
-    period_disp = np.where(pp > 1, np.maximum(l0, lo), l0)
+        l0 = t_first_layers + t_first + t_disp + a2a_first
+        lo = t_other_layers + t_disp + a2a_other
+        last = t_last_fwd + t_last_bwd
+        one = l0 + last
+        period = np.where(pp > 1, np.maximum(l0, lo + last), one)
+        d0 = t_first_layers + t_disp + a2a_first
+        period_disp = np.where(pp > 1, np.maximum(d0, t_other_layers + t_disp + a2a_other), d0)
+        return StagePeriods(period, period_disp)
+    l0 = np.maximum(t_first_layers + t_first, t_disp) + a2a_first
+    lo = np.maximum(t_other_layers + t_last_bwd, t_disp) + a2a_other + t_last_fwd
+    one = np.maximum(t_first_layers + t_first + t_last_bwd, t_disp) + a2a_first + t_last_fwd
+    period = np.where(pp > 1, np.maximum(l0, lo), one)
+    d0 = np.maximum(t_first_layers, t_disp) + a2a_first
+    period_disp = np.where(pp > 1, np.maximum(d0, np.maximum(t_other_layers, t_disp) + a2a_other), d0)
     return StagePeriods(period, period_disp)
 
 
@@ -652,13 +663,14 @@ class TimeModel:
         tp_one = self._collective(rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
             self._collective(rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
         tp_f = tp_b = 2 * tp_one
-        t_first, t_last = self._vocab(rec, g, T, tp, peak, hbm, b_el)
+        t_first, t_last_f, t_last_b = self._vocab(rec, g, T, tp, peak, hbm, b_el)
         ks = self.kernel_scale
         if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
             (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f, tk_b,
-             perm, ex_f, ex_b, t_first, t_last) = (ks * x for x in (
+             perm, ex_f, ex_b, t_first, t_last_f, t_last_b) = (ks * x for x in (
                 attn_f, attn_b, sd_f, sd_b, ew_f, ew_b, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f,
-                tk_b, perm, ex_f, ex_b, t_first, t_last))
+                tk_b, perm, ex_f, ex_b, t_first, t_last_f, t_last_b))
+        t_last = t_last_f + t_last_b
 
         # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
         kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el
@@ -670,7 +682,7 @@ class TimeModel:
                           - sd_b, 0.0)
         names = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b", "a2a_f",
                  "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b",
-                 "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "T", "Tsp")
+                 "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "t_last_f", "t_last_b", "T", "Tsp")
         loc = locals()
         return {k: np.broadcast_to(np.asarray(loc[k], dtype=float), (P,)) for k in names}
 
@@ -696,10 +708,12 @@ class TimeModel:
         K = {k: v[inv] for k, v in self._kernels(g, pl.take(first), seqlen, rec_u).items()}
         rec.absorb(rec_u, inv)
         (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b, dense_f, dense_b, moe_f, moe_b, a2a_f, a2a_b, sh_f, sh_b, E_loc,
-         rg_f, rg_b, tk_f, tk_b, perm, ex_f, ex_b, tp_f, tp_b, cp_f, cp_b, t_first, t_last, T, Tsp) = (
+         rg_f, rg_b, tk_f, tk_b, perm, ex_f, ex_b, tp_f, tp_b, cp_f, cp_b, t_first, t_last, t_last_f, t_last_b, T,
+         Tsp) = (
             K[k] for k in ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b",
                            "a2a_f", "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm",
-                           "ex_f", "ex_b", "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "T", "Tsp"))
+                           "ex_f", "ex_b", "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "t_last_f",
+                           "t_last_b", "T", "Tsp"))
 
         # per-layer totals (shared expert overlapped with the routed all-to-all: max of the two)
         common_f = attn_f + sd_f + ew_f + tp_f + cp_f
@@ -747,7 +761,8 @@ class TimeModel:
         t_step_host = np.zeros(P)
         if self.serial:
             t_disp, t_step_host = self._serial_host(rec, g, ckc, L_stage, nd0, t_disp, seqlen * mbs / cp)
-        st = stage_periods(pp, t_stage0 - a2a0, t_other - a2a_o, t_first, t_last, t_disp, self.serial, a2a0, a2a_o)
+        st = stage_periods(pp, t_stage0 - a2a0, t_other - a2a_o, t_first, t_last_f, t_last_b, t_disp, self.serial,
+                           a2a0, a2a_o)
         f_bub = bubble_fraction(pp, vpp, n_mb)
         t_pipe = pipeline_time(n_mb, pp, vpp, st.period, t_first, t_last)
         t_bubble = f_bub * n_mb * st.period_disp
@@ -899,7 +914,8 @@ class TimeModel:
         return f, b
 
     def _vocab(self, rec, g, T, tp, peak, hbm, b_el):
-        """(t_first, t_last) per micro-batch: embedding gather/scatter; LM head GEMM + cross-entropy.
+        """(t_first, t_last_fwd, t_last_bwd) per micro-batch: embedding gather/scatter; LM head GEMM +
+        cross-entropy, forward and backward apart (the forward is exposed, :func:`stage_periods`).
 
         The vocab table has one vocab size V_t (Megatron-padded). Both kernels do work proportional
         to the logit count, so a TP-sharded padded vocab V_loc = pad(V, TP)/TP is looked up at the
@@ -909,19 +925,19 @@ class TimeModel:
         t_first = an.memory_time(b_el * T * g.d * 2 + 4.0 * T * g.d * 2, hbm)  # gather fwd, fp32 scatter-add bwd
         if self.tb.vocab and self.tb.vocab_size:
             teq = T * V_loc / self.tb.vocab_size
-            t_last = np.zeros_like(T)
+            t_last = {"fwd": np.zeros_like(T), "bwd": np.zeros_like(T)}
             for op in ("lm_head_gemm", "cross_entropy"):
                 for dirn in ("fwd", "bwd"):
                     tab = self.tb.vocab.get((op, dirn))
                     if tab is not None:
-                        t_last = t_last + rec.use("vocab", tab.lookup(teq, g.d))
+                        t_last[dirn] = t_last[dirn] + rec.use("vocab", tab.lookup(teq, g.d))
+            return t_first, t_last["fwd"], t_last["bwd"]
         else:
             rec.mark("vocab", ANALYTIC)
             f, b = self._gemm(rec, "vocab", T, V_loc, g.d, peak)
             ce = an.memory_time(4.0 * T * V_loc * 3, hbm)
             rec.mark("vocab", ANALYTIC)
-            t_last = f + b + 2 * ce
-        return t_first, t_last
+            return t_first, f + ce, b + ce
 
     def _dp_comm(self, rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer="adamw"):
         """Exposed data-parallel traffic per iteration (seconds, shape (P,)); groups and buckets:
@@ -930,9 +946,10 @@ class TimeModel:
         adam/adamw/sgd run Megatron's distributed optimizer (ZeRO-1): a bucketed fp32 gradient
         reduce-scatter overlapped with the last micro-batch's backward and a bf16 parameter all-gather
         overlapped with the next first forward; the last bucket of each is always exposed.
-        muon/scion (orthogonalised updates, :data:`ORTHO_OPTIMIZERS`): Megatron-Core's Muon refuses the
-        distributed optimizer and gradient-reduce overlap (``validate_args``), so the gradients are
-        all-reduced in fp32 after the backward, fully exposed, and no parameters are gathered.
+        muon/scion (:data:`ORTHO_OPTIMIZERS`) run Megatron-Core's layer-wise distributed optimizer: DDP
+        all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
+        reduce-scatter), and after the step the owners broadcast the updated bf16 parameters, which
+        nothing overlaps.
         On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
         """
         out = np.zeros(len(pl))
@@ -940,24 +957,20 @@ class TimeModel:
         for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn):
             per_bucket = params / nb
             act = (group > 1) & (params > 0)
-            if ortho:
-                out += nb * self._collective(rec, "dp_comm", "all_reduce", group, per_bucket * GRAD_BYTES_COMM,
-                                             inter, layout, act)
-                continue
-            rs = nb * self._collective(rec, "dp_comm", "reduce_scatter", group, per_bucket * GRAD_BYTES_COMM,
-                                       inter, layout, act)
+            red = "all_reduce" if ortho else "reduce_scatter"
+            rs = nb * self._collective(rec, "dp_comm", red, group, per_bucket * GRAD_BYTES_COMM, inter, layout, act)
             ag = nb * self._collective(rec, "dp_comm", "all_gather", group, per_bucket * PARAM_BYTES_COMM,
                                        inter, layout, act)
             if self.serial:
                 out += rs + ag
             else:
-                out += np.maximum(rs - w_bwd, rs / nb) + np.maximum(ag - w_fwd, ag / nb)
+                out += np.maximum(rs - w_bwd, rs / nb) + (ag if ortho else np.maximum(ag - w_fwd, ag / nb))
         return out
 
     def _bias_sync(self, rec, g, tp, cp, pp, dp):
-        """The expert-bias token-count all-reduces of one step (:func:`bias_sync`), exposed: they run
-        between the optimizer step and the next forward. A few hundred bytes: below a GPU table's
-        measured sizes this is the analytic latency-bound ring time (labelled analytic)."""
+        """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs
+        between the backward and the optimizer step. A few kB: below a GPU table's measured sizes this
+        is the analytic latency-bound ring time (labelled analytic)."""
         n_layers, group, inter, size = bias_sync(g, tp, cp, pp, dp, self.gpn)
         act = (n_layers > 0) & (group > 1)
         return n_layers * self._collective(rec, "bias_sync", "all_reduce", group, size, inter, "contiguous", act,
@@ -971,15 +984,16 @@ class TimeModel:
         1/EDP of the expert parameters). sgd (momentum): 18 bytes/param, sharded the same way.
         muon/scion: momentum update (18 bytes/param) plus 5 Newton-Schulz iterations per weight
         matrix, ~5 (4 m^2 n + 2 m^3) FLOPs for an m x n matrix (m <= n), at half the GEMM peak.
-        Megatron-Core's Muon runs without the distributed optimizer (its ``validate_args`` refuses
-        the combination: the orthogonalisation needs whole matrices), so every DP replica
-        orthogonalises all of its TP/PP/EP-local matrices: the step is *not* divided by DP.
+        Megatron-Core runs them under its layer-wise distributed optimizer
+        (``LayerWiseDistributedOptimizer``: each DP rank owns whole weight matrices, orthogonalises
+        only those and all-gathers the updated parameters), so the step is sharded over DP like
+        Adam's, at matrix granularity.
         """
         rec.mark("optimizer", ANALYTIC)
         L_stage = g.L / pp
         ortho = optimizer in ORTHO_OPTIMIZERS
-        dense_rep = np.ones_like(dp) if ortho else dp * cp      # ranks sharing one dense shard's step
-        exp_rep = np.ones_like(dp) if ortho else np.maximum(tp * cp * dp / (ep * etp), 1)
+        dense_rep = dp * cp                                    # ranks sharing one dense shard's step
+        exp_rep = np.maximum(tp * cp * dp / (ep * etp), 1)
         dense = (L_stage * g.attn_params + g.n_dense * g.dense_mlp_params / pp
                  + (g.n_moe / pp) * g.moe_dense_params + g.vocab * g.d) / (tp * dense_rep)
         experts = (g.n_moe / pp) * g.expert_params / (ep * etp) / exp_rep

@@ -36,8 +36,9 @@ def test_vocab_term_hand_cases():
 def test_stage_model_reduces_to_paper_when_compute_bound():
     # compute-bound (no dispatch floor), last stage slowest: pipelined wall = n_mb t_L (1 + f) + t_vocab
     n_mb, pp, t_layers, tf, tl = 16, 4, 50e-3, 1e-3, 20e-3
-    st = stage_periods(np.array(pp), np.array(t_layers), np.array(t_layers), np.array(tf), np.array(tl),
-                       np.array(0.0))
+    # the LM head's forward (1/3 of it) and backward (2/3) split: compute-bound, the split cannot matter
+    st = stage_periods(np.array(pp), np.array(t_layers), np.array(t_layers), np.array(tf), np.array(tl / 3),
+                       np.array(2 * tl / 3), np.array(0.0))
     wall = pipeline_time(n_mb, pp, 1, st.period, tf, tl)
     f = 3 / 16
     expect = n_mb * t_layers * (1 + f) + vocab_stage_time(n_mb, pp, 1, tf, tl)
@@ -46,10 +47,24 @@ def test_stage_model_reduces_to_paper_when_compute_bound():
 
 def test_dispatch_floor_is_a_max_not_a_sum():
     # CPU 30 ms vs GPU 20 ms per micro-batch: the period is 30 ms, not 50 ms
-    st = stage_periods(np.array(1), np.array(20e-3), np.array(0.0), np.array(0.0), np.array(0.0), np.array(30e-3))
+    z = np.array(0.0)
+    st = stage_periods(np.array(1), np.array(20e-3), z, z, z, z, np.array(30e-3))
     assert st.period == pytest.approx(30e-3)
-    st = stage_periods(np.array(1), np.array(40e-3), np.array(0.0), np.array(0.0), np.array(0.0), np.array(30e-3))
+    st = stage_periods(np.array(1), np.array(40e-3), z, z, z, z, np.array(30e-3))
     assert st.period == pytest.approx(40e-3)
+
+
+def test_loss_sync_exposes_the_lm_head_forward_only():
+    # dispatch-bound last stage: host 30 ms, layers 10 ms on the GPU, LM head + CE 4 ms forward and
+    # 8 ms backward. The loss's NaN check syncs the host after the forward: 30 + 4 ms. The backward
+    # runs while the host launches the layers' backward: 10 + 8 = 18 ms of GPU work < 30 ms, hidden.
+    z, pp = np.array(0.0), np.array(2)
+    st = stage_periods(pp, np.array(10e-3), np.array(10e-3), z, np.array(4e-3), np.array(8e-3), np.array(30e-3))
+    assert st.period == pytest.approx(34e-3)
+    assert st.period_disp == pytest.approx(30e-3)
+    # compute-bound instead (GPU layers 40 ms): both parts add, 40 + 8 (GPU side) + 4 (after the sync)
+    st = stage_periods(pp, np.array(40e-3), np.array(40e-3), z, np.array(4e-3), np.array(8e-3), np.array(30e-3))
+    assert st.period == pytest.approx(52e-3)
 
 
 def test_model_breakdown_uses_the_paper_terms(sqlite_url):
