@@ -85,9 +85,13 @@ def features(d: ChiData) -> np.ndarray:
 
 
 def chi_from(coeffs: dict[str, float], d: ChiData) -> np.ndarray:
-    """chi_sys per observation for coefficients {c_a2a, c_pp, c_ovl} (missing keys count as 0)."""
-    c = np.array([float(coeffs.get(t, 0.0)) for t in TERMS])
-    return 1.0 + features(d) @ c
+    """chi_sys per observation for coefficients {c_a2a, c_pp, c_ovl, c_level} (missing keys count as 0):
+    the estimator's own eq:desync (estimator.desync.chi_sys), read on the observations' features."""
+    from scaleplan.estimator.desync import ChiCoefficients, chi_sys
+
+    c = ChiCoefficients(*(float(coeffs.get(t, 0.0)) for t in ("c_a2a", "c_pp", "c_ovl")),
+                        c_level=float(coeffs.get("c_level", 0.0)))
+    return chi_sys(c, d.t_a2a_s, d.t_analytic_s, d.ep_nodes, d.pp_nodes - 1.0, d.deep_pp_in_node.astype(float))
 
 
 def _demean(x: np.ndarray, sweep: np.ndarray, scale_free: np.ndarray) -> np.ndarray:

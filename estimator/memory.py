@@ -19,6 +19,8 @@ with interleaving); the last stage holds one, plus the LM head and its fp32 logi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from scaleplan.estimator.geom import Geometry, padded_vocab
 
@@ -46,47 +48,163 @@ def dense_layer_activation_bytes(s, b, h, a, ffn, *, kv_heads=None, head_dim=Non
     return (attn + mlp + norms) / tp
 
 
-def moe_layer_activation_bytes(s, b, g: Geometry, tp, etp, mode_code):
-    """One MoE block's stored activations per device (flash attention, no dropout)."""
-    h = g.d
-    sbh = s * b * h
+ACT_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "fp4": 2.0}  # fp8/fp4 keep bf16 activations
+NONE, SELECTIVE, SUPER_SELECTIVE, FULL = 0, 1, 2, 3  # checkpoint mode codes (plans.ckpt)
+
+
+def act_bytes(precision: str) -> float:
+    """Bytes per stored activation element for a model precision (fp8/fp4 GEMMs keep bf16 activations)."""
+    return ACT_BYTES.get(precision, 2.0)
+
+
+def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, rope: bool = True) -> dict:
+    """Bytes one block saves for its backward, per device and micro-batch, term by term, with no
+    recomputation: ``{name: (bytes, freed_by)}``; ``freed_by`` is 'core' for tensors selective
+    recompute drops (SDPA output and log-sum-exp, head-gate sigmoid), 'fine' for those
+    super-selective also drops (norm statistics, SwiGLU activation outputs), '' for the rest.
+
+    What the reference model (scaleplan.validate.model; Megatron's structure) saves, checked per
+    layer against torch's saved tensors (tests/validate/test_memory.py). s: sequence length per
+    device, b: micro-batch, a: bytes per activation element, T = s b tokens. Attention: the norm
+    input, the QKV GEMM input, the fused QKV output (V is a view of it, so the whole buffer stays),
+    RoPE-rotated Q and K, the SDPA output (fp32 log-sum-exp beside it), the gate sigmoid, the output
+    projection input; FFN: the norm input, the FFN input, fc1 output, SwiGLU's silu output and fc2
+    input. MoE: the fp32 router input (a copy unless the model is fp32), router weights after
+    RowNorm, fp32 logits and scores, the top-K indices and gates, and per routed row (T K, times the
+    capacity factor) the permuted input, fc1 output, activations, fc2 output and its gated copy, plus
+    int64 permutation indices. Norm statistics: fp32 mean and rstd per token. TP with sequence
+    parallelism divides every per-token term by tp (the routed rows by tp / etp).
+    """
+    T = s * b
+    h, hd, nq = g.d, g.hd, g.nq
     kv = np.maximum(g.nkv / tp, 1.0) * tp
-    attn = (2 * sbh + 2 * s * b * (g.nq + 2 * kv) * g.hd + 2 * sbh + (4 * s * b * g.nq if g.gate else 0)) / tp
-    norms = 4 * sbh / tp
-    rows = s * b * g.K * etp / tp
-    router = 4.0 * s * b * g.E * 2 / tp                      # fp32 logits + probabilities
     w = 2 if g.glu else 1
-    experts = 2 * rows * h + 2 * rows * g.dexp / etp * w + 2 * rows * g.dexp / etp + 2 * rows * h
-    shared = (2 * sbh + 2 * s * b * g.dsh * (w + 1)) / tp if g.dsh else 0.0
-    permute = 2 * rows * h                                     # permutation buffer
-    full = attn + norms + router + experts + shared + permute
-    act_part = 2 * rows * g.dexp / etp + (2 * s * b * g.dsh / tp if g.dsh else 0.0)
-    sel = full  # flash attention: selective recompute frees nothing more
-    sup = full - norms - act_part - permute + 2 * sbh / tp
-    inp = 2 * sbh / tp
-    return np.select([mode_code == 3, mode_code == 2, mode_code == 1], [inp, sup, sel], full)
+    t = {
+        "norm1_in": (a * T * h, ""), "norm_stats": (2 * 8.0 * T, "fine"), "qkv_in": (a * T * h, ""),
+        "qkv_out": (a * T * (nq + 2 * kv) * hd, ""), "qk_rope": (a * T * (nq + kv) * hd if rope else 0.0, ""),
+        "sdpa_out": (a * T * nq * hd, "core"), "sdpa_lse": (4.0 * T * nq, "core"),
+        "gate_sigmoid": (a * T * nq if g.gate else 0.0, "core"), "out_proj_in": (a * T * nq * hd, ""),
+        "norm2_in": (a * T * h, ""), "ffn_in": (a * T * h, ""),
+    }
+    if not is_moe:
+        t.update(fc1_out=(a * T * w * g.dff, ""), act_out=(a * T * g.dff if g.glu else 0.0, "fine"),
+                 fc2_in=(a * T * g.dff, ""))
+        return {k: (v / tp, f) for k, (v, f) in t.items()}
+    R = T * g.K * g.capacity_factor * etp  # routed rows on this device, before the / tp below
+    E, f, fs = g.E, g.dexp / etp, g.dsh
+    t.update({
+        "router_in_fp32": (4.0 * T * h if a != 4 else 0.0, ""),
+        "router_weight": (4.0 * E * (h + 2) * tp, ""),  # RowNorm'd W_r and its norms (not sharded)
+        "router_logits_scores": (2 * 4.0 * T * E, ""),
+        "router_topk": (8.0 * T * g.K + 4.0 * T * g.K + 3 * 4.0 * T + 4.0 * b * E * tp, ""),
+        "expert_in": (a * R * h, ""), "expert_fc1_out": (a * R * w * f, ""),
+        "expert_act_out": (a * R * f if g.glu else 0.0, "fine"), "expert_fc2_in": (a * R * f, ""),
+        "expert_out": (2 * a * R * h, ""),  # fc2 output and its gated copy (combine source)
+        "permute_idx": (2 * 8.0 * R + a * R + 8.0 * E * tp, ""),  # row->token, row order, gate per row, counts
+    })
+    if fs:
+        t.update(shared_fc1_out=(a * T * w * fs, ""), shared_act_out=(a * T * fs if g.glu else 0.0, "fine"),
+                 shared_fc2_in=(a * T * fs, ""))
+    return {k: (v / tp, f_) for k, (v, f_) in t.items()}
 
 
-def dense_block_bytes(s, b, g: Geometry, tp, mode_code):
-    full = dense_layer_activation_bytes(s, b, g.d, g.nq, g.dff, kv_heads=np.maximum(g.nkv / tp, 1.0) * tp,
-                                        head_dim=g.hd, glu=g.glu, dropout=False, flash=True, tp=tp, gate=g.gate)
-    inp = 2 * s * b * g.d / tp
-    sup = full - 4 * s * b * g.d / tp - 2 * s * b * g.dff / tp + inp
-    return np.select([mode_code == 3, mode_code == 2], [inp, sup], full)
+def block_activation_bytes(s, b, g: Geometry, tp, etp, is_moe: bool, mode_code, a: float = 2.0,
+                           rope: bool = True):
+    """One block's stored activations (bytes per device, one micro-batch) under checkpoint mode
+    ``mode_code`` (array over plans): none keeps every term of :func:`block_activation_terms`,
+    selective drops the 'core' terms, super-selective also the 'fine' ones, full keeps the block
+    input only."""
+    terms = block_activation_terms(s, b, g, tp, etp, is_moe, a, rope)
+    keep = {NONE: ("", "core", "fine"), SELECTIVE: ("", "fine"), SUPER_SELECTIVE: ("",)}
+    by_mode = [sum(v for v, f in terms.values() if f in kinds) for kinds in keep.values()]
+    inp = a * s * b * g.d / tp
+    mode = np.asarray(mode_code)
+    return np.select([mode == FULL, mode == SUPER_SELECTIVE, mode == SELECTIVE], [inp, by_mode[2], by_mode[1]],
+                     by_mode[0])
+
+
+def moe_layer_activation_bytes(s, b, g: Geometry, tp, etp, mode_code, a: float = 2.0, rope: bool = True):
+    """One MoE block's stored activations per device (see :func:`block_activation_terms`)."""
+    return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope)
+
+
+def dense_block_bytes(s, b, g: Geometry, tp, mode_code, a: float = 2.0, rope: bool = True):
+    """One dense block's stored activations per device (see :func:`block_activation_terms`)."""
+    return block_activation_bytes(s, b, g, tp, 1, False, mode_code, a, rope)
+
+
+def outside_blocks_saved_bytes(s, b, g: Geometry, tp, a: float, first: bool, last: bool):
+    """Saved tensors outside the blocks, per device and micro-batch: int64 token ids (embedding
+    backward) and RoPE tables on the first stage; the final norm's input and statistics, the LM
+    head input, the fp32 log-softmax and int64 labels on the last stage."""
+    T = s * b
+    V_loc = padded_vocab(g.vocab, np.asarray(tp).astype(np.int64)) / tp
+    head = a * T * g.d * 2 / tp + 8.0 * T / tp + 4.0 * T * V_loc + 8.0 * T
+    emb = 8.0 * T + a * s * g.hd  # cos and sin tables, S x hd/2 each
+    return np.where(first, emb, 0.0) + np.where(last, head, 0.0)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """How a training stack keeps the model state, in bytes per parameter.
+
+    grad_bytes: gradient bytes (None: the model dtype's); master_grad: the optimizer steps an fp32
+    copy of each low-precision gradient (kept until the next zero_grad); shard_optimizer: master
+    weights and moments sharded over the data-parallel group (distributed optimizer: dense params
+    over DP x CP, expert params over EDP); ddp_buckets: torch DDP's reducer keeps its own copy of
+    every gradient in buckets when DP > 1 (gradient_as_bucket_view off).
+    """
+
+    name: str
+    grad_bytes: float | None
+    master_grad: bool
+    shard_optimizer: bool
+    ddp_buckets: bool
+
+
+MEGATRON = ModelState("megatron", grad_bytes=4.0, master_grad=False, shard_optimizer=True, ddp_buckets=False)
+REFERENCE_DDP = ModelState("reference-ddp", grad_bytes=None, master_grad=True, shard_optimizer=False,
+                           ddp_buckets=True)  # scaleplan.validate.runner: DDP + MasterAdamW
+MOMENT_BYTES = {k: v - 4.0 for k, v in OPT_STATE_BYTES.items()}  # the optimizer state without the fp32 master
+# Allocator overhead when no bench measurement exists (bench suite 'allocator' measures both):
+DEFAULT_ALLOCATOR_FRACTION = 0.10  # reserved / max allocated - 1 of the caching allocator in MoE training
+DEFAULT_CONTEXT_BYTES = 1.0e9  # per GPU process outside torch's allocator: CUDA context, NCCL, cuBLAS handles
+
+
+def state_bytes_per_param(state: ModelState, precision: str, optimizer: str) -> dict[str, float]:
+    """(weights, grads, master, moments, master_grads) bytes per parameter, before any sharding.
+    fp32/tf32 models keep no separate master copy (the parameter is the master)."""
+    wb = act_bytes(precision)
+    low = wb < 4.0
+    return {"weights": wb, "grads": wb if state.grad_bytes is None else state.grad_bytes,
+            "master": 4.0 if low else 0.0, "moments": MOMENT_BYTES.get(optimizer, 8.0),
+            "master_grads": 4.0 if (low and state.master_grad) else 0.0}
 
 
 def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
-                     reserve_bytes: float = RESERVE_BYTES) -> dict[str, np.ndarray]:
-    """Bytes per device for the worst stage, by category (weights, grads, optimizer, activations,
-    logits, reserve), each an array over plans; the worst stage is chosen by total.
-    ``reserve_bytes``: framework memory outside the model (the profile's ``memory_reserve_bytes``)."""
+                     reserve_bytes: float = RESERVE_BYTES, *, state: ModelState = MEGATRON,
+                     allocator_fraction: float | None = None, context_bytes: float = DEFAULT_CONTEXT_BYTES,
+                     rope: bool = True) -> dict[str, np.ndarray]:
+    """Bytes per device for the worst stage, by category, each an array over plans; the worst stage
+    is chosen by total.
+
+    Allocated (what torch.cuda.max_memory_allocated sees): weights, grads, optimizer (master
+    weights, moments, master gradients), activations (saved for backward, :func:`block_activation_bytes`
+    per block plus the tensors outside the blocks), logits (the transient fp32 logits or their
+    gradient, one micro-batch). Then, with ``allocator_fraction`` None (legacy), one fixed
+    ``reserve`` = ``reserve_bytes`` (the profile's ``memory_reserve_bytes``); with a fraction,
+    ``allocator`` = fraction x allocated (reserved minus allocated: fragmentation and cached
+    blocks of the caching allocator) and ``context`` = ``context_bytes`` (outside the allocator).
+    :func:`allocated_reserved` splits the result. ``state``: how the stack stores the model state
+    (:data:`MEGATRON`, :data:`REFERENCE_DDP`). ``rope``: RoPE keeps rotated Q and K copies.
+    """
     tp, cp, pp, dp, ep, etp, vpp, mbs = (getattr(pl, f).astype(float) for f in
                                          ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs"))
     ck = pl.ckpt
+    a = act_bytes(g.precision)
     n_mb = gbs / (dp * mbs)
     s = seqlen / cp
     L_stage = g.L / pp
-    opt_b = OPT_STATE_BYTES.get(optimizer, 12.0)
     V_loc = padded_vocab(g.vocab, tp.astype(np.int64)) / tp
     nd0 = np.minimum(g.n_dense, L_stage)
     n_moe0 = L_stage - nd0
@@ -98,34 +216,59 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     exp_last = (L_stage if g.is_moe else 0) * g.expert_params / (ep * etp)
     emb = V_loc * g.d
     edp = np.maximum(tp * cp * dp / (ep * etp), 1)
+    pb = state_bytes_per_param(state, g.precision, optimizer)
+    opt_b = pb["master"] + pb["moments"]
+    grad_b = pb["grads"] * np.where(state.ddp_buckets & (dp > 1), 2.0, 1.0)
 
-    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck) if g.is_moe else 0.0
-    act_den = dense_block_bytes(s, mbs, g, tp, ck)
+    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope) if g.is_moe else 0.0
+    act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope)
     # full recompute still materialises one layer's full activations during its backward
-    peak_layer = np.where(ck == 3, np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, np.zeros_like(ck))
-                                              if g.is_moe else 0.0,
-                                              dense_block_bytes(s, mbs, g, tp, np.zeros_like(ck))), 0.0)
+    zero = np.zeros_like(ck)
+    peak_layer = np.where(ck == FULL, np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope)
+                                                 if g.is_moe else 0.0,
+                                                 dense_block_bytes(s, mbs, g, tp, zero, a, rope)), 0.0)
     inflight = np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
     act_first = inflight * (nd0 * act_den + n_moe0 * act_moe) + peak_layer
     last_layers = (L_stage * act_moe) if g.is_moe else L_stage * act_den
     act_last = np.where(pp > 1, 1.0, inflight) * last_layers + peak_layer
 
-    logits = s * mbs * V_loc * (4.0 + 2.0)  # fp32 upcast + bf16 logits, one micro-batch
+    logits = 4.0 * s * mbs * V_loc  # fp32 logits in the forward, their gradient in the backward
     out = {}
     for name, dense, exp, act, has_head, has_emb in (
             ("first", dense_first, exp_first, act_first, pp == 1, True),
             ("last", dense_last, exp_last, act_last, True, pp == 1)):
         emb_p = emb * (np.where(has_emb, 1.0, 0.0) + np.where(has_head & ((not g.tie) | (pp > 1)), 1.0, 0.0))
         dense_all = dense + emb_p
+        n_p = dense_all + exp
+        shard = (dense_all / (dp * cp) + exp / edp) if state.shard_optimizer else n_p
+        outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, has_emb, has_head)
         out[name] = {
-            "weights": WEIGHT_BYTES * (dense_all + exp),
-            "grads": GRAD_BYTES * (dense_all + exp),
-            "optimizer": opt_b * (dense_all / (dp * cp) + exp / edp),
-            "activations": act,
+            "weights": pb["weights"] * n_p,
+            "grads": grad_b * n_p,
+            "optimizer": opt_b * shard + pb["master_grads"] * n_p,
+            "activations": act + outside * np.where(has_head, 1.0, inflight),
             "logits": np.where(has_head, logits, 0.0),
-            "reserve": np.full_like(tp, float(reserve_bytes)),
         }
+        alloc = sum(out[name].values())
+        if allocator_fraction is None:
+            out[name]["reserve"] = np.full_like(tp, float(reserve_bytes))
+        else:
+            out[name]["allocator"] = allocator_fraction * alloc
+            out[name]["context"] = np.full_like(tp, float(context_bytes))
     tot_f = sum(out["first"].values())
     tot_l = sum(out["last"].values())
     worst_first = tot_f >= tot_l
     return {k: np.where(worst_first, out["first"][k], out["last"][k]) for k in out["first"]}
+
+
+ALLOCATED = ("weights", "grads", "optimizer", "activations", "logits")
+
+
+def allocated_reserved(mem: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(allocated, reserved, device total) bytes from :func:`memory_breakdown`'s categories:
+    allocated = model state + activations + logits (torch.cuda.max_memory_allocated), reserved =
+    allocated + allocator (torch.cuda.memory_reserved; the legacy fixed reserve counts here),
+    device total = reserved + context (what nvidia-smi shows)."""
+    allocated = sum(mem[k] for k in ALLOCATED)
+    reserved = allocated + mem.get("allocator", 0.0) + mem.get("reserve", 0.0)
+    return allocated, reserved, reserved + mem.get("context", 0.0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.model import _Recorder
+from scaleplan.estimator.recorder import Recorder
 from scaleplan.estimator.tables import ANALYTIC, CLAMPED, INTERPOLATED
 from scaleplan.geometry import ladder_model
 
@@ -28,7 +28,7 @@ def _gemm_frame(lo=6):
 
 def _experts(est, g, E_loc, tile, etp=1.0, clamp=False):
     E_loc, tile, etp = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (E_loc, tile, etp))
-    rec = _Recorder(len(tile), "clamp" if clamp else "error")
+    rec = Recorder(len(tile), "clamp" if clamp else "error")
     peak = est.profile.peak("bf16")
     f, b = est.model._experts(rec, g, E_loc, tile, etp, peak, est.profile.hbm_bandwidth)
     return f, b, rec
@@ -166,7 +166,7 @@ def test_inter_node_all_to_all_keeps_inter_node_bytes_per_rank():
     rows = [dict(collective="all_to_all", group_size=n, layout="contiguous", inter_node=True, size_bytes=s,
                  dtype="bf16", t_s=s * (n - 8) / n / BW) for n in (16, 32) for s in sizes]
     est = Estimator.from_frames("p6-b200.48xlarge", {"collectives": frame(rows)})
-    rec = _Recorder(3, "error")
+    rec = Recorder(3, "error")
     n = np.array([16.0, 128.0, 64.0])
     S = np.array([1e8, 1e8, 4e8])
     t = est.model._collective(rec, "ep_a2a", "all_to_all", n, S, True, per_node=np.array([8.0, 8.0, 4.0]))

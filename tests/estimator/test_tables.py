@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.geom import geometry, padded_vocab
-from scaleplan.estimator.model import _Recorder
+from scaleplan.estimator.recorder import Recorder
 from scaleplan.estimator.plans import plans_from_layouts
 from scaleplan.estimator.tables import GridTable
 
@@ -108,7 +108,7 @@ def test_single_valued_vocab_axis_maps_to_logit_count(vocab, tp, logit_ratio):
     spec = parse_spec(moe_spec(model={**moe_spec()["model"], "vocab_sz": vocab}))
     g = geometry(spec.model)
     pl = plans_from_layouts([Layout(tp=tp, pp=2, ep=8)], 32)
-    rec = _Recorder(1, "error")
+    rec = Recorder(1, "error")
     k = est.model._kernels(g, pl, spec.data.seqlen, rec)
     expect = 2 * 1e-9 * 8192 * logit_ratio * (2048 + 1000) * 2 / 2  # (gemm + ce) x (fwd + bwd)
     assert float(k["t_last"][0]) == pytest.approx(expect, rel=1e-9)

@@ -1,0 +1,159 @@
+"""Communication: TP/CP/EP/DP collectives from the measured tables (busbw invariance across group
+sizes, inter-node all-to-all by NIC bytes), the distributed optimizer's DP traffic and the
+expert-bias all-reduce. Mixed into :class:`scaleplan.estimator.model.TimeModel`; seconds, bytes."""
+from __future__ import annotations
+
+import numpy as np
+from scaleplan.estimator import analytic as an
+from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.recorder import _arr
+from scaleplan.estimator.tables import ANALYTIC, LookupResult
+
+# Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
+DDP_BUCKET_PARAMS = 40_000_000
+# NeMo's bf16-mixed plugin (the paper's stack) sets grad_reduce_in_fp32=True: gradients are
+# reduce-scattered in fp32; the distributed optimizer all-gathers bf16 parameters
+GRAD_BYTES_COMM, PARAM_BYTES_COMM = 4, 2
+P2P_LAT_INTRA_S, P2P_LAT_INTER_S = 10e-6, 25e-6
+# optimizers that orthogonalise whole weight matrices (Newton-Schulz): no distributed optimizer
+ORTHO_OPTIMIZERS = ("muon", "scion")
+
+
+def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int):
+    """The distributed optimizer's two gradient groups on the heaviest stage, as
+    ``[(params, group, layout, inter_node, n_buckets)]`` (arrays or scalars, parameters per rank).
+
+    Dense grads (attention, dense and shared MLPs, router, embedding or LM head): over the DP x CP
+    group of contiguous ranks. Expert grads: over EDP = TP CP DP / (EP ETP) strided ranks, which
+    leave the node once TP CP EP fills it. Megatron buckets max(40M, 1M x group) parameters.
+    """
+    L_stage = g.L / pp
+    dense_p = (L_stage * g.attn_params + np.minimum(g.n_dense, L_stage) * g.dense_mlp_params
+               + np.maximum(L_stage - g.n_dense, 0) * g.moe_dense_params) / tp
+    dense_p = dense_p + g.vocab * g.d / tp  # embedding (first) or LM head (last): the heavier stage
+    exp_p = np.maximum(L_stage - np.where(pp > 1, 0, g.n_dense), 0) * g.expert_params / (ep * etp)
+    out = []
+    for params, group, layout, inter in ((dense_p, dp * cp, "contiguous", tp * cp * dp > gpn),
+                                         (exp_p, tp * cp * dp / (ep * etp), "strided", tp * cp * ep >= gpn)):
+        nb = np.maximum(np.ceil(params / np.maximum(DDP_BUCKET_PARAMS, 1e6 * group)), 1)
+        out.append((params, group, layout, inter, nb))
+    return out
+
+
+def bias_sync(g: Geometry, tp, cp, pp, dp, gpn: int):
+    """The loss-free balancing bias update (eq:bias-update): Megatron-Core stacks the fp32 token counts
+    per expert of every MoE layer on the stage and all-reduces them once per step over the TP x CP x DP
+    group (``_update_router_expert_bias`` in finalize_model_grads): (1 all-reduce where the stage has
+    MoE layers, group, inter_node, bytes = MoE layers on the stage x E x 4)."""
+    n_layers = np.ceil(g.n_moe / np.asarray(pp, dtype=float))  # 0 for a dense model
+    group = tp * cp * dp
+    return np.minimum(n_layers, 1.0), group, group > gpn, 4 * g.E * n_layers
+
+
+
+class CommModel:
+    """Collective costs; needs ``self.tb``, ``self.prof``, ``self.gpn``, ``self.serial``."""
+
+    def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None,
+                    small_analytic=False):
+        """Collective time from the table of the regime; analytic ring formula where unmeasured.
+
+        Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw
+        of ring algorithms does not depend on the group size once the bottleneck link is fixed, so
+        t(n, S) = t(n_ref, S') with S' chosen to keep the per-link bytes (labelled "analytic").
+
+        Inter-node all-to-all (``per_node`` = ranks of the group per node given) is not a ring: each
+        rank sends S/n to every peer directly, the bytes to the m peers on its own node stay on NVLink
+        and the rest, S (n - m) / n, crosses the rank's NIC, which is the bottleneck. So the invariant
+        is the inter-node bytes per rank: S' (n_ref - m_ref) / n_ref = S (n - m) / n, with m_ref = the
+        GPUs per node (the table's contiguous groups fill whole nodes). Busbw invariance would keep
+        S (n - 1) / n instead and under-count a 128-rank all-to-all by (120/128) / (24/32) = 1.25x
+        against a 32-rank measurement on 8-GPU nodes.
+        """
+        P = rec.P
+        n = _arr(n, P)
+        size = _arr(size, P)
+        inter = np.broadcast_to(np.asarray(inter, dtype=bool), (P,))
+        active = np.broadcast_to(np.asarray(active, dtype=bool), (P,)) & (n > 1)
+        out = np.zeros(P)
+        bw = np.where(inter, self.prof.scaleout_bandwidth, self.prof.scaleup_bandwidth)
+        ana = an.collective_time(coll, n, size, np.maximum(bw, 1.0), inter)
+        for flag in (False, True):
+            sel = active & (inter == flag)
+            if not sel.any():
+                continue
+            tab = self.tb.collectives.get((coll, layout, flag))
+            if tab is None and layout == "strided":
+                tab = self.tb.collectives.get((coll, "contiguous", flag))
+            if tab is None:
+                out[sel] = ana[sel]
+                rec.mark(comp, np.where(sel, ANALYTIC, 0))
+                continue
+            g_lo, g_hi = tab.groups[0], tab.groups[-1]
+            nref = np.clip(n, g_lo, g_hi)
+            if flag and coll == "all_to_all" and per_node is not None:
+                m = np.minimum(np.broadcast_to(np.asarray(per_node, dtype=float), (P,)), n)
+                m_ref = np.minimum(float(self.gpn), nref)
+                s_ref = size * ((n - m) / n) / np.maximum((nref - m_ref) / nref, 1e-9)
+            else:
+                # busbw invariance across group sizes: keep bytes per link, factor(n) S / busbw
+                s_ref = size * an.bus_factor(coll, n) / np.maximum(an.bus_factor(coll, nref), 1e-9)
+            t, lo, hi, exact = tab.time(nref, s_ref)
+            below = s_ref < lo * (1 - 1e-9)
+            if small_analytic:  # latency-bound messages under the measured range: the analytic time
+                t = np.where(below, ana, t)
+                rec.mark(comp, np.where(below & sel, ANALYTIC, 0))
+            oor_s = (below & (not small_analytic)) | (s_ref > hi * (1 + 1e-9))
+            res = LookupResult(tab.name, ("size_bytes",), t, np.where(exact, 0, 1).astype(np.int8),
+                               np.where(oor_s, 0, -1).astype(np.int16), s_ref, lo, hi,
+                               np.where(below, t, tab.composed(nref, s_ref)))
+            tt = rec.use(comp, res, sel)
+            out[sel] = tt[sel]
+            off_grid = sel & ((n < g_lo) | (n > g_hi))
+            if off_grid.any():
+                rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
+                how = "inter-node bytes per rank" if (flag and coll == "all_to_all" and per_node is not None) \
+                    else "busbw"
+                msg = (f"{comp}: {coll} group sizes outside the measured {int(g_lo)}..{int(g_hi)} "
+                       f"({layout}, {'inter' if flag else 'intra'}-node) use {how} invariance (labelled analytic)")
+                if msg not in rec.warnings:
+                    rec.warnings.append(msg)
+        return out
+
+    # -- the model -----------------------------------------------------------------------------
+    def _dp_comm(self, rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer="adamw"):
+        """Exposed data-parallel traffic per iteration (seconds, shape (P,)); groups and buckets:
+        :func:`dp_buckets`.
+
+        adam/adamw/sgd run Megatron's distributed optimizer (ZeRO-1): a bucketed fp32 gradient
+        reduce-scatter overlapped with the last micro-batch's backward and a bf16 parameter all-gather
+        overlapped with the next first forward; the last bucket of each is always exposed.
+        muon/scion (:data:`ORTHO_OPTIMIZERS`) run Megatron-Core's layer-wise distributed optimizer: DDP
+        all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
+        reduce-scatter), and after the step the owners broadcast the updated bf16 parameters, which
+        nothing overlaps.
+        On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
+        """
+        out = np.zeros(len(pl))
+        ortho = optimizer in ORTHO_OPTIMIZERS
+        for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn):
+            per_bucket = params / nb
+            act = (group > 1) & (params > 0)
+            red = "all_reduce" if ortho else "reduce_scatter"
+            rs = nb * self._collective(rec, "dp_comm", red, group, per_bucket * GRAD_BYTES_COMM, inter, layout, act)
+            ag = nb * self._collective(rec, "dp_comm", "all_gather", group, per_bucket * PARAM_BYTES_COMM,
+                                       inter, layout, act)
+            if self.serial:
+                out += rs + ag
+            else:
+                out += np.maximum(rs - w_bwd, rs / nb) + (ag if ortho else np.maximum(ag - w_fwd, ag / nb))
+        return out
+
+    def _bias_sync(self, rec, g, tp, cp, pp, dp):
+        """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs
+        between the backward and the optimizer step. A few kB: below a GPU table's measured sizes this
+        is the analytic latency-bound ring time (labelled analytic)."""
+        n_layers, group, inter, size = bias_sync(g, tp, cp, pp, dp, self.gpn)
+        act = (n_layers > 0) & (group > 1)
+        return n_layers * self._collective(rec, "bias_sync", "all_reduce", group, size, inter, "contiguous", act,
+                                           small_analytic=True)

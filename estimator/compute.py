@@ -1,0 +1,218 @@
+"""Kernel times of one layer and micro-batch from the measured tables (GEMM, grouped GEMM, SDPA,
+router, element-wise, vocabulary), the optimizer step and a CPU's measured host time. Mixed into
+:class:`scaleplan.estimator.model.TimeModel`; seconds."""
+from __future__ import annotations
+
+import numpy as np
+from scaleplan.estimator import analytic as an
+from scaleplan.estimator.comm import ORTHO_OPTIMIZERS
+from scaleplan.estimator.geom import Geometry, padded_vocab
+from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED, LookupResult
+
+CKPT_CODES = {"none": 0, "selective": 1, "super-selective": 2, "full": 3}
+CKPT_NAMES = {v: k for k, v in CKPT_CODES.items()}
+
+
+class ComputeModel:
+    """Kernel costs; needs ``self.tb``, ``self.prof``."""
+
+    def _gemm(self, rec, comp, m, n, k, peak, active=True):
+        """Forward GEMM time; returns (fwd, bwd) where bwd = dgrad (m,k,n) + wgrad (k,n,m)."""
+        if self.tb.gemm is None:
+            rec.mark(comp, ANALYTIC)
+            f = an.gemm_time(m, n, k, peak, self.prof.hbm_bandwidth)
+            b = an.gemm_time(m, k, n, peak, self.prof.hbm_bandwidth) + an.gemm_time(k, n, m, peak, self.prof.hbm_bandwidth)
+            return np.where(active, f, 0.0), np.where(active, b, 0.0)
+        f = rec.use(comp, self.tb.gemm.lookup(m, n, k), active)
+        b = rec.use(comp, self.tb.gemm.lookup(m, k, n), active) + rec.use(comp, self.tb.gemm.lookup(k, n, m), active)
+        return f, b
+
+    def _experts(self, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
+        """Routed-expert GEMMs (fc1 + fc2) of one MoE layer per micro-batch: (fwd, bwd) seconds.
+
+        Per expert shape (d, d_expert / ETP), in order of preference:
+
+        1. the grouped-GEMM table of that exact shape, keyed (num_gemms = E_loc, tokens_per_expert = tile);
+        2. the shape is not in the grouped table but the profile has a dense GEMM table: the expert MLP
+           as a loop over the E_loc local experts of measured dense GEMMs, fc1 [tile, d] x [d, w1 f]
+           and fc2 [tile, f] x [f, d] (w1 = 2 with GLU), backward = dgrad + wgrad of each (as
+           :meth:`_gemm`). This is one of the implementations the grouped bench measures ("loop"; the
+           recorded B200 rows are TE GroupedLinear, itself a sequence of cuBLAS GEMMs), so it is
+           physically grounded at every shape the dense grid covers; lookups are range-checked like
+           any GEMM (``out_of_range:gemm.<axis>``) and, where the profile has a grouped table at all,
+           against the grouped kernel's measured (num_gemms, tokens_per_expert) envelope
+           (``out_of_range:grouped_gemm.<axis>``): the loop stands in for the grouped kernel, whose
+           behaviour outside that envelope (per-group host cost, stream overlap) the profile has no
+           evidence of, and an unmeasured shape must not get a wider envelope than a measured one
+           (else measuring a shape would remove plans). Labelled "interpolated" with a note.
+           Not chosen: interpolating between measured grouped shapes in log (hidden, ffn). The recorded
+           shapes are 7 scattered points, not a grid, and most ladder shapes (d = 512 q > 6144 for
+           q >= 14, d_expert > 3840 for G <= 2) lie outside their hull, so it would cover few shapes
+           and blend kernels tuned for other shapes; the dense grid holds the exact shape. At the
+           measured shapes the loop agrees with the grouped rows within ~1.5x in the compute-bound
+           regime (tests/estimator/test_expert_fallback.py);
+        3. neither table: the analytic roofline (labelled "analytic").
+        """
+        P = rec.P
+        ex_f, ex_b = np.zeros(P), np.zeros(P)
+        w1 = 2 if g.glu else 1
+        for e in np.unique(etp):  # one grouped table per expert shape (d, d_expert / ETP)
+            sel = etp == e
+            f_loc = int(round(g.dexp / e))
+            tabf, tabb = self.tb.grouped.get(("fwd", g.d, f_loc)), self.tb.grouped.get(("bwd", g.d, f_loc))
+            if tabf is not None and tabb is not None:
+                ex_f += rec.use("experts", tabf.lookup(E_loc, tile), sel)
+                ex_b += rec.use("experts", tabb.lookup(E_loc, tile), sel)
+            elif self.tb.gemm is not None:
+                self._grouped_envelope(rec, E_loc, tile, sel)
+                f1, b1 = self._gemm(rec, "experts", tile, w1 * f_loc, g.d, peak, sel)
+                f2, b2 = self._gemm(rec, "experts", tile, g.d, f_loc, peak, sel)
+                ex_f += E_loc * (f1 + f2)
+                ex_b += E_loc * (b1 + b2)
+                rec.mark("experts", np.where(sel, INTERPOLATED, 0))
+                rec.note(f"experts from dense GEMM table (shape {g.d}x{f_loc} not in grouped table)", sel)
+            else:
+                rec.mark("experts", np.where(sel, ANALYTIC, 0))
+                fa = an.grouped_gemm_time(E_loc, tile, g.d, f_loc, peak, hbm, g.glu)
+                ex_f += np.where(sel, fa, 0.0)
+                ex_b += np.where(sel, 2 * fa, 0.0)
+        return ex_f, ex_b
+
+    def _grouped_envelope(self, rec, E_loc, tile, sel):
+        """Range-check (num_gemms, tokens_per_expert) of the dense-loop fallback against the envelope
+        the grouped tables measure (union over shapes); records out_of_range:grouped_gemm.<axis>."""
+        if not self.tb.grouped:
+            return
+        tabs = list(self.tb.grouped.values())
+        lo = np.min([t.lo for t in tabs], axis=0)
+        hi = np.max([t.hi for t in tabs], axis=0)
+        P = rec.P
+        cs = [np.broadcast_to(np.asarray(E_loc, dtype=float), (P,)), np.broadcast_to(np.asarray(tile, dtype=float), (P,))]
+        ax = np.full(P, -1, dtype=np.int16)
+        val, l, h = np.zeros(P), np.full(P, np.nan), np.full(P, np.nan)
+        for i, c in enumerate(cs):
+            bad = ((c < lo[i] * (1 - 1e-9)) | (c > hi[i] * (1 + 1e-9))) & (ax < 0)
+            ax[bad], val[bad], l[bad], h[bad] = i, c[bad], lo[i], hi[i]
+        res = LookupResult("grouped_gemm", ("num_gemms", "tokens_per_expert"), np.zeros(P),
+                           np.full(P, INTERPOLATED, dtype=np.int8), ax, val, l, h)
+        rec.use("experts", res, sel)
+
+    def _serial_host(self, rec, g, ckc, L_stage, nd0, t_law, T):
+        """Host seconds on a serial-dispatch device: (per micro-batch and stage, per step).
+
+        Per micro-batch: n_moe_stage t_moe(ckpt) + n_dense_stage t_dense(ckpt) + t_microbatch(ckpt),
+        the measured host time of the reference model's ops (dispatch rows ``ops:*``: op count kappa
+        x seconds per op, bench/suites/model_ops.py); per step the optimizer's ops (step_moe,
+        step_dense, step). A checkpoint mode without rows keeps the kernel-count law ``t_law``
+        (labelled analytic). The first stage (dense blocks, embedding) is the one costed.
+        """
+        P = rec.P
+        tb, prec = self.tb, g.precision
+        E = int(g.E) if g.is_moe else 1
+        n_moe = (L_stage - nd0) if g.is_moe else np.zeros(P)
+        n_den = nd0 if g.is_moe else L_stage * np.ones(P)
+        t_mb = np.array(t_law, dtype=float, copy=True).reshape(-1) * np.ones(P)
+        src = np.full(P, ANALYTIC, dtype=np.int8)
+
+        def part(name, ck):
+            return tb.host_time(name, ck, prec, T, g.d, E)
+
+        for code, ck in CKPT_NAMES.items():
+            sel = ckc == code
+            if not sel.any():
+                continue
+            den, mb, mo = part("dense", ck), part("microbatch", ck), part("moe", ck) if g.is_moe else 0.0
+            if den is None or mb is None or mo is None:
+                continue
+            t_mb = np.where(sel, n_den * den + mb + n_moe * mo, t_mb)
+            src[sel] = MEASURED
+        rec.mark("dispatch_floor", src)
+        # per step: the optimizer's ops; a part without a row issues none (the bench stores a part
+        # that counts 0 ops, e.g. the per-layer master copies of an fp32 model, as UNSUPPORTED)
+        st = {k: (v if v is not None else 0.0) for k in ("step_dense", "step", "step_moe")
+              for v in [part(k, "")]}
+        step = ((g.L - g.n_moe) * st["step_dense"] + st["step"] + g.n_moe * st["step_moe"]) * L_stage / g.L
+        return t_mb, step
+
+    # (op, tokens is the sequence-parallel shard?, count per layer and pass, analytic bytes factor)
+    _EW_OPS = (("rmsnorm", True, 2, 2.0), ("residual_add", True, 2, 3.0), ("rope", False, 1, 2.0))
+
+    def _elementwise(self, rec, g, T, Tsp, rope_width, b_el, hbm):
+        """Per layer and micro-batch (fwd, bwd) seconds of the 2 RMSNorms and 2 residual adds on the
+        sequence-parallel shard [T/TP, d] and RoPE on the local q/k heads [T, (n_q/TP + kv_loc) hd]:
+        the element-wise table (bench/suites/elementwise.py) where it has the op, else the bytes
+        through HBM (read + write; backward twice the forward), labelled analytic."""
+        f = np.zeros(np.shape(T))
+        b = np.zeros(np.shape(T))
+        for op, sp, n, passes in self._EW_OPS:
+            rows, width = (Tsp, g.d) if sp else (T, rope_width)
+            tf, tb = self.tb.elementwise.get((op, "fwd")), self.tb.elementwise.get((op, "bwd"))
+            if tf is not None:
+                of = rec.use("elementwise", tf.lookup(rows, width))
+                ob = rec.use("elementwise", tb.lookup(rows, width)) if tb is not None else 2 * of
+            else:
+                rec.mark("elementwise", ANALYTIC)
+                of = an.memory_time(b_el * rows * width * passes, hbm)
+                ob = 2 * of
+            f, b = f + n * of, b + n * ob
+        return f, b
+
+    def _vocab(self, rec, g, T, tp, peak, hbm, b_el):
+        """(t_first, t_last_fwd, t_last_bwd) per micro-batch: embedding gather/scatter; LM head GEMM +
+        cross-entropy, forward and backward apart (the forward is exposed, :func:`stage_periods`).
+
+        The vocab table has one vocab size V_t (Megatron-padded). Both kernels do work proportional
+        to the logit count, so a TP-sharded padded vocab V_loc = pad(V, TP)/TP is looked up at the
+        logit-equivalent token count T V_loc / V_t (in range or reported out of range like any axis).
+        """
+        V_loc = padded_vocab(g.vocab, tp.astype(np.int64)) / tp
+        t_first = an.memory_time(b_el * T * g.d * 2 + 4.0 * T * g.d * 2, hbm)  # gather fwd, fp32 scatter-add bwd
+        if self.tb.vocab and self.tb.vocab_size:
+            teq = T * V_loc / self.tb.vocab_size
+            t_last = {"fwd": np.zeros_like(T), "bwd": np.zeros_like(T)}
+            for op in ("lm_head_gemm", "cross_entropy"):
+                for dirn in ("fwd", "bwd"):
+                    tab = self.tb.vocab.get((op, dirn))
+                    if tab is not None:
+                        t_last[dirn] = t_last[dirn] + rec.use("vocab", tab.lookup(teq, g.d))
+            return t_first, t_last["fwd"], t_last["bwd"]
+        else:
+            rec.mark("vocab", ANALYTIC)
+            f, b = self._gemm(rec, "vocab", T, V_loc, g.d, peak)
+            ce = an.memory_time(4.0 * T * V_loc * 3, hbm)
+            rec.mark("vocab", ANALYTIC)
+            return t_first, f + ce, b + ce
+
+    def _optimizer(self, rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm):
+        """Optimizer step of one rank (seconds, shape (P,)): bandwidth / FLOP roofline.
+
+        adam/adamw: read fp32 master, m, v and the grad, write master, m, v and the bf16 param
+        (30 bytes/param), on this rank's distributed-optimizer shard (1/(DP CP) of the dense and
+        1/EDP of the expert parameters). sgd (momentum): 18 bytes/param, sharded the same way.
+        muon/scion: momentum update (18 bytes/param) plus 5 Newton-Schulz iterations per weight
+        matrix, ~5 (4 m^2 n + 2 m^3) FLOPs for an m x n matrix (m <= n), at half the GEMM peak.
+        Megatron-Core runs them under its layer-wise distributed optimizer
+        (``LayerWiseDistributedOptimizer``: each DP rank owns whole weight matrices, orthogonalises
+        only those and all-gathers the updated parameters), so the step is sharded over DP like
+        Adam's, at matrix granularity.
+        """
+        rec.mark("optimizer", ANALYTIC)
+        L_stage = g.L / pp
+        ortho = optimizer in ORTHO_OPTIMIZERS
+        dense_rep = dp * cp                                    # ranks sharing one dense shard's step
+        exp_rep = np.maximum(tp * cp * dp / (ep * etp), 1)
+        dense = (L_stage * g.attn_params + g.n_dense * g.dense_mlp_params / pp
+                 + (g.n_moe / pp) * g.moe_dense_params + g.vocab * g.d) / (tp * dense_rep)
+        experts = (g.n_moe / pp) * g.expert_params / (ep * etp) / exp_rep
+        per = {"adam": 30.0, "adamw": 30.0, "sgd": 18.0, "muon": 18.0, "scion": 18.0}.get(optimizer, 30.0)
+        t = an.memory_time(per * (dense + experts), hbm)
+        if ortho:
+            def ns(m, n):
+                m, n = min(m, n), max(m, n)
+                return 5.0 * (4.0 * m * m * n + 2.0 * m ** 3)
+            attn = ns(g.d, g.nq * g.hd) * 2 + ns(g.d, g.nkv * g.hd) * 2
+            exp_m = ns(g.d, g.dexp) * 3
+            fl_dense = L_stage * attn / tp
+            fl_exp = (g.n_moe / pp) * g.E * exp_m / (ep * etp)
+            t = t + (fl_dense + fl_exp) / (0.5 * peak)
+        return t

@@ -1,0 +1,110 @@
+"""Bookkeeping while the model reads tables: source codes per component, out-of-range lookups
+(error mode), composition notes (compose mode) and clamp counts (clamp mode)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scaleplan.estimator.tables import CLAMPED, COMPOSED, LookupResult, compose_rule
+
+
+@dataclass
+class OOR:
+    """First out-of-range lookup per plan (reason string and the numbers for the error message)."""
+
+    reason: np.ndarray  # object: None or "out_of_range:<table>.<axis>"
+    table: np.ndarray
+    axis: np.ndarray
+    value: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+
+class Recorder:
+    """Collects source codes, clamp counts and out-of-range reasons while the model looks up tables.
+
+    ``mode`` (the estimator's ``extrapolate``): "compose" replaces an out-of-range lookup by its
+    table's composition rule (tables.COMPOSE_RULES, labelled "composed", the rule in the warnings);
+    "clamp" by the edge value (labelled "clamped", counted); "error" records the first
+    out-of-range lookup per plan, which makes the plan infeasible.
+    """
+
+    def __init__(self, P: int, mode: str):
+        self.P, self.mode = P, mode
+        self.src: dict[str, np.ndarray] = {}
+        self.n_clamped = np.zeros(P, dtype=np.int64)
+        self.has_oor = np.zeros(P, dtype=bool)
+        self.oor = OOR(*(np.full(P, None, dtype=object) for _ in range(3)), np.zeros(P), np.zeros(P), np.zeros(P))
+        self.warnings: list[str] = []
+        self.notes: dict[str, np.ndarray] = {}  # message -> plans it applies to
+
+    def note(self, msg: str, where=True) -> None:
+        """A per-plan note (shown in the warnings of the plans in ``where``)."""
+        where = np.broadcast_to(np.asarray(where, dtype=bool), (self.P,))
+        cur = self.notes.get(msg)
+        self.notes[msg] = where.copy() if cur is None else (cur | where)
+
+    def mark(self, comp: str, code) -> None:
+        code = np.asarray(code, dtype=np.int8)
+        cur = self.src.get(comp)
+        self.src[comp] = np.broadcast_to(code, (self.P,)).copy() if cur is None else np.maximum(cur, code)
+
+    def absorb(self, other: Recorder, inv: np.ndarray) -> None:
+        """Take over the records of a recorder over distinct tuples (``inv`` maps plans to them)."""
+        for k, v in other.src.items():
+            self.mark(k, v[inv])
+        self.n_clamped += other.n_clamped[inv]
+        self.has_oor |= other.has_oor[inv]
+        for f in ("reason", "table", "axis", "value", "lo", "hi"):
+            setattr(self.oor, f, getattr(other.oor, f)[inv])
+        for msg, where in other.notes.items():
+            self.note(msg, where[inv])
+        self.warnings.extend(w for w in other.warnings if w not in self.warnings)
+
+    def use(self, comp: str, res: LookupResult, active=True) -> np.ndarray:
+        """Record one lookup for component ``comp`` (``active``: plans where it really happens)."""
+        P = self.P
+        all_active = active is True
+        active = _vec(np.asarray(active, dtype=bool), P)
+        t, ax, code = _vec(res.t, P), _vec(res.oor_axis, P), _vec(res.code, P)
+        bad = ax >= 0
+        if not all_active:
+            bad &= active
+        if bad.any():
+            if self.mode == "compose":
+                code = np.where(bad, COMPOSED, code)
+                t = np.where(bad, _vec(res.t if res.t_composed is None else res.t_composed, P), t)
+                self.note(f"{comp} composed beyond the measured {res.table} range: {compose_rule(res.table)[1]}",
+                          bad)
+            elif self.mode == "clamp":
+                code = np.where(bad, CLAMPED, code)
+                self.n_clamped += bad
+            else:
+                new = bad & ~self.has_oor
+                if new.any():
+                    self.has_oor |= new
+                    for a in np.unique(ax[new]):
+                        sel = new & (ax == a)
+                        self.oor.reason[sel] = f"out_of_range:{res.table.split('[')[0]}.{res.axes[a]}"
+                        self.oor.table[sel] = res.table
+                        self.oor.axis[sel] = res.axes[a]
+                    self.oor.value[new] = _vec(res.oor_value, P)[new]
+                    self.oor.lo[new] = _vec(res.lo, P)[new]
+                    self.oor.hi[new] = _vec(res.hi, P)[new]
+        if all_active:
+            self.mark(comp, code)
+            return t
+        self.mark(comp, np.where(active, code, 0))
+        return np.where(active, t, 0.0)
+
+
+def _vec(x, P):
+    """``x`` as an array of shape (P,) (a view when it already is one; the plan arrays are never written)."""
+    if isinstance(x, np.ndarray) and x.shape == (P,):
+        return x
+    return np.broadcast_to(x, (P,))
+
+
+def _arr(x, P):
+    return np.broadcast_to(np.asarray(x, dtype=float), (P,)).copy()
