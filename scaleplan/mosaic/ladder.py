@@ -32,6 +32,7 @@ class LadderGrid:
     topk: tuple[int, ...] = PAPER_K
     g: tuple[int, ...] = PAPER_G
     s_min: float = PAPER_S_MIN
+    s_max: float = 1.0  # no upper guard by default (the paper's grid has none); --s-max sets one
     vocab: int = DEFAULT_VOCAB
     kv_heads: int = DEFAULT_KV_HEADS
 
@@ -43,7 +44,7 @@ class LadderGrid:
 def enumerate_geometries(grid: LadderGrid) -> pd.DataFrame:
     """All realizable geometries of the grid, one row each, computed as numpy arrays at once.
 
-    Realizable: K <= E, d_ff divisible by G, kv_heads dividing n_head, S >= s_min.
+    Realizable: K <= E, d_ff divisible by G, kv_heads dividing n_head, s_min <= S <= s_max.
     Columns: q, n_layers, d, d_ff, n_experts, topk, g, d_expert, n_tot, n_act, s, n_embed (parameters).
     """
     combos = np.array(list(itertools.product(grid.q, grid.experts, grid.topk, grid.g)), dtype=np.int64)
@@ -57,7 +58,7 @@ def enumerate_geometries(grid: LadderGrid) -> pd.DataFrame:
     n_tot, n_act, emb = ladder_param_counts(q, E, K, G, vocab=grid.vocab, kv_heads=grid.kv_heads)
     n_tot, n_act = np.asarray(n_tot, dtype=float), np.asarray(n_act, dtype=float)
     s = 1.0 - n_act / n_tot
-    ok &= s >= grid.s_min
+    ok &= (s >= grid.s_min) & (s <= grid.s_max)
     df = pd.DataFrame({"q": q, "n_layers": L, "d": d, "d_ff": d_ff, "n_experts": E, "topk": K, "g": G,
                        "d_expert": d_ff // G, "n_tot": n_tot, "n_act": n_act, "s": s,
                        "n_embed": np.broadcast_to(emb, q.shape).astype(float)})

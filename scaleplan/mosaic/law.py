@@ -107,9 +107,60 @@ PAPER_CI95 = {"a": (8.24, 8.85), "b": (87.8, 89.9), "c": (0.181, 0.184), "j": (0
 PAPER_IDENTIFIED = ("beta", "eta")
 
 
+@dataclass(frozen=True)
+class LawSupport:
+    """The region of the law's training data: sparsity S and tokens per active parameter TPP = D/N_act.
+
+    A candidate outside it is an extrapolation of the law on that axis (flagged ``extrapolated``).
+    """
+
+    s_min: float
+    s_max: float
+    tpp_min: float
+    tpp_max: float
+
+    def axes(self, s: float, tpp: float) -> list[str]:
+        """Which axes ("S", "TPP") a point lies beyond the support on; [] inside it."""
+        out = []
+        if not self.s_min <= s <= self.s_max:
+            out.append("S")
+        if not self.tpp_min <= tpp <= self.tpp_max:
+            out.append("TPP")
+        return out
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: float(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def of_runs(cls, s, tpp) -> LawSupport:
+        """The support spanned by training runs (arrays of S and D/N_act)."""
+        s, tpp = np.asarray(s, dtype=float), np.asarray(tpp, dtype=float)
+        return cls(float(s.min()), float(s.max()), float(tpp.min()), float(tpp.max()))
+
+
+#: The paper's data support (tab:dataset-headline): S from 0.499, TPP 10.8..70. The upper S edge is the
+#: paper's S_max = 0.985 (fig:mosaic-motivation, sec:boundary-optimum: "the upper boundary of our data
+#: support"); its dataset table prints 0.981 as the largest run's S.
+PAPER_SUPPORT = LawSupport(s_min=0.499, s_max=0.985, tpp_min=10.8, tpp_max=70.0)
+
+
 def per_g_law(g: float, joint: JointLaw = PAPER_JOINT_LAW) -> JointLaw:
     """Default per-G law (eq:abnar-law) for stratum g: the joint law at that g."""
     return joint.per_g(g)
+
+
+@dataclass(frozen=True)
+class LoadedLaw:
+    """A law with what its uncertainty and extrapolation flags need.
+
+    ``ridge``: stored ridge samples of a fit (rows in NAMES order; None for the paper's law, whose samples
+    are drawn by :mod:`scaleplan.mosaic.ridge`); ``support``: its data support.
+    """
+
+    law: JointLaw
+    source: str
+    support: LawSupport
+    ridge: np.ndarray | None = None
 
 
 def load_law(db_url: str | None = None, name: str | None = None) -> tuple[JointLaw, str]:
@@ -118,15 +169,25 @@ def load_law(db_url: str | None = None, name: str | None = None) -> tuple[JointL
     Returns (law, source) where source is "paper" or "db:<fit id>". ``db_url=None`` means the paper's law
     (the search never silently picks up a fit from a default database).
     """
+    got = load_law_full(db_url, name)
+    return got.law, got.source
+
+
+def load_law_full(db_url: str | None = None, name: str | None = None) -> LoadedLaw:
+    """As :func:`load_law`, with the fit's data support and ridge samples (``settings`` of the LawFit row).
+
+    A fit stored before supports were recorded gets the paper's support. Raises SpecError on an unknown name.
+    """
+    paper = LoadedLaw(PAPER_JOINT_LAW, "paper", PAPER_SUPPORT)
     if db_url is None:
-        return PAPER_JOINT_LAW, "paper"
+        return paper
     from sqlalchemy import inspect, select
 
     from scaleplan.db.models import LawFit
     from scaleplan.db.session import get_engine, session_scope
 
     if not inspect(get_engine(db_url)).has_table("law_fit"):
-        return PAPER_JOINT_LAW, "paper"
+        return paper
     with session_scope(db_url) as s:
         q = select(LawFit).order_by(LawFit.id.desc())
         if name:
@@ -135,5 +196,10 @@ def load_law(db_url: str | None = None, name: str | None = None) -> tuple[JointL
         if row is None:
             if name:
                 raise SpecError("--law", name, "the name of a stored fit (`scaleplan law fit --name`)")
-            return PAPER_JOINT_LAW, "paper"
-        return JointLaw.from_dict(row.coefficients), f"db:{row.id}"
+            return paper
+        settings = row.settings or {}
+        sup = settings.get("support")
+        ridge = settings.get("ridge_samples")
+        return LoadedLaw(JointLaw.from_dict(row.coefficients), f"db:{row.id}",
+                         LawSupport(**sup) if sup else PAPER_SUPPORT,
+                         np.array([[float(r[k]) for k in NAMES] for r in ridge]) if ridge else None)

@@ -16,6 +16,9 @@ handled explicitly:
 * identifiability: fresh random restarts; among the solutions whose objective lies within the 95% profile
   threshold of the best, a coefficient is "identified" when their values agree within 5% AND the local
   near-flat region (Hessian ellipsoid at that threshold) stretches it by at most 10%; otherwise "ridge".
+  The near-optimal solutions themselves are stored with the fit as its ridge samples (settings
+  "ridge_samples"), with the runs' data support (settings "support"); ``scaleplan search --samples``
+  draws the law from them (app:scaling-law-coeffs, sec:sl_joint_uncertainty: perturb jointly along the ridge).
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from scipy.optimize import minimize, nnls
 from scipy.stats import norm
 
 from scaleplan.errors import SpecError
-from scaleplan.mosaic.law import NAMES, JointLaw
+from scaleplan.mosaic.law import NAMES, JointLaw, LawSupport
 
 HUBER_DELTA = 0.1
 OBJ_SCALE = 1e4           # objective = OBJ_SCALE * mean Huber: O(0.1) at 0.3% scatter
@@ -198,6 +201,11 @@ class FitResult:
     n_near_optimal: int
     n_bootstrap: int
     boot: np.ndarray | None = field(default=None, repr=False)
+    #: ridge samples: the multi-start and fresh-restart solutions whose objective lies within the
+    #: profile threshold of the best (rows in NAMES order), the law's uncertainty for the search
+    ridge: np.ndarray | None = field(default=None, repr=False)
+    ridge_threshold: float | None = None
+    support: LawSupport | None = None
 
     def to_json(self) -> dict:
         return {"coefficients": self.law.to_dict(),
@@ -254,6 +262,7 @@ def _fit(runs: Runs, n_bootstrap: int, n_starts: int, n_restarts: int, seed: int
     sigma2 = 2.0 * f_best / OBJ_SCALE * n_tr / max(n_tr - len(NAMES), 1)  # residual variance of log L
     thresh = 0.5 * 3.841 * sigma2 * OBJ_SCALE / n_tr
     near = [prob.to_law(s[0]).vector() for s in sols if s[1] - f_best <= thresh]
+    support = LawSupport.of_runs(df.s.to_numpy(), df.d.to_numpy() / df.n_act.to_numpy())
     v_hat = law.vector()
     spread = np.max(np.abs(np.array(near) - v_hat), axis=0) / np.maximum(np.abs(v_hat), 1e-12)
     extent = _local_extent(prob, th, thresh, v_hat)
@@ -278,7 +287,8 @@ def _fit(runs: Runs, n_bootstrap: int, n_starts: int, n_restarts: int, seed: int
         jack = np.array(jack)
         ci = {k: _bca(v_hat[i], boot[:, i], jack[:, i]) for i, k in enumerate(NAMES)}
     return FitResult(law=law, ci95=ci, heldout_rmse=rmse, identified=identified, n_runs=len(df), n_train=n_tr,
-                     converged=conv, objective=f_best, n_near_optimal=len(near), n_bootstrap=n_bootstrap, boot=boot)
+                     converged=conv, objective=f_best, n_near_optimal=len(near), n_bootstrap=n_bootstrap, boot=boot,
+                     ridge=np.array(near), ridge_threshold=float(thresh), support=support)
 
 
 def _local_extent(prob: _Problem, th, thresh: float, v_hat) -> np.ndarray:
@@ -311,6 +321,17 @@ def _recentre(th, src: _Problem, dst: _Problem) -> np.ndarray:
     return out
 
 
+def _uncertainty_settings(result: FitResult) -> dict:
+    """What the search's --samples reads back (scaleplan.mosaic.law.load_law_full): support and ridge samples."""
+    out = {}
+    if result.support is not None:
+        out["support"] = result.support.to_dict()
+    if result.ridge is not None and len(result.ridge):
+        out["ridge_samples"] = [{k: float(v) for k, v in zip(NAMES, row)} for row in result.ridge]
+        out["ridge_threshold"] = result.ridge_threshold
+    return out
+
+
 def store_fit(url: str | None, runs: Runs, result: FitResult, name: str, dataset: str) -> int:
     """Store the runs (LawRun, idempotent) and the fit (LawFit); return the fit id."""
     from scaleplan.db.importers import insert_points
@@ -328,7 +349,7 @@ def store_fit(url: str | None, runs: Runs, result: FitResult, name: str, dataset
                      settings={"huber_delta": HUBER_DELTA, "optimizer": "L-BFGS-B", **LBFGS, "pg_tol": PG_TOL,
                                "n_bootstrap": result.n_bootstrap, "n_train": result.n_train,
                                "converged": result.converged, "n_near_optimal": result.n_near_optimal,
-                               "holdout": "top 10% by n_act per g"})
+                               "holdout": "top 10% by n_act per g", **_uncertainty_settings(result)})
         s.add(row)
         s.flush()
         return int(row.id)

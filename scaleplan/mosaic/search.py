@@ -27,7 +27,8 @@ import pandas as pd
 
 from scaleplan.errors import SpecError
 from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries, geometry_model
-from scaleplan.mosaic.law import PAPER_JOINT_LAW, JointLaw
+from scaleplan.mosaic.law import PAPER_JOINT_LAW, PAPER_SUPPORT, JointLaw, LawSupport
+from scaleplan.mosaic.uncertainty import candidate_fields
 
 SECONDS_PER_DAY = 86400.0
 LAYOUT_KEYS = ("tp", "cp", "pp", "ep", "dp", "mbs", "ckpt")
@@ -128,10 +129,11 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
 
 
 def score(geoms: pd.DataFrame, plans: pd.DataFrame, env: Envelope, peak_flops: float, n_devices: int,
-          law: JointLaw = PAPER_JOINT_LAW) -> pd.DataFrame:
+          law: JointLaw = PAPER_JOINT_LAW, support: LawSupport = PAPER_SUPPORT) -> pd.DataFrame:
     """Token budget (eq:Dstar, TPP-limited), loss (eq:joint-law) and C_model for every geometry at once.
 
-    Adds columns d_star, d_tokens, tpp, tpp_capped, c_model, loss, feasible, why (None, "no_plan", "tpp_min").
+    Adds columns d_star, d_tokens, tpp, tpp_capped, c_model, loss, feasible, why (None, "no_plan", "tpp_min"),
+    extrap_s, extrap_tpp (the candidate lies beyond the law's data support on S / on TPP).
     """
     df = pd.concat([geoms.reset_index(drop=True), plans.reset_index(drop=True)], axis=1)
     t_train = env.days * SECONDS_PER_DAY
@@ -151,7 +153,16 @@ def score(geoms: pd.DataFrame, plans: pd.DataFrame, env: Envelope, peak_flops: f
         df["loss"] = law(df["n_tot"].to_numpy(), df["s"].to_numpy(), d, df["g"].to_numpy())
     df["feasible"] = ok_plan & enough
     df["why"] = np.where(~ok_plan, "no_plan", np.where(~enough, "tpp_min", None))
+    s = df["s"].to_numpy()
+    df["extrap_s"] = (s < support.s_min) | (s > support.s_max)
+    with np.errstate(invalid="ignore"):
+        df["extrap_tpp"] = ok_plan & ((df["tpp"] < support.tpp_min) | (df["tpp"] > support.tpp_max))
     return df
+
+
+def extrapolated(r) -> list[str]:
+    """The axes ("S", "TPP") on which a scored row lies beyond the law's data support."""
+    return [ax for ax, col in (("S", "extrap_s"), ("TPP", "extrap_tpp")) if bool(r.get(col, False))]
 
 
 def row_json(r) -> dict:
@@ -163,7 +174,8 @@ def row_json(r) -> dict:
             "composed_share": float(r["composed_share"]), "loss": float(r["loss"]),
             "tpp_capped": bool(r["tpp_capped"]), "tokens_per_s": float(r["tokens_per_s"]),
             "mem_per_device_gb": float(r["mem_gb"]),
-            "layout": {k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_KEYS}}
+            "layout": {k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_KEYS},
+            "extrapolated": extrapolated(r), **(candidate_fields(r) if "p_optimal" in r else {})}
 
 
 @dataclass
@@ -214,8 +226,9 @@ class Mosaic:
     """
 
     def __init__(self, est, grid: LadderGrid, law: JointLaw = PAPER_JOINT_LAW, constraints=None,
-                 progress: bool = False, workers: int = 1):
+                 progress: bool = False, workers: int = 1, support: LawSupport = PAPER_SUPPORT):
         self.est, self.grid, self.law, self.constraints, self.progress = est, grid, law, constraints, progress
+        self.support = support
         self.workers = workers
         self.geoms = enumerate_geometries(grid)
         self._plans: dict[tuple, pd.DataFrame] = {}
@@ -254,7 +267,7 @@ class Mosaic:
         plans = self.plans(env.nodes, env)
         n_dev = env.nodes * self.gpus_per_node
         peak = self.est.profile.peak("bf16")
-        table = score(self.geoms, plans, env, peak, n_dev, self.law)
+        table = score(self.geoms, plans, env, peak, n_dev, self.law, self.support)
         return SearchResult(table=table, n_grid=self.grid.n_combinations, elapsed_s=time.perf_counter() - t0,
                             c_peak=peak * n_dev * env.days * SECONDS_PER_DAY, n_devices=n_dev,
                             analytic_components=_analytic(plans))

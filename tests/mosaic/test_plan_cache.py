@@ -1,7 +1,7 @@
 """Mosaic.plans caches by everything the best plan depends on (devices, gbs, seqlen, optimizer, constraints)."""
 from fakes import FakeEstimator
-
 from scaleplan.estimator import PlanConstraints
+
 from scaleplan.mosaic.ladder import LadderGrid
 from scaleplan.mosaic.search import Envelope, Mosaic
 

@@ -1,0 +1,89 @@
+"""The search's uncertainty and by-sparsity outputs, shared by ``scaleplan search`` and the findings benchmark.
+
+JSON keys added by ``--samples N`` (N > 0):
+  per candidate (best, top, near_ties, sweep rows' best): p_optimal, loss_mean, loss_p05, loss_p95, regret,
+    p_feasible (see :mod:`scaleplan.mosaic.uncertainty`);
+  top level: samples (N), near_ties (candidates with P(optimal) >= 5%, most probable first), verdicts
+    (p_g: P(G* = g); g_mode, p_g_mode; s_band90 / n_act_band90: the 5-95% range of S* / N_act* over the draws;
+    p_no_feasible; statements: the same as sentences), uncertainty_inputs (law source, MFU sigma and its source,
+    the layout-family keys);
+  sweep rows: p_g (P(G* = g)), p_g_star (P(G* = the point optimum's G)), s_band90.
+JSON keys added by ``--by-sparsity``: see :func:`scaleplan.mosaic.sparsity.by_sparsity`.
+"""
+from __future__ import annotations
+
+from scaleplan.mosaic.uncertainty import (
+    MfuError,
+    family_index,
+    make_draws,
+    summarise,
+    uncertainty_json,
+)
+
+
+def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError, n: int, seed: int = 0) -> list[dict]:
+    """Run the draws for every (envelope, SearchResult) of ``results``; replaces each result's table by one
+    with the per-candidate columns and returns the top-level JSON per budget (same draws for all budgets)."""
+    from scaleplan.mosaic.search import row_json
+
+    index = family_index([r.table for _, r in results])
+    draws = make_draws(n, ridge, mfu.sigma, len(index), seed=seed, law=law)
+    out = []
+    for env, res in results:
+        summ = summarise(res.table, draws, env.tpp_min, env.tpp_max, index)
+        res.table = summ["table"]
+        out.append(uncertainty_json(summ, draws, mfu, law_source, row_json))
+    return out
+
+
+def sweep_fields(unc: dict, best: dict | None) -> dict:
+    """The sweep row's share of the uncertainty: P(G*) per G, P(G* = the point optimum's G), S* band."""
+    v = unc["verdicts"]
+    p_g = v.get("p_g", {})
+    return {"p_g": p_g, "p_g_star": p_g.get(str(best["g"]), 0.0) if best else None, "s_band90": v.get("s_band90")}
+
+
+def print_uncertainty(out: dict, console) -> None:
+    """Near-ties and verdicts as text (after the candidate table)."""
+    from rich.table import Table
+
+    v = out["verdicts"]
+    mfu = out["uncertainty_inputs"]["mfu_error"]
+    console.print(f"uncertainty over {out['samples']} draws (law: {out['uncertainty_inputs']['law']} ridge; MFU "
+                  f"log-normal sigma {mfu['sigma']:.3f} from {mfu['source']}):")
+    for s in v["statements"]:
+        console.print(f"  {s}")
+    t = Table(title="near-ties (P(optimal) >= 5%)")
+    for c in ("L", "E", "K", "G", "S", "N_act (B)", "MFU (%)", "loss", "loss 90%", "P(opt)", "regret", "extrap"):
+        t.add_column(c, justify="right")
+    for r in out["near_ties"]:
+        t.add_row(str(r["n_layers"]), str(r["n_experts"]), str(r["topk"]), str(r["g"]), f"{r['s']:.3f}",
+                  f"{r['n_act'] / 1e9:.1f}", f"{100 * r['mfu']:.2f}", f"{r['loss']:.4f}",
+                  f"[{r['loss_p05']:.4f}, {r['loss_p95']:.4f}]", f"{r['p_optimal']:.0%}", f"{r['regret']:.4f}",
+                  ",".join(r["extrapolated"]) or "-")
+    console.print(t)
+
+
+def print_by_sparsity(bs: dict, console) -> None:
+    """The --by-sparsity table: L*_hw per sparsity bin, deliverable FLOPs against the prescription."""
+    from rich.table import Table
+
+    t = Table(title=f"by sparsity (bins of {bs['s_step']:g}; prescription C_model = "
+                    f"{bs['prescription_c_model']:.3g} FLOP)")
+    for c in ("S", "L*_hw", "L", "E", "K", "G", "MFU (%)", "C_model", "C_deliverable", "prescription", "extrap"):
+        t.add_column(c, justify="right")
+    for r in bs["by_sparsity"]:
+        star = r["s"] == bs["s_star_cluster"]
+        t.add_row(f"{r['s']:.4f}", f"[bold]{r['loss']:.4f}[/bold]" if star else f"{r['loss']:.4f}",
+                  str(r["n_layers"]), str(r["n_experts"]), str(r["topk"]), str(r["g"]), f"{100 * r['mfu']:.2f}",
+                  f"{r['c_model']:.3g}", f"{r['c_deliverable']:.3g}",
+                  "feasible" if r["prescription_feasible"] else "[red]infeasible[/red]",
+                  ",".join(r["extrapolated"]) or "-")
+    console.print(t)
+    if bs["s_star_cluster"] is None:
+        console.print("no feasible candidate")
+        return
+    gain = "n/a (no bin at or below s_max)" if bs["gain_nats"] is None else f"{bs['gain_nats']:.4f} nats"
+    feas = "none" if bs["s_feas_max"] is None else f"{bs['s_feas_max']:.4f}"
+    console.print(f"S*_cluster = {bs['s_star_cluster']:.4f}; s_max (law's data support) = {bs['s_max']:.3f}; "
+                  f"gain over the highest S <= s_max: {gain}; S_feas^max = {feas}")

@@ -1,0 +1,220 @@
+"""How sure the search's answer is: the scaling law's ridge and the estimator's MFU error, through eq:hw-minlp.
+
+Each draw k has
+* a law coefficient vector theta_k: for a stored fit, one of its ridge samples (``law fit``'s near-optimal
+  restarts, drawn with replacement); for the paper's law, :func:`scaleplan.mosaic.ridge.ridge_samples`;
+* an MFU factor f_k,family = exp(sigma z), z ~ N(0, 1), one per layout family (the best plan's
+  (tp, cp, pp, ep) degrees): candidates whose plans share the degrees share the error of the collective
+  and pipeline terms that dominate it, other families err independently. The factor has median 1.
+The best plan per candidate is searched once; per draw only D* (x f), the TPP limits and the loss change,
+so all draws are evaluated at once as [draws, candidates] arrays.
+
+Per candidate: p_optimal (share of draws where it is the feasible argmin), loss_mean / loss_p05 / loss_p95
+(the loss at the tokens it delivers in each draw, TPP cap applied, whether or not the draw leaves it above
+the TPP floor), regret (mean over draws of its loss minus that draw's optimal loss) and p_feasible.
+Source of sigma: the leave-one-out relative step-time errors e = t_pred/t_meas - 1 stored in the
+``residuals`` of the newest kind='dispatch' calibration of the profile; the MFU error factor is
+t_pred/t_meas = 1 + e, so sigma = RMS of log(1 + e) (bias included: a calibration that is off on average is
+off for the search too). Without such a row: FALLBACK_SIGMA (see there).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from scaleplan.mosaic.law import NAMES
+from scaleplan.mosaic.ridge import law_matrix, ridge_samples
+
+#: sec:mfu-pred: the paper's per-sweep MFU MAPE is at most 13.2% (18B); for a log-normal error
+#: E|f - 1| ~ sigma sqrt(2/pi), so sigma = 0.132 sqrt(pi/2) = 0.165.
+FALLBACK_SIGMA = 0.132 * math.sqrt(math.pi / 2)
+NEAR_TIE_P = 0.05
+UNCERTAINTY_COLUMNS = ("p_optimal", "loss_mean", "loss_p05", "loss_p95", "regret", "p_feasible")
+FAMILY_KEYS = ("tp", "cp", "pp", "ep")
+_RESIDUAL_KEYS = ("rel_err", "loo_rel_err", "loo", "error", "value")
+
+
+@dataclass(frozen=True)
+class MfuError:
+    """The estimator's MFU error: log-normal sigma and where it came from."""
+
+    sigma: float
+    source: str
+    n: int = 0
+
+    def to_dict(self) -> dict:
+        return {"sigma": self.sigma, "source": self.source, "n": self.n}
+
+
+def sigma_from_residuals(residuals) -> float | None:
+    """RMS of log(1 + e) over relative errors e = pred/meas - 1 (numbers, or dicts with one of
+    _RESIDUAL_KEYS). None when no usable value (e <= -1 and non-finite values are skipped)."""
+    vals = []
+    for r in residuals or []:
+        if isinstance(r, dict):
+            r = next((r[k] for k in _RESIDUAL_KEYS if k in r), None)
+        try:
+            e = float(r)
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(e) and e > -1:
+            vals.append(math.log1p(e))
+    return float(np.sqrt(np.mean(np.square(vals)))) if vals else None
+
+
+def mfu_error(db_url: str | None, profile: str) -> MfuError:
+    """sigma from the newest kind='dispatch' calibration of ``profile`` (see module docstring), else the fallback."""
+    fallback = MfuError(FALLBACK_SIGMA, "fallback: paper sec:mfu-pred MAPE 13.2% as a log-normal sigma")
+    if db_url is None:
+        return fallback
+    from sqlalchemy import inspect
+
+    from scaleplan.calibrate.store import newest
+    from scaleplan.db.session import get_engine, session_scope
+
+    if not inspect(get_engine(db_url)).has_table("calibration"):
+        return fallback
+    with session_scope(db_url) as s:
+        row = newest(s, profile, "dispatch")
+        if row is None:
+            return fallback
+        sigma = sigma_from_residuals(row.residuals)
+        if sigma is None:
+            return fallback
+        return MfuError(sigma, f"calibration {row.id} (dispatch v{row.version}) leave-one-out residuals",
+                        len(row.residuals))
+
+
+@dataclass
+class Draws:
+    """The random inputs of the draws: law coefficients [N, 11] and per-family MFU log-factors [N, F]."""
+
+    coefs: np.ndarray
+    z: np.ndarray
+    sigma: float
+
+    @property
+    def n(self) -> int:
+        return len(self.coefs)
+
+
+def make_draws(n: int, law_ridge: np.ndarray | None, sigma: float, n_families: int, seed: int = 0,
+               law=None) -> Draws:
+    """n draws: coefficient vectors (from ``law_ridge`` rows with replacement, else the paper law's ridge
+    sampler around ``law``) and standard-normal MFU log-factors for ``n_families`` families
+    (:func:`family_index` over every budget, so one set of draws serves a whole sweep)."""
+    rng = np.random.default_rng(seed + 1)
+    if law_ridge is not None and len(law_ridge):
+        coefs = law_ridge[rng.integers(0, len(law_ridge), size=n)]
+    else:
+        from scaleplan.mosaic.law import PAPER_JOINT_LAW
+
+        coefs = ridge_samples(n, seed=seed, law=law or PAPER_JOINT_LAW)
+    return Draws(coefs=np.asarray(coefs, dtype=float), z=rng.standard_normal((n, max(n_families, 1))),
+                 sigma=float(sigma))
+
+
+def _family_keys(table: pd.DataFrame) -> list:
+    ok = table["plan_ok"].to_numpy(bool)
+    cols = [table[k].to_numpy() for k in FAMILY_KEYS]
+    return [tuple(int(c[i]) for c in cols) if ok[i] else None for i in range(len(table))]
+
+
+def family_index(tables) -> dict[tuple, int]:
+    """One index per layout family (FAMILY_KEYS degrees of the best plan) over all ``tables`` (sorted,
+    so deterministic): a sweep's budgets share the index and hence each family's MFU draw."""
+    keys = {k for t in tables for k in _family_keys(t) if k is not None}
+    return {k: i for i, k in enumerate(sorted(keys))}
+
+
+def families(table: pd.DataFrame, index: dict[tuple, int]) -> np.ndarray:
+    """Layout-family index per row of ``table`` (-1 without a plan). Raises KeyError for a family not indexed."""
+    return np.array([index[k] if k is not None else -1 for k in _family_keys(table)], dtype=int)
+
+
+def evaluate(table: pd.DataFrame, draws: Draws, tpp_min: float, tpp_max: float, fam: np.ndarray):
+    """Losses and feasibility of every candidate with a plan in every draw.
+
+    table: a scored search table (n_tot, n_act, s, g, d_star, plan_ok); fam: :func:`families` of it.
+    Returns (idx [C] rows of ``table`` with a plan, loss [N, C] at the delivered tokens, feasible [N, C]).
+    """
+    idx = np.flatnonzero(table["plan_ok"].to_numpy(bool))
+    sub = table.iloc[idx]
+    n_act = sub["n_act"].to_numpy(float)
+    f = np.exp(draws.sigma * draws.z[:, fam[idx]])
+    d_star = sub["d_star"].to_numpy(float)[None, :] * f
+    feas = d_star >= tpp_min * n_act[None, :]
+    d = np.minimum(d_star, tpp_max * n_act[None, :])
+    with np.errstate(over="ignore", invalid="ignore"):
+        loss = law_matrix(draws.coefs, sub["n_tot"].to_numpy(float), sub["s"].to_numpy(float), d,
+                          sub["g"].to_numpy(float))
+    return idx, loss, feas
+
+
+def summarise(table: pd.DataFrame, draws: Draws, tpp_min: float, tpp_max: float, index: dict[tuple, int]) -> dict:
+    """Per-candidate statistics (new columns of a copy of ``table``) and the draws' optima.
+
+    Returns {"table": table + UNCERTAINTY_COLUMNS (NaN without a plan), "opt": row index of ``table`` per draw
+    (-1 when a draw has no feasible candidate)}.
+    """
+    out = table.copy()
+    for k in UNCERTAINTY_COLUMNS:
+        out[k] = np.nan
+    idx, loss, feas = evaluate(table, draws, tpp_min, tpp_max, families(table, index))
+    if len(idx) == 0:
+        return {"table": out, "opt": np.full(draws.n, -1)}
+    masked = np.where(feas, loss, np.inf)
+    arg = np.argmin(masked, axis=1)
+    best = masked[np.arange(draws.n), arg]
+    has = np.isfinite(best)
+    cols = {"p_optimal": np.bincount(arg[has], minlength=len(idx)) / draws.n, "loss_mean": loss.mean(axis=0),
+            "loss_p05": np.percentile(loss, 5, axis=0), "loss_p95": np.percentile(loss, 95, axis=0),
+            "regret": (loss[has] - best[has, None]).mean(axis=0) if has.any() else np.full(len(idx), np.nan),
+            "p_feasible": feas.mean(axis=0)}
+    for k, v in cols.items():
+        out.iloc[idx, out.columns.get_loc(k)] = v
+    return {"table": out, "opt": np.where(has, idx[arg], -1)}
+
+
+def verdicts(table: pd.DataFrame, opt: np.ndarray, n: int) -> dict:
+    """Robust statements over the draws' optima: P(G*), the 90% band of S* and N_act*, P(same geometry)."""
+    ok = opt >= 0
+    if not ok.any():
+        return {"p_no_feasible": 1.0, "statements": ["no feasible candidate in any draw"]}
+    sel = table.iloc[opt[ok]]
+    g_counts = sel["g"].astype(int).value_counts()
+    p_g = {str(int(g)): float(c / n) for g, c in g_counts.sort_index().items()}
+    g_mode = int(g_counts.idxmax())
+    s_band = [float(x) for x in np.percentile(sel["s"], [5, 95])]
+    a_band = [float(x) for x in np.percentile(sel["n_act"], [5, 95])]
+    key = sel[["q", "n_experts", "topk", "g"]].astype(int).apply(tuple, axis=1)
+    top_geom, top_c = key.value_counts().index[0], int(key.value_counts().iloc[0])
+    statements = [f"G={g_mode} in {100 * p_g[str(g_mode)]:.0f}% of draws",
+                  f"S* in [{s_band[0]:.3f}, {s_band[1]:.3f}] in 90% of draws",
+                  f"N_act* in [{a_band[0] / 1e9:.1f}, {a_band[1] / 1e9:.1f}] B in 90% of draws",
+                  (f"the single most frequent optimum (q={top_geom[0]} E={top_geom[1]} K={top_geom[2]} "
+                   f"G={top_geom[3]}) in {100 * top_c / n:.0f}% of draws")]
+    return {"p_g": p_g, "g_mode": g_mode, "p_g_mode": p_g[str(g_mode)], "s_band90": s_band,
+            "n_act_band90": a_band, "p_no_feasible": float(1 - ok.mean()), "statements": statements}
+
+
+def uncertainty_json(summary: dict, draws: Draws, mfu: MfuError, law_source: str, row_json) -> dict:
+    """Top-level JSON of --samples: samples, near_ties (P(optimal) >= 5%, by P), verdicts and the inputs."""
+    t = summary["table"]
+    near = t[t["p_optimal"] >= NEAR_TIE_P].sort_values("p_optimal", ascending=False, kind="stable")
+    return {"samples": draws.n, "near_ties": [row_json(r) for _, r in near.iterrows()],
+            "verdicts": verdicts(t, summary["opt"], draws.n),
+            "uncertainty_inputs": {"law": law_source, "law_coefficients": list(NAMES), "mfu_error": mfu.to_dict(),
+                                   "layout_family": list(FAMILY_KEYS)}}
+
+
+def candidate_fields(r) -> dict:
+    """The per-candidate uncertainty fields of a row (None where the candidate has no plan)."""
+    out = {}
+    for k in UNCERTAINTY_COLUMNS:
+        v = r.get(k, None) if hasattr(r, "get") else None
+        out[k] = None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+    return out
