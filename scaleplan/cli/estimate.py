@@ -1,9 +1,12 @@
 """`scaleplan estimate` and `scaleplan layouts`: the performance model on the command line.
 
 Both print one JSON document with ``--json`` (estimate: a list of result objects; layouts: an
-object with ``ranked`` and ``infeasible_counts``), else rich tables. Components costed without a
-measured table are labelled "analytic" and a one-line banner on stderr says to run
-`scaleplan bench`. Never imports torch.
+object with ``ranked``, ``best`` and ``infeasible_counts``), else rich tables. Every result carries the
+model's full ``geometry`` (scaleplan.emit.geometry_dict) and the ``provenance`` of the answer (calibration
+in force, table runs read: scaleplan.report.provenance). Components costed without a measured table are
+labelled "analytic" and a one-line banner on stderr says to run `scaleplan bench`.
+``--emit-spec`` (layouts) writes the best plan as a spec, ``--emit megatron`` prints Megatron-Core
+arguments, ``--html`` (layouts) writes the report. Never imports torch.
 """
 from __future__ import annotations
 
@@ -26,6 +29,14 @@ from scaleplan.errors import SpecError
 from scaleplan.specs import CKPT_MODES, load_spec, parse_ckpt_modes, parse_layout
 
 ProfileOpt = typer.Option(None, "--profile", help="Hardware profile (default: the spec's hardware.node_type).")
+CalibrationOpt = typer.Option(None, "--calibration", metavar="ID|none",
+                              help="Calibration id to apply (see `scaleplan calibrate list`), or 'none' for "
+                                   "chi_sys = 1 and the profile's dispatch law (default: the newest of each kind).")
+EmitOpt = typer.Option(None, "--emit", metavar="megatron",
+                       help="Print the chosen model and layout as Megatron-Core training arguments (docs/megatron.md).")
+EmitSpecOpt = typer.Option(None, "--emit-spec", metavar="FILE",
+                           help="Write the chosen model and layout as a spec YAML that estimate/validate accept.")
+HtmlOpt = typer.Option(None, "--html", metavar="FILE", help="Write a self-contained HTML report (opens offline).")
 
 
 def _banner(components: list[str]) -> None:
@@ -47,11 +58,58 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
     return vals
 
 
-def _estimator(spec, profile, db, extrapolate, calibration=None):
+def _estimator(spec, profile, db, extrapolate, calibration: str | None = None):
+    """The Estimator for a spec's profile (or --profile) under ``--calibration ID|none``."""
     from scaleplan.estimator import Estimator
+    from scaleplan.report.provenance import calibration_option
 
+    cal_id, use = calibration_option(calibration)
     return Estimator(profile or spec.hardware.node_type, db_url=db_url(db), extrapolate=extrapolate,
-                     calibration_id=calibration)
+                     calibration_id=cal_id, use_calibration=use)
+
+
+def check_emit(emit: str | None, optimizer: str | None = None, field: str = "optimizer.optimizer_type",
+               files: dict[str, Path | None] | None = None) -> None:
+    """Before any work: raises SpecError naming --emit unless it is None or 'megatron', naming ``field`` when
+    Megatron-Core has no such optimizer, or naming the flag of an output file whose directory is missing."""
+    for flag, path in (files or {}).items():
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise SpecError(flag, str(path), "a file in an existing directory")
+    if emit is not None and emit != "megatron":
+        raise SpecError("--emit", emit, "megatron")
+    if emit == "megatron" and optimizer is not None:
+        from scaleplan.emit import megatron_optimizer
+
+        megatron_optimizer(optimizer, field)
+
+
+def megatron_text(spec, layout, n: int, gpus_per_node: int) -> str:
+    from scaleplan.emit import megatron_args, render_megatron
+
+    return render_megatron(megatron_args(spec, layout), n, gpus_per_node)
+
+
+def print_geometry(rows: list[tuple[str, dict]], title: str) -> None:
+    """A table of full geometries (label, geometry_dict) on stdout."""
+    from rich.table import Table
+
+    cols = ("", "L", "d", "d_ff", "d_expert", "heads", "kv heads", "head_dim", "vocab", "E", "K", "G", "shared")
+    keys = ("n_layers", "d", "d_ff", "d_expert", "n_heads", "n_kv_heads", "head_dim", "vocab", "n_experts", "topk",
+            "g", "d_shared_expert")
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c, justify="right")
+    for label, g in rows:
+        t.add_row(label, *("-" if g.get(k) is None else str(g[k]) for k in keys))
+    from rich.console import Console
+
+    Console(width=max(stdout.width, 120), soft_wrap=True).print(t)  # never truncate a width when piped
+
+
+def print_provenance(p: dict) -> None:
+    from scaleplan.report.provenance import provenance_line
+
+    stdout.print(provenance_line(p), highlight=False, markup=False)
 
 
 def _row(r) -> list[str]:
@@ -77,19 +135,33 @@ def estimate(
     profile: str = ProfileOpt,
     db: str = DbOpt,
     extrapolate: str = ExtrapOpt,
-    calibration: int = typer.Option(None, "--calibration", help="Calibration id to apply (default: the newest)."),
+    calibration: str = CalibrationOpt,
+    emit: str = EmitOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Predict t_iter, MFU, HFU and memory of a spec under one or more layouts."""
+    from scaleplan.emit import geometry_dict
+    from scaleplan.report.provenance import provenance
+
+    check_emit(emit)
     spec = load_spec(spec_path)
+    check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     base = spec.default_layout()
     layouts = [parse_layout(t, base) for t in layout] if layout else [base]
     est = _estimator(spec, profile, db, extrapolate, calibration)
     res = est.estimate(spec, n, layouts)
     _banner([k for r in res for k, v in r.sources.items() if v == "analytic" and r.breakdown_s.get(k, 0) > 0])
+    geom, prov = geometry_dict(spec.model), provenance(est)
+    docs = [{**r.to_dict(), "geometry": geom, "provenance": prov} for r in res]
+    if emit == "megatron":
+        for d in docs:
+            d["megatron_args"] = megatron_text(spec, d["layout"], n, est.profile.gpus_per_node)
     if want_json(json_out):
-        print_json([r.to_dict() for r in res])
+        print_json(docs)
+        return
+    if emit == "megatron":
+        typer.echo(docs[0]["megatron_args"])
         return
     from rich.table import Table
 
@@ -112,6 +184,8 @@ def estimate(
         stdout.print(f"memory (GB, worst stage): {mem}", highlight=False)
         for w in r.warnings:
             stdout.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+    print_geometry([(spec.model.moe and "MoE" or "dense", geom)], f"geometry of {spec_path}")
+    print_provenance(prov)
 
 
 def layouts(
@@ -129,12 +203,20 @@ def layouts(
     profile: str = ProfileOpt,
     db: str = DbOpt,
     extrapolate: str = ExtrapOpt,
+    calibration: str = CalibrationOpt,
+    emit: str = EmitOpt,
+    emit_spec: Path = EmitSpecOpt,
+    html: Path = HtmlOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Rank the feasible execution plans P_disc(N_dev) of a spec by predicted MFU."""
+    from scaleplan.emit import geometry_dict
     from scaleplan.estimator import PlanConstraints
+    from scaleplan.report.provenance import provenance
 
+    check_emit(emit, files={"--emit-spec": emit_spec, "--html": html})
     spec = load_spec(spec_path)
+    check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     modes = parse_ckpt_modes(ckpt)
     if not (0 < mem_fraction <= 1.0):
@@ -143,11 +225,16 @@ def layouts(
         raise SpecError("--top", top, "a positive integer")
     c = PlanConstraints(mbs=_ints(mbs, "--mbs"), vpp=_ints(vpp, "--vpp"), ckpt=modes, mem_fraction=mem_fraction,
                         max_tp=max_tp, max_pp=max_pp, max_ep=max_ep, max_cp=max_cp)
-    est = _estimator(spec, profile, db, extrapolate)
+    est = _estimator(spec, profile, db, extrapolate, calibration)
     res = est.layouts(spec, n, c, top=top)
     _banner(res.analytic_components)
+    out = _layouts_doc(res, geometry_dict(spec.model), provenance(est), spec, spec_path, n, mem_fraction)
+    _layouts_outputs(out, spec, n, est, emit, emit_spec, html)
     if want_json(json_out):
-        print_json(res.to_dict())
+        print_json(out)
+        return
+    if emit == "megatron" and out["best"] is not None:
+        typer.echo(out["megatron_args"])
         return
     from rich.table import Table
 
@@ -160,3 +247,42 @@ def layouts(
     if res.infeasible_counts:
         stdout.print("infeasible: " + ", ".join(f"{k} {v}" for k, v in sorted(res.infeasible_counts.items())),
                      highlight=False)
+    print_geometry([("model", out["geometry"])], f"geometry of {spec_path}")
+    print_provenance(out["provenance"])
+    for k, label in (("emitted_spec", "wrote the spec of plan #1 to"), ("html", "wrote the report")):
+        if out.get(k):
+            stderr.print(f"{label} {out[k]}", highlight=False)
+
+
+def _layouts_doc(res, geom: dict, prov: dict, spec, spec_path, n: int, mem_fraction: float) -> dict:
+    """The layouts JSON document: LayoutsResult.to_dict() plus geometry (on every plan and top level),
+    ``best`` (plan #1 or None), provenance and the inputs."""
+    out = res.to_dict()
+    for r in out["ranked"]:
+        r["geometry"] = geom
+    out.update(best=out["ranked"][0] if out["ranked"] else None, geometry=geom, provenance=prov,
+               spec=spec.model_dump(mode="json"), spec_path=str(spec_path), n_devices=n, mem_fraction=mem_fraction)
+    return out
+
+
+def _layouts_outputs(out: dict, spec, n: int, est, emit, emit_spec, html) -> None:
+    """--emit megatron, --emit-spec and --html of `layouts` (each about plan #1)."""
+    best = out["best"]
+    if (emit or emit_spec) and best is None:
+        raise SpecError("--emit/--emit-spec", "no feasible plan", "a spec with at least one feasible plan")
+    if emit == "megatron":
+        out["megatron_args"] = megatron_text(spec, best["layout"], n, est.profile.gpus_per_node)
+    if emit_spec:
+        from scaleplan.emit import spec_from, write_spec
+
+        lay = best["layout"]
+        write_spec(emit_spec, spec_from(spec, lay, n),
+                   f"scaleplan layouts: plan #1 of {out['spec_path']} on {n} x {est.profile.name}\n"
+                   f"predicted MFU {100 * best['mfu']:.2f}%, {best['mem_per_device_gb']:.1f} GB per device\n"
+                   f"estimate it with: scaleplan estimate {emit_spec}")
+        out["emitted_spec"] = str(emit_spec)
+    if html:
+        from scaleplan.report.html import write_report
+
+        write_report(html, "layouts", out)
+        out["html"] = str(html)

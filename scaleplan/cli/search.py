@@ -21,7 +21,11 @@ from scaleplan.cli._common import (
     stdout,
     want_json,
 )
+from scaleplan.cli._launch import finish as finish_launch
+from scaleplan.cli._launch import print_human as print_launch
+from scaleplan.cli.estimate import CalibrationOpt, EmitOpt, EmitSpecOpt, HtmlOpt, check_emit
 from scaleplan.errors import SpecError
+from scaleplan.report.provenance import calibration_option
 
 CKPT_ALL = "none,selective,super-selective,full"
 
@@ -81,6 +85,12 @@ def search(
     workers: int = typer.Option(0, "--workers", help="Processes for the per-geometry plan search (0: the usable CPUs)."),
     csv: Path = typer.Option(None, "--csv", help="Write the full feasible frontier (every feasible candidate) here."),
     plot: Path = typer.Option(None, "--plot", help="PNG: loss vs C_model by G (or optimal loss vs budget in a sweep)."),
+    mem_fraction: float = typer.Option(0.95, "--mem-fraction", help="Usable fraction of HBM per device (default "
+                                       "0.95: headroom for allocator fragmentation and transient buffers; README)."),
+    calibration: str = CalibrationOpt,
+    emit: str = EmitOpt,
+    emit_spec: Path = EmitSpecOpt,
+    html: Path = HtmlOpt,
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:
@@ -114,10 +124,16 @@ def search(
     url = db_url(db)
     loaded = load_law_full(url if law_name else None, law_name)
     law, law_source = loaded.law, loaded.source
-    est = Estimator(profile=profile, db_url=url, extrapolate=extrapolate)
+    check_emit(emit, optimizer, "--optimizer", {"--emit-spec": emit_spec, "--html": html})
+    if not 0 < mem_fraction <= 1:
+        raise SpecError("--mem-fraction", mem_fraction, "a fraction in (0, 1]")
+    cal_id, use_cal = calibration_option(calibration)
+    est = Estimator(profile=profile, db_url=url, extrapolate=extrapolate, calibration_id=cal_id,
+                    use_calibration=use_cal)
     if workers < 0:
         raise SpecError("--workers", workers, "0 (auto) or a positive integer")
-    m = Mosaic(est, grid, law, PlanConstraints(mbs=_ints("--mbs", mbs), ckpt=modes), progress=True,
+    plan_c = PlanConstraints(mbs=_ints("--mbs", mbs), ckpt=modes, mem_fraction=mem_fraction)
+    m = Mosaic(est, grid, law, plan_c, progress=True,
                workers=workers or default_workers(), support=loaded.support)
     if m.geoms.empty:
         raise SpecError("grid", f"{grid.n_combinations} combinations", "at least one realizable geometry "
@@ -167,10 +183,15 @@ def search(
         else:
             plot_pareto(res0.frontier, out["best"], plot,
                         f"{est.profile.name}: {env0.nodes} nodes, {env0.days:g} days, C_peak {res0.c_peak:.3g} FLOP")
+    finish_launch(out, res0, grid, est, env0, mem_fraction, emit, emit_spec, html)
     if want_json(json_out):
         print_json(out)
         return
+    if emit == "megatron":
+        typer.echo(out["megatron_args"])
+        return
     _human(out, results, est, env0, csv, plot)
+    print_launch(out)
 
 
 def _uncertainty(results, loaded, url, profile, samples, seed):
