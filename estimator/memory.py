@@ -82,9 +82,15 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
     t = {
         "norm1_in": (a * T * h, ""), "norm_stats": (2 * 8.0 * T, "fine"), "qkv_in": (a * T * h, ""),
         "qkv_out": (a * T * (nq + 2 * kv) * hd, ""), "qk_rope": (a * T * (nq + kv) * hd if rope else 0.0, ""),
-        "sdpa_out": (a * T * nq * hd, "core"), "sdpa_lse": (4.0 * T * nq, "core"),
-        "gate_sigmoid": (a * T * nq if g.gate else 0.0, "core"), "out_proj_in": (a * T * nq * hd, ""),
-        "norm2_in": (a * T * h, ""), "ffn_in": (a * T * h, ""),
+        # without the head gate the output projection's input is a view of the SDPA output (flash
+        # kernels return it in [b, s, heads, hd] layout), so that one buffer stays in every mode
+        "sdpa_out": (a * T * nq * hd, "core" if g.gate else ""), "sdpa_lse": (4.0 * T * nq, "core"),
+        "gate_sigmoid": (a * T * nq if g.gate else 0.0, "core"),
+        "out_proj_in": (a * T * nq * hd if g.gate else 0.0, ""),
+        "norm2_in": (a * T * h, ""),
+        # the FFN input is saved by a GEMM that reads it: the dense fc1, the shared expert or an fp32
+        # router; a low-precision MoE block without a shared expert keeps only the router's fp32 copy
+        "ffn_in": (a * T * h if (not is_moe or g.dsh or a == 4) else 0.0, ""),
     }
     if not is_moe:
         t.update(fc1_out=(a * T * w * g.dff, ""), act_out=(a * T * g.dff if g.glu else 0.0, "fine"),
@@ -160,11 +166,12 @@ class ModelState:
     master_grad: bool
     shard_optimizer: bool
     ddp_buckets: bool
+    router_fp32: bool = False  # router weights stored in fp32 (the fp32 router island): no master copy
 
 
 MEGATRON = ModelState("megatron", grad_bytes=4.0, master_grad=False, shard_optimizer=True, ddp_buckets=False)
 REFERENCE_DDP = ModelState("reference-ddp", grad_bytes=None, master_grad=True, shard_optimizer=False,
-                           ddp_buckets=True)  # scaleplan.validate.runner: DDP + MasterAdamW
+                           ddp_buckets=True, router_fp32=True)  # scaleplan.validate.runner: DDP + MasterAdamW
 MOMENT_BYTES = {k: v - 4.0 for k, v in OPT_STATE_BYTES.items()}  # the optimizer state without the fp32 master
 # Allocator overhead when no bench measurement exists (bench suite 'allocator' measures both):
 DEFAULT_ALLOCATOR_FRACTION = 0.10  # reserved / max allocated - 1 of the caching allocator in MoE training
@@ -210,15 +217,18 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     n_moe0 = L_stage - nd0
     per_layer_dense = g.attn_params / tp
     dense_first = L_stage * per_layer_dense + nd0 * g.dense_mlp_params / tp + n_moe0 * g.moe_dense_params / tp
-    dense_last = L_stage * per_layer_dense + (L_stage if g.is_moe else 0) * g.moe_dense_params / tp \
-        + (0 if g.is_moe else L_stage * g.dense_mlp_params / tp)
+    # the last stage of a pipeline holds MoE blocks only (the dense ones lead the model); with
+    # pp = 1 it is the first stage. It also holds the final norm (g.d gains, replicated over TP).
+    nd_last = np.where(pp > 1, 0.0 if g.is_moe else L_stage, nd0)
+    n_moe_last = L_stage - nd_last
+    dense_last = L_stage * per_layer_dense + nd_last * g.dense_mlp_params / tp + n_moe_last * g.moe_dense_params / tp \
+        + g.d
     exp_first = n_moe0 * g.expert_params / (ep * etp)
-    exp_last = (L_stage if g.is_moe else 0) * g.expert_params / (ep * etp)
+    exp_last = n_moe_last * g.expert_params / (ep * etp)
     emb = V_loc * g.d
     edp = np.maximum(tp * cp * dp / (ep * etp), 1)
     pb = state_bytes_per_param(state, g.precision, optimizer)
     opt_b = pb["master"] + pb["moments"]
-    grad_b = pb["grads"] * np.where(state.ddp_buckets & (dp > 1), 2.0, 1.0)
 
     act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope) if g.is_moe else 0.0
     act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope)
@@ -229,7 +239,7 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
                                                  dense_block_bytes(s, mbs, g, tp, zero, a, rope)), 0.0)
     inflight = np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
     act_first = inflight * (nd0 * act_den + n_moe0 * act_moe) + peak_layer
-    last_layers = (L_stage * act_moe) if g.is_moe else L_stage * act_den
+    last_layers = nd_last * act_den + n_moe_last * act_moe
     act_last = np.where(pp > 1, 1.0, inflight) * last_layers + peak_layer
 
     logits = 4.0 * s * mbs * V_loc  # fp32 logits in the forward, their gradient in the backward
@@ -242,14 +252,22 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
         n_p = dense_all + exp
         shard = (dense_all / (dp * cp) + exp / edp) if state.shard_optimizer else n_p
         outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, has_emb, has_head)
+        # fp32 router weights in a low-precision model: 4-byte weights and grads, no master copy
+        n_r = (n_moe0 if name == "first" else n_moe_last) * g.E * g.d * float(state.router_fp32 and g.is_moe)
+        lift = 4.0 - pb["weights"]
+        grads = pb["grads"] * n_p + lift * n_r
         out[name] = {
-            "weights": pb["weights"] * n_p,
-            "grads": grad_b * n_p,
-            "optimizer": opt_b * shard + pb["master_grads"] * n_p,
+            "weights": pb["weights"] * n_p + lift * n_r,
+            "grads": grads,
+            "optimizer": opt_b * shard - pb["master"] * n_r,
             "activations": act + outside * np.where(has_head, 1.0, inflight),
             "logits": np.where(has_head, logits, 0.0),
         }
-        alloc = sum(out[name].values())
+        if state.ddp_buckets:
+            out[name]["ddp_buckets"] = np.where(dp > 1, grads, 0.0)
+        if state.master_grad:
+            out[name]["master_grads"] = pb["master_grads"] * (n_p - n_r)
+        alloc = sum(out[name].values())  # the allocator term scales with everything allocated
         if allocator_fraction is None:
             out[name]["reserve"] = np.full_like(tp, float(reserve_bytes))
         else:
@@ -261,14 +279,28 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     return {k: np.where(worst_first, out["first"][k], out["last"][k]) for k in out["first"]}
 
 
-ALLOCATED = ("weights", "grads", "optimizer", "activations", "logits")
+ALLOCATED = ("weights", "grads", "optimizer", "activations", "logits", "ddp_buckets", "master_grads")
+OVERHEAD = ("reserve", "allocator", "context")
 
 
 def allocated_reserved(mem: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(allocated, reserved, device total) bytes from :func:`memory_breakdown`'s categories:
-    allocated = model state + activations + logits (torch.cuda.max_memory_allocated), reserved =
-    allocated + allocator (torch.cuda.memory_reserved; the legacy fixed reserve counts here),
-    device total = reserved + context (what nvidia-smi shows)."""
-    allocated = sum(mem[k] for k in ALLOCATED)
+    allocated = model state + activations + logits, all at once (a stack that keeps its gradient
+    buffers for the whole step, as Megatron does; see :func:`reference_peak_allocated` for one
+    that does not), reserved = allocated + allocator (torch.cuda.memory_reserved; the legacy fixed
+    reserve counts here), device total = reserved + context (what nvidia-smi shows)."""
+    allocated = sum(mem[k] for k in ALLOCATED if k in mem)
     reserved = allocated + mem.get("allocator", 0.0) + mem.get("reserve", 0.0)
     return allocated, reserved, reserved + mem.get("context", 0.0)
+
+
+def reference_peak_allocated(mem: dict[str, np.ndarray], n_mb) -> np.ndarray:
+    """Peak allocated bytes of the reference runner (:data:`REFERENCE_DDP`), whose gradients exist
+    only from the first backward to the optimizer step (zero_grad sets them to None) and whose fp32
+    master gradients only during the step: weights, master weights, moments and DDP buckets always;
+    then the larger of the forward/backward peak (activations and logits, plus the gradients of the
+    earlier micro-batches when n_mb > 1) and the optimizer step (gradients and master gradients)."""
+    always = mem["weights"] + mem["optimizer"] + mem.get("ddp_buckets", 0.0)
+    fwd_bwd = mem["activations"] + mem["logits"] + np.where(np.asarray(n_mb) > 1, mem["grads"], 0.0)
+    step = mem["grads"] + mem.get("master_grads", 0.0)
+    return always + np.maximum(fwd_bwd, step)

@@ -169,6 +169,7 @@ class MoEDecoder(nn.Module):
         self.blocks = nn.ModuleList(Block(m, f, ckpt) for f in moe_block_flags(m))
         self.norm = nn.LayerNorm(m.hidden_sz, bias=False)
         self.head = None if m.tie_embeddings else nn.Linear(m.hidden_sz, m.vocab_sz, bias=False)
+        self.on_stage = None  # callable(name) told 'embed', 'block<i>', 'head' as the forward enters each
         self.reset_parameters()
 
     @torch.no_grad()
@@ -189,14 +190,21 @@ class MoEDecoder(nn.Module):
         for r in self.routers():
             r.mb_key = key
 
+    def _stage(self, name: str) -> None:
+        if self.on_stage is not None:  # a probe (saved-tensor capture, profiler) labels what runs next
+            self.on_stage(name)
+
     def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         S = tokens.shape[1]
+        self._stage("embed")
         x = self.embed(tokens)
-        cos, sin = rope_tables(S, self.spec.head_dim, x.device, x.dtype)
+        cos, sin = rope_tables(S, self.spec.head_dim, x.device, x.dtype) if self.spec.rotary_embeds else (None, None)
         aux_total = x.new_zeros((), dtype=torch.float32)
-        for blk in self.blocks:
+        for i, blk in enumerate(self.blocks):
+            self._stage(f"block{i}")
             x, aux = _ckpt(blk, x, cos, sin, enabled=self.ckpt == "full")
             aux_total = aux_total + aux
+        self._stage("head")
         x = self.norm(x)
         w = self.embed.weight if self.head is None else self.head.weight
         logits = (x @ w.t()).float()  # fp32 upcast for the cross-entropy

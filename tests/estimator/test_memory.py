@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.memory import dense_layer_activation_bytes, memory_breakdown
+from scaleplan.estimator.memory import dense_block_bytes, dense_layer_activation_bytes, memory_breakdown
 from scaleplan.estimator.plans import plans_from_layouts
 
 from scaleplan.specs import Layout, ModelBlock
@@ -45,9 +45,11 @@ def test_flash_drops_the_score_term_and_full_recompute_keeps_layer_inputs():
     lays = [Layout(pp=1, dp=8, mbs=1, ckpt=c) for c in ("none", "full")]
     m = memory_breakdown(g, plans_from_layouts(lays, 8), gbs=64, seqlen=s, optimizer="adam")
     none, full = m["activations"]
-    one_layer = none / L
+    one_layer = float(dense_block_bytes(s, b, g, 1, 0))
+    outside = none - L * one_layer  # token ids, RoPE tables, final norm, LM head input, log-softmax
+    assert 0 < outside < one_layer
     # full: one stored [s, b, h] bf16 input per layer + one layer's activations while it is recomputed
-    assert full == pytest.approx(L * 2 * s * b * h + one_layer)
+    assert full == pytest.approx(L * 2 * s * b * h + one_layer + outside)
     assert none > full
 
 
