@@ -11,10 +11,27 @@ def one_line(text: str) -> str:
     return text if text.isprintable() else repr(text)[1:-1]
 
 
+def _picklable(value: object) -> object:
+    """``value`` if it pickles, else its repr (an error must always reach the parent process)."""
+    import pickle
+
+    try:
+        pickle.dumps(value)
+        return value
+    except Exception:
+        return repr(value)
+
+
 class ScaleplanError(Exception):
     """A user-facing error: bad input, missing data, or a refused operation (CLI exit status 2)."""
 
     exit_code = 2
+
+    def as_dict(self) -> dict:
+        """``{"field", "value", "allowed", "message"}`` for ``--json`` errors (field/value/allowed
+        are None where the error is not about one input)."""
+        return {"field": getattr(self, "field", None), "value": getattr(self, "value", None),
+                "allowed": getattr(self, "allowed", None), "message": one_line(str(self))}
 
 
 class SpecError(ScaleplanError):
@@ -26,6 +43,11 @@ class SpecError(ScaleplanError):
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
         super().__init__(f"{one_line(str(field))}: got {value!r}; {one_line(str(allowed))}")
+
+    def __reduce__(self):
+        # the default pickles self.args (the message) and calls cls(message): a worker process's
+        # SpecError could not cross the pool back to the parent (TypeError: missing arguments)
+        return type(self), (self.field, _picklable(self.value), self.allowed)
 
 
 class OutOfRangeError(ScaleplanError):
@@ -40,6 +62,13 @@ class OutOfRangeError(ScaleplanError):
             f"table {table}: {axis}={value:g} is outside the measured range [{lo:g}, {hi:g}]; "
             "measure it with `scaleplan bench` or pass --extrapolate clamp"
         )
+
+    def __reduce__(self):
+        return type(self), (self.table, self.axis, self.value, self.lo, self.hi)
+
+    def as_dict(self) -> dict:
+        return {"field": f"{self.table}.{self.axis}", "value": self.value,
+                "allowed": f"[{self.lo:g}, {self.hi:g}] (the measured range)", "message": one_line(str(self))}
 
 
 class NotImplementedYet(ScaleplanError):

@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scaleplan.errors import SpecError
 
+# The most nodes a profile can mean (2^16: 524,288 GPUs at 8 per node, beyond any cluster built so far).
+# A profile may set a lower ``max_nodes``; the local machine (cpu-local) is one node.
+MAX_NODES = 65_536
+
 
 class DispatchDefaults(BaseModel):
     """A node type's CPU-dispatch law (sec:iteration-time-model): t_disp = L_stage kappa(E_loc) t_gap
@@ -34,7 +38,7 @@ class DispatchDefaults(BaseModel):
 class ClusterProfile(BaseModel):
     """A node type. ``peak_flops[precision]`` is dense FLOP/s per GPU (C_peak uses bf16 by default)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     name: str
     gpu_name: str
     gpus_per_node: int = Field(gt=0)
@@ -49,6 +53,20 @@ class ClusterProfile(BaseModel):
     serial_dispatch: bool = False
     # per-device memory outside the model (framework context, communication buffers), bytes
     memory_reserve_bytes: float = Field(default=5e9, ge=0)
+    # the largest cluster of this node type a plan may ask for (N_dev <= max_nodes * gpus_per_node)
+    max_nodes: int = Field(default=MAX_NODES, gt=0, le=MAX_NODES)
+
+    @property
+    def max_devices(self) -> int:
+        """The most devices (N_dev) a plan on this profile can mean: max_nodes * gpus_per_node."""
+        return self.max_nodes * self.gpus_per_node
+
+    def check_devices(self, n: int, field: str = "--devices") -> int:
+        """``n`` if 1 <= n <= max_devices. Raises SpecError naming ``field`` otherwise."""
+        if not 1 <= n <= self.max_devices:
+            raise SpecError(field, n, f"1 to {self.max_devices} devices ({self.max_nodes} nodes x "
+                            f"{self.gpus_per_node} per node of {self.name})")
+        return n
 
     def peak(self, precision: str = "bf16") -> float:
         """Peak dense FLOP/s per device for ``precision``; falls back to bf16, then fp32.
@@ -91,28 +109,60 @@ def _ram_bytes() -> float:
 
 
 @functools.lru_cache(maxsize=None)
-def load_profile(name: str) -> ClusterProfile:
-    """Load a built-in profile by node type (or a path to a profile YAML).
+def profile_file(name: str) -> ClusterProfile:
+    """A profile as its YAML says (no measurement): a built-in node type or a path to a profile YAML.
 
-    Raises SpecError for an unknown name or an invalid file.
+    Raises SpecError (one line) for an unknown name, an unreadable file, bad YAML or an invalid field.
     """
     path = Path(name)
     if not (path.suffix in (".yaml", ".yml") and path.exists()):
         path = _profile_dir() / f"{name}.yaml"
         if not path.exists():
             raise SpecError("profile", name, f"one of {', '.join(profile_names())} or a profile YAML path")
-    data = yaml.safe_load(path.read_text())
     try:
-        prof = ClusterProfile.model_validate(data)
-    except Exception as e:  # pydantic ValidationError -> one line
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError("profile", str(path), f"a readable UTF-8 YAML file ({type(e).__name__})") from None
+    except (yaml.YAMLError, RecursionError) as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise SpecError("profile", str(path), f"valid YAML (parse error{where})") from None
+    if not isinstance(data, dict):
+        raise SpecError("profile", str(path), "a YAML mapping of profile fields (name, gpu_name, ...)")
+    try:
+        return ClusterProfile.model_validate(data)
+    except Exception as e:  # pydantic ValidationError -> one line naming the first bad field
+        errs = getattr(e, "errors", None)
+        if callable(errs) and errs():
+            first = errs()[0]
+            field = ".".join(str(x) for x in first["loc"]) or "<profile>"
+            raise SpecError(f"profile {path.name}: {field}", first.get("input"), first["msg"]) from None
         raise SpecError(f"profile {path.name}", "...", str(e).splitlines()[0]) from None
+
+
+def max_devices(name: str) -> int:
+    """The most devices a plan on profile ``name`` can mean (no GEMM is timed for cpu-local).
+
+    Raises SpecError for an unknown or invalid profile.
+    """
+    prof = profile_file(name)
+    return usable_cpus() if prof.measure_peak else prof.max_devices
+
+
+@functools.lru_cache(maxsize=None)
+def load_profile(name: str) -> ClusterProfile:
+    """Load a built-in profile by node type (or a path to a profile YAML).
+
+    Raises SpecError for an unknown name or an invalid file.
+    """
+    prof = profile_file(name)
     if prof.measure_peak:
         flops = measure_cpu_gemm_flops()
         lanes = {p: flops for p in ("fp32", "tf32", "bf16", "fp16")}
         # every "device" of the local machine (one core at the default one thread per process) is on
         # this one node: a DP group of processes here talks over loopback, intra-node
         prof = prof.model_copy(update={"peak_flops": lanes, "hbm_bytes": prof.hbm_bytes or _ram_bytes(),
-                                       "gpus_per_node": usable_cpus()})
+                                       "gpus_per_node": usable_cpus(), "max_nodes": 1})
     return prof
 
 

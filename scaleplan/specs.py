@@ -23,7 +23,24 @@ Precision = Literal["bf16", "fp16", "fp8", "fp4", "tf32", "fp32"]
 Optimizer = Literal["adam", "adamw", "muon", "scion", "sgd"]
 CkptMode = Literal["none", "selective", "super-selective", "full"]
 
-_Strict = ConfigDict(extra="forbid", frozen=True)
+_Strict = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+# Physical bounds of every spec field (docs: README "Input bounds"). Generous beyond any published
+# model (largest: ~126 layers, d = 16384, 256 experts, 256k vocabulary) yet small enough that every
+# product the estimator forms (FLOPs, bytes, N_tot) stays a finite float and every loop is short.
+MAX_LAYERS = 1024
+MAX_WIDTH = 2**20          # hidden_sz, inter_sz, expert_inter_sz
+MAX_HEADS = 4096           # n_q_heads, n_kv_heads
+MAX_HEAD_DIM = 4096
+MAX_VOCAB = 2**24
+MAX_EXPERTS = 2**16
+MAX_TOPK = 1024
+MAX_CAPACITY = 64.0
+MAX_SEQLEN = 2**24         # tokens per sequence
+MAX_GBS = 2**24            # sequences per global batch
+MAX_MBS = 2**16            # sequences per micro-batch
+MAX_DEGREE = 2**22         # any parallel degree (and N_dev before the profile's own cap)
+MAX_VPP = 1024
 
 
 class _FieldCheck(ValueError):
@@ -38,14 +55,14 @@ class MoESpec(BaseModel):
     """``model.moe``: routed experts E, top-K, expert width d_expert, shared expert, ETP."""
 
     model_config = _Strict
-    n_experts: int = Field(gt=0)
-    experts_per_token: int = Field(gt=0)
-    capacity_factor: float = Field(default=1.0, gt=0)
-    expert_inter_sz: int = Field(gt=0)
-    shared_expert_inter_sz: int = Field(default=0, ge=0)
-    moe_frequency: int = Field(default=1, gt=0)
-    expert_tp_degree: int = Field(default=1, gt=0)
-    first_dense_layers: int = Field(default=1, ge=0)
+    n_experts: int = Field(gt=0, le=MAX_EXPERTS)
+    experts_per_token: int = Field(gt=0, le=MAX_TOPK)
+    capacity_factor: float = Field(default=1.0, gt=0, le=MAX_CAPACITY)
+    expert_inter_sz: int = Field(gt=0, le=MAX_WIDTH)
+    shared_expert_inter_sz: int = Field(default=0, ge=0, le=MAX_WIDTH)
+    moe_frequency: int = Field(default=1, gt=0, le=MAX_LAYERS)
+    expert_tp_degree: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    first_dense_layers: int = Field(default=1, ge=0, le=MAX_LAYERS)
 
     @model_validator(mode="after")
     def _k_le_e(self) -> "MoESpec":
@@ -59,13 +76,13 @@ class ModelBlock(BaseModel):
     """``model``: the dense transformer geometry and precision."""
 
     model_config = _Strict
-    n_layers: int = Field(gt=0)
-    hidden_sz: int = Field(gt=0)
-    inter_sz: int = Field(gt=0)
-    n_q_heads: int = Field(gt=0)
-    n_kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    vocab_sz: int = Field(gt=0)
+    n_layers: int = Field(gt=0, le=MAX_LAYERS)
+    hidden_sz: int = Field(gt=0, le=MAX_WIDTH)
+    inter_sz: int = Field(gt=0, le=MAX_WIDTH)
+    n_q_heads: int = Field(gt=0, le=MAX_HEADS)
+    n_kv_heads: int = Field(gt=0, le=MAX_HEADS)
+    head_dim: int = Field(gt=0, le=MAX_HEAD_DIM)
+    vocab_sz: int = Field(gt=0, le=MAX_VOCAB)
     precision: Precision = "bf16"
     sdpa_precision: Precision = "bf16"
     glu: bool = True
@@ -92,7 +109,7 @@ class ModelBlock(BaseModel):
 
 class SearchBlock(BaseModel):
     model_config = _Strict
-    num_devices: int | None = Field(default=None, gt=0)
+    num_devices: int | None = Field(default=None, gt=0, le=MAX_DEGREE)
 
 
 class PerformanceBlock(BaseModel):
@@ -107,9 +124,9 @@ class OptimizerBlock(BaseModel):
 
 class DataBlock(BaseModel):
     model_config = _Strict
-    gbs: int = Field(default=1024, gt=0)
-    seqlen: int = Field(default=2048, gt=0)
-    microbatch_sz: int = Field(default=1, gt=0)
+    gbs: int = Field(default=1024, gt=0, le=MAX_GBS)
+    seqlen: int = Field(default=2048, gt=0, le=MAX_SEQLEN)
+    microbatch_sz: int = Field(default=1, gt=0, le=MAX_MBS)
 
 
 class HardwareBlock(BaseModel):
@@ -125,26 +142,26 @@ class Layout(BaseModel):
     """
 
     model_config = _Strict
-    tp: int = Field(default=1, gt=0)
-    cp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    dp: int | None = Field(default=None, gt=0)
-    ep: int = Field(default=1, gt=0)
-    etp: int = Field(default=1, gt=0)
-    vpp: int = Field(default=1, gt=0)
-    mbs: int = Field(default=1, gt=0)
+    tp: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    cp: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    pp: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    dp: int | None = Field(default=None, gt=0, le=MAX_DEGREE)
+    ep: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    etp: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    vpp: int = Field(default=1, gt=0, le=MAX_VPP)
+    mbs: int = Field(default=1, gt=0, le=MAX_MBS)
     ckpt: CkptMode = "full"
 
 
 class ParallelismBlock(BaseModel):
     model_config = _Strict
-    tp: int = Field(default=1, gt=0)
-    cp: int = Field(default=1, gt=0)
-    pp: int = Field(default=1, gt=0)
-    dp: int | None = Field(default=None, gt=0)
-    ep: int = Field(default=1, gt=0)
-    etp: int | None = Field(default=None, gt=0)
-    vpp: int = Field(default=1, gt=0)
+    tp: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    cp: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    pp: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    dp: int | None = Field(default=None, gt=0, le=MAX_DEGREE)
+    ep: int = Field(default=1, gt=0, le=MAX_DEGREE)
+    etp: int | None = Field(default=None, gt=0, le=MAX_DEGREE)
+    vpp: int = Field(default=1, gt=0, le=MAX_VPP)
 
 
 class Spec(BaseModel):
@@ -256,7 +273,12 @@ def parse_layout(text: str, base: Layout | None = None) -> Layout:
             if n <= 0:
                 raise SpecError(f"--layout {key}", val, "a positive integer")
             values[key] = n
-    return Layout(**values)
+    try:
+        return Layout(**values)
+    except ValidationError as err:  # a bound (e.g. tp <= MAX_DEGREE): one line naming the key
+        e = err.errors()[0]
+        key = ".".join(str(x) for x in e["loc"])
+        raise SpecError(f"--layout {key}", e.get("input"), e["msg"]) from None
 
 
 def parse_ckpt_modes(text: str, field: str = "--ckpt") -> tuple[str, ...]:

@@ -81,3 +81,28 @@ def test_parse_layout_keeps_base_and_rejects_bad_keys():
         with pytest.raises(SpecError) as ei:
             parse_layout(bad)
         assert str(ei.value).startswith(field)
+
+
+@pytest.mark.parametrize("path,value", [
+    ("model.n_layers", 1e23), ("model.n_layers", 10**23), ("model.hidden_sz", 2**40),
+    ("model.vocab_sz", 10**12), ("model.moe.n_experts", 10**9), ("model.moe.capacity_factor", float("inf")),
+    ("model.moe.capacity_factor", float("nan")), ("data.seqlen", 10**15), ("data.gbs", 10**15),
+    ("search.num_devices", 10**20), ("parallelism.pp", 10**20),
+])
+def test_physical_bounds(path, value):
+    """Absurd sizes (the issue's `n_layers: 1e23`), inf and NaN are refused naming the field."""
+    with pytest.raises(SpecError) as e:
+        parse_spec(with_change(path, value))
+    assert e.value.field == path
+
+
+def test_n_layers_1e23_from_yaml():
+    """As a user writes it in YAML: `1.0e+23` is a float PyYAML reads as 1e23, an integral value."""
+    d = yaml.safe_load(yaml.safe_dump(GOOD).replace("n_layers: 48", "n_layers: 1.0e+23"))
+    with pytest.raises(SpecError, match=r"model\.n_layers: got 1e\+23"):
+        parse_spec(d)
+
+
+def test_layout_bounds_are_one_line_spec_errors():
+    with pytest.raises(SpecError, match="--layout tp"):
+        parse_layout("tp=99999999999999999999")

@@ -4,13 +4,14 @@ The planner commands (estimate, layouts, search, law) never import torch, so the
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import typer
 from rich.markup import escape
 from sqlalchemy.exc import DBAPIError
 
-from scaleplan.cli._common import STATE, stderr
+from scaleplan.cli._common import STATE, print_json, stderr, use_scaleplan_commands
 from scaleplan.db.session import mask_url, resolve_url
 from scaleplan.errors import ScaleplanError, one_line
 
@@ -24,7 +25,7 @@ def _globals(
     json_out: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks."),
 ) -> None:
-    STATE.db, STATE.json, STATE.debug = db, json_out, debug
+    STATE.db, STATE.json, STATE.debug = db, json_out, debug or STATE.debug
 
 
 def _register() -> None:
@@ -40,13 +41,36 @@ def _register() -> None:
         search.search)
     app.command("validate", help="Run real training steps of a spec and compare with the prediction.")(
         validate.validate)
+    use_scaleplan_commands(app)  # --debug and the numeric bounds on every command
 
 
 _register()
 
 
+def _json_wanted(argv: list[str]) -> bool:
+    """--json anywhere before a bare '--' (the error may come before the option is parsed)."""
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    return STATE.json or "--json" in args
+
+
+def _fail(argv: list[str], message: str, detail: dict | None = None, code: int = 2) -> None:
+    """One line on stderr, or ``{"error": {field, value, allowed, message}}`` on stdout under --json."""
+    if _json_wanted(argv):
+        d = {"field": None, "value": None, "allowed": None, "message": message, **(detail or {})}
+        v = d["value"]
+        if isinstance(v, float) and not math.isfinite(v) or not isinstance(v, (int, float, str, type(None))):
+            d["value"] = str(v)  # inf/nan (JSON has neither) and tuples stay visible as text
+        print_json({"error": d})
+    else:
+        stderr.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True)
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run the app; user errors become one line on stderr and exit status 2."""
+    """Entry point: run the app; user errors become one line on stderr (or a JSON ``error`` object
+    on stdout under --json) and exit status 2; ``--debug`` shows the traceback instead."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    STATE.json, STATE.debug = False, "--debug" in argv  # in-process callers (tests) run main many times
     try:
         rv = app(args=argv, standalone_mode=False)
         if isinstance(rv, int) and rv:  # typer.Exit(n) and Ctrl-C come back as a return value here
@@ -54,15 +78,13 @@ def main(argv: list[str] | None = None) -> None:
     except ScaleplanError as e:
         if STATE.debug:
             raise
-        stderr.print(f"[red]error:[/red] {escape(one_line(str(e)))}", highlight=False, markup=True)
-        sys.exit(e.exit_code)
+        _fail(argv, one_line(str(e)), e.as_dict(), e.exit_code)
     except DBAPIError as e:
         if STATE.debug:
             raise
         first = str(e.orig).strip().splitlines()[0] if e.orig else str(e).splitlines()[0]
         where = mask_url(resolve_url(STATE.url_in_use or STATE.db))
-        stderr.print(f"[red]error:[/red] database {escape(where)}: {escape(first)}", highlight=False)
-        sys.exit(2)
+        _fail(argv, one_line(f"database {where}: {first}"), {"field": "--db", "value": where})
     except KeyboardInterrupt:
         stderr.print("interrupted")
         sys.exit(130)
@@ -79,11 +101,15 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(e, typer.Exit):
             sys.exit(e.exit_code)
         if isinstance(e, cx.ClickException):  # one line, like every other user error
+            if STATE.debug:
+                raise
             ctx = getattr(e, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             msg = " ".join(e.format_message().split())
-            stderr.print(f"[red]error:[/red] {escape(msg + hint)}", highlight=False, markup=True)
-            sys.exit(2)
+            param = getattr(e, "param", None)
+            field = (getattr(e, "param_hint", None) or (param.opts[0] if param is not None and param.opts else None))
+            value = argv[argv.index(field) + 1] if field in argv[:-1] else None
+            _fail(argv, one_line(msg + hint), {"field": field, "value": value, "allowed": msg})
         if isinstance(e, typer.Abort):
             sys.exit(130)
         raise

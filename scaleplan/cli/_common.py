@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand
 
 stdout = Console(soft_wrap=True)
 stderr = Console(stderr=True, soft_wrap=True)
@@ -78,3 +79,167 @@ def progress(**kw):
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=stderr, transient=True, disable=kw.pop("disable", False), **kw)
+
+
+# --- bounds of every numeric option -------------------------------------------------------------
+# (kind, lo, hi, lo_open, allowed): kind "int"/"float" for one value, "ints"/"floats" for a
+# comma-separated list. A value outside [lo, hi] (or NaN/inf, or lo itself where lo_open) is a
+# one-line SpecError before the command does any work. Keys are "command.param" or "param".
+# The caps are physical (README "Input bounds"): see scaleplan.specs and scaleplan.profiles.
+MAX_DAYS = 3650.0  # a ten-year training window; C_peak and every token count stay finite floats
+_BIG = 2**63 - 1   # database ids
+Bound = tuple[str, float, float, bool, str]
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def _b(kind: str, lo: float, hi: float, lo_open: bool = False, allowed: str = "") -> Bound:
+    lo_s = f"({_fmt(lo)}" if lo_open else f"[{_fmt(lo)}"
+    noun = "numbers" if "float" in kind else "integers"
+    return kind, lo, hi, lo_open, allowed or f"{noun} in {lo_s}, {_fmt(hi)}]"
+
+
+def _bounds() -> dict[str, Bound]:
+    from scaleplan.profiles import MAX_NODES
+    from scaleplan.specs import MAX_DEGREE, MAX_EXPERTS, MAX_GBS, MAX_HEADS, MAX_MBS, MAX_SEQLEN, MAX_TOPK, \
+        MAX_VOCAB, MAX_VPP
+
+    return {
+        "devices": _b("int", 1, MAX_DEGREE), "top": _b("int", 1, 100_000),
+        "max_tp": _b("int", 1, MAX_DEGREE), "max_pp": _b("int", 1, MAX_DEGREE),
+        "max_ep": _b("int", 1, MAX_DEGREE), "max_cp": _b("int", 1, MAX_DEGREE),
+        "mbs": _b("ints", 1, MAX_MBS), "vpp": _b("ints", 1, MAX_VPP),
+        "mem_fraction": _b("float", 0, 1, True, "a fraction in (0, 1]"),
+        "nodes": _b("ints", 1, MAX_NODES), "days": _b("floats", 0, MAX_DAYS, True,
+                                                     f"days in (0, {MAX_DAYS:g}] (finite)"),
+        "goodput": _b("float", 0, 1, True, "a fraction in (0, 1]"),
+        "gbs": _b("int", 1, MAX_GBS), "seqlen": _b("int", 1, MAX_SEQLEN),
+        "q": _b("ints", 1, 256, allowed="ladder seeds in [1, 256] (L = 4q <= 1024 layers)"),
+        "experts": _b("ints", 1, MAX_EXPERTS), "topk": _b("ints", 1, MAX_TOPK),
+        "search.g": _b("ints", 1, 1024), "g": _b("float", 1, 1024),
+        "s_min": _b("float", 0, 0.9999, allowed="a sparsity in [0, 1)"),
+        "s_max": _b("float", 0, 0.9999, allowed="a sparsity in [0, 1)"),
+        "s": _b("float", 0, 0.9999, allowed="a sparsity in [0, 1)"),
+        "tpp_min": _b("float", 0, 1e6, True), "tpp_max": _b("float", 0, 1e6, True),
+        "vocab": _b("int", 1, MAX_VOCAB), "kv_heads": _b("int", 1, MAX_HEADS),
+        "workers": _b("int", 0, 1024, allowed="0 (auto) or a process count up to 1024"),
+        "calibration": _b("int", 1, _BIG, allowed="a calibration id (see `scaleplan calibrate list`)"),
+        "resume": _b("ints", 1, _BIG, allowed="run ids (see `scaleplan bench runs`)"),
+        "run_ids": _b("ints", 1, _BIG, allowed="run ids (see `scaleplan bench runs`)"),
+        "steps": _b("int", 1, 100_000), "warmup": _b("int", 0, 100_000),
+        "nproc": _b("int", 1, 1024), "threads": _b("int", 1, 4096), "size": _b("int", 1, 65_536),
+        "n_tot": _b("float", 0, 1e16, True, "a parameter count in (0, 1e16]"),
+        "d": _b("float", 0, 1e18, True, "a token count in (0, 1e18]"),
+        "budget": _b("floats", 0, 1e32, True, "FLOP budgets in (0, 1e32]"),
+        "points": _b("int", 2, 10_000), "bootstrap": _b("int", 0, 100_000), "starts": _b("int", 1, 100_000),
+        "restarts": _b("int", 0, 100_000), "seed": _b("int", 0, 2**32 - 1),
+        "samples": _b("int", 0, 100_000, allowed="0 (none) to 100000 draws"),
+        "prescription": _b("float", 0, 1e32, True, "a FLOP count in (0, 1e32]"),
+        "s_step": _b("float", 0, 0.5, True, "a sparsity bin width in (0, 0.5]"),
+    }
+
+
+def _numbers(kind: str, value: Any) -> list[float] | None:
+    """The numbers in ``value`` (None where a non-numeric list is left to the command's own parser)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [v for x in value for v in (_numbers(kind, x) or [])]
+    try:
+        return [int(x) if "int" in kind else float(x) for x in str(value).replace(" ", "").split(",") if x]
+    except ValueError:
+        return None
+
+
+def check_bounds(command: str, params: dict[str, Any]) -> None:
+    """Raise SpecError for the first option of ``command`` whose value is outside its bound
+    (table above), or a device/node count beyond what the profile's node count can mean."""
+    from scaleplan.errors import SpecError
+
+    bounds = _bounds()
+    for name, value in params.items():
+        b = bounds.get(f"{command}.{name}") or bounds.get(name)
+        if b is None or value is None:
+            continue
+        kind, lo, hi, lo_open, allowed = b
+        flag = "--" + name.replace("_", "-")
+        for v in _numbers(kind, value) or []:
+            ok = math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi
+            if not ok or ("int" in kind and v != int(v)):
+                raise SpecError(flag, v, allowed)
+    _check_profile_size(params)
+
+
+def _check_profile_size(params: dict[str, Any]) -> None:
+    """--devices within max_nodes * gpus_per_node of the profile (--profile, else the spec's node type);
+    --nodes within its max_nodes."""
+    from scaleplan.errors import SpecError
+    from scaleplan.profiles import max_devices, profile_file
+
+    devices, nodes = params.get("devices"), params.get("nodes")
+    if devices is None and nodes is None:
+        return
+    name = params.get("profile")
+    spec = params.get("spec_path") or params.get("spec")
+    if not name and spec is not None:
+        from scaleplan.specs import load_spec
+
+        name = load_spec(spec).hardware.node_type
+    if not name:
+        return
+    if devices is not None and devices > max_devices(name):
+        raise SpecError("--devices", devices, f"1 to {max_devices(name)} devices on {name}")
+    prof = profile_file(name)
+    for n in _numbers("ints", nodes) or []:
+        if n > prof.max_nodes or (prof.measure_peak and n > 1):
+            cap = 1 if prof.measure_peak else prof.max_nodes
+            raise SpecError("--nodes", n, f"1 to {cap} nodes of {name}")
+
+
+def _debug_option():
+    """A ``--debug`` flag for a leaf command (sets STATE.debug; the command never sees it)."""
+    from typer.main import _get_params_name_from_function
+
+    def _f(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.", is_eager=True)) -> None: ...
+
+    (opt,), _ = _get_params_name_from_function(_f)
+    opt.expose_value = False
+    opt.callback = _set_debug
+    return opt
+
+
+def _set_debug(ctx, param, value):
+    if value:
+        STATE.debug = True
+    return value
+
+
+class ScaleplanCommand(TyperCommand):
+    """Every leaf command: accepts ``--debug`` and checks its numeric options' bounds
+    (:func:`check_bounds`) after parsing, before any work."""
+
+    def __init__(self, *args: Any, params: list | None = None, **kw: Any) -> None:
+        params = list(params or [])
+        if not any(p.name == "debug" for p in params):
+            params.append(_debug_option())
+        super().__init__(*args, params=params, **kw)
+
+    def parse_args(self, ctx, args):
+        rest = super().parse_args(ctx, args)
+        if not ctx.resilient_parsing:
+            check_bounds(self.name or "", ctx.params)
+        return rest
+
+
+def use_scaleplan_commands(app: typer.Typer) -> None:
+    """Make every command of ``app`` (and of its sub-apps) a :class:`ScaleplanCommand`."""
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):  # typer fills in its own class as the default
+            info.cls = ScaleplanCommand
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            use_scaleplan_commands(group.typer_instance)

@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
-from scaleplan.errors import ScaleplanError
+from scaleplan.errors import ScaleplanError, SpecError
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -39,7 +39,7 @@ def _ids(text: str | None) -> list[int]:
     try:
         return [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        raise ScaleplanError(f"--resume: {text!r} is not a comma-separated list of run ids") from None
+        raise SpecError("--resume", text, "a comma-separated list of run ids") from None
 
 
 @contextlib.contextmanager
@@ -176,8 +176,10 @@ def _run_torchrun(preset, suites, profile, url, device, ids, json_out) -> None:
 
 @app.command("plan")
 def plan(
-    spec: Path = typer.Argument(..., help="Spec YAML."),
-    devices: int = typer.Option(..., "--devices", min=1, help="Number of devices N."),
+    spec: Path = typer.Argument(None, help="Spec YAML (or --search)."),
+    devices: int = typer.Option(None, "--devices", min=1, help="Number of devices N (with SPEC)."),
+    search: Path = typer.Option(None, "--search", help="A `scaleplan search --json` output: the points its "
+                                "near-tie set (P(optimal) >= 5%; else the optimum) looks up, instead of SPEC's."),
     layout: list[str] = typer.Option(
         None,
         "--layout",
@@ -194,6 +196,13 @@ def plan(
     from scaleplan.bench import plan as bplan
 
     url = db_url(db)
+    if (spec is None) == (search is None):
+        raise ScaleplanError("bench plan: give a SPEC (with --devices) or --search SEARCH.json, not both")
+    if search is not None:
+        _plan_search(search, profile, url, run_, device, json_out)
+        return
+    if devices is None:
+        raise ScaleplanError("bench plan: --devices is required with a SPEC")
     lookups, prof = bplan.lookups(spec, devices, layout or None, profile, url)
     if not run_:
         if want_json(json_out):
@@ -219,6 +228,37 @@ def plan(
     _print_results(results, time.perf_counter() - t0, want_json(json_out))
 
 
+def _plan_search(search: Path, profile: str | None, url, run_: bool, device, json_out: bool) -> None:
+    """bench plan --search: the points the search's near-tie set looks up (see scaleplan.mosaic.shapes)."""
+    from scaleplan.bench import plan as bplan
+    from scaleplan.db.session import ensure_schema, resolve_url
+    from scaleplan.estimator import Estimator
+    from scaleplan.mosaic.shapes import deciding_points, read_search
+
+    found = read_search(search)
+    url = resolve_url(url)
+    ensure_schema(url)
+    prof = profile or found["profile"]
+    got = deciding_points(found, Estimator(profile=prof, db_url=url, extrapolate="clamp"))
+    if not run_:
+        if want_json(json_out):
+            print_json({"profile": prof, "devices": found["n_devices"], **got})
+            return
+        stdout.print(f"points the near-tie set looks up ({', '.join(got['candidates']) or 'none'}):")
+        for suite_name, pts in got["lookups"].items():
+            stdout.print(f"[bold]{suite_name}[/bold] ({len(pts)} points)")
+            for p in pts:
+                stdout.print("  " + ", ".join(f"{k}={v}" for k, v in p.items() if k != "needed_by")
+                             + f"  <- {len(p['needed_by'])} candidate(s)", highlight=False)
+        return
+    points = {s: [{k: v for k, v in p.items() if k != "needed_by"} for p in pts] for s, pts in got["lookups"].items()}
+    t0 = time.perf_counter()
+    with _exit_codes():
+        results = bplan.run_lookups(points, search, url, profile=prof, device=device,
+                                    on_event=_progress_printer(quiet=False))
+    _print_results(results, time.perf_counter() - t0, want_json(json_out))
+
+
 @app.command("runs")
 def runs(
     db: str = DbOpt,
@@ -232,7 +272,7 @@ def runs(
     url = resolve_url(db_url(db))
     ensure_schema(url)
     if source not in (None, "measured", "imported"):
-        raise ScaleplanError(f"--source: {source!r} is not measured or imported")
+        raise SpecError("--source", source, "measured or imported")
     rows = store.list_runs(url, source)
     if want_json(json_out):
         print_json({"runs": rows})

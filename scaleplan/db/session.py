@@ -95,7 +95,11 @@ def get_engine(url: str | None = None) -> Engine:
     event.listen(eng, "connect", _sqlite_pragmas)
     path = make_url(url).database  # the file's folder is made only for a URL SQLAlchemy accepted
     if path and path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # under a file, a read-only or a permission-denied folder
+            raise SpecError("--db", mask_url(url), f"a file in a folder that exists or can be created "
+                            f"({e.strerror or type(e).__name__}: {Path(path).parent})") from None
     return eng
 
 

@@ -42,8 +42,13 @@ class MeasurementError(ScaleplanError):
 
     def __init__(self, table: str, index: int, column: str, value: Any, allowed: str, batch: int):
         self.table, self.index, self.column, self.value = table, index, column, value
+        self._args = (table, index, column, value, allowed, batch)
+        self.field, self.allowed = f"{table}[{index}].{column}", allowed
         super().__init__(f"{table} row {index}: {one_line(str(column))}={value!r}; {allowed} "
                          f"(batch of {batch} rejected, nothing written)")
+
+    def __reduce__(self):  # picklable across worker processes (the default would call cls(message))
+        return type(self), self._args
 
 
 @lru_cache(maxsize=None)

@@ -27,6 +27,10 @@ def test_connection_errors_mask_the_password(cli, argv):
     code, out, err = cli(*argv, "--db", REFUSED)
     assert code == 2, (out, err)
     assert SECRET not in out + err
+    if "--json" in argv:  # the error is a JSON object on stdout, nothing on stderr
+        e = json.loads(out)["error"]
+        assert "planner:***@127.0.0.1" in e["message"] and e["field"] == "--db" and not err.strip(), (out, err)
+        return
     assert "planner:***@127.0.0.1" in err and len(err.strip().splitlines()) == 1, err
 
 
