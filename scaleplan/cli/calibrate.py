@@ -205,6 +205,8 @@ def report(profile: str = ProfileOpt,
            calibration: int = typer.Option(None, "--calibration", help="Report this calibration id (default: newest)."),
            mode: str = ModeOpt,
            plot: Path = typer.Option(None, "--plot", help="Write a parity plot (PNG)."),
+           html: Path = typer.Option(None, "--html", metavar="FILE",
+                                     help="Write a self-contained HTML report (interactive parity plot)."),
            sweep: list[str] = typer.Option(None, "--sweep", help="Only these sweeps (repeatable)."),
            extrapolate: str = ExtrapOpt,
            db: str = DbOpt, json_out: bool = JsonOpt) -> None:
@@ -215,6 +217,11 @@ def report(profile: str = ProfileOpt,
     _check_extrapolate(extrapolate)
     out = build_report(db_url(db), profile, calibration, mode, plot=str(plot) if plot else None,
                        sweeps=sweep or None, extrapolate=extrapolate)
+    if html:
+        from scaleplan.report.html import write_report
+
+        write_report(html, "calibrate", out)
+        stderr.print(f"wrote the report {html}", highlight=False)
     if want_json(json_out):
         print_json(out)
         return

@@ -98,6 +98,8 @@ def validate(
     bench: bool = typer.Option(False, "--bench", help="First measure on this machine the table points the "
                                "prediction looks up (`scaleplan bench plan SPEC --devices NPROC --run`), with "
                                "the threads each DP process gets."),
+    html: Path = typer.Option(None, "--html", metavar="FILE", help="Also write a self-contained HTML report "
+                              "(measured vs predicted, predicted per-component bars)."),
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:
@@ -118,6 +120,8 @@ def validate(
         if not torch.cuda.is_available():
             raise SpecError("--device", "cuda", "no CUDA device is visible here; use --device cpu")
     check_extrapolate(extrapolate)
+    if html is not None and not Path(html).resolve().parent.is_dir():  # before minutes of training steps
+        raise SpecError("--html", str(html), "a file in an existing directory")
     sp = load_spec(spec)
     base = sp.default_layout()
     layouts = [parse_layout(s, base) for s in layout] if layout else [base]
@@ -141,6 +145,13 @@ def validate(
         oid = compare.store_observation(url, sp, spec.stem, lay, nproc, profile, res, m, preds[i], sweep,
                                         steps, warmup, device) if store else None
         rows.append(compare.comparison_row(lay, nproc, res, m, preds[i], oid))
+    if html:
+        from scaleplan.report.html import write_report
+
+        write_report(html, "validate", {"rows": [dict(r, predicted_breakdown_s=(p or {}).get("breakdown_s"))
+                                                 for r, p in zip(rows, preds)], "spec_path": str(spec),
+                                        "profile": profile, "device": device, "spec": sp.model_dump(mode="json")})
+        stderr.print(f"wrote the report {html}", highlight=False)
     if want_json(json_out):
         print_json(rows)
     else:
