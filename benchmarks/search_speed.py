@@ -4,9 +4,11 @@ The paper's envelope: q in {8..18}, its 13 expert counts, K in {1,2,4,6,8}, G in
 layout on 256 devices (32 p6-b200 nodes) with mbs in {1,2,4} and 4 checkpointing modes, 20 days.
 Imports ../shared/recorded/dmlc-scaleplan into a temporary SQLite database first (not timed).
 Prints wall and CPU seconds per worker count, ms per geometry, the optimum, and the load average
-(other processes on the machine inflate the wall time).
+(other processes on the machine inflate the wall time); then the uncertainty pass of ``--samples N``
+(the paper law's ridge sampler, then the N draws over every candidate) timed on its own, since the plan
+search runs once per candidate whatever N is.
 
-    python benchmarks/search_speed.py [--recorded DIR] [--workers 1,2]
+    python benchmarks/search_speed.py [--recorded DIR] [--workers 1,2] [--samples 200]
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ def main() -> None:
     ap.add_argument("--recorded", default=str(REPO.parent / "shared" / "recorded" / "dmlc-scaleplan"))
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--nodes", type=int, default=32)
+    ap.add_argument("--samples", type=int, default=200)
     a = ap.parse_args()
 
     from scaleplan.estimator import Estimator
@@ -55,6 +58,27 @@ def main() -> None:
                   f"{int(res.table.feasible.sum())} feasible; load average {os.getloadavg()[0]:.1f}")
             print(f"  optimum: L={b.n_layers} E={b.n_experts} K={b.topk} G={b.g} N_act={b.n_act / 1e9:.1f}B "
                   f"S={b.s:.3f} TPP={b.tpp:.0f} MFU={100 * b.mfu_plan:.2f}% loss={b.loss:.4f}")
+        if a.samples:
+            _uncertainty(res, a.nodes, a.samples)
+
+
+def _uncertainty(res, nodes: int, n: int) -> None:
+    """Time --samples n on a finished search: ridge sampling (first call) and the vectorised draws."""
+    from scaleplan.mosaic.law import PAPER_JOINT_LAW
+    from scaleplan.mosaic.report import attach_uncertainty
+    from scaleplan.mosaic.ridge import ridge_samples
+    from scaleplan.mosaic.search import Envelope
+    from scaleplan.mosaic.uncertainty import FALLBACK_SIGMA, MfuError
+
+    c0, t0 = os.times(), time.perf_counter()
+    ridge_samples(n)
+    t_ridge = time.perf_counter() - t0
+    unc = attach_uncertainty([(Envelope(nodes=nodes, days=20), res)], PAPER_JOINT_LAW, None, "paper",
+                             MfuError(FALLBACK_SIGMA, "fallback"), n)[0]
+    wall, c1 = time.perf_counter() - t0, os.times()
+    print(f"--samples {n}: ridge sampler {t_ridge:.2f} s, draws over {int(res.table.plan_ok.sum())} candidates "
+          f"{wall - t_ridge:.2f} s; total {wall:.2f} s wall, {c1.user + c1.system - c0.user - c0.system:.2f} s CPU; "
+          f"{'; '.join(unc['verdicts']['statements'][:2])}")
 
 
 if __name__ == "__main__":

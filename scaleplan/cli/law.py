@@ -140,3 +140,5 @@ def fit(
         t.add_row(k, f"{v:.5g}", f"[{lo:.4g}, {hi:.4g}]", "identified" if k in out["identified"] else "ridge")
     stdout.print(t)
     stdout.print(f"held-out RMSE (top 10% by N_act per G): {out['heldout_rmse']:.5f} nats")
+    stdout.print(f"stored {out['n_ridge_samples']} ridge samples (restarts within the objective's noise) and the "
+                 f"data support {out['support']}: `scaleplan search --law {name} --samples N` draws from them")

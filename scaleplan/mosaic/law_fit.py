@@ -210,7 +210,9 @@ class FitResult:
     def to_json(self) -> dict:
         return {"coefficients": self.law.to_dict(),
                 "ci95": {k: (list(v) if v is not None else None) for k, v in self.ci95.items()},
-                "heldout_rmse": self.heldout_rmse, "identified": list(self.identified), "n_runs": self.n_runs}
+                "heldout_rmse": self.heldout_rmse, "identified": list(self.identified), "n_runs": self.n_runs,
+                "n_ridge_samples": 0 if self.ridge is None else len(self.ridge),
+                "support": None if self.support is None else self.support.to_dict()}
 
 
 def _bca(theta_hat: float, boot: np.ndarray, jack: np.ndarray, level: float = 0.95) -> tuple[float, float]:

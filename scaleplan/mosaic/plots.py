@@ -151,3 +151,31 @@ def plot_sweep(rows: list[dict], path: Path, axis: str) -> None:
     for pth in [path] if not isinstance(path, (list, tuple)) else path:
         fig.savefig(pth, dpi=120)
     plt.close(fig)
+
+
+def plot_motivation(sweep: list, budget: float, bs: dict, path, title: str) -> None:
+    """fig:mosaic-motivation, two panels. Left: the model-FLOPs optimum L*(S) at ``budget`` (``sweep``:
+    SparsityOptimum list, eq:compute-only-program) with N_tot* and N_act* on a second axis; right: the
+    cluster's view (:func:`plot_by_sparsity`'s first panel with L*_hw(S) on a second axis)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.6))
+    s = [o.s for o in sweep]
+    left.plot(s, [o.loss for o in sweep], "k-", label=f"L*(S), C_model={budget:.2g}")
+    left.scatter([s[-1]], [sweep[-1].loss], marker="*", s=200, color="red", zorder=5, label=f"S*=S_max={s[-1]:.3f}")
+    left.set_xlabel("sparsity S")
+    left.set_ylabel("L* (nats)")
+    twin = left.twinx()
+    twin.plot(s, [o.n_tot for o in sweep], color="tab:blue", ls="--", label="N_tot*")
+    twin.plot(s, [o.n_act for o in sweep], color="tab:orange", ls="--", label="N_act*")
+    twin.set_yscale("log")
+    twin.set_ylabel("parameters")
+    left.legend(fontsize=7, loc="upper center")
+    twin.legend(fontsize=7, loc="center left")
+    left.set_title("model FLOPs select the boundary (eq:compute-only-program)", fontsize=9)
+    rtwin = right.twinx()
+    plot_by_sparsity(bs, path, title, axes=(right, rtwin))
+    gain = "" if bs["gain_nats"] is None else f"; gain {bs['gain_nats']:.3f} nats"
+    rtwin.set_title("")
+    right.set_title(f"{title}: C_deliverable per S, L*_hw(S) (right axis){gain}", fontsize=9)
+    right.legend(fontsize=7, loc="upper center", framealpha=0.9)
+    rtwin.legend(fontsize=7, loc="lower left", framealpha=0.9)
+    _save(fig, path)
