@@ -10,9 +10,11 @@ from typing import Any
 
 from scaleplan.cli._common import stderr
 
-# default --mem-fraction of `search` (README "Memory headroom"): the memory model counts weights, gradients,
-# optimizer states, activations and the profile's fixed reserve; 5% of HBM (9 GB of a B200's 179 GB) is left for
-# what it does not count: the caching allocator's fragmentation and transient buffers (NCCL, all-to-all).
+# default --mem-fraction of `search` (README "From a plan to a run"): the memory model counts weights, gradients,
+# optimizer states, activations and the profile's fixed reserve (5 GB: context, NCCL); 5% of HBM (9 GB of a B200's
+# 179 GB) is left for the caching allocator's reserved-over-allocated overhead, which the estimator puts at up to
+# 10% in MoE training (estimator/memory.py DEFAULT_ALLOCATOR_FRACTION) and transient all-to-all buffers. Plans at
+# 175-177 of 179 GB (issue 16.3) had no such headroom.
 SEARCH_MEM_FRACTION = 0.95
 
 # frontier columns the HTML report plots (hover: geometry, layout, MFU, memory, P(optimal) when present)
