@@ -21,8 +21,11 @@ local basin the bootstrap describes; exponents are confined to law_fit's optimis
 """
 from __future__ import annotations
 
+import hashlib
 import itertools
+import os
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -41,6 +44,7 @@ PAPER_E = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 #: sampler box: log-prefactors and exponents (law_fit._BOUNDS' exponent box; eta may change sign)
 _EXP_LO = np.array([1e-3] * 5 + [-3.0])
 _EXP_HI = np.array([3.0] * 6)
+_VERSION = 1  # bump when the sampler or the support grid changes (invalidates the disk cache)
 
 
 def paper_support_grid() -> dict[str, np.ndarray]:
@@ -88,11 +92,45 @@ def ridge_samples(n: int, seed: int = 0, law: JointLaw = PAPER_JOINT_LAW, sigma:
     """``n`` coefficient vectors [n, 11] (NAMES order) on the ridge of ``law`` (see the module docstring).
 
     Every returned vector's RMS loss deviation from ``law`` on :func:`paper_support_grid` is <= sigma
-    (nats). Deterministic for a given seed. Raises ValueError when n < 1.
+    (nats). Deterministic for a given seed; cached on disk (a few kB per input set) so a repeated search
+    does not sample again. Raises ValueError when n < 1.
     """
     if n < 1:
         raise ValueError("n must be positive")
-    return _cached(int(n), int(seed), law, float(sigma), int(n_runs), int(chains), int(steps)).copy()
+    key = (int(n), int(seed), law, float(sigma), int(n_runs), int(chains), int(steps))
+    path = _disk_path(key)
+    if path is not None and path.is_file():
+        try:
+            got = np.load(path)
+            if got.shape == (n, len(NAMES)):
+                return got
+        except (OSError, ValueError):
+            pass  # unreadable cache entry: sample again and overwrite it
+    out = _cached(*key).copy()
+    if path is not None:
+        _save_atomic(path, out)
+    return out
+
+
+def _disk_path(key) -> Path | None:
+    """A cache file per sampler input (the samples are deterministic in them), under $SCALEPLAN_CACHE or
+    ~/.cache/scaleplan; None when no cache folder can be made (the samples are then just recomputed)."""
+    root = Path(os.environ.get("SCALEPLAN_CACHE") or Path.home() / ".cache" / "scaleplan")
+    digest = hashlib.sha256(repr((key[:2], key[2].vector().tolist(), key[3:], _VERSION)).encode()).hexdigest()[:24]
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return root / f"ridge-{digest}.npy"
+
+
+def _save_atomic(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+    try:
+        np.save(tmp, arr)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 @lru_cache(maxsize=8)

@@ -130,7 +130,22 @@ def test_paper_ridge_samples_stay_within_the_residual_scatter():
         lo, hi = np.percentile(s[:, i], [5, 95])
         ci = PAPER_CI95[name]
         assert hi - lo > ci[1] - ci[0], name
-    assert np.array_equal(s, ridge_samples(300, seed=0))
+
+
+def test_ridge_samples_deterministic_cached_and_resampled_when_corrupt(tmp_path, monkeypatch):
+    from scaleplan.mosaic import ridge
+
+    monkeypatch.setenv("SCALEPLAN_CACHE", str(tmp_path))
+    a = ridge_samples(40, seed=4)
+    fresh = ridge._cached.__wrapped__(40, 4, PAPER_JOINT_LAW, ridge.PAPER_RMSE, ridge.PAPER_N_RUNS, 16, 2000)
+    assert np.array_equal(a, fresh)                      # same seed, same samples, without any cache
+    files = list(tmp_path.glob("ridge-*.npy"))
+    assert len(files) == 1 and np.array_equal(np.load(files[0]), a)
+    files[0].write_bytes(b"not an array")
+    ridge._cached.cache_clear()
+    assert np.array_equal(ridge_samples(40, seed=4), a)
+    assert np.array_equal(np.load(files[0]), a)          # the corrupt entry was rewritten
+    assert not np.array_equal(ridge_samples(40, seed=5), a)
 
 
 def test_law_matrix_matches_the_law_object():
