@@ -99,3 +99,14 @@ def test_cli_s_max_bad_value_exit_2():
     p = _cli("search", "--profile", "p6-b200.48xlarge", "--nodes", "4", "--days", "5", "--s-min", "0.8",
              "--s-max", "0.7")
     assert p.returncode == 2 and "--s-max" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_sweep_rows_carry_p_g_and_s_band(recorded_db):
+    p = _cli("search", "--profile", "p6-b200.48xlarge", "--nodes", "8", "--days", "10,20", "--q", "8",
+             "--experts", "16,32,128", "--topk", "1,2", "--g", "2,4", "--db", recorded_db, "--json", "--samples", "30")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    for row in out["sweep"]:
+        assert row["p_g_star"] == row["p_g"][str(row["best"]["g"])]
+        assert sum(row["p_g"].values()) <= 1 + 1e-9 and 0 < row["s_band90"][0] <= row["s_band90"][1] < 1
+        assert row["best"]["p_optimal"] is not None
