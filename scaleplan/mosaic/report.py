@@ -29,10 +29,14 @@ def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError
     index = family_index([r.table for _, r in results])
     draws = make_draws(n, ridge, mfu.sigma, len(index), seed=seed, law=law)
     out = []
+    how = (f"{len(ridge)} stored ridge samples of the fit" if ridge is not None and len(ridge) else
+           "ridge sampler on the paper's data grid and residual scatter (scaleplan.mosaic.ridge)")
     for env, res in results:
         summ = summarise(res.table, draws, env.tpp_min, env.tpp_max, index)
         res.table = summ["table"]
-        out.append(uncertainty_json(summ, draws, mfu, law_source, row_json))
+        u = uncertainty_json(summ, draws, mfu, law_source, row_json)
+        u["uncertainty_inputs"]["law_ridge"] = how
+        out.append(u)
     return out
 
 

@@ -112,6 +112,13 @@ def test_attach_uncertainty_json(searched):
     assert t[t.p_optimal > 0].s.min() <= lo <= hi <= t[t.p_optimal > 0].s.max()
     assert any(s.startswith(f"G={v['g_mode']} in ") for s in v["statements"])
     assert set(unc["near_ties"][0]) >= {"p_optimal", "loss_mean", "loss_p05", "loss_p95", "regret", "extrapolated"}
+    assert "sampler" in unc["uncertainty_inputs"]["law_ridge"]
+    # a fit's stored ridge: draws come from its rows only (here one row, the paper law: no law spread)
+    r3 = copy.copy(res)
+    one = PAPER_JOINT_LAW.vector()[None, :]
+    u3 = attach_uncertainty([(env, r3)], PAPER_JOINT_LAW, one, "db:1", MfuError(0.0, "test"), 20)[0]
+    assert u3["uncertainty_inputs"]["law_ridge"].startswith("1 stored")
+    assert r3.table.loc[res.best.name, "p_optimal"] == 1.0 and u3["verdicts"]["p_g_mode"] == 1.0
 
 
 def test_paper_ridge_samples_stay_within_the_residual_scatter():
