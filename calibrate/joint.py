@@ -3,6 +3,8 @@
     t_iter = chi(theta) * t_analytic(host_scale)
     chi    = 1 + c_level + c_a2a (t_A2A / t_an) [EP spans nodes] + c_pp (inter-node PP hops)
 
+* ``ep_host_scale`` multiplies the EP token path's host term t_ep_host on top of host_scale: identified
+  only where runs with and without EP separate it (the 700M sweep has EP = 1 rows; the 5.4B has none).
 * ``host_scale`` multiplies the host side of the dispatch law (t_gap, t_ep_host, t_host,
   sec:iteration-time-model): on B200 the floor is 45-62% of the step, and its constants come from
   profiler traces of one stack, so it is the term most worth learning.
@@ -41,13 +43,15 @@ from scipy.optimize import least_squares
 
 from scaleplan.errors import ScaleplanError
 
-PARAMS = ("host_scale", "c_a2a", "c_pp", "c_level")
-IDENTITY = {"host_scale": 1.0, "c_a2a": 0.0, "c_pp": 0.0, "c_level": 0.0}
-BOUNDS = {"host_scale": (0.2, 5.0), "c_a2a": (0.0, 20.0), "c_pp": (0.0, 5.0), "c_level": (-0.5, 1.0)}
+PARAMS = ("host_scale", "ep_host_scale", "c_a2a", "c_pp", "c_level")
+LOG_PARAMS = ("host_scale", "ep_host_scale")  # fitted in log space
+IDENTITY = {"host_scale": 1.0, "ep_host_scale": 1.0, "c_a2a": 0.0, "c_pp": 0.0, "c_level": 0.0}
+BOUNDS = {"host_scale": (0.2, 5.0), "ep_host_scale": (0.1, 5.0), "c_a2a": (0.0, 20.0), "c_pp": (0.0, 5.0),
+          "c_level": (-0.5, 1.0)}
 COND_MAX = 30.0
 SENS_MIN = 1e-3
 TAU_SWEEP = 0.14   # between-sweep sd of log step time (identical layouts, two sweeps: ~14%)
-PRIOR_SD = {"host_scale": 0.15, "c_a2a": 0.5, "c_pp": 0.05, "c_level": 0.10}  # about identity (log for host_scale)
+PRIOR_SD = {"host_scale": 0.15, "ep_host_scale": 0.3, "c_a2a": 0.5, "c_pp": 0.05, "c_level": 0.10}  # about identity (log for host_scale)
 _H = 0.05  # finite-difference step (log host_scale; the chi coefficients themselves)
 
 
@@ -65,12 +69,12 @@ class JointFit:
 
 
 def _to_x(p: dict[str, float], names) -> np.ndarray:
-    return np.array([np.log(p[n]) if n == "host_scale" else p[n] for n in names])
+    return np.array([np.log(p[n]) if n in LOG_PARAMS else p[n] for n in names])
 
 
 def _from_x(x, names) -> dict[str, float]:
     out = dict(IDENTITY)
-    out.update({n: float(np.exp(v)) if n == "host_scale" else float(v) for n, v in zip(names, x)})
+    out.update({n: float(np.exp(v)) if n in LOG_PARAMS else float(v) for n, v in zip(names, x)})
     return out
 
 
@@ -140,10 +144,11 @@ def estimator_t_pred(profile: str, db_url: str | None, groups, extrapolate: str 
     cache: dict[float, object] = {}
 
     def t_pred(p: dict[str, float]) -> np.ndarray:
-        hs = round(float(p["host_scale"]), 12)
+        hs = (round(float(p["host_scale"]), 12), round(float(p.get("ep_host_scale", 1.0)), 12))
         est = cache.get(hs)
         if est is None:
-            est = cache[hs] = Estimator(profile, db_url, extrapolate, use_calibration=False, host_scale=hs)
+            est = cache[hs] = Estimator(profile, db_url, extrapolate, use_calibration=False, host_scale=hs[0],
+                                        ep_host_scale=hs[1])
         est.model.chi_c = ChiCoefficients(p["c_a2a"], p["c_pp"], 0.0, None, p["c_level"])
         return np.concatenate([[r.t_iter_s for r in est.estimate(spec, n, lays)] for spec, n, lays in groups])
 

@@ -104,6 +104,9 @@ class Estimator:
         kernel_scale: multiply every device-kernel time (see :class:`TimeModel`) by this factor;
             None -> the ``kernel_scale`` coefficient of the 'dispatch' calibration in force (1
             without one). Fitted with host_scale by ``calibrate fit --kind dispatch --from-runs``.
+        ep_host_scale: multiply the law's per-MoE-layer EP host term t_ep_host on top of host_scale
+            (None -> the 'dispatch' calibration's ``ep_host_scale``, 1 without one): the EP token path
+            is the one host cost the kernel count does not see, and its constant is the least certain.
     Raises:
         SpecError: unknown profile or extrapolate mode.
     """
@@ -111,7 +114,7 @@ class Estimator:
     def __init__(self, profile: str | ClusterProfile = "p6-b200.48xlarge", db_url: str | None = None,
                  extrapolate: str = "compose", calibration_id: int | None = None, use_calibration: bool = True,
                  tables: Tables | None = None, host_scale: float | None = None,
-                 kernel_scale: float | None = None):
+                 kernel_scale: float | None = None, ep_host_scale: float | None = None):
         if extrapolate not in EXTRAPOLATE_MODES:
             raise SpecError("extrapolate", extrapolate, " | ".join(EXTRAPOLATE_MODES))
         self.profile = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
@@ -122,8 +125,10 @@ class Estimator:
 
             tables = cached_tables(resolve_url(db_url), self.profile.name, self.profile.peak("bf16"))
         self.tables = tables
-        self.host_scale = self.kernel_scale = 1.0
+        self.host_scale = self.kernel_scale = self.ep_host_scale = 1.0
         self.dispatch, self.chi = self._calibration(calibration_id, use_calibration)
+        if ep_host_scale is not None:
+            self.ep_host_scale = float(ep_host_scale)
         if host_scale is not None:
             self.host_scale = float(host_scale)
         if kernel_scale is not None:
@@ -165,6 +170,7 @@ class Estimator:
                               f"calibration {d.id}", float(co.get("t_ep_host_s", law.t_ep_host_s)))
             self.host_scale = float(co.get("host_scale", 1.0))
             self.kernel_scale = float(co.get("kernel_scale", 1.0))
+            self.ep_host_scale = float(co.get("ep_host_scale", 1.0))
         c = rows.get("chi_sys")
         if c is not None:
             co = c.coefficients
@@ -176,14 +182,18 @@ class Estimator:
         """Scale the host side of dispatch by ``self.host_scale`` (the per-op host cost measured on a
         probe understates a real model's): t_gap, t_ep_host, t_host of the law and, for serial-dispatch
         profiles, the ``ops:*`` host seconds (a copy of the tables; the cached ones stay unscaled)."""
-        s = self.host_scale
-        if s == 1.0:
+        s, se = self.host_scale, self.ep_host_scale
+        for name, v in (("host_scale", s), ("ep_host_scale", se)):
+            if not (math.isfinite(v) and v > 0):
+                raise SpecError(name, v, "a positive finite number")
+        if (s, se) == (1.0, 1.0):
             return
-        if not (math.isfinite(s) and s > 0):
-            raise SpecError("host_scale", s, "a positive finite number")
         law = self.dispatch
         self.dispatch = DispatchLaw(law.kappa0, law.kappa1, law.t_gap_s * s, law.t_host_s * s,
-                                    f"{law.source}, host_scale {s:.4g}", law.t_ep_host_s * s)
+                                    f"{law.source}, host_scale {s:.4g}" + (f", ep_host_scale {se:.4g}" if se != 1 else ""),
+                                    law.t_ep_host_s * s * se)
+        if s == 1.0:
+            return
         if self.tables.host_ops:
             scaled = {}
             for k, rows in self.tables.host_ops.items():

@@ -212,7 +212,7 @@ class ComputeModel:
                 return 5.0 * (4.0 * m * m * n + 2.0 * m ** 3)
             attn = ns(g.d, g.nq * g.hd) * 2 + ns(g.d, g.nkv * g.hd) * 2
             exp_m = ns(g.d, g.dexp) * 3
-            fl_dense = L_stage * attn / tp
-            fl_exp = (g.n_moe / pp) * g.E * exp_m / (ep * etp)
+            fl_dense = L_stage * attn / (tp * dense_rep)   # the DP rank's share of the matrices
+            fl_exp = (g.n_moe / pp) * g.E * exp_m / (ep * etp * exp_rep)
             t = t + (fl_dense + fl_exp) / (0.5 * peak)
         return t
