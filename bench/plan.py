@@ -64,11 +64,15 @@ def run_lookups(
     profile: str | None = None,
     device: str | None = None,
     on_event=None,
+    as_profile: bool = False,
 ):
-    """Measure the looked-up points on this machine; returns the runner's SuiteResults."""
+    """Measure the looked-up points on this machine; returns the runner's SuiteResults.
+
+    Raises SpecError when ``profile``'s GPU is not this device (unless ``as_profile``)."""
     from scaleplan.bench.runner import run_preset
 
     preset = lookups_preset(points, f"plan:{Path(spec_path).name}")
     return run_preset(
-        preset, url, profile=profile, device=device, preset_label=preset.name, on_event=on_event
+        preset, url, profile=profile, device=device, preset_label=preset.name, on_event=on_event,
+        as_profile=as_profile,
     )

@@ -70,6 +70,21 @@ def resolve_device(device: str | None) -> torch.device:
     return torch.device("cpu")
 
 
+def device_gpu_name(device: torch.device) -> str | None:
+    """The GPU name of ``device`` (None on CPU)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def check_profile(profile: str, device: torch.device, as_profile: bool) -> None:
+    """Refuse to store runs of ``device`` under a profile of another GPU (see scaleplan.db.identity).
+
+    Raises SpecError naming the profile's GPU and this device, unless ``as_profile``.
+    """
+    from scaleplan.db.identity import check_device_matches
+
+    check_device_matches(profile, device.type, device_gpu_name(device), as_profile)
+
+
 def default_profile(device: torch.device) -> str:
     """cpu-local on CPU; on a GPU the profile whose GPU name matches (node profile if >1 GPU)."""
     if device.type == "cpu":
@@ -170,19 +185,25 @@ def run_preset(
     device: str | None = None,
     preset_label: str | None = None,
     on_event: Event | None = None,
+    as_profile: bool = False,
 ) -> list[SuiteResult]:
-    """Create a run per suite and measure them all. Returns one SuiteResult per suite."""
+    """Create a run per suite and measure them all. Returns one SuiteResult per suite.
+
+    Raises SpecError when ``profile``'s GPU is not this device (unless ``as_profile``: the runs
+    are then stored with ``as_profile`` set in their provenance).
+    """
     url = resolve_url(url)
-    ensure_schema(url)
     dev = resolve_device(device)
     profile = profile or default_profile(dev)
+    check_profile(profile, dev, as_profile)  # before the schema or any run is touched
+    ensure_schema(url)
     names = [s for s in (suites or list(preset.suites)) if s]
     for s in names:
         get_suite(s)
         if s not in preset.suites:
             raise ScaleplanError(f"--suite {s}: preset {preset.name!r} has no block for it")
     names = _preflight(names, preset, dev, explicit=bool(suites), on_event=on_event)
-    prov = provenance.run_provenance(dev.type, dev.index or 0)
+    prov = {**provenance.run_provenance(dev.type, dev.index or 0), "as_profile": as_profile}
     planned = []
     for s in names:
         mod = get_suite(s)
@@ -337,6 +358,7 @@ def run_under_torchrun(
     device: str | None = None,
     preset_label: str | None = None,
     resume_id: int | None = None,
+    as_profile: bool = False,
 ) -> dict | None:
     """The collectives sweep when this process is one rank of a torchrun job (multi-node).
 
@@ -355,13 +377,15 @@ def run_under_torchrun(
                 "under torchrun only the collectives suite runs: the preset needs a collectives block"
             )
         profile = profile or default_profile(dev)
+        check_profile(profile, dev, as_profile)
         block = validate_suite_config(
             "collectives", collectives.Config, preset.suites["collectives"]
         ).model_dump()
         cfg = _run_config("collectives", block, preset, dev, profile)
 
         def create(world: int) -> int:
-            prov = {**provenance.run_provenance(dev.type, dev.index or 0), "world_size": world}
+            prov = {**provenance.run_provenance(dev.type, dev.index or 0), "world_size": world,
+                    "as_profile": as_profile}
             return store.create_run(
                 url, "collectives", profile, preset_label or preset.name, cfg, config_hash(cfg), prov
             )

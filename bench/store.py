@@ -36,6 +36,7 @@ RUN_COLUMNS = (
     "world_size",
     "nvml_start",
     "notes",
+    "as_profile",
 )
 
 
@@ -185,6 +186,7 @@ def list_runs(url: str, source: str | None = None) -> list[dict[str, Any]]:
                     nvml_start=r.nvml_start,
                     nvml_end=r.nvml_end,
                     world_size=r.world_size,
+                    as_profile=bool(r.as_profile),
                     started_at=r.started_at.isoformat() if r.started_at else None,
                     ended_at=r.ended_at.isoformat() if r.ended_at else None,
                     points=sum(c.values()),

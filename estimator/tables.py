@@ -1,7 +1,8 @@
 """Measured microbenchmark tables as vectorised interpolators (paper sec:microbenchmarks).
 
 One :class:`Tables` holds every measured table of one hardware profile, loaded once from the
-calibration database (rows of ``BenchRun.profile == profile`` with status OK). A point measured
+calibration database (rows of ``BenchRun.profile == profile`` with status OK, from runs of that
+profile's hardware: scaleplan.db.identity.same_hardware). A point measured
 more than once keeps the value of the newest run (``BenchRun.started_at``, then id); duplicates
 inside that run are reduced by the median.
 
@@ -336,12 +337,16 @@ _SUITE_TABLE = {"gemm": "gemm_point", "grouped_gemm": "grouped_gemm_point", "sdp
                 "collectives": "collective_point", "dispatch": "dispatch_point"}
 
 
-def _read_suite(conn, table: str, profile: str) -> pd.DataFrame:
+def _read_suite(conn, table: str, profile: str, run_cols: str = "") -> pd.DataFrame:
     from sqlalchemy import text
 
-    q = text(f"SELECT p.*, r.started_at AS run_started, r.id AS run_order FROM {table} p "
+    from scaleplan.db.identity import same_hardware
+
+    q = text(f"SELECT p.*, r.started_at AS run_started, r.id AS run_order{run_cols} FROM {table} p "
              "JOIN bench_run r ON p.run_id = r.id WHERE r.profile = :prof AND p.status = 'OK'")
-    return pd.read_sql(q, conn, params={"prof": profile})
+    # only runs of this profile's hardware (or forced with --as-profile): CPU timings stored under
+    # a B200 profile must not replace its tables however new they are (scaleplan/db/identity.py)
+    return same_hardware(pd.read_sql(q, conn, params={"prof": profile}), profile)
 
 
 def _newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -362,9 +367,13 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
     eng = get_engine(resolve_url(url))
     names = set(inspect(eng).get_table_names())
     out: dict[str, pd.DataFrame] = {}
+    from scaleplan.db.identity import run_columns_sql
+
+    run_cols = run_columns_sql({c["name"] for c in inspect(eng).get_columns("bench_run")}) \
+        if "bench_run" in names else ""
     with eng.connect() as conn:
         for suite, table in _SUITE_TABLE.items():
-            out[suite] = _read_suite(conn, table, profile) if table in names and "bench_run" in names \
+            out[suite] = _read_suite(conn, table, profile, run_cols) if table in names and "bench_run" in names \
                 else pd.DataFrame()
     return out
 

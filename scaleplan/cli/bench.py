@@ -31,6 +31,12 @@ ProfileOpt = typer.Option(
     "(default: cpu-local on CPU, else derived from the GPU name).",
 )
 DeviceOpt = typer.Option(None, "--device", help="cpu or cuda (default: cuda when available).")
+AsProfileOpt = typer.Option(
+    False,
+    "--as-profile",
+    help="Store the timings under --profile even though its GPU is not the device this runs on "
+    "(recorded in the run's provenance; without it such a run is refused).",
+)
 
 
 def _ids(text: str | None) -> list[int]:
@@ -116,6 +122,7 @@ def run(
         None, "--resume", help="Run id(s), comma-separated: measure only their missing points (same config)."
     ),
     device: str = DeviceOpt,
+    as_profile: bool = AsProfileOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Measure the suites of a preset; each point is committed as it is measured."""
@@ -128,7 +135,7 @@ def run(
     ids = _ids(resume)
     t0 = time.perf_counter()
     if in_torchrun():
-        _run_torchrun(preset, suites, profile, url, device, ids, json_out)
+        _run_torchrun(preset, suites, profile, url, device, ids, json_out, as_profile)
         return
     on_event = _progress_printer(quiet=False)
     with _exit_codes():
@@ -143,13 +150,14 @@ def run(
                 device=device,
                 preset_label=preset,
                 on_event=on_event,
+                as_profile=as_profile,
             )
     _print_results(results, time.perf_counter() - t0, want_json(json_out))
     if any(r.status != "complete" for r in results):
         sys.exit(1)
 
 
-def _run_torchrun(preset, suites, profile, url, device, ids, json_out) -> None:
+def _run_torchrun(preset, suites, profile, url, device, ids, json_out, as_profile=False) -> None:
     """One rank of a multi-process collectives sweep; only rank 0 prints."""
     from scaleplan.bench import runner
     from scaleplan.bench.config import load_preset
@@ -162,7 +170,8 @@ def _run_torchrun(preset, suites, profile, url, device, ids, json_out) -> None:
         raise ScaleplanError("under torchrun --resume takes one collectives run id")
     p = None if ids else load_preset(preset)
     summary = runner.run_under_torchrun(
-        p, url, profile=profile, device=device, preset_label=preset, resume_id=ids[0] if ids else None
+        p, url, profile=profile, device=device, preset_label=preset, resume_id=ids[0] if ids else None,
+        as_profile=as_profile,
     )
     if summary is not None:
         if want_json(json_out):
@@ -190,6 +199,7 @@ def plan(
     db: str = DbOpt,
     run_: bool = typer.Option(False, "--run", help="Measure exactly these points now."),
     device: str = DeviceOpt,
+    as_profile: bool = AsProfileOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """List the table points an estimate of SPEC on N devices looks up (and measure them with --run)."""
@@ -223,7 +233,8 @@ def plan(
     t0 = time.perf_counter()
     with _exit_codes():
         results = bplan.run_lookups(
-            lookups, spec, url, profile=profile, device=device, on_event=_progress_printer(quiet=False)
+            lookups, spec, url, profile=profile, device=device, on_event=_progress_printer(quiet=False),
+            as_profile=as_profile,
         )
     _print_results(results, time.perf_counter() - t0, want_json(json_out))
 
@@ -286,7 +297,7 @@ def runs(
             r["status"] if r["source"] == "measured" else "imported",
             str(r["points"]),
             " ".join(f"{k}={v}" for k, v in sorted(r["by_status"].items())),
-            r["gpu_name"] or r["device"] or "",
+            (r["gpu_name"] or r["device"] or "") + (" (as profile)" if r.get("as_profile") else ""),
             (r["started_at"] or "")[:16].replace("T", " "),
         )
     stdout.print(t)

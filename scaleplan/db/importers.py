@@ -237,7 +237,31 @@ def _run_for(sess: Session, suite: str, profile: str, source_file: str, gpu_name
                          notes="recorded table (dmlc/ScalePlan benchmarks/results, CC BY-NC 4.0)")
         sess.add(run)
         sess.flush()
+    elif gpu_name and run.gpu_name != gpu_name:  # a run imported before the per-profile GPU name fix
+        run.gpu_name = gpu_name
     return run.id
+
+
+def _gpu_by_profile(df: pd.DataFrame) -> dict[str, str]:
+    """The GPU name of each profile's rows, from the file's own device and gpu_name columns.
+
+    A file can hold several GPUs (sdpa_fwd_bwd_timings: A100, H200, B200); its first row's name used
+    to label every profile's run (B200 SDPA runs shown as A100).
+    """
+    if not {"device", "gpu_name"} <= set(df.columns):
+        return {}
+    pairs = df[["device", "gpu_name"]].dropna().drop_duplicates()
+    return {profile_for_device(d): str(g) for d, g in pairs.itertuples(index=False)}
+
+
+def _profile_gpu(profile: str) -> str | None:
+    """The profile's own GPU name, for files that name none (gemm_util: a GPU_MODEL index; sdpa: 'cuda')."""
+    from scaleplan.profiles import profile_file
+
+    try:
+        return profile_file(profile).gpu_name
+    except ScaleplanError:
+        return None
 
 
 def import_file(sess: Session, path: Path) -> ImportResult | None:
@@ -247,7 +271,7 @@ def import_file(sess: Session, path: Path) -> ImportResult | None:
     try:  # a corrupt or foreign file rejects the whole import (the caller's transaction rolls back)
         df = _read(path)
         sha = hashlib.sha256(path.read_bytes()).hexdigest()
-        gpu = str(df["gpu_name"].iloc[0]) if "gpu_name" in df.columns and len(df) else None
+        gpus = _gpu_by_profile(df)
         by_profile: dict[str, list[dict[str, Any]]] = {}
         for row in spec.rows(df):
             by_profile.setdefault(row.pop("_profile"), []).append(row)
@@ -257,7 +281,7 @@ def import_file(sess: Session, path: Path) -> ImportResult | None:
                              f"({type(e).__name__}: {first})") from None
     inserted, run_ids, points = 0, [], 0
     for profile, rows in sorted(by_profile.items()):
-        run_id = _run_for(sess, spec.suite, profile, path.name, gpu, sha)
+        run_id = _run_for(sess, spec.suite, profile, path.name, gpus.get(profile) or _profile_gpu(profile), sha)
         run_ids.append(run_id)
         for r in rows:
             r["run_id"] = run_id

@@ -15,7 +15,7 @@ import datetime as dt
 from typing import Any
 
 from sqlalchemy import (JSON, BigInteger, Boolean, CheckConstraint, DateTime, Float, ForeignKey, String,
-                        Text, UniqueConstraint, func)
+                        Text, UniqueConstraint, false, func)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 STATUSES = ("OK", "OOM", "UNSUPPORTED", "SKIP_MEM", "SKIP_ALIGN", "ERROR")
@@ -96,6 +96,8 @@ class BenchRun(Base):
     te_version: Mapped[str | None] = mapped_column(String(64))
     git_rev: Mapped[str | None] = mapped_column(String(64))
     world_size: Mapped[int | None]
+    # stored under a profile whose GPU is not the device it ran on (`bench run --as-profile`)
+    as_profile: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     nvml_start: Mapped[dict[str, Any] | None]  # clocks, power limit, temperature at start
     nvml_end: Mapped[dict[str, Any] | None]
     started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)

@@ -105,7 +105,9 @@ def _wait_for_points(db: Path, n: int, child: mp.Process, timeout_s: float = 60)
 
 def _bench(db: Path, preset: Path, *extra: str) -> list[str]:
     # a datasheet profile: cpu-local would time a GEMM at load, longer than this whole sweep
+    # (forced with --as-profile: the device is a CPU, not the profile's H200)
     return ["bench", "run", "--preset", str(preset), "--suite", "gemm", "--device", "cpu", "--profile", "h200-single",
+            "--as-profile",
             "--db", str(db), "--json", *extra]
 
 
