@@ -34,7 +34,9 @@ def test_heldout_rmse_near_noise_level(fitted):
 
 def test_json_shape_and_intervals(fitted):
     j = fitted.to_json()
-    assert set(j) == {"coefficients", "ci95", "heldout_rmse", "identified", "n_runs"}
+    assert set(j) == {"coefficients", "ci95", "heldout_rmse", "identified", "n_runs", "n_ridge_samples", "support"}
+    assert j["n_ridge_samples"] == fitted.n_near_optimal >= 1
+    assert j["support"]["s_max"] == max(synthetic_runs(seed=1).s)
     assert tuple(j["coefficients"]) == NAMES and set(j["ci95"]) == set(NAMES)
     assert set(j["identified"]) <= set(NAMES) and j["n_runs"] == len(synthetic_runs(seed=1))
     for lo, hi in j["ci95"].values():
