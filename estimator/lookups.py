@@ -10,6 +10,8 @@ from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.model import Plans
 from scaleplan.estimator.shapes import rank_shapes
 
+from scaleplan.specs import LAYOUT_FIELDS
+
 
 def _add(out: dict[str, list[dict]], suite: str, row: dict) -> None:
     lst = out.setdefault(suite, [])
@@ -49,8 +51,7 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
     out: dict[str, list[dict]] = {}
     dt = g.precision
     for i in range(len(pl)):
-        tp, cp, pp, dp, ep, etp, vpp, mbs = (int(getattr(pl, f)[i]) for f in
-                                             ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs"))
+        tp, cp, pp, dp, ep, etp, vpp, mbs = (int(getattr(pl, f)[i]) for f in LAYOUT_FIELDS[:-1])
         sh = rank_shapes(g, tp, cp, ep, etp, mbs, seqlen)
         T, kv_loc, b_el = int(round(float(sh.T))), int(round(float(sh.kv_loc))), sh.b_el
         _gemm3(out, T, float(sh.n_qkv), g.d, dt)

@@ -97,12 +97,14 @@ from scaleplan.estimator.shapes import rank_shapes
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
 from scaleplan.profiles import ClusterProfile
+from scaleplan.specs import LAYOUT_FIELDS
 from scaleplan.units import BYTES_PER_ELEMENT
 
 
 @dataclass
 class Plans:
-    """Execution plans as parallel integer arrays (one element per plan)."""
+    """Execution plans as parallel integer arrays (one element per plan): the array form of
+    :class:`scaleplan.specs.Layout`, its fields in the same order (specs.LAYOUT_FIELDS)."""
 
     tp: np.ndarray
     cp: np.ndarray
@@ -118,12 +120,13 @@ class Plans:
         return len(self.tp)
 
     def take(self, idx) -> Plans:
-        return Plans(*(getattr(self, f)[idx] for f in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt")))
+        return Plans(*(getattr(self, f)[idx] for f in LAYOUT_FIELDS))
 
     def layout(self, i: int) -> dict:
-        return {"tp": int(self.tp[i]), "cp": int(self.cp[i]), "pp": int(self.pp[i]), "dp": int(self.dp[i]),
-                "ep": int(self.ep[i]), "etp": int(self.etp[i]), "vpp": int(self.vpp[i]), "mbs": int(self.mbs[i]),
-                "ckpt": CKPT_NAMES[int(self.ckpt[i])]}
+        """Plan ``i`` as a Layout's fields (ckpt by name)."""
+        out = {f: int(getattr(self, f)[i]) for f in LAYOUT_FIELDS}
+        out["ckpt"] = CKPT_NAMES[out["ckpt"]]
+        return out
 
 
 
@@ -294,8 +297,7 @@ class TimeModel(ComputeModel, CommModel):
         peak = prof.peak(g.precision)
         hbm = prof.hbm_bandwidth
         b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
-        tp, cp, pp, dp, ep, etp, vpp, mbs = (getattr(pl, f).astype(float) for f in
-                                             ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs"))
+        tp, cp, pp, dp, ep, etp, vpp, mbs = (getattr(pl, f).astype(float) for f in LAYOUT_FIELDS[:-1])
         ckc = pl.ckpt
         n_mb = gbs / (dp * mbs)
         moe = g.is_moe

@@ -22,7 +22,7 @@ import numpy as np
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.model import CKPT_CODES, Plans
 
-from scaleplan.specs import CKPT_MODES
+from scaleplan.specs import CKPT_MODES, LAYOUT_FIELDS
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def _enumerate_cached(key, g, n_devices, gbs, c, seqlen):
         if len(_PLAN_CACHE) >= 512:
             _PLAN_CACHE.clear()
         plans, counts, total = _enumerate(g, n_devices, gbs, c, seqlen)
-        for f in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"):
+        for f in LAYOUT_FIELDS:
             getattr(plans, f).flags.writeable = False
         hit = _PLAN_CACHE[key] = (plans, counts, total)
     return hit

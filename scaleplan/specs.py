@@ -246,7 +246,9 @@ def load_spec(path: str | Path) -> Spec:
     return parse_spec(data, source=str(path))
 
 
-_LAYOUT_KEYS = {"tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"}
+# The one list of a layout's fields, in the order every array-of-plans type uses (estimator.model.Plans)
+LAYOUT_FIELDS: tuple[str, ...] = tuple(Layout.model_fields)
+_LAYOUT_KEYS = set(LAYOUT_FIELDS)
 
 
 def parse_layout(text: str, base: Layout | None = None) -> Layout:
