@@ -36,6 +36,16 @@ def sweep_specs(vdir: Path):
                100 * np.array([o.reference_mfu for o in obs]))
 
 
+def megatron_over_reference(spec) -> float:
+    """FLOPs per token of Megatron's throughput count over the reference estimator's: Megatron also
+    counts the shared experts (and routers) of every MoE block and the dense first block's MLP."""
+    from scaleplan.estimator.geom import geometry
+
+    g = geometry(spec.model)
+    extra = g.n_moe * g.moe_dense_params + g.n_dense * (g.dense_mlp_params - g.K * g.expert_params / g.E)
+    return 1.0 + extra / g.n_mfu_validation
+
+
 def _mape(pred: np.ndarray, real: np.ndarray) -> float:
     """Mean absolute percentage error, in percent."""
     return 100 * float(np.mean(np.abs(pred - real) / real))
@@ -52,6 +62,10 @@ def main() -> None:
     ap.add_argument("--db", default=None)
     ap.add_argument("--validation", default=str(VALIDATION))
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--measured-flops", choices=("reference", "megatron"), default="reference",
+                    help="the FLOP count the measured MFU is read in: the reference estimator's (attention + "
+                         "K routed experts + embeddings, the default) or Megatron's throughput count, which "
+                         "adds the shared experts and the dense first block (a diagnostic: see below)")
     a = ap.parse_args()
     profile = "p6-b200.48xlarge"
     est = Estimator(profile, db_url=a.db, use_calibration=False)
@@ -64,6 +78,8 @@ def main() -> None:
     for name, spec, n, lays, real, _ in sw:
         res = est.estimate(spec, n, lays)
         t_meas[name] = np.array([r.t_iter_s * r.mfu_validation for r in res]) / (real / 100)
+        if a.measured_flops == "megatron":
+            t_meas[name] = t_meas[name] * megatron_over_reference(spec)
         groups[name] = [(spec, n, lays)]
 
     def mfu_of(name, params):
