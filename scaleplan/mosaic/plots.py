@@ -88,9 +88,9 @@ def plot_by_sparsity(bs: dict, path: Path, title: str, axes=None) -> None:
     ax.plot(s, [r["c_deliverable"] for r in rows], "k.-", label="C_deliverable (best plan per S)")
     ax.axhline(bs["prescription_c_model"], color="tab:blue", ls="--",
                label=f"prescription C_model = {bs['prescription_c_model']:.2g}")
-    bad = [r["s"] for r in rows if not r["prescription_feasible"]]
-    if bad:
-        ax.axvspan(min(bad), max(bad), color="red", alpha=0.15, label="prescription not deliverable")
+    lo = bs["s_feas_max"] if bs["s_feas_max"] is not None else (min(s) if s else None)
+    if lo is not None and any(not r["prescription_feasible"] and r["s"] > lo for r in rows):
+        ax.axvspan(lo, max(s), color="red", alpha=0.15, label="beyond S_feas^max: prescription not deliverable")
     if bs["s_feas_max"] is not None:
         ax.axvline(bs["s_feas_max"], color="red", lw=0.8)
         ax.annotate(f"S_feas^max={bs['s_feas_max']:.3f}", (bs["s_feas_max"], bs["prescription_c_model"]),
