@@ -18,7 +18,6 @@ from scaleplan.estimator.model import CKPT_CODES, ChiCoefficients, DispatchLaw, 
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans, plans_from_layouts
 from scaleplan.estimator.tables import (
     ANALYTIC,
-    COMPOSED,
     EXTRAPOLATE_MODES,
     SOURCE_NAMES,
     Tables,
@@ -203,32 +202,9 @@ class Estimator:
             self.tables = dataclasses.replace(self.tables, host_ops=scaled)
 
     def _calibration_rows(self, cal_id) -> dict[str, Any]:
-        from sqlalchemy import inspect, select
+        from scaleplan.db.calibrations import calibrations_in_force
 
-        from scaleplan.db.models import Calibration
-        from scaleplan.db.session import get_engine, resolve_url, session_scope
-
-        url = resolve_url(self.db_url)
-        if "calibration" not in inspect(get_engine(url)).get_table_names():
-            return {}
-        out: dict[str, Any] = {}
-        with session_scope(url) as s:
-            if cal_id is not None:
-                row = s.get(Calibration, int(cal_id))
-                if row is None or row.profile != self.profile.name:
-                    raise SpecError("--calibration", cal_id, f"the id of a calibration of profile {self.profile.name}")
-                out[row.kind] = row
-            for kind in ("chi_sys", "dispatch"):
-                if kind in out:
-                    continue
-                row = s.scalars(select(Calibration).where(Calibration.profile == self.profile.name,
-                                                          Calibration.kind == kind)
-                                .order_by(Calibration.version.desc(), Calibration.created_at.desc())).first()
-                if row is not None:
-                    out[kind] = row
-            for r in out.values():
-                s.expunge(r)
-        return out
+        return calibrations_in_force(self.db_url, self.profile.name, cal_id)
 
     # -- public API ----------------------------------------------------------------------------
     def estimate(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> list[EstimateResult]:
