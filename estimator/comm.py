@@ -33,8 +33,11 @@ def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int):
     dense_p = dense_p + g.vocab * g.d / tp  # embedding (first) or LM head (last): the heavier stage
     exp_p = np.maximum(L_stage - np.where(pp > 1, 0, g.n_dense), 0) * g.expert_params / (ep * etp)
     out = []
+    # expert-DP ranks are TP x CP x EP apart: a group of n spans (n - 1) strides and leaves the node once
+    # that span does (a 256-rank group at stride 1 spans 32 nodes; `stride >= gpn` alone called it intra)
+    edp, stride = tp * cp * dp / (ep * etp), tp * cp * ep
     for params, group, layout, inter in ((dense_p, dp * cp, "contiguous", tp * cp * dp > gpn),
-                                         (exp_p, tp * cp * dp / (ep * etp), "strided", tp * cp * ep >= gpn)):
+                                         (exp_p, edp, "strided", stride * (edp - 1) + 1 > gpn)):
         nb = np.maximum(np.ceil(params / np.maximum(DDP_BUCKET_PARAMS, 1e6 * group)), 1)
         out.append((params, group, layout, inter, nb))
     return out

@@ -199,7 +199,7 @@ def launch(run_id: int, url: str, cfg: Config, ctx: h.Context, emit) -> Any:
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        out, err = proc.communicate(timeout=cfg.timeout_s)
+        out, err = _communicate(proc, cfg.timeout_s, run_id, emit)
     except BaseException:  # timeout, Ctrl-C: stop the process group we started, then report
         _stop(proc)
         raise
@@ -224,6 +224,34 @@ def launch(run_id: int, url: str, cfg: Config, ctx: h.Context, emit) -> Any:
         by_status=summary["by_status"],
         not_measurable=summary["not_measurable"],
     )
+
+
+def _communicate(proc: subprocess.Popen, timeout_s: float, run_id: int, emit) -> tuple[str, str]:
+    """Like ``proc.communicate(timeout)``, but rank 0's progress lines become ``suite_progress``
+    events as they arrive (the parent draws the bar). Raises subprocess.TimeoutExpired."""
+    import threading
+
+    from scaleplan.bench.progress import parse_progress
+
+    out_lines: list[str] = []
+    err_buf: list[str] = []
+
+    def pump_out() -> None:
+        for line in proc.stdout:
+            done = parse_progress(line)
+            if done is None:
+                out_lines.append(line)
+            else:
+                emit("suite_progress", {"run_id": run_id, "suite": NAME, "done": done[0], "total": done[1]})
+
+    threads = [threading.Thread(target=pump_out, daemon=True),
+               threading.Thread(target=lambda: err_buf.append(proc.stderr.read()), daemon=True)]
+    for t in threads:
+        t.start()
+    proc.wait(timeout=timeout_s)
+    for t in threads:
+        t.join(timeout=30)
+    return "".join(out_lines), "".join(err_buf)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -296,13 +324,18 @@ def run_distributed(
         dist.destroy_process_group()
         raise RuntimeError(job["error"])
     timing = TimingCfg(**job["config"]["timing"])
+    from scaleplan.bench.progress import RankProgress
+
+    bar = RankProgress(rank, len(job["todo"]), managed)  # rank 0 only: a bar, or lines to bench run
     try:
-        by_status = _sweep(job, url, world, rank, dev, timing)
+        by_status = _sweep(job, url, world, rank, dev, timing, bar)
     except BaseException as e:  # a rank-0 crash or Ctrl-C: close the run honestly, then re-raise
         if rank == 0 and not managed:
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             store.finish_run(url, job["run_id"], status, note=f"{type(e).__name__}: {e}"[:500])
         raise
+    finally:
+        bar.close()
     summary = None
     if rank == 0:
         summary = dict(
@@ -324,7 +357,7 @@ def run_distributed(
 
 
 def _sweep(
-    job: dict, url: str, world: int, rank: int, dev: torch.device, timing: TimingCfg
+    job: dict, url: str, world: int, rank: int, dev: torch.device, timing: TimingCfg, bar=None
 ) -> dict[str, int]:
     """Measure the missing points group shape by group shape; rank 0 writes each row at once."""
     from scaleplan.bench import store
@@ -341,6 +374,8 @@ def _sweep(
                 row = sanitize(row, "t_s")
                 store.write_points(url, TABLE, [row])
                 by_status[row["status"]] = by_status.get(row["status"], 0) + 1
+                if bar is not None:
+                    bar.advance()
         dist.barrier()
     return by_status
 
@@ -362,6 +397,21 @@ def _by_group(todo: list[dict]) -> dict[tuple[int, str], list[dict]]:
     return out
 
 
+def _single(new: str, old: str):
+    """The one-tensor collective under its current name: torch 2.13 renamed reduce_scatter_tensor and
+    all_gather_into_tensor to *_single and warns (FutureWarning) on every call of the old names,
+    which flooded stderr once per rep and rank; older torch has only the old names."""
+    return getattr(dist, new, None) or getattr(dist, old)
+
+
+def _reduce_scatter(out, inp, group):
+    return _single("reduce_scatter_single", "reduce_scatter_tensor")(out, inp, group=group)
+
+
+def _all_gather(out, inp, group):
+    return _single("all_gather_single", "all_gather_into_tensor")(out, inp, group=group)
+
+
 def _op(p: dict, group, g_ranks: list[int], rank: int, dev: torch.device):
     """Allocate buffers and return a closure running the collective once (blocking)."""
     n = p["group_size"]
@@ -376,13 +426,13 @@ def _op(p: dict, group, g_ranks: list[int], rank: int, dev: torch.device):
             torch.ones(numel, dtype=dtype, device=dev),
             torch.empty(numel // n, dtype=dtype, device=dev),
         )
-        return lambda: dist.reduce_scatter_tensor(out, inp, group=group)
+        return lambda: _reduce_scatter(out, inp, group=group)
     if c == "all_gather":
         inp, out = (
             torch.ones(numel // n, dtype=dtype, device=dev),
             torch.empty(numel, dtype=dtype, device=dev),
         )
-        return lambda: dist.all_gather_into_tensor(out, inp, group=group)
+        return lambda: _all_gather(out, inp, group=group)
     if c == "all_to_all":
         inp, out = torch.ones(numel, dtype=dtype, device=dev), torch.empty(numel, dtype=dtype, device=dev)
         return lambda: dist.all_to_all_single(out, inp, group=group)

@@ -74,11 +74,13 @@ def print_json(obj: Any) -> None:
 
 
 def progress(**kw):
-    """A rich progress bar on stderr (transient), for anything over a second."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    """A rich progress bar with ETA on stderr (transient), for anything over a second."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=stderr, transient=True, disable=kw.pop("disable", False), **kw)
+                    TextColumn("ETA"), TimeRemainingColumn(), console=stderr, transient=True,
+                    disable=kw.pop("disable", False), **kw)
 
 
 # --- bounds of every numeric option -------------------------------------------------------------

@@ -62,33 +62,53 @@ def _exit_codes():
         sys.exit(130)
 
 
-def _progress_printer(quiet: bool):
-    """An on_event callback writing one line per suite (and per failed point) to stderr."""
+class _Progress:
+    """The on_event callback of a sweep: a rich bar with ETA per suite on stderr (points measured of
+    points to measure; collectives ranks report theirs through ``suite_progress``), and one line
+    above it for each failed point, hint and error. A context manager: the bar lives inside ``with``."""
 
-    def on_event(kind: str, info: dict) -> None:
-        if quiet:
-            return
+    def __init__(self, quiet: bool = False):
+        from scaleplan.bench.progress import make_bar
+
+        self.bar = make_bar(console=stderr, disable=quiet)
+        self.quiet, self.tasks = quiet, {}
+
+    def __enter__(self):
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.stop()
+        return False
+
+    def _say(self, text: str) -> None:
+        if not self.quiet:
+            self.bar.console.print(text, highlight=False)
+
+    def __call__(self, kind: str, info: dict) -> None:
+        rid = info.get("run_id")
         if kind == "suite_start":
-            todo = (
-                "" if info.get("todo") is None else f": {info['todo']} of {info['points']} points to measure"
-            )
-            stderr.print(f"run {info['run_id']} {info['suite']}{todo}", highlight=False)
-        elif kind == "point" and info["row"]["status"] != "OK":
+            total = info.get("todo")
+            self.tasks[rid] = self.bar.add_task(f"run {rid} {info['suite']}", total=total)
+            if total is not None:
+                self._say(f"run {rid} {info['suite']}: {total} of {info['points']} points to measure")
+        elif kind == "point":
+            if rid in self.tasks:
+                self.bar.advance(self.tasks[rid])
             r = info["row"]
-            stderr.print(f"  {r['status']}: {r.get('note') or ''}", highlight=False)
+            if r["status"] != "OK":
+                self._say(f"  {r['status']}: {r.get('note') or ''}")
+        elif kind == "suite_progress" and rid in self.tasks:
+            self.bar.update(self.tasks[rid], completed=info["done"], total=info["total"])
+        elif kind == "suite_done" and rid in self.tasks:  # a launched suite may have reported nothing
+            total = info.get("measured") or 0
+            self.bar.update(self.tasks[rid], completed=total, total=total)
         elif kind == "hint":
             ids = ",".join(map(str, info["same_config"]))
-            stderr.print(
-                f"  note: run(s) {ids} swept the same {info['suite']} config and did not complete; "
-                f"`--resume {ids}` would measure only their missing points",
-                highlight=False,
-            )
+            self._say(f"  note: run(s) {ids} swept the same {info['suite']} config and did not complete; "
+                      f"`--resume {ids}` would measure only their missing points")
         elif kind == "error":
-            stderr.print(
-                f"[red]run {info['run_id']} {info['suite']}:[/red] {info['message']}", highlight=False
-            )
-
-    return on_event
+            self._say(f"[red]run {rid} {info['suite']}:[/red] {info['message']}")
 
 
 def _print_results(results: list, wall_s: float, as_json: bool) -> None:
@@ -137,8 +157,7 @@ def run(
     if in_torchrun():
         _run_torchrun(preset, suites, profile, url, device, ids, json_out, as_profile)
         return
-    on_event = _progress_printer(quiet=False)
-    with _exit_codes():
+    with _exit_codes(), _Progress() as on_event:
         if ids:
             results = runner.resume_runs(ids, url, device=device, on_event=on_event)
         else:
@@ -231,9 +250,9 @@ def plan(
                     stdout.print("  " + ", ".join(f"{k}={v}" for k, v in p.items()), highlight=False)
         return
     t0 = time.perf_counter()
-    with _exit_codes():
+    with _exit_codes(), _Progress() as on_event:
         results = bplan.run_lookups(
-            lookups, spec, url, profile=profile, device=device, on_event=_progress_printer(quiet=False),
+            lookups, spec, url, profile=profile, device=device, on_event=on_event,
             as_profile=as_profile,
         )
     _print_results(results, time.perf_counter() - t0, want_json(json_out))
@@ -264,9 +283,8 @@ def _plan_search(search: Path, profile: str | None, url, run_: bool, device, jso
         return
     points = {s: [{k: v for k, v in p.items() if k != "needed_by"} for p in pts] for s, pts in got["lookups"].items()}
     t0 = time.perf_counter()
-    with _exit_codes():
-        results = bplan.run_lookups(points, search, url, profile=prof, device=device,
-                                    on_event=_progress_printer(quiet=False))
+    with _exit_codes(), _Progress() as on_event:
+        results = bplan.run_lookups(points, search, url, profile=prof, device=device, on_event=on_event)
     _print_results(results, time.perf_counter() - t0, want_json(json_out))
 
 

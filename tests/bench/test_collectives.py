@@ -51,8 +51,14 @@ def _check_rows(rows):
 
 
 def test_bench_run_launches_two_gloo_ranks(sqlite_url):
-    res = runner.run_preset(parse_preset(tiny_preset({"collectives": BLOCK})), sqlite_url, device="cpu")
+    events = []
+    res = runner.run_preset(parse_preset(tiny_preset({"collectives": BLOCK})), sqlite_url, device="cpu",
+                            on_event=lambda kind, info: events.append((kind, info)))
     assert res[0].status == "complete" and res[0].measured == len(FACTOR_N2) * len(SIZES)
+    # rank 0 reported each stored point to this process as it went (the bar's ETA comes from these)
+    done = [(i["done"], i["total"]) for k, i in events if k == "suite_progress"]
+    n = len(FACTOR_N2) * len(SIZES)
+    assert done == [(i, n) for i in range(1, n + 1)]
     _check_rows(_points(sqlite_url, res[0].run_id))
     with session_scope(sqlite_url) as s:
         run = s.get(m.BenchRun, res[0].run_id)
@@ -86,6 +92,11 @@ def test_bench_run_under_torchrun(sqlite_url, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
+    # the current collectives API: no FutureWarning per call (reduce_scatter_tensor, all_gather_into_tensor)
+    assert "FutureWarning" not in p.stderr and "deprecated" not in p.stderr, p.stderr[-2000:]
+    # one progress bar, drawn by rank 0 only (its final frame: the other rank draws nothing)
+    n = len(FACTOR_N2) * len(SIZES)
+    assert p.stderr.count(f"{n}/{n}") == 1 and "ETA" in p.stderr, p.stderr[-2000:]
     with session_scope(sqlite_url) as s:
         runs = list(s.scalars(select(m.BenchRun)))
     assert len(runs) == 1 and runs[0].status == "complete" and runs[0].world_size == 2  # rank 0 alone wrote
