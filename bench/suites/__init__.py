@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-SUITE_NAMES = ("gemm", "grouped_gemm", "sdpa", "router", "elementwise", "vocab", "collectives", "dispatch")
+SUITE_NAMES = ("gemm", "grouped_gemm", "sdpa", "router", "elementwise", "vocab", "collectives", "dispatch",
+               "allocator")
 
 
 def get_suite(name: str) -> ModuleType:

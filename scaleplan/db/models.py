@@ -292,10 +292,38 @@ class DispatchPoint(_Point, Base):
     active_per_kernel_s: Mapped[float | None] = mapped_column(Float)
 
 
+class AllocatorPoint(_Point, Base):
+    """Caching-allocator overhead over a few training steps of the reference model (CUDA): peak
+    allocated vs peak reserved bytes, memory outside the allocator (CUDA context, NCCL, handles),
+    and the memory model's predicted peak allocated for the same configuration (issue 14)."""
+
+    __tablename__ = "allocator_point"
+    __table_args__ = (UniqueConstraint("run_id", "layers", "hidden", "experts", "k", "seq_len", "micro_bs", "ckpt",
+                                       "dtype"), _status_check(),
+                      CheckConstraint("layers > 0 AND hidden > 0 AND experts > 0 AND k > 0 AND seq_len > 0 "
+                                      "AND micro_bs > 0", name="allocator_dims_positive"),
+                      *_positive_time("step_s", required=("step_s",)))
+    run_id: Mapped[int] = _run_fk()
+    layers: Mapped[int]
+    hidden: Mapped[int]
+    experts: Mapped[int]
+    k: Mapped[int]
+    seq_len: Mapped[int]
+    micro_bs: Mapped[int]
+    ckpt: Mapped[str] = mapped_column(String(24))
+    dtype: Mapped[str] = mapped_column(String(16))
+    step_s: Mapped[float | None] = mapped_column(Float)  # median step seconds (context only)
+    max_allocated_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    max_reserved_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    allocator_fraction: Mapped[float | None] = mapped_column(Float)  # reserved / allocated - 1
+    context_bytes: Mapped[int | None] = mapped_column(BigInteger)  # device used minus reserved
+    predicted_allocated_bytes: Mapped[float | None] = mapped_column(Float)
+
+
 MEASUREMENT_TABLES: dict[str, type[Base]] = {
     "gemm": GemmPoint, "grouped_gemm": GroupedGemmPoint, "sdpa": SdpaPoint, "router": RouterPoint,
     "elementwise": ElementwisePoint, "vocab": VocabPoint, "collectives": CollectivePoint,
-    "dispatch": DispatchPoint,
+    "dispatch": DispatchPoint, "allocator": AllocatorPoint,
 }
 
 
