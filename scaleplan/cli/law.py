@@ -30,7 +30,7 @@ def eval_(
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Predicted loss L(N_tot, S, D, G) of eq:joint-law with its five terms."""
+    """Predicted loss L(N_tot, S, D, G) of the joint scaling law (paper Sec. 4.2) with its five terms."""
     from scaleplan.mosaic.law import load_law
 
     _positive("--n-tot", n_tot), _positive("--d", d), _positive("--g", g)
@@ -61,7 +61,7 @@ def optimum(
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """eq:compute-only-program per sparsity: the model-FLOPs optimum is boundary-seeking in S."""
+    """The model-FLOPs optimum per sparsity (paper Sec. 6.1): boundary-seeking in S."""
     from scaleplan.mosaic.law import load_law
     from scaleplan.mosaic.optimum import boundary_optimum, sparsity_sweep
 
@@ -115,7 +115,7 @@ def fit(
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:
-    """Fit eq:joint-law (Huber on log L, L-BFGS-B, multi-start, hold-out, BCa bootstrap); store runs and fit."""
+    """Fit the joint scaling law (paper Sec. 4.2; Huber on log L, L-BFGS-B, multi-start, hold-out, BCa bootstrap); store runs and fit."""
     from scaleplan.mosaic.law_fit import fit_joint_law, read_runs_csv, store_fit
 
     if starts < 64:

@@ -75,7 +75,7 @@ def search(
                                 "loss bands, regret and near-ties (0: none)."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the --samples draws."),
     by_sparsity: bool = typer.Option(False, "--by-sparsity", help="Also the best candidate per sparsity bin, "
-                                     "S*_cluster, the gain over s_max and S_feas^max (fig:mosaic-solution)."),
+                                     "S*_cluster, the gain over s_max and S_feas^max (the paper's Figure 1)."),
     prescription: float = typer.Option(None, "--prescription", help="--by-sparsity: the model-FLOPs prescription "
                                        "C_model (FLOP) checked per sparsity (default: the optimum's C_model)."),
     s_step: float = typer.Option(0.005, "--s-step", help="--by-sparsity: sparsity bin width."),

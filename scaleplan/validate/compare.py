@@ -1,9 +1,10 @@
 """Predicted vs measured: MFU of a measured step, the estimator's prediction, and the ObservedRun row.
 
-MFU (eq:mfu) is counted exactly as the estimator's ``mfu``: N = active non-embedding parameters
-plus the input embedding and the LM head (both when untied; :func:`scaleplan.geometry.spec_param_counts`),
-model FLOPs per step = 6 N gbs seqlen (no attention-score FLOPs), divided by
-t_iter * n_devices * peak, the profile's peak for the model precision (FLOP/s per device).
+MFU (eq:mfu) is counted exactly as the estimator's ``mfu``: N = N_act, the active non-embedding
+parameters (:func:`scaleplan.geometry.spec_param_counts`; no input embedding, no LM head), model FLOPs
+per step = 6 N gbs seqlen (no attention-score FLOPs), divided by t_iter * n_devices * peak, the
+profile's peak for the model precision (FLOP/s per device). The measured and predicted MFU of a
+`validate` row are the same quantity.
 """
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ GB = 1e9
 
 
 def model_flops_per_step(spec: Spec) -> float:
-    """6 N gbs seqlen with N = N_act + embedding parameters (FLOP per optimizer step)."""
-    pc = spec_param_counts(spec.model)
-    return 6.0 * (pc.n_act + pc.embedding) * spec.data.gbs * spec.data.seqlen
+    """6 N_act gbs seqlen (FLOP per optimizer step, eq:mfu's numerator; N_act without embeddings,
+    as the estimator's ``mfu``: counting them here made measured and predicted MFU differ by N_emb/N_act)."""
+    return 6.0 * spec_param_counts(spec.model).n_act * spec.data.gbs * spec.data.seqlen
 
 
 def mfu(spec: Spec, t_iter_s: float, n_devices: int, peak_flops: float) -> float:

@@ -80,18 +80,18 @@ def test_help_does_not_import_torch():
     assert p.stdout.strip() == "False", p.stderr
 
 
-def test_mfu_counts_embedding_and_head():
+def test_mfu_is_eq_mfu_with_n_act():
     from scaleplan.specs import load_spec
     from scaleplan.validate.compare import mfu
 
     spec = load_spec(TINY)
     m = spec.model
     # by hand: attention 2*64*64 + 2*64*32 + 64*4 + 2*64 = 12672 per block; dense SwiGLU 3*64*160;
-    # MoE active: (K + shared) * 3*64*40 + router 8*64; final norm 64; embedding + head 2*512*64
+    # MoE active: (K + shared) * 3*64*40 + router 8*64; final norm 64; no embedding or head (eq:mfu's
+    # N = N_act, as the estimator's predicted mfu)
     attn = 2 * 64 * 64 + 2 * 64 * 32 + 64 * 4 + 2 * 64
     n_act = 3 * attn + 3 * 64 * 160 + 2 * (3 * 3 * 64 * 40 + 8 * 64) + 64
-    n = n_act + 2 * 512 * 64
-    flops = 6 * n * spec.data.gbs * spec.data.seqlen
+    flops = 6 * n_act * spec.data.gbs * spec.data.seqlen
     assert mfu(spec, 0.5, 2, 1e9) == pytest.approx(flops / (0.5 * 2 * 1e9))
     assert m.moe.n_experts == 8
 
