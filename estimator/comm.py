@@ -43,6 +43,17 @@ def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int):
     return out
 
 
+def expert_dp_rails(tp, cp, ep, etp, dp, gpn: int):
+    """Ranks per node of one expert-DP group (arrays): its ranks are TP CP EP apart, so a node holds
+    gpn / (TP CP EP) of them (1 once the stride fills a node), at most the group. Each of them drives
+    its own NIC rail, and NCCL reduces inside the node over NVLink first, so an inter-node strided group
+    with m ranks per node moves its bytes over m rails: the one-rank-per-node table's time / m, never
+    faster than the contiguous table (m = gpn: whole nodes)."""
+    stride = np.asarray(tp * cp * ep, dtype=float)
+    edp = np.asarray(tp * cp * dp / (ep * etp), dtype=float)
+    return np.minimum(np.maximum(np.floor(gpn / stride), 1.0), np.maximum(edp, 1.0))
+
+
 def bias_sync(g: Geometry, tp, cp, pp, dp, gpn: int):
     """The loss-free balancing bias update (eq:bias-update): Megatron-Core stacks the fp32 token counts
     per expert of every MoE layer on the stage and all-reduces them once per step over the TP x CP x DP
@@ -58,7 +69,7 @@ class CommModel:
     """Collective costs; needs ``self.tb``, ``self.prof``, ``self.gpn``, ``self.serial``."""
 
     def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None,
-                    small_analytic=False):
+                    small_analytic=False, rails=None):
         """Collective time from the table of the regime; analytic ring formula where unmeasured.
 
         Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw
@@ -72,7 +83,19 @@ class CommModel:
         GPUs per node (the table's contiguous groups fill whole nodes). Busbw invariance would keep
         S (n - 1) / n instead and under-count a 128-rank all-to-all by (120/128) / (24/32) = 1.25x
         against a 32-rank measurement on 8-GPU nodes.
+
+        A strided group with ``rails`` > 1 ranks per node (:func:`expert_dp_rails`) takes the strided
+        table's time / rails, bounded below by the contiguous table's time for the same group.
         """
+        if rails is not None and layout == "strided":
+            t1 = self._collective(rec, comp, coll, n, size, inter, layout, active, per_node, small_analytic)
+            m = np.broadcast_to(np.asarray(rails, dtype=float), (rec.P,))
+            multi = np.asarray(inter, dtype=bool) & (m > 1)
+            if not multi.any():
+                return t1
+            tc = self._collective(rec, comp, coll, n, size, inter, "contiguous", np.asarray(active) & multi,
+                                  per_node, small_analytic)
+            return np.where(multi, np.maximum(t1 / m, tc), t1)
         P = rec.P
         n = _arr(n, P)
         size = _arr(size, P)
@@ -143,9 +166,11 @@ class CommModel:
             per_bucket = params / nb
             act = (group > 1) & (params > 0)
             red = "all_reduce" if ortho else "reduce_scatter"
-            rs = nb * self._collective(rec, "dp_comm", red, group, per_bucket * GRAD_BYTES_COMM, inter, layout, act)
+            rails = expert_dp_rails(tp, cp, ep, etp, dp, self.gpn) if layout == "strided" else None
+            rs = nb * self._collective(rec, "dp_comm", red, group, per_bucket * GRAD_BYTES_COMM, inter, layout, act,
+                                       rails=rails)
             ag = nb * self._collective(rec, "dp_comm", "all_gather", group, per_bucket * PARAM_BYTES_COMM,
-                                       inter, layout, act)
+                                       inter, layout, act, rails=rails)
             if self.serial:
                 out += rs + ag
             else:

@@ -51,9 +51,25 @@ def _print_table(rows: list[dict], profile: str, reason: str | None, hint: str, 
     stdout.print(t)
     stdout.print("mem meas: " + ("torch.cuda.max_memory_allocated" if device == "cuda" else
                                  "peak RSS growth of a worker over its RSS after imports") + "; GB = 1e9 bytes")
+    _print_memory_and_load(rows, device)
     if reason:
         stdout.print(f"no prediction: {reason}")
         stdout.print(hint)
+
+
+def _print_memory_and_load(rows: list[dict], device: str) -> None:
+    """mem pred is the reference runner's peak allocated (estimator/memory.py, REFERENCE_DDP); on CUDA
+    reserved beside it; then each row's machine-load warning, beside its figures."""
+    for r in rows:
+        lay = r["layout"]
+        tag = f"dp={lay['dp']},mbs={lay['mbs']},ckpt={lay['ckpt']}"
+        if device == "cuda" and r.get("predicted_mem_reserved_gb") is not None:
+            stdout.print(f"{tag}: reserved meas {_fmt(r.get('measured_mem_reserved_gb'), '.3f')} GB, pred "
+                         f"{r['predicted_mem_reserved_gb']:.3f} GB (allocator overhead "
+                         f"{r['allocator_overhead']['fraction']:.0%}, {r['allocator_overhead']['source']})",
+                         highlight=False)
+        for w in r.get("warnings", []):
+            stdout.print(f"[yellow]warning[/yellow] {tag}: {w}", highlight=False)
 
 
 def _measure_tables(spec: Path, layouts, nproc: int, profile: str, url, device: str, threads: int | None) -> None:
@@ -70,6 +86,12 @@ def _measure_tables(spec: Path, layouts, nproc: int, profile: str, url, device: 
     stderr.print(f"measuring {sum(len(v) for v in points.values())} table points for {profile}", highlight=False)
     bplan.run_lookups(points, spec, url, profile=profile, device=device)
     forget_cached_tables()
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 def forget_cached_tables() -> None:
@@ -108,6 +130,8 @@ def validate(
     from scaleplan.profiles import load_profile
     from scaleplan.specs import load_spec, parse_layout
     from scaleplan.validate import compare
+    from scaleplan.validate import memory as vmem
+    from scaleplan.validate.rows import extend_row
     from scaleplan.validate.runner import RunConfig, check_layout, run_layout
 
     if device not in ("cpu", "cuda"):
@@ -134,6 +158,7 @@ def validate(
     if bench:
         _measure_tables(spec, layouts, nproc, profile, url, device, threads)
     preds, reason = compare.predict(sp, layouts, nproc, profile, url, extrapolate)
+    overhead = vmem.measured_allocator_overhead(url, _gpu_name()) if device == "cuda" else None
     rows = []
     for i, lay in enumerate(layouts):
         stderr.print(f"[{i + 1}/{len(layouts)}] {spec.name}: dp={nproc} mbs={lay.mbs} ckpt={lay.ckpt}, "
@@ -144,7 +169,8 @@ def validate(
         m = compare.mfu(sp, res.t_iter_s, nproc, peak)
         oid = compare.store_observation(url, sp, spec.stem, lay, nproc, profile, res, m, preds[i], sweep,
                                         steps, warmup, device) if store else None
-        rows.append(compare.comparison_row(lay, nproc, res, m, preds[i], oid))
+        mem_pred = vmem.predict_reference_memory(sp, lay, device, overhead)
+        rows.append(extend_row(compare.comparison_row(lay, nproc, res, m, preds[i], oid), res, mem_pred))
     if html:
         from scaleplan.report.html import write_report
 

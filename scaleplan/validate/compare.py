@@ -99,6 +99,8 @@ def store_observation(db_url: str | None, spec: Spec, spec_name: str, layout: La
         "warmup_times_s": result.extra.get("warmup_times_s"),
         "step_cpu_s_rank0": result.extra.get("step_cpu_s_rank0"),
         "dp_replicas_in_sync": result.extra.get("dp_replicas_in_sync"),
+        "load": result.extra.get("load"),  # machine load during the timed steps (validate.load)
+        "peak_reserved_bytes": result.extra.get("peak_reserved_bytes"),
         "peak_mem_kind": "cuda_max_memory_allocated" if device == "cuda" else "rss_growth_over_import",
         "peak_rss_bytes": result.peak_rss_bytes, "rss_baseline_bytes": result.rss_baseline_bytes,
         "final_loss": result.final_loss, "starved_experts": result.starved_experts,
