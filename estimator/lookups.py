@@ -39,14 +39,15 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
                  serial_dispatch: bool = False, optimizer: str = "adamw") -> dict[str, list[dict]]:
     """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model;
     ``optimizer`` picks the DP collectives (muon/scion all-reduce, else reduce-scatter + all-gather)."""
-    from scaleplan.estimator.model import (
-        CKPT_NAMES,
+    from scaleplan.estimator.comm import (
         GRAD_BYTES_COMM,
         ORTHO_OPTIMIZERS,
         PARAM_BYTES_COMM,
         bias_sync,
         dp_buckets,
+        expert_dp_rails,
     )
+    from scaleplan.estimator.compute import CKPT_NAMES
 
     out: dict[str, list[dict]] = {}
     dt = g.precision
@@ -90,10 +91,14 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
             if group > 1 and params > 0:
                 red = "all_reduce" if optimizer in ORTHO_OPTIMIZERS else "reduce_scatter"  # layer-wise vs ZeRO-1
                 colls = ((red, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))
+                # a strided group with several ranks per node is also bounded by the contiguous table
+                rails = expert_dp_rails(tp, cp, ep, etp, dp, gpn) if layout == "strided" else 1
+                layouts = (layout, "contiguous") if (inter and rails > 1) else (layout,)
                 for coll, nbytes in colls:
-                    _add(out, "collectives", {"collective": coll, "group_size": int(group), "layout": layout,
-                                              "inter_node": bool(inter), "size_bytes": int(params / nb * nbytes),
-                                              "dtype": "bf16"})
+                    for lay in layouts:
+                        _add(out, "collectives", {"collective": coll, "group_size": int(group), "layout": lay,
+                                                  "inter_node": bool(inter), "size_bytes": int(params / nb * nbytes),
+                                                  "dtype": "bf16"})
         n_bias, group, inter, size = bias_sync(g, tp, cp, pp, dp, gpn)
         if n_bias > 0 and group > 1:
             _add(out, "collectives", {"collective": "all_reduce", "group_size": int(group), "layout": "contiguous",
