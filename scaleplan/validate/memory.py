@@ -70,3 +70,54 @@ def state_bytes(model, opt) -> dict[str, int]:
         if "step" in st and torch.is_tensor(st["step"]):
             out["step_counters"] += st["step"].numel() * st["step"].element_size()
     return out
+
+
+def measured_allocator_overhead(db_url: str | None, gpu_name: str) -> tuple[float, float, str] | None:
+    """(allocator_fraction, context_bytes, source) from the allocator suite's OK rows measured on
+    this GPU model (medians), None when there are none."""
+    from sqlalchemy import select
+
+    from scaleplan.bench.suites.allocator import overhead_from_rows
+    from scaleplan.db import models as m
+    from scaleplan.db.session import ensure_schema, session_scope
+
+    ensure_schema(db_url)
+    with session_scope(db_url) as s:
+        q = (select(m.AllocatorPoint, m.BenchRun.id).join(m.BenchRun, m.BenchRun.id == m.AllocatorPoint.run_id)
+             .where(m.BenchRun.gpu_name == gpu_name))
+        got = s.execute(q).all()
+        rows = [{"status": p.status, "allocator_fraction": p.allocator_fraction, "context_bytes": p.context_bytes}
+                for p, _ in got]
+        runs = sorted({rid for _, rid in got})
+    out = overhead_from_rows(rows)
+    return None if out is None else (*out, f"measured (allocator runs {','.join(map(str, runs))})")
+
+
+def predict_reference_memory(spec, layout, device: str, overhead: tuple[float, float, str] | None = None) -> dict:
+    """The memory model's prediction for the reference runner (DDP + MasterAdamW, one process per
+    rank) of ``spec`` under ``layout`` (dp set): peak allocated (what torch.cuda.max_memory_allocated
+    measures), reserved (+ the allocator term) and device total (+ context), in GB (1e9 bytes),
+    with the categories. ``overhead``: measured (fraction, context bytes, source); else the
+    documented defaults on CUDA, and none on a CPU (no caching allocator; RSS is measured there)."""
+    import numpy as np
+
+    from scaleplan.estimator import memory as mm
+    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.plans import plans_from_layouts
+
+    if overhead is None:
+        overhead = ((mm.DEFAULT_ALLOCATOR_FRACTION, mm.DEFAULT_CONTEXT_BYTES, "default") if device == "cuda"
+                    else (0.0, 0.0, "none on CPU"))
+    frac, ctx, source = overhead
+    dp = layout.dp or 1
+    pl = plans_from_layouts([layout], dp)
+    mem = mm.memory_breakdown(geometry(spec.model), pl, spec.data.gbs, spec.data.seqlen, "adamw",
+                              state=mm.REFERENCE_DDP, allocator_fraction=frac, context_bytes=ctx,
+                              rope=spec.model.rotary_embeds)
+    n_mb = spec.data.gbs // (dp * layout.mbs)
+    alloc = float(mm.reference_peak_allocated(mem, n_mb)[0])
+    reserved = alloc * (1.0 + frac)
+    gb = 1e9
+    return {"allocated_gb": alloc / gb, "reserved_gb": reserved / gb, "device_gb": (reserved + ctx) / gb,
+            "breakdown_gb": {k: float(np.asarray(v)[0]) / gb for k, v in mem.items()},
+            "allocator_fraction": frac, "overhead_source": source}

@@ -30,6 +30,7 @@ from typing import Any
 
 from scaleplan.errors import ScaleplanError, SpecError
 from scaleplan.specs import Layout, Spec
+from scaleplan.validate.load import machine_busy_s
 
 RUNNABLE_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 LR = 1e-4
@@ -47,6 +48,8 @@ class RunConfig:
     nproc: int = 1
     threads: int | None = None  # CPU threads per process; None = cores // nproc
     seed: int = 0
+    loadavg_before: float | None = None  # 1-minute load average before the workers started (run_layout)
+    trace_dir: str | None = None  # record a torch.profiler trace of the timed steps here (rank 0)
 
 
 @dataclass
@@ -203,9 +206,11 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
     batches = [(torch.randint(0, V, (mbs, S), generator=g).to(device),
                 torch.randint(0, V, (mbs, S), generator=g).to(device)) for _ in range(n_mb)]
     times, cpu_times, loss_val = [], [], float("nan")
-    for _ in range(cfg.warmup + cfg.steps):
+    for step in range(cfg.warmup + cfg.steps):
         if cuda:
             torch.cuda.synchronize(device)
+        if step == cfg.warmup:  # the timed steps start: what the machine and this process have spent so far
+            probe0 = (time.perf_counter(), time.process_time(), machine_busy_s())
         t0, c0 = time.perf_counter(), time.process_time()
         opt.zero_grad()
         total = 0.0
@@ -224,7 +229,9 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
         loss_val = float(total)
+    load = _load_report(probe0, world, threads, cfg.loadavg_before, device)
     peak = float(torch.cuda.max_memory_allocated(device)) if cuda else peak_rss() - rss0
+    reserved = float(torch.cuda.max_memory_reserved(device)) if cuda else None
     stats = torch.tensor([peak, *times], dtype=torch.float64, device=device)
     if world > 1:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # slowest rank per step; largest memory
@@ -235,8 +242,26 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
             "rss0": None if cuda else rss0, "n_mb": n_mb, "threads": threads, "impl": impl,
             "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch_version": torch.__version__, "loss": loss_val,
-            "cpu_times": cpu_times,
+            "cpu_times": cpu_times, "load": load, "reserved": reserved,
             "starved": sum(r.last_starved for r in routers) / len(routers) if routers else 0.0}
+
+
+def _load_report(probe0, world: int, threads: int, loadavg_before, device) -> dict:
+    """The timed steps' load (scaleplan.validate.load): own CPU seconds summed over the ranks."""
+    import torch
+    import torch.distributed as dist
+
+    from scaleplan.validate.load import assess, loadavg_1m, usable_cpus
+
+    wall0, cpu0, busy0 = probe0
+    own = torch.tensor([time.process_time() - cpu0], dtype=torch.float64, device=device)
+    if world > 1:
+        dist.all_reduce(own)  # every rank's process time: the run's own share of the machine
+    busy1 = machine_busy_s()
+    busy = None if busy0 is None or busy1 is None else busy1 - busy0
+    return assess(cpus=usable_cpus(), threads=threads, world_size=world, loadavg_before=loadavg_before,
+                  loadavg_after=loadavg_1m(), wall_s=time.perf_counter() - wall0, own_cpu_s=float(own.item()),
+                  machine_busy_s=busy).to_dict()
 
 
 def _replicas_in_sync(model, world: int, device) -> bool:
@@ -286,7 +311,8 @@ def _to_result(raw: dict[str, Any], cfg: RunConfig) -> RunResult:
                      final_loss=raw["loss"], starved_experts=raw["starved"],
                      extra={"warmup_times_s": raw["times"][:cfg.warmup],
                             "step_cpu_s_rank0": raw["cpu_times"][cfg.warmup:],
-                            "dp_replicas_in_sync": raw["dp_replicas_in_sync"]})
+                            "dp_replicas_in_sync": raw["dp_replicas_in_sync"], "load": raw.get("load"),
+                            "peak_reserved_bytes": raw.get("reserved"), "trace": raw.get("trace")})
 
 
 def run_layout(cfg: RunConfig) -> RunResult:
@@ -305,6 +331,10 @@ def run_layout(cfg: RunConfig) -> RunResult:
         raise SpecError("--device", "cuda", "no CUDA device is visible; use --device cpu")
     if cfg.device == "cuda" and cfg.nproc > torch.cuda.device_count():
         raise SpecError("--nproc", cfg.nproc, f"at most the {torch.cuda.device_count()} visible GPUs")
+    from scaleplan.validate.load import loadavg_1m
+
+    if cfg.loadavg_before is None:
+        cfg.loadavg_before = loadavg_1m()
     with tempfile.TemporaryDirectory(prefix="scaleplan-validate-") as tmp:
         out = os.path.join(tmp, "result.json")
         try:

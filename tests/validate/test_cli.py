@@ -12,6 +12,8 @@ SPECS = Path(__file__).resolve().parents[1] / "data" / "validate_specs"
 TINY = SPECS / "tiny.yaml"
 KEYS = {"layout", "measured_t_iter_s", "predicted_t_iter_s", "measured_mfu", "predicted_mfu",
         "measured_peak_mem_gb", "predicted_mem_gb", "observation_id"}
+EXTRA_KEYS = {"predicted_mem_allocated_gb", "predicted_mem_reserved_gb", "predicted_mem_device_gb",
+              "predicted_mem_breakdown_gb", "measured_mem_reserved_gb", "estimator_mem_gb", "load", "warnings"}
 
 
 def _cli(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -35,8 +37,14 @@ def test_validate_json_and_observed_run(sqlite_url, nproc):
              "--layout", "mbs=1,ckpt=selective", "--db", sqlite_url)
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)  # stdout is one JSON document
-    assert len(rows) == 1 and set(rows[0]) == KEYS
+    assert len(rows) == 1 and KEYS <= set(rows[0]) and EXTRA_KEYS <= set(rows[0])
     r = rows[0]
+    # memory: the reference runner's peak allocated; no caching allocator on a CPU, so reserved = allocated
+    assert r["predicted_mem_gb"] == r["predicted_mem_allocated_gb"] == r["predicted_mem_reserved_gb"] > 0
+    assert r["measured_mem_reserved_gb"] is None and r["allocator_overhead"]["fraction"] == 0.0
+    load = r["load"]  # the timed steps' machine load, and a warning exactly when the rule says loaded
+    assert load["wall_s"] > 0 and load["own_cpu_s"] > 0 and load["world_size"] == nproc
+    assert (load["warning"] is not None) == load["loaded"] and r["warnings"] == ([load["warning"]] if load["loaded"] else [])
     assert r["layout"]["dp"] == nproc and r["layout"]["ckpt"] == "selective"
     assert r["measured_t_iter_s"] > 0 and 0 < r["measured_mfu"] < 1
     assert r["measured_peak_mem_gb"] > 0
@@ -51,6 +59,7 @@ def test_validate_json_and_observed_run(sqlite_url, nproc):
     assert o.extra["provenance"]["backend"] == ("gloo" if nproc == 2 else "none")
     # after the steps every rank holds the same weights and LFLB biases (gradients were all-reduced)
     assert o.extra["dp_replicas_in_sync"] is True
+    assert o.extra["load"]["wall_s"] == pytest.approx(load["wall_s"])
 
 
 def test_refuses_model_parallel_layouts_with_one_line(sqlite_url):
