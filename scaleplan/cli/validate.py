@@ -52,6 +52,7 @@ def _print_table(rows: list[dict], profile: str, reason: str | None, hint: str, 
     stdout.print("mem meas: " + ("torch.cuda.max_memory_allocated" if device == "cuda" else
                                  "peak RSS growth of a worker over its RSS after imports") + "; GB = 1e9 bytes")
     _print_memory_and_load(rows, device)
+    _print_components(rows)
     if reason:
         stdout.print(f"no prediction: {reason}")
         stdout.print(hint)
@@ -70,6 +71,38 @@ def _print_memory_and_load(rows: list[dict], device: str) -> None:
                          highlight=False)
         for w in r.get("warnings", []):
             stdout.print(f"[yellow]warning[/yellow] {tag}: {w}", highlight=False)
+
+
+def _components(res, pred: dict | None) -> dict | None:
+    """Measured (--trace) beside predicted time per component (scaleplan.validate.trace), or None."""
+    tr = res.extra.get("trace")
+    if not tr:
+        return None
+    from scaleplan.validate import trace as vtrace
+
+    predicted = vtrace.predicted_components((pred or {}).get("breakdown_s"))
+    return {"trace_path": tr["path"], "steps": tr["steps"], "step_wall_s": tr["step_wall_s"],
+            "rows": vtrace.component_table(tr["components_s"], predicted), "top_ops": tr["top_ops"]}
+
+
+def _print_components(rows: list[dict]) -> None:
+    from rich.table import Table
+
+    for r in rows:
+        comp = r.get("components")
+        if not comp:
+            continue
+        lay = r["layout"]
+        t = Table(title=f"time per component, dp={lay['dp']},mbs={lay['mbs']},ckpt={lay['ckpt']} "
+                        f"(s per step; traced steps {comp['step_wall_s']:.4f} s)", title_justify="left")
+        for c in ("component", "measured s", "predicted s", "err"):
+            t.add_column(c, justify="left" if c == "component" else "right")
+        for c in comp["rows"]:
+            t.add_row(c["component"], _fmt(c["measured_s"], ".4f"), _fmt(c["predicted_s"], ".4f"),
+                      _fmt(c["error"], "+.0%"))
+        stdout.print(t)
+        stdout.print(f"trace: {comp['trace_path']} (open in https://ui.perfetto.dev or tensorboard --logdir)",
+                     highlight=False)
 
 
 def _measure_tables(spec: Path, layouts, nproc: int, profile: str, url, device: str, threads: int | None) -> None:
@@ -120,6 +153,9 @@ def validate(
     bench: bool = typer.Option(False, "--bench", help="First measure on this machine the table points the "
                                "prediction looks up (`scaleplan bench plan SPEC --devices NPROC --run`), with "
                                "the threads each DP process gets."),
+    trace: Path = typer.Option(None, "--trace", metavar="DIR", help="Also profile 2 more steps per layout "
+                               "(torch.profiler, CPU + CUDA) into DIR/<layout>/rank0.pt.trace.json (Perfetto, "
+                               "TensorBoard) and print measured vs predicted time per component."),
     html: Path = typer.Option(None, "--html", metavar="FILE", help="Also write a self-contained HTML report "
                               "(measured vs predicted, predicted per-component bars)."),
     db: str = DbOpt,
@@ -164,13 +200,15 @@ def validate(
         stderr.print(f"[{i + 1}/{len(layouts)}] {spec.name}: dp={nproc} mbs={lay.mbs} ckpt={lay.ckpt}, "
                      f"{warmup}+{steps} steps on {device}", highlight=False)
         cfg = RunConfig(spec=sp.model_dump(mode="json"), layout=lay.model_dump(), steps=steps, warmup=warmup,
-                        device=device, nproc=nproc, threads=threads)
+                        device=device, nproc=nproc, threads=threads, trace_dir=str(trace) if trace else None,
+                        trace_tag=f"dp{nproc}_mbs{lay.mbs}_{lay.ckpt}")
         res = run_layout(cfg)
         m = compare.mfu(sp, res.t_iter_s, nproc, peak)
         oid = compare.store_observation(url, sp, spec.stem, lay, nproc, profile, res, m, preds[i], sweep,
                                         steps, warmup, device) if store else None
         mem_pred = vmem.predict_reference_memory(sp, lay, device, overhead)
-        rows.append(extend_row(compare.comparison_row(lay, nproc, res, m, preds[i], oid), res, mem_pred))
+        rows.append(extend_row(compare.comparison_row(lay, nproc, res, m, preds[i], oid), res, mem_pred,
+                               _components(res, preds[i])))
     if html:
         from scaleplan.report.html import write_report
 

@@ -22,6 +22,7 @@ Aux losses (router z-loss and sequence loss, with their coefficients) are summed
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -35,6 +36,14 @@ from scaleplan.validate.router import Router
 
 INIT_STD = 0.006
 ROPE_BASE = 10_000.0
+TRACE_SCOPES = {"on": False}  # scaleplan.validate.trace switches the sp::<region> profiler scopes on
+
+
+def _scope(region: str):
+    """A ``record_function('sp::<region>')`` while tracing (a profiler names each op's region), else nothing."""
+    if TRACE_SCOPES["on"]:
+        return torch.profiler.record_function(f"sp::{region}")
+    return contextlib.nullcontext()
 
 
 def _ckpt(fn, *args, enabled: bool):
@@ -75,6 +84,10 @@ class Attention(nn.Module):
         return o
 
     def forward(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
+        with _scope("attention"):
+            return self._forward(x, cos, sin)
+
+    def _forward(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
         B, S, _ = x.shape
         q, k, v = self.qkv(x).split([self.nh * self.hd, self.nkv * self.hd, self.nkv * self.hd], dim=-1)
         q = q.view(B, S, self.nh, self.hd).transpose(1, 2)
@@ -92,9 +105,11 @@ class DenseFFN(nn.Module):
         self.fc1 = nn.Linear(d, 2 * width, bias=False)
         self.fc2 = nn.Linear(width, d, bias=False)
         self.recompute_act = recompute_act
+        self.region = "dense_ffn"
 
     def forward(self, x):
-        return self.fc2(_ckpt(swiglu, self.fc1(x), enabled=self.recompute_act))
+        with _scope(self.region):
+            return self.fc2(_ckpt(swiglu, self.fc1(x), enabled=self.recompute_act))
 
 
 class MoEFFN(nn.Module):
@@ -108,23 +123,29 @@ class MoEFFN(nn.Module):
         self.w1 = nn.Parameter(torch.empty(self.E, d, 2 * self.f))  # fc1: d -> 2 d_expert (GLU)
         self.w2 = nn.Parameter(torch.empty(self.E, self.f, d))  # fc2: d_expert -> d
         self.shared = DenseFFN(d, moe.shared_expert_inter_sz, recompute_act) if moe.shared_expert_inter_sz else None
+        if self.shared is not None:
+            self.shared.region = "shared_expert"
         self.recompute_act = recompute_act
         self.impl: str | None = None
 
     def forward(self, x: torch.Tensor):
         B, S, d = x.shape
         x2 = x.reshape(B * S, d)
-        idx, gates, aux = self.router(x2, S)
-        flat = idx.reshape(-1)
-        order = torch.argsort(flat, stable=True)  # permute: rows grouped by expert
-        token_of = order // self.K
-        counts = torch.bincount(flat, minlength=self.E)
+        with _scope("router"):
+            idx, gates, aux = self.router(x2, S)
+            flat = idx.reshape(-1)
+            order = torch.argsort(flat, stable=True)  # permute: rows grouped by expert
+            token_of = order // self.K
+            counts = torch.bincount(flat, minlength=self.E)
+            rows = x2[token_of]
         impl = self.impl or select_impl(x.device, x.dtype)
-        h = grouped_linear(x2[token_of], self.w1, counts, impl)
-        h = _ckpt(swiglu, h, enabled=self.recompute_act)
-        y = grouped_linear(h, self.w2, counts, impl)
-        y = y * gates.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
-        out = torch.zeros_like(x2).index_add(0, token_of, y)  # unpermute and combine
+        with _scope("experts"):
+            h = grouped_linear(rows, self.w1, counts, impl)
+            h = _ckpt(swiglu, h, enabled=self.recompute_act)
+            y = grouped_linear(h, self.w2, counts, impl)
+        with _scope("router"):
+            y = y * gates.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
+            out = torch.zeros_like(x2).index_add(0, token_of, y)  # unpermute and combine
         if self.shared is not None:
             out = out + self.shared(x2)
         return out.view(B, S, d), aux
@@ -205,10 +226,11 @@ class MoEDecoder(nn.Module):
             x, aux = _ckpt(blk, x, cos, sin, enabled=self.ckpt == "full")
             aux_total = aux_total + aux
         self._stage("head")
-        x = self.norm(x)
-        w = self.embed.weight if self.head is None else self.head.weight
-        logits = (x @ w.t()).float()  # fp32 upcast for the cross-entropy
-        ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1))
+        with _scope("head"):
+            x = self.norm(x)
+            w = self.embed.weight if self.head is None else self.head.weight
+            logits = (x @ w.t()).float()  # fp32 upcast for the cross-entropy
+            ce = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.reshape(-1))
         return ce + aux_total
 
 

@@ -49,7 +49,8 @@ class RunConfig:
     threads: int | None = None  # CPU threads per process; None = cores // nproc
     seed: int = 0
     loadavg_before: float | None = None  # 1-minute load average before the workers started (run_layout)
-    trace_dir: str | None = None  # record a torch.profiler trace of the timed steps here (rank 0)
+    trace_dir: str | None = None  # record a torch.profiler trace of TRACE_STEPS extra steps here (rank 0)
+    trace_tag: str | None = None  # subdirectory of trace_dir for this layout
 
 
 @dataclass
@@ -206,12 +207,8 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
     batches = [(torch.randint(0, V, (mbs, S), generator=g).to(device),
                 torch.randint(0, V, (mbs, S), generator=g).to(device)) for _ in range(n_mb)]
     times, cpu_times, loss_val = [], [], float("nan")
-    for step in range(cfg.warmup + cfg.steps):
-        if cuda:
-            torch.cuda.synchronize(device)
-        if step == cfg.warmup:  # the timed steps start: what the machine and this process have spent so far
-            probe0 = (time.perf_counter(), time.process_time(), machine_busy_s())
-        t0, c0 = time.perf_counter(), time.process_time()
+    def one_step() -> float:
+        """One optimizer step: n_mb micro-batches (DDP all-reduce on the last), AdamW, bias update."""
         opt.zero_grad()
         total = 0.0
         for i, (tok, lab) in enumerate(batches):
@@ -221,29 +218,85 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
                 loss = net(tok, lab) / n_mb
                 loss.backward()
             total += loss.detach()
-        opt.step()
-        for r in model.routers():
-            r.update_bias()
+        with _region("optimizer"):
+            opt.step()
+        with _region("bias_update"):
+            for r in model.routers():
+                r.update_bias()
+        return float(total)
+
+    for step in range(cfg.warmup + cfg.steps):
+        if cuda:
+            torch.cuda.synchronize(device)
+        if step == cfg.warmup:  # the timed steps start: what the machine and this process have spent so far
+            probe0 = (time.perf_counter(), time.process_time(), machine_busy_s())
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss_val = one_step()
         if cuda:
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
-        loss_val = float(total)
     load = _load_report(probe0, world, threads, cfg.loadavg_before, device)
     peak = float(torch.cuda.max_memory_allocated(device)) if cuda else peak_rss() - rss0
     reserved = float(torch.cuda.max_memory_reserved(device)) if cuda else None
+    rss_peak = None if cuda else peak_rss()
+    trace = _traced_steps(one_step, cfg, rank, device) if cfg.trace_dir else None  # after the memory peaks
     stats = torch.tensor([peak, *times], dtype=torch.float64, device=device)
     if world > 1:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # slowest rank per step; largest memory
     routers = model.routers()
     stats = stats.cpu()
     in_sync = _replicas_in_sync(model, world, device)
-    return {"dp_replicas_in_sync": in_sync,"times": stats[1:].tolist(), "peak": float(stats[0]), "rss_peak": None if cuda else peak_rss(),
+    return {"dp_replicas_in_sync": in_sync,"times": stats[1:].tolist(), "peak": float(stats[0]), "rss_peak": rss_peak,
             "rss0": None if cuda else rss0, "n_mb": n_mb, "threads": threads, "impl": impl,
             "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch_version": torch.__version__, "loss": loss_val,
-            "cpu_times": cpu_times, "load": load, "reserved": reserved,
+            "cpu_times": cpu_times, "load": load, "reserved": reserved, "trace": trace,
             "starved": sum(r.last_starved for r in routers) / len(routers) if routers else 0.0}
+
+
+TRACE_STEPS = 2  # profiled steps after the timed ones (their times are not in the median)
+
+
+def _region(name: str):
+    from scaleplan.validate.model import _scope
+
+    return _scope(name)
+
+
+def _traced_steps(one_step, cfg: "RunConfig", rank: int, device) -> dict | None:
+    """TRACE_STEPS more steps on every rank (DDP needs them all); rank 0 records them with
+    torch.profiler (CPU, plus CUDA on a GPU), saves the Chrome trace and attributes its time to the
+    estimator's components (scaleplan.validate.trace)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from scaleplan.validate import model as vmodel
+    from scaleplan.validate import trace as vtrace
+
+    cuda = device.type == "cuda"
+    vmodel.TRACE_SCOPES["on"] = True
+    try:
+        if rank != 0:
+            for _ in range(TRACE_STEPS):
+                one_step()
+            return None
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts) as prof:
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(TRACE_STEPS):
+                one_step()
+            if cuda:
+                torch.cuda.synchronize(device)
+            wall = time.perf_counter() - t0
+    finally:
+        vmodel.TRACE_SCOPES["on"] = False
+    path = vtrace.trace_file(cfg.trace_dir, cfg.trace_tag or "layout")
+    prof.export_chrome_trace(str(path))
+    got = vtrace.attribute(prof.events(), wall, device.type, TRACE_STEPS)
+    return {"path": str(path), "steps": TRACE_STEPS, "step_wall_s": wall / TRACE_STEPS, **got}
 
 
 def _load_report(probe0, world: int, threads: int, loadavg_before, device) -> dict:

@@ -116,3 +116,19 @@ def test_bench_then_predict_on_the_same_machine(sqlite_url):
     src = o.extra["predicted_sources"]
     for comp in ("attn_proj", "sdpa", "experts", "router", "vocab", "dispatch_floor"):
         assert src[comp] in ("measured", "interpolated"), (comp, src[comp])
+
+
+def test_trace_saves_a_perfetto_trace_and_components(sqlite_url, tmp_path):
+    p = _cli("--json", "validate", str(TINY), "--steps", "1", "--warmup", "1", "--trace", str(tmp_path / "tr"),
+             "--no-store", "--db", sqlite_url)
+    assert p.returncode == 0, p.stderr
+    comp = json.loads(p.stdout)[0]["components"]
+    trace = Path(comp["trace_path"])
+    assert trace.parent == tmp_path / "tr" / "dp1_mbs1_none" and trace.name.endswith(".pt.trace.json")
+    assert json.loads(trace.read_text())["traceEvents"]  # Chrome trace format (Perfetto, TensorBoard)
+    from scaleplan.validate.trace import COMPONENTS
+
+    rows = {r["component"]: r for r in comp["rows"]}
+    assert list(rows) == list(COMPONENTS)
+    assert sum(r["measured_s"] for r in rows.values()) == pytest.approx(comp["step_wall_s"], rel=1e-6)
+    assert rows["expert GEMMs"]["measured_s"] > 0 and rows["attention"]["measured_s"] > 0

@@ -1,0 +1,118 @@
+"""`validate --trace` attribution (issue 14.3): the rule table on CPU op names and CUDA kernel
+names, and a profiled CPU step of a tiny model attributed to every component it runs."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from scaleplan.specs import parse_spec  # noqa: E402
+from scaleplan.validate import model as vmodel  # noqa: E402
+from scaleplan.validate import trace as vtrace  # noqa: E402
+from scaleplan.validate.runner import MasterAdamW  # noqa: E402
+
+# (name, region) -> component, written from what each op or kernel computes
+CASES = [
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention", "attention"),
+    ("aten::_scaled_dot_product_flash_attention_backward", None, "attention"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>", None, "attention"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", None, "attention"),
+    ("fmha_cutlassF_bf16_aligned_64x128_rf_sm80", None, "attention"),
+    ("aten::mm", "attention", "dense GEMMs"),
+    ("aten::mm", "shared_expert", "dense GEMMs"),
+    ("aten::mm", "head", "LM head + CE"),
+    ("aten::mm", "experts", "expert GEMMs"),
+    ("aten::_grouped_mm", "experts", "expert GEMMs"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "attention", "dense GEMMs"),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", "head", "LM head + CE"),
+    ("void cutlass::device_kernel<at::cuda::detail::GroupedGemmKernel<...>>", None, "expert GEMMs"),
+    ("aten::_log_softmax", "head", "LM head + CE"),
+    ("aten::nll_loss_backward", "head", "LM head + CE"),
+    ("aten::topk", "router", "router/permute"),
+    ("aten::sigmoid", "router", "router/permute"),
+    ("aten::index_add", None, "router/permute"),
+    ("aten::argsort", None, "router/permute"),
+    ("void at::native::(anonymous namespace)::indexSelectLargeIndex<float, long>", None, "router/permute"),
+    ("aten::native_layer_norm", None, "element-wise"),
+    ("aten::silu_backward", "experts", "element-wise"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", None, "element-wise"),
+    ("aten::_fused_adamw_", "optimizer", "optimizer"),
+    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", None, "optimizer"),
+    ("aten::copy_", "optimizer", "optimizer"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", None, "collectives"),
+    ("c10d::allreduce_", None, "collectives"),
+    ("gloo:all_reduce", "bias_update", "collectives"),
+    ("aten::bincount", "bias_update", "router/permute"),
+]
+
+
+@pytest.mark.parametrize("name,region,component", CASES)
+def test_rule_table(name, region, component):
+    assert vtrace.classify(name, region) == component
+
+
+MODEL = {"n_layers": 2, "hidden_sz": 64, "inter_sz": 160, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 16,
+         "vocab_sz": 512, "precision": "fp32",
+         "moe": {"n_experts": 8, "experts_per_token": 2, "expert_inter_sz": 40, "shared_expert_inter_sz": 40,
+                 "first_dense_layers": 1}}
+
+
+def _profiled(impl: str | None, ckpt: str = "none"):
+    sp = parse_spec({"model": MODEL, "hardware": {"node_type": "cpu-local"}})
+    torch.manual_seed(0)
+    model = vmodel.build_model(sp.model, ckpt, "cpu", torch.float32)
+    for b in model.blocks:
+        if b.is_moe:
+            b.ffn.impl = impl
+    opt = MasterAdamW(model.parameters())
+    tok = torch.randint(0, 512, (2, 32))
+    vmodel.TRACE_SCOPES["on"] = True
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            import time
+
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            model(tok, tok).backward()
+            with vmodel._scope("optimizer"):
+                opt.step()
+            wall = time.perf_counter() - t0
+    finally:
+        vmodel.TRACE_SCOPES["on"] = False
+    return prof.events(), wall
+
+
+@pytest.mark.parametrize("impl,ckpt", [("torch_grouped_mm", "none"), ("loop", "full")])
+def test_cpu_step_is_attributed_to_every_component_it_runs(impl, ckpt):
+    events, wall = _profiled(impl, ckpt)
+    got = vtrace.attribute(events, wall, "cpu")
+    comp = got["components_s"]
+    assert set(comp) == set(vtrace.COMPONENTS)
+    for c in ("attention", "dense GEMMs", "expert GEMMs", "router/permute", "element-wise", "LM head + CE",
+              "optimizer"):
+        assert comp[c] > 0, c
+    assert comp["collectives"] == 0.0  # one process: nothing communicates
+    assert sum(comp.values()) == pytest.approx(wall, rel=1e-6)  # host gaps close the step
+    assert {"attention", "router", "experts", "dense_ffn", "shared_expert", "head", "optimizer"} <= set(
+        got["regions_found"])
+    # backward GEMMs inherit their forward op's region through autograd's sequence numbers:
+    # the expert GEMMs' names are the grouped kernel or, for the loop, plain mm in the experts region
+    names = [n for n, _ in got["top_ops"]["expert GEMMs"]]
+    assert ("aten::_grouped_mm" in names) if impl == "torch_grouped_mm" else ("aten::mm" in names)
+    # the LM head's forward and backward GEMMs: 2 T d V FLOP forward, twice that backward; they land in
+    # LM head + CE, not in dense GEMMs
+    assert "aten::mm" in [n for n, _ in got["top_ops"]["LM head + CE"]]
+
+
+def test_predicted_components_sum_the_estimators_breakdown():
+    bd = {"attn_proj": 1.0, "sdpa": 2.0, "experts": 3.0, "router": 0.5, "permute": 0.25, "shared_expert": 0.5,
+          "ep_a2a": 0.0, "dense_mlp": 1.5, "elementwise": 0.75, "framework_kernels": 0.25, "dp_comm": 0.4,
+          "bias_sync": 0.1, "dispatch_floor": 4.0, "bubble": 0.0, "vocab": 1.25, "optimizer": 0.3}
+    p = vtrace.predicted_components(bd)
+    assert p == {"attention": 2.0, "dense GEMMs": 3.0, "expert GEMMs": 3.0, "router/permute": 0.75,
+                 "element-wise": 1.0, "LM head + CE": 1.25, "collectives": 0.5, "optimizer": 0.3,
+                 "host gaps/idle": 4.0}
+    assert sum(p.values()) == pytest.approx(sum(bd.values()))
+    rows = vtrace.component_table({"attention": 1.0}, p)
+    assert rows[0] == {"component": "attention", "measured_s": 1.0, "predicted_s": 2.0, "error": 1.0}
