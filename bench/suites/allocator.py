@@ -78,6 +78,7 @@ def predicted_allocated(spec_d: dict, ckpt: str) -> float:
     from scaleplan.estimator import memory as mm
     from scaleplan.estimator.geom import geometry
     from scaleplan.estimator.plans import plans_from_layouts
+
     from scaleplan.specs import Layout, parse_spec
 
     sp = parse_spec(spec_d)

@@ -45,12 +45,12 @@ _ROUTING = r"topk|argsort|aten::sort|bincount|index_?(add|select|copy|put)|aten:
            r"repeat_interleave|cumsum|radix|sortpairs"
 # (component, name pattern or None, regions or None): first match wins; None matches anything
 RULES: tuple[tuple[str, str | None, tuple[str, ...] | None], ...] = (
-    ("collectives", r"nccl|gloo|c10d::|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|"
-                    r"record_param_comms|send|recv", None),
+    ("collectives", (r"nccl|gloo|c10d::|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|"
+                     r"record_param_comms|send|recv"), None),
     ("optimizer", None, ("optimizer",)),
     ("optimizer", r"adam|_foreach_|multi_tensor_apply", None),
-    ("attention", r"scaled_dot_product|flash_attention|flash_fwd|flash_bwd|fmha|efficient_attention|"
-                  r"cudnn.*(sdpa|attention|attn)", None),
+    ("attention", (r"scaled_dot_product|flash_attention|flash_fwd|flash_bwd|fmha|efficient_attention|"
+                   r"cudnn.*(sdpa|attention|attn)"), None),
     ("expert GEMMs", r"grouped_mm|grouped_gemm|groupedgemm", None),
     ("LM head + CE", _GEMM, ("head",)),
     ("expert GEMMs", _GEMM, ("experts",)),
@@ -61,7 +61,7 @@ RULES: tuple[tuple[str, str | None, tuple[str, ...] | None], ...] = (
     ("router/permute", _ROUTING, None),
     ("element-wise", None, None),
 )
-_COMPILED = tuple((c, re.compile(p, re.I) if p else None, r) for c, p, r in RULES)
+_COMPILED = tuple((c, re.compile(p, re.IGNORECASE) if p else None, r) for c, p, r in RULES)
 HOST_ONLY_OPS = frozenset(f"aten::{n}" for n in (
     "view", "reshape", "_reshape_alias", "t", "transpose", "as_strided", "expand", "expand_as", "slice", "select",
     "narrow", "unsqueeze", "squeeze", "split", "split_with_sizes", "chunk", "empty", "empty_like", "empty_strided",

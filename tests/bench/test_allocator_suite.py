@@ -8,11 +8,11 @@ import torch
 from scaleplan.bench import runner
 from scaleplan.bench.config import parse_preset
 from scaleplan.bench.suites import allocator
+from scaleplan.estimator import memory as mm
 from sqlalchemy import select
 
 from scaleplan.db import models as m
 from scaleplan.db.session import session_scope
-from scaleplan.estimator import memory as mm
 
 from .conftest import tiny_preset
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
+from torch.profiler import ProfilerActivity, profile
 
-from scaleplan.specs import parse_spec  # noqa: E402
-from scaleplan.validate import model as vmodel  # noqa: E402
-from scaleplan.validate import trace as vtrace  # noqa: E402
-from scaleplan.validate.runner import MasterAdamW  # noqa: E402
+from scaleplan.specs import parse_spec
+from scaleplan.validate import model as vmodel
+from scaleplan.validate import trace as vtrace
+from scaleplan.validate.runner import MasterAdamW
 
 # (name, region) -> component, written from what each op or kernel computes
 CASES = [
