@@ -1,7 +1,7 @@
 """Predict, then measure: step-time accuracy of the estimator on this CPU machine (issue 7 targets).
 
-For each of the small MoE configurations below (they differ in layers, E, K, G, micro-batch,
-checkpointing and DP degree) this script
+For each of the small MoE configurations below (they differ in layers, E, K, G, hidden size,
+sequence length, micro-batch, checkpointing and DP degree) this script
   1. measures, with the bench suites, exactly the table points the estimator looks up for it
      (``scaleplan bench plan SPEC --devices DP --run``, called as Python), into one SQLite DB;
   2. runs real training steps of the reference model (``scaleplan validate``'s runner) and stores
@@ -11,7 +11,11 @@ checkpointing and DP degree) this script
      --kind dispatch --from-runs``) leave-one-configuration-out and prints the held-out MAPE;
   5. fits ``scaleplan calibrate fit`` (chi_sys, eq:desync) on these runs and prints the
      leave-one-sweep-out (= leave-one-configuration-out) MAPE it reports, and the MAPE after
-     (refused where no chi_sys term is active: pp = 1 on one node).
+     (refused where no chi_sys term is active: pp = 1 on one node);
+  6. checks the memory model against the reference model's real tensors per configuration (static
+     bytes exact, activations saved for backward), reports the machine load of every round
+     (scaleplan.validate.load) and attributes the worst configuration's time per component
+     (``validate --trace``).
 
 A CPU "device" is ``--threads`` cores (default 1): the bench tables and every DP process run
 with that many threads, so DP=2 processes use two devices' worth of cores, as DP=2 GPUs would.
@@ -38,28 +42,32 @@ import yaml
 
 BASE = {"hidden_sz": 128, "inter_sz": 320, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 32, "vocab_sz": 2048,
         "precision": "bf16", "sdpa_precision": "bf16"}
-# name: (layers, E, K, G, mbs, ckpt, dp); d_ff = 320, d_expert = d_ff / G, shared expert of width d_expert
+# name: (layers, E, K, G, d, seqlen, mbs, ckpt, dp); d_ff = 2.5 d, d_expert = d_ff / G, shared expert of width d_expert
 CONFIGS = {
-    "c1": (2, 8, 2, 2, 1, "none", 1),
-    "c2": (4, 8, 2, 2, 2, "none", 1),
-    "c3": (2, 16, 2, 4, 1, "selective", 1),
-    "c4": (3, 4, 1, 1, 2, "full", 1),
-    "c5": (2, 8, 4, 2, 4, "super-selective", 1),
-    "c6": (2, 8, 2, 2, 1, "none", 2),
-    "c7": (3, 16, 2, 4, 2, "full", 2),
-    "c8": (4, 8, 1, 2, 1, "selective", 2),
-    "c9": (2, 32, 4, 4, 2, "none", 1),
+    "c1": (2, 8, 2, 2, 128, 128, 1, "none", 1),
+    "c2": (4, 8, 2, 2, 128, 128, 2, "none", 1),
+    "c3": (2, 16, 2, 4, 128, 128, 1, "selective", 1),
+    "c4": (3, 4, 1, 1, 128, 128, 2, "full", 1),
+    "c5": (2, 8, 4, 2, 128, 128, 4, "super-selective", 1),
+    "c6": (2, 8, 2, 2, 128, 128, 1, "none", 2),
+    "c7": (3, 16, 2, 4, 128, 128, 2, "full", 2),
+    "c8": (4, 8, 1, 2, 128, 128, 1, "selective", 2),
+    "c9": (2, 32, 4, 4, 128, 128, 2, "none", 1),
+    "c10": (2, 8, 2, 2, 256, 128, 1, "none", 1),
+    "c11": (2, 8, 2, 2, 128, 256, 1, "selective", 1),
+    "c12": (3, 16, 4, 4, 192, 64, 2, "full", 2),
 }
-GBS, SEQLEN = 8, 128
+GBS = 8
 
 
-def spec_dict(layers, E, K, G, mbs, ckpt):
-    d_exp = BASE["inter_sz"] // G
-    return {"model": {**BASE, "n_layers": layers,
+def spec_dict(layers, E, K, G, d, S, mbs, ckpt):
+    ff = int(2.5 * d)
+    d_exp = ff // G
+    return {"model": {**BASE, "n_layers": layers, "hidden_sz": d, "inter_sz": ff, "n_q_heads": d // BASE["head_dim"],
                       "moe": {"n_experts": E, "experts_per_token": K, "expert_inter_sz": d_exp,
                               "shared_expert_inter_sz": d_exp}},
             "performance": {"activation_checkpointing_type": ckpt},
-            "data": {"gbs": GBS, "seqlen": SEQLEN, "microbatch_sz": mbs},
+            "data": {"gbs": GBS, "seqlen": S, "microbatch_sz": mbs},
             "hardware": {"node_type": "cpu-local"}}
 
 
@@ -101,6 +109,50 @@ def predict(spec, dp, mbs, ckpt, url, use_calibration=False, calibration_id=None
     return est.estimate(spec, dp, [Layout(mbs=mbs, ckpt=ckpt, dp=dp)])[0]
 
 
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def memory_check(name: str, path: Path) -> dict:
+    """The memory model against the reference model's real tensors for one configuration (CPU, no
+    timing): static bytes after one AdamW step (exact) and the activations one micro-batch saves for
+    backward (saved_tensors_hooks), both vs estimator/memory.py under REFERENCE_DDP."""
+    import numpy as np
+    import torch
+
+    from scaleplan.estimator import memory as mm
+    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.plans import plans_from_layouts
+    from scaleplan.specs import Layout, load_spec
+    from scaleplan.validate.memory import saved_activation_bytes, state_bytes
+    from scaleplan.validate.model import build_model
+    from scaleplan.validate.runner import MasterAdamW, _dtype
+
+    *_, mbs, ckpt, dp = CONFIGS[name]
+    sp = load_spec(path)
+    torch.manual_seed(0)
+    model = build_model(sp.model, ckpt, "cpu", _dtype(sp.model.precision))
+    tok = torch.randint(0, sp.model.vocab_sz, (mbs, sp.data.seqlen))
+    lab = torch.randint(0, sp.model.vocab_sz, (mbs, sp.data.seqlen))
+    saved = sum(saved_activation_bytes(model, tok, lab).values())
+    opt = MasterAdamW(model.parameters())
+    model(tok, lab).backward()
+    opt.step()
+    real = state_bytes(model, opt)
+    mem = mm.memory_breakdown(geometry(sp.model), plans_from_layouts([Layout(mbs=mbs, ckpt=ckpt, dp=1)], 1),
+                              mbs, sp.data.seqlen, "adamw", state=mm.REFERENCE_DDP, rope=sp.model.rotary_embeds)
+    g = {k: float(np.asarray(v)[0]) for k, v in mem.items()}
+    full_peak = 0.0
+    if ckpt == "full":  # the prediction adds one layer's activations, live while it is recomputed
+        full_peak = float(mm.block_activation_bytes(sp.data.seqlen, mbs, geometry(sp.model), 1, 1, True,
+                                                    np.array(0), mm.act_bytes(sp.model.precision)))
+    static_pred = g["weights"] + g["grads"] + g["optimizer"] + g["master_grads"]
+    static_real = real["weights"] + real["grads"] + real["master"] + real["master_grads"] + real["moments"]
+    act_pred = g["activations"] - full_peak
+    return {"static_real": static_real, "static_pred": static_pred, "act_saved": saved, "act_pred": act_pred,
+            "act_err": (act_pred - saved) / saved}
+
+
 def _pooled(results):
     """One RunResult from the rounds of a configuration: all their steps, the median of them."""
     import dataclasses
@@ -128,7 +180,10 @@ def run_all(specs, url, steps, warmup, threads, rounds):
             res = run_layout(RunConfig(spec=load_spec(path).model_dump(mode="json"), layout=lay.model_dump(),
                                        steps=steps, warmup=warmup, device="cpu", nproc=dp, threads=threads))
             done[name].append(res)
-            print(f"  round {k + 1} {name}: median {res.t_iter_s:.4f} s", flush=True)
+            load = res.extra.get("load") or {}
+            print(f"  round {k + 1} {name}: median {res.t_iter_s:.4f} s; others' CPU share "
+                  f"{_pct(load.get('others_share'))}, load avg {load.get('loadavg_before')} -> "
+                  f"{load.get('loadavg_after')}" + (" LOADED" if load.get("loaded") else ""), flush=True)
     rows = []
     for name, path in specs.items():
         *_, mbs, ckpt, dp = CONFIGS[name]
@@ -144,13 +199,36 @@ def run_all(specs, url, steps, warmup, threads, rounds):
         rows.append({"name": name, "cfg": CONFIGS[name], "meas": res.t_iter_s, "pred": pred["t_iter_s"],
                      "ape": ape, "cpu": cpu, "ape_cpu": abs(pred["t_iter_s"] - cpu) / cpu, "id": oid,
                      "breakdown": pred["breakdown_s"], "sources": pred["sources"],
-                     "mem_meas_gb": res.peak_mem_bytes / 1e9, "mem_pred_gb": pred["mem_per_device_gb"]})
+                     "mem_meas_gb": res.peak_mem_bytes / 1e9, "mem_pred_gb": pred["mem_per_device_gb"],
+                     "loaded_rounds": sum(bool((r.extra.get("load") or {}).get("loaded")) for r in done[name])})
         rounds_s = ", ".join(f"{r.t_iter_s:.4f}" for r in done[name])
-        print(f"{name} L,E,K,G,mbs,ckpt,dp={CONFIGS[name]}: measured {res.t_iter_s:.4f} s (rounds {rounds_s}; "
+        print(f"{name} L,E,K,G,d,S,mbs,ckpt,dp={CONFIGS[name]}: measured {res.t_iter_s:.4f} s (rounds {rounds_s}; "
               f"min {min(res.step_times_s):.4f}, max {max(res.step_times_s):.4f}), predicted "
               f"{pred['t_iter_s']:.4f} s, APE {ape:.1%} (CPU-time median {cpu:.4f} s), mem "
               f"{res.peak_mem_bytes / 1e9:.3f} vs {pred['mem_per_device_gb']:.3f} GB", flush=True)
     return rows
+
+
+def attribute_worst(row, path: Path, url: str, threads: int) -> None:
+    """`validate --trace` on the worst configuration: measured vs predicted time per component."""
+    from scaleplan.specs import Layout, load_spec
+    from scaleplan.validate import trace as vtrace
+    from scaleplan.validate.runner import RunConfig, run_layout
+
+    *_, mbs, ckpt, dp = CONFIGS[row["name"]]
+    lay = Layout(mbs=mbs, ckpt=ckpt, dp=dp)
+    tdir = tempfile.mkdtemp(prefix="validate-accuracy-trace-")
+    res = run_layout(RunConfig(spec=load_spec(path).model_dump(mode="json"), layout=lay.model_dump(), steps=2,
+                               warmup=1, device="cpu", nproc=dp, threads=threads, trace_dir=tdir,
+                               trace_tag=row["name"]))
+    tr = res.extra["trace"]
+    table = vtrace.component_table(tr["components_s"], vtrace.predicted_components(row["breakdown"]))
+    print(f"\nworst configuration {row['name']} (APE {row['ape']:.1%}): time per component, traced steps "
+          f"{tr['step_wall_s']:.4f} s (trace {tr['path']})")
+    print(f"{'component':16} {'measured s':>11} {'predicted s':>12} {'err':>7}")
+    for c in table:
+        err = "-" if c["error"] is None else f"{c['error']:+.0%}"
+        print(f"{c['component']:16} {c['measured_s']:11.4f} {c['predicted_s']:12.4f} {err:>7}")
 
 
 def reuse_runs(specs, url):
@@ -302,7 +380,7 @@ def profile_components(name: str, path: Path, url: str, threads: int) -> None:
     model = build_model(spec.model, ckpt, "cpu", torch.bfloat16)
     opt = MasterAdamW(model.parameters())
     n_mb = GBS // (dp * mbs)
-    data = [(torch.randint(0, BASE["vocab_sz"], (mbs, SEQLEN)),) * 2 for _ in range(n_mb)]
+    data = [(torch.randint(0, BASE["vocab_sz"], (mbs, spec.data.seqlen)),) * 2 for _ in range(n_mb)]
 
     def step():
         opt.zero_grad()
@@ -357,9 +435,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="validate-accuracy-"))
     specs = {}
     for name in a.configs.split(","):
-        layers, E, K, G, mbs, ckpt, _ = CONFIGS[name]
+        layers, E, K, G, d, S, mbs, ckpt, _ = CONFIGS[name]
         specs[name] = tmp / f"{name}.yaml"
-        specs[name].write_text(yaml.safe_dump(spec_dict(layers, E, K, G, mbs, ckpt)))
+        specs[name].write_text(yaml.safe_dump(spec_dict(layers, E, K, G, d, S, mbs, ckpt)))
     t0 = time.perf_counter()
     if not (a.skip_bench or a.reuse_runs):
         measure_tables(specs, url)
@@ -369,6 +447,19 @@ def main() -> None:
         return
     rows = reuse_runs(specs, url) if a.reuse_runs else run_all(specs, url, a.steps, a.warmup, a.threads, a.rounds)
     mape = statistics.mean(r["ape"] for r in rows)
+    print("\nmemory model vs the reference model's tensors (CPU; one micro-batch; REFERENCE_DDP):")
+    for name, path in specs.items():
+        mc = memory_check(name, path)
+        print(f"  {name}: static {mc['static_real'] / 1e6:.3f} MB real vs {mc['static_pred'] / 1e6:.3f} MB predicted "
+              f"({'exact' if mc['static_real'] == mc['static_pred'] else 'DIFFERS'}); activations saved for "
+              f"backward {mc['act_saved'] / 1e6:.3f} MB vs {mc['act_pred'] / 1e6:.3f} MB ({mc['act_err']:+.2%})",
+              flush=True)
+    loaded = [r["name"] for r in rows if r.get("loaded_rounds")]
+    if loaded:
+        print(f"\nwarning: machine loaded during some rounds of {', '.join(loaded)} (see the round lines)")
+    if not a.reuse_runs:
+        worst = max(rows, key=lambda r: r["ape"])
+        attribute_worst(worst, specs[worst["name"]], url, a.threads)
     if a.breakdown:
         breakdown_table(rows)
     print(f"\nstep-time MAPE before calibration over {len(rows)} configurations: {mape:.1%} (target <= 20%)")
