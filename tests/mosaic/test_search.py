@@ -129,7 +129,8 @@ def test_cli_search_json_on_recorded_tables(recorded_db, tmp_path):
     b = out["best"]
     assert set(b) >= {"q", "n_layers", "n_experts", "topk", "g", "n_act", "n_tot", "s", "tpp", "d_tokens",
                       "c_model", "mfu", "loss", "layout"}
-    assert set(b["layout"]) == {"tp", "cp", "pp", "ep", "dp", "mbs", "ckpt"}
+    assert set(b["layout"]) == {"tp", "cp", "pp", "ep", "dp", "mbs", "ckpt", "etp", "vpp"}
+    assert b["layout"]["etp"] == b["layout"]["vpp"] == 1  # the search's plan constraints fix both at 1
     assert 40 <= b["tpp"] <= 150 and 0 < b["mfu"] < 1
     assert b["c_model"] == pytest.approx(6 * b["n_act"] * b["d_tokens"])
     assert csv.read_text().count("\n") == out["n_feasible"] + 1 and png.stat().st_size > 1000
