@@ -17,8 +17,14 @@ PROGRESS_TAG = "SCALEPLAN_PROGRESS "
 def make_bar(console=None, disable: bool = False):
     """A rich Progress (description, bar, done/total, elapsed, ETA) on ``console`` (default: stderr)."""
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TextColumn("ETA"), TimeRemainingColumn(), console=console or Console(stderr=True),

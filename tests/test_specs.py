@@ -106,3 +106,10 @@ def test_n_layers_1e23_from_yaml():
 def test_layout_bounds_are_one_line_spec_errors():
     with pytest.raises(SpecError, match="--layout tp"):
         parse_layout("tp=99999999999999999999")
+
+
+def test_cli_ckpt_default_names_every_mode():
+    from scaleplan.cli._common import CKPT_ALL
+    from scaleplan.specs import CKPT_MODES
+
+    assert CKPT_ALL == ",".join(CKPT_MODES)

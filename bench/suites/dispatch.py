@@ -17,7 +17,8 @@ per kernel:
   path, negligible arithmetic), clipped to [roofline, wall], roofline = the chain's GEMM FLOPs per
   kernel at the profile's peak. (Clipped at 0, a small chain whose difference drowned in host noise
   stored active = 0, which the database refuses as a time: the row lost it, and
-  test_suite_specific_columns failed whenever the machine was busy.) So active <= wall always, and wall - active
+  test_suite_specific_columns failed whenever the machine was busy.) So active <= wall always, and
+  wall - active
   is the per-op dispatch cost, as on a GPU. (An earlier definition timed one batched ``bmm`` with
   a broadcast W; that runs a slower kernel than the chain's ``mm`` and gave active > wall.)
 The per-kernel gap t_gap is wall - active.

@@ -28,11 +28,13 @@ _GPU = {"p6-b200.48xlarge": "NVIDIA B200", "p5en.48xlarge": "NVIDIA H200", "h200
 
 
 def upgrade() -> None:
-    op.add_column("bench_run", sa.Column("as_profile", sa.Boolean(), nullable=False, server_default=sa.false()))
+    op.add_column("bench_run",
+                  sa.Column("as_profile", sa.Boolean(), nullable=False, server_default=sa.false()))
     run = sa.table("bench_run", sa.column("profile", sa.String), sa.column("source", sa.String),
                    sa.column("gpu_name", sa.String))
     for profile, gpu in _GPU.items():
-        op.execute(run.update().where(run.c.source == "imported", run.c.profile == profile).values(gpu_name=gpu))
+        op.execute(run.update().where(run.c.source == "imported", run.c.profile == profile)
+                   .values(gpu_name=gpu))
 
 
 def downgrade() -> None:

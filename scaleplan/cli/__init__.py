@@ -8,14 +8,14 @@ import math
 import sys
 
 import typer
-from rich.markup import escape
-from sqlalchemy.exc import DBAPIError
 
 from scaleplan.cli._common import STATE, print_json, stderr, use_scaleplan_commands
-from scaleplan.db.session import mask_url, resolve_url
 from scaleplan.errors import ScaleplanError, one_line
 
+# rich_markup_mode=None: click's plain help; typer's rich help imports rich.markdown (markdown-it),
+# 0.15-0.2 s of a 0.25 s start-up budget (benchmarks/startup.py). Output tables stay rich.
 app = typer.Typer(name="scaleplan", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  rich_markup_mode=None,
                   help="Plan sparse-MoE architecture, tokens and parallel layout for your cluster (MOSAIC).")
 
 
@@ -47,6 +47,11 @@ def _register() -> None:
 _register()
 
 
+def _is_db_error(e: BaseException) -> bool:
+    exc = sys.modules.get("sqlalchemy.exc")
+    return exc is not None and isinstance(e, exc.DBAPIError)
+
+
 def _json_wanted(argv: list[str]) -> bool:
     """--json anywhere before a bare '--' (the error may come before the option is parsed)."""
     args = argv[: argv.index("--")] if "--" in argv else argv
@@ -62,6 +67,8 @@ def _fail(argv: list[str], message: str, detail: dict | None = None, code: int =
             d["value"] = str(v)  # inf/nan (JSON has neither) and tuples stay visible as text
         print_json({"error": d})
     else:
+        from rich.markup import escape
+
         stderr.print(f"[red]error:[/red] {escape(message)}", highlight=False, markup=True)
     sys.exit(code)
 
@@ -79,18 +86,20 @@ def main(argv: list[str] | None = None) -> None:
         if STATE.debug:
             raise
         _fail(argv, one_line(str(e)), e.as_dict(), e.exit_code)
-    except DBAPIError as e:
-        if STATE.debug:
-            raise
-        first = str(e.orig).strip().splitlines()[0] if e.orig else str(e).splitlines()[0]
-        where = mask_url(resolve_url(STATE.url_in_use or STATE.db))
-        _fail(argv, one_line(f"database {where}: {first}"), {"field": "--db", "value": where})
     except KeyboardInterrupt:
         stderr.print("interrupted")
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as e:  # click usage errors and aborts
+    except Exception as e:  # database errors, click usage errors and aborts
+        if _is_db_error(e):  # sqlalchemy is imported only if a command used it
+            if STATE.debug:
+                raise
+            from scaleplan.db.session import mask_url, resolve_url
+
+            first = str(e.orig).strip().splitlines()[0] if e.orig else str(e).splitlines()[0]
+            where = mask_url(resolve_url(STATE.url_in_use or STATE.db))
+            _fail(argv, one_line(f"database {where}: {first}"), {"field": "--db", "value": where})
         try:  # typer >= 0.16 vendors click as typer._click; its exceptions are not click's
             from typer._click import exceptions as cx
         except ImportError:
@@ -107,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             msg = " ".join(e.format_message().split())
             param = getattr(e, "param", None)
-            field = (getattr(e, "param_hint", None) or (param.opts[0] if param is not None and param.opts else None))
+            opt = param.opts[0] if param is not None and param.opts else None
+            field = getattr(e, "param_hint", None) or opt
             value = argv[argv.index(field) + 1] if field in argv[:-1] else None
             _fail(argv, one_line(msg + hint), {"field": field, "value": value, "allowed": msg})
         if isinstance(e, typer.Abort):

@@ -12,11 +12,33 @@ from dataclasses import dataclass
 from typing import Any
 
 import typer
-from rich.console import Console
 from typer.core import TyperCommand
 
-stdout = Console(soft_wrap=True)
-stderr = Console(stderr=True, soft_wrap=True)
+# every checkpointing mode (scaleplan.specs.CKPT_MODES, spelled out so --help need not import pydantic)
+CKPT_ALL = "none,selective,super-selective,full"
+
+
+
+class _LazyConsole:
+    """A rich Console made on first use: importing rich's console (markup, emoji table) is a fifth of
+    the start-up budget, and `scaleplan --help` prints nothing through it. ``get()`` is the Console."""
+
+    def __init__(self, **kw: Any) -> None:
+        self._kw, self._console = kw, None
+
+    def get(self):
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kw)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.get(), name)
+
+
+stdout = _LazyConsole(soft_wrap=True)
+stderr = _LazyConsole(stderr=True, soft_wrap=True)
 
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite file (default: $SCALEPLAN_DB or the user data dir).")
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")
@@ -33,6 +55,26 @@ def check_extrapolate(x: str) -> None:
 
     if x not in ("compose", "error", "clamp"):
         raise SpecError("--extrapolate", x, "compose, error or clamp")
+
+
+def lazy_module(name: str):
+    """``name`` imported on first attribute access (importlib.util.LazyLoader, the stdlib recipe), so a
+    CLI module can name sqlalchemy or the ORM at the top and still not load them for ``--help``."""
+    import importlib.util
+    import sys
+
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    parent, _, child = name.rpartition(".")
+    if parent in sys.modules:  # as the import system does: `scaleplan.specs` reachable as an attribute
+        setattr(sys.modules[parent], child, module)
+    return module
 
 
 @dataclass
@@ -75,11 +117,17 @@ def print_json(obj: Any) -> None:
 
 def progress(**kw):
     """A rich progress bar with ETA on stderr (transient), for anything over a second."""
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn(), console=stderr, transient=True,
+                    TextColumn("ETA"), TimeRemainingColumn(), console=stderr.get(), transient=True,
                     disable=kw.pop("disable", False), **kw)
 
 
@@ -105,8 +153,17 @@ def _b(kind: str, lo: float, hi: float, lo_open: bool = False, allowed: str = ""
 
 def _bounds() -> dict[str, Bound]:
     from scaleplan.profiles import MAX_NODES
-    from scaleplan.specs import MAX_DEGREE, MAX_EXPERTS, MAX_GBS, MAX_HEADS, MAX_MBS, MAX_SEQLEN, MAX_TOPK, \
-        MAX_VOCAB, MAX_VPP
+    from scaleplan.specs import (
+        MAX_DEGREE,
+        MAX_EXPERTS,
+        MAX_GBS,
+        MAX_HEADS,
+        MAX_MBS,
+        MAX_SEQLEN,
+        MAX_TOPK,
+        MAX_VOCAB,
+        MAX_VPP,
+    )
 
     return {
         "devices": _b("int", 1, MAX_DEGREE), "top": _b("int", 1, 100_000),

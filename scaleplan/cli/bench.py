@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
 from scaleplan.errors import ScaleplanError, SpecError
@@ -70,7 +69,7 @@ class _Progress:
     def __init__(self, quiet: bool = False):
         from scaleplan.bench.progress import make_bar
 
-        self.bar = make_bar(console=stderr, disable=quiet)
+        self.bar = make_bar(console=stderr.get(), disable=quiet)
         self.quiet, self.tasks = quiet, {}
 
     def __enter__(self):
@@ -116,6 +115,8 @@ def _print_results(results: list, wall_s: float, as_json: bool) -> None:
     if as_json:
         print_json({"runs": rows, "wall_s": wall_s})
         return
+    from rich.table import Table
+
     t = Table("run", "suite", "status", "points", "measured", "already stored", "by status", "wall s")
     for r in rows:
         t.add_row(
@@ -306,6 +307,8 @@ def runs(
     if want_json(json_out):
         print_json({"runs": rows})
         return
+    from rich.table import Table
+
     t = Table("id", "suite", "profile", "status", "points", "by status", "device", "started (UTC)")
     for r in rows:
         t.add_row(

@@ -17,7 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from scaleplan.cli._common import (
     DbOpt,
@@ -265,6 +264,8 @@ def list_(profile: str = typer.Option(None, "--profile", help="Only this profile
     if want_json(json_out):
         print_json({"calibrations": cals, "observations": obs})
         return
+    from rich.table import Table  # here, not at the top: `scaleplan --help` does not need it
+
     t = Table("id", "profile", "kind", "version", "coefficients", "n_obs", "cv MAPE", "created")
     for c in cals:
         coeffs = "  ".join(f"{k}={v:.4g}" for k, v in c["coefficients"].items())

@@ -4,12 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.table import Table
-from sqlalchemy import func, select
 
-from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stdout, want_json
-from scaleplan.db import models as m
-from scaleplan.db import session as dbs
+from scaleplan.cli._common import DbOpt, JsonOpt, db_url, lazy_module, print_json, stdout, want_json
+
+# loaded on first use: `scaleplan --help` must not pay for SQLAlchemy and the ORM
+sa = lazy_module("sqlalchemy")
+m = lazy_module("scaleplan.db.models")
+dbs = lazy_module("scaleplan.db.session")
 
 app = typer.Typer(no_args_is_help=True)
 
@@ -56,7 +57,7 @@ def table_stats(url: str) -> dict:
     with dbs.session_scope(url) as s:
         tables = {}
         for suite, t in m.MEASUREMENT_TABLES.items():
-            rows = s.execute(select(m.BenchRun.profile, t.status, func.count())
+            rows = s.execute(sa.select(m.BenchRun.profile, t.status, sa.func.count())
                              .join(m.BenchRun, m.BenchRun.id == t.run_id)
                              .group_by(m.BenchRun.profile, t.status)).all()
             per: dict[str, dict[str, int]] = {}
@@ -64,11 +65,11 @@ def table_stats(url: str) -> dict:
                 per.setdefault(prof, {})[st] = n
             tables[suite] = {"rows": sum(n for *_, n in rows), "by_profile": per}
         return {"tables": tables,
-                "bench_runs": s.scalar(select(func.count()).select_from(m.BenchRun)),
-                "observed_runs": s.scalar(select(func.count()).select_from(m.ObservedRun)),
-                "calibrations": s.scalar(select(func.count()).select_from(m.Calibration)),
-                "law_runs": s.scalar(select(func.count()).select_from(m.LawRun)),
-                "law_fits": s.scalar(select(func.count()).select_from(m.LawFit))}
+                "bench_runs": s.scalar(sa.select(sa.func.count()).select_from(m.BenchRun)),
+                "observed_runs": s.scalar(sa.select(sa.func.count()).select_from(m.ObservedRun)),
+                "calibrations": s.scalar(sa.select(sa.func.count()).select_from(m.Calibration)),
+                "law_runs": s.scalar(sa.select(sa.func.count()).select_from(m.LawRun)),
+                "law_fits": s.scalar(sa.select(sa.func.count()).select_from(m.LawFit))}
 
 
 @app.command("stats")
@@ -80,6 +81,8 @@ def stats(db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     if want_json(json_out):
         print_json({"url": dbs.mask_url(url), **st})
         return
+    from rich.table import Table
+
     t = Table("table", "profile", "rows by status", title=f"{dbs.mask_url(url)}")
     for suite, info in st["tables"].items():
         if not info["by_profile"]:
@@ -122,6 +125,8 @@ def _report_import(res, json_out: bool) -> None:
     if want_json(json_out):
         print_json([r.__dict__ for r in res])
         return
+    from rich.table import Table
+
     t = Table("file", "suite", "rows in file", "points", "new")
     for r in res:
         t.add_row(r.file, r.suite, str(r.rows_in_file), str(r.points), str(r.inserted))

@@ -26,7 +26,9 @@ from scaleplan.cli._common import (
     want_json,
 )
 from scaleplan.errors import SpecError
-from scaleplan.specs import CKPT_MODES, load_spec, parse_ckpt_modes, parse_layout
+from scaleplan.cli._common import CKPT_ALL, lazy_module
+
+specs = lazy_module("scaleplan.specs")  # pydantic loads on first use, not for `scaleplan --help`
 
 ProfileOpt = typer.Option(None, "--profile", help="Hardware profile (default: the spec's hardware.node_type).")
 CalibrationOpt = typer.Option(None, "--calibration", metavar="ID|none",
@@ -144,11 +146,11 @@ def estimate(
     from scaleplan.report.provenance import provenance
 
     check_emit(emit)
-    spec = load_spec(spec_path)
+    spec = specs.load_spec(spec_path)
     check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     base = spec.default_layout()
-    layouts = [parse_layout(t, base) for t in layout] if layout else [base]
+    layouts = [specs.parse_layout(t, base) for t in layout] if layout else [base]
     est = _estimator(spec, profile, db, extrapolate, calibration)
     res = est.estimate(spec, n, layouts)
     _banner([k for r in res for k, v in r.sources.items() if v == "analytic" and r.breakdown_s.get(k, 0) > 0])
@@ -198,7 +200,7 @@ def layouts(
     max_cp: int = typer.Option(None, "--max-cp"),
     mbs: str = typer.Option("1,2,4", "--mbs", help="Micro-batch sizes to try."),
     vpp: str = typer.Option("1", "--vpp", help="Virtual pipeline degrees to try."),
-    ckpt: str = typer.Option(",".join(CKPT_MODES), "--ckpt", help="Checkpointing modes to try."),
+    ckpt: str = typer.Option(CKPT_ALL, "--ckpt", help="Checkpointing modes to try."),
     mem_fraction: float = typer.Option(1.0, "--mem-fraction", help="Usable fraction of HBM per device."),
     profile: str = ProfileOpt,
     db: str = DbOpt,
@@ -215,10 +217,10 @@ def layouts(
     from scaleplan.report.provenance import provenance
 
     check_emit(emit, files={"--emit-spec": emit_spec, "--html": html})
-    spec = load_spec(spec_path)
+    spec = specs.load_spec(spec_path)
     check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
-    modes = parse_ckpt_modes(ckpt)
+    modes = specs.parse_ckpt_modes(ckpt)
     if not (0 < mem_fraction <= 1.0):
         raise SpecError("--mem-fraction", mem_fraction, "a fraction in (0, 1]")
     if top <= 0:

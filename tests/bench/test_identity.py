@@ -16,7 +16,6 @@ from sqlalchemy import func, select
 from scaleplan.db import models as m
 from scaleplan.db import session as dbs
 from scaleplan.db.identity import gpu_model, matches
-
 from tests.reliability.conftest import run_cli
 
 from .conftest import tiny_preset

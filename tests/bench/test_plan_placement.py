@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from scaleplan.bench.plan import lookups
 from scaleplan.bench.suites.collectives import groups, is_inter_node
 

@@ -48,6 +48,7 @@ def test_validate_mfu_is_the_estimators_mfu(tmp_path):
     """validate's measured MFU and the estimator's predicted MFU are one quantity: at the predicted
     t_iter both give the same number, and it is 6 N_act B T / (t_iter N_dev F_peak) by hand."""
     from scaleplan.estimator import Estimator
+
     from scaleplan.geometry import spec_param_counts
     from scaleplan.profiles import load_profile
     from scaleplan.specs import parse_spec
