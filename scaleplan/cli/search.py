@@ -79,6 +79,8 @@ def search(
     prescription: float = typer.Option(None, "--prescription", help="--by-sparsity: the model-FLOPs prescription "
                                        "C_model (FLOP) checked per sparsity (default: the optimum's C_model)."),
     s_step: float = typer.Option(0.005, "--s-step", help="--by-sparsity: sparsity bin width."),
+    compare_measured: bool = typer.Option(False, "--compare-measured", help="Also search with measured lookups "
+                                          "only (--extrapolate error) and say whether the optimum changes."),
     optimizer: str = typer.Option("adamw", "--optimizer", help="Optimizer (memory of its states)."),
     extrapolate: str = ExtrapOpt,
     law_name: str = LawOpt,
@@ -163,6 +165,12 @@ def search(
 
         c_rx = prescription or (out["best"]["c_model"] if out["best"] else 1.0)
         out.update(view(res0.table, loaded.support, c_rx, s_step))
+    if compare_measured:
+        from scaleplan.mosaic.report import measured_only
+
+        est_err = Estimator(profile=profile, db_url=url, extrapolate="error", calibration_id=cal_id,
+                            use_calibration=use_cal)
+        out["measured_only"] = measured_only(m, est_err, env0, out["best"])
     if csv:
         frames = []
         for e, r in results:
@@ -252,6 +260,10 @@ def _human(out, results, est, env0, csv, plot) -> None:
         from scaleplan.mosaic.report import print_by_sparsity
 
         print_by_sparsity(out, _wide())
+    if "measured_only" in out:
+        from scaleplan.mosaic.report import print_measured_only
+
+        print_measured_only(out["measured_only"], _wide())
     if "sweep" in out:
         s = Table(title=f"budget sweep over {out['sweep_axis']}")
         for c in ("nodes", "days", "C_peak", "L", "E", "K", "G*", "P(G*)", "S*", "S* 90%", "N_act* (B)", "N_tot* (B)",

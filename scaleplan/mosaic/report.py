@@ -91,3 +91,26 @@ def print_by_sparsity(bs: dict, console) -> None:
     feas = "none" if bs["s_feas_max"] is None else f"{bs['s_feas_max']:.4f}"
     console.print(f"S*_cluster = {bs['s_star_cluster']:.4f}; s_max (law's data support) = {bs['s_max']:.3f}; "
                   f"gain over the highest S <= s_max: {gain}; S_feas^max = {feas}")
+
+
+def measured_only(mosaic, est_error, env, best: dict | None) -> dict:
+    """The same search with an estimator that reads measured lookups only (``--extrapolate error``): its
+    optimum and whether it differs from ``best`` (the default search's). JSON of ``--compare-measured``:
+    {"best", "n_feasible", "optimum_changes"} (issue 15, robustness to table coverage)."""
+    from scaleplan.mosaic.search import Mosaic, row_json
+
+    m = Mosaic(est_error, mosaic.grid, mosaic.law, mosaic.constraints, workers=mosaic.workers,
+               support=mosaic.support)
+    res = m.run(env)
+    b = None if res.best is None else row_json(res.best)
+    key = ("q", "n_experts", "topk", "g")
+    changes = (b is None) != (best is None) or (b is not None and any(b[k] != best[k] for k in key))
+    return {"best": b, "n_feasible": int(res.table.feasible.sum()), "optimum_changes": bool(changes)}
+
+
+def print_measured_only(mo: dict, console) -> None:
+    b = mo["best"]
+    where = "no feasible candidate" if b is None else (
+        f"L={b['n_layers']} E={b['n_experts']} K={b['topk']} G={b['g']} S={b['s']:.3f} loss {b['loss']:.4f}")
+    console.print(f"measured lookups only (--extrapolate error): {mo['n_feasible']} feasible, optimum {where}; "
+                  + ("[yellow]the optimum changes[/yellow]" if mo["optimum_changes"] else "the optimum is the same"))

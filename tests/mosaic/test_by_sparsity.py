@@ -110,3 +110,31 @@ def test_cli_sweep_rows_carry_p_g_and_s_band(recorded_db):
         assert row["p_g_star"] == row["p_g"][str(row["best"]["g"])]
         assert sum(row["p_g"].values()) <= 1 + 1e-9 and 0 < row["s_band90"][0] <= row["s_band90"][1] < 1
         assert row["best"]["p_optimal"] is not None
+
+
+def test_measured_only_says_when_the_optimum_changes(res):
+    from scaleplan.mosaic.report import measured_only
+
+    m = Mosaic(FakeEstimator(mfu_fn=_mfu, max_experts=1024), GRID)
+    env = Envelope(nodes=4, days=5)
+    best = row_json(m.run(env).best)
+    same = measured_only(m, FakeEstimator(mfu_fn=_mfu, max_experts=1024), env, best)
+    assert same["optimum_changes"] is False and same["best"]["loss"] == best["loss"]
+    # measured tables that cover only E <= 32: the optimum must move to a geometry with E <= 32
+    other = measured_only(m, FakeEstimator(mfu_fn=_mfu, max_experts=32), env, best)
+    assert best["n_experts"] > 32 and other["optimum_changes"] is True and other["best"]["n_experts"] <= 32
+    t = res.table
+    assert other["best"]["loss"] == t[t.feasible & (t.n_experts <= 32)].loss.min()
+
+
+def test_cli_compare_measured(recorded_db):
+    p = _cli("search", "--profile", "p6-b200.48xlarge", "--nodes", "8", "--days", "10", "--q", "8",
+             "--experts", "16,32,128", "--topk", "1,2", "--g", "2,4", "--db", recorded_db, "--json", "--samples", "0",
+             "--compare-measured")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    mo = out["measured_only"]
+    key = ("q", "n_experts", "topk", "g")
+    if mo["best"] is not None:
+        assert mo["optimum_changes"] == any(mo["best"][k] != out["best"][k] for k in key)
+    assert "samples" not in out and "p_optimal" not in out["best"]
