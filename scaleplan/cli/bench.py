@@ -61,7 +61,7 @@ def _exit_codes():
         sys.exit(130)
 
 
-class _Progress:
+class SweepProgress:
     """The on_event callback of a sweep: a rich bar with ETA per suite on stderr (points measured of
     points to measure; collectives ranks report theirs through ``suite_progress``), and one line
     above it for each failed point, hint and error. A context manager: the bar lives inside ``with``."""
@@ -158,7 +158,7 @@ def run(
     if in_torchrun():
         _run_torchrun(preset, suites, profile, url, device, ids, json_out, as_profile)
         return
-    with _exit_codes(), _Progress() as on_event:
+    with _exit_codes(), SweepProgress() as on_event:
         if ids:
             results = runner.resume_runs(ids, url, device=device, on_event=on_event)
         else:
@@ -251,7 +251,7 @@ def plan(
                     stdout.print("  " + ", ".join(f"{k}={v}" for k, v in p.items()), highlight=False)
         return
     t0 = time.perf_counter()
-    with _exit_codes(), _Progress() as on_event:
+    with _exit_codes(), SweepProgress() as on_event:
         results = bplan.run_lookups(
             lookups, spec, url, profile=profile, device=device, on_event=on_event,
             as_profile=as_profile,
@@ -284,7 +284,7 @@ def _plan_search(search: Path, profile: str | None, url, run_: bool, device, jso
         return
     points = {s: [{k: v for k, v in p.items() if k != "needed_by"} for p in pts] for s, pts in got["lookups"].items()}
     t0 = time.perf_counter()
-    with _exit_codes(), _Progress() as on_event:
+    with _exit_codes(), SweepProgress() as on_event:
         results = bplan.run_lookups(points, search, url, profile=prof, device=device, on_event=on_event)
     _print_results(results, time.perf_counter() - t0, want_json(json_out))
 

@@ -117,7 +117,10 @@ def _measure_tables(spec: Path, layouts, nproc: int, profile: str, url, device: 
     lay = [",".join(f"{k}={v}" for k, v in x.model_dump().items() if v is not None) for x in layouts]
     points, _ = bplan.lookups(spec, nproc, lay, profile, url)
     stderr.print(f"measuring {sum(len(v) for v in points.values())} table points for {profile}", highlight=False)
-    bplan.run_lookups(points, spec, url, profile=profile, device=device)
+    from scaleplan.cli.bench import SweepProgress
+
+    with SweepProgress() as on_event:  # a bar with ETA per suite, as `bench plan --run`
+        bplan.run_lookups(points, spec, url, profile=profile, device=device, on_event=on_event)
     forget_cached_tables()
 
 
