@@ -132,23 +132,29 @@ def progress(**kw):
 
 
 # --- bounds of every numeric option -------------------------------------------------------------
-# (kind, lo, hi, lo_open, allowed): kind "int"/"float" for one value, "ints"/"floats" for a
-# comma-separated list. A value outside [lo, hi] (or NaN/inf, or lo itself where lo_open) is a
+# (kind, lo, hi, lo_open, hi_open, allowed): kind "int"/"float" for one value, "ints"/"floats" for a
+# comma-separated list. A value outside [lo, hi] (or NaN/inf, or an end that is open) is a
 # one-line SpecError before the command does any work. Keys are "command.param" or "param".
 # The caps are physical (README "Input bounds"): see scaleplan.specs and scaleplan.profiles.
 MAX_DAYS = 3650.0  # a ten-year training window; C_peak and every token count stay finite floats
 _BIG = 2**63 - 1   # database ids
-Bound = tuple[str, float, float, bool, str]
+Bound = tuple[str, float, float, bool, bool, str]
 
 
 def _fmt(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
-def _b(kind: str, lo: float, hi: float, lo_open: bool = False, allowed: str = "") -> Bound:
+def _b(kind: str, lo: float, hi: float, lo_open: bool = False, allowed: str = "",
+       hi_open: bool = False) -> Bound:
     lo_s = f"({_fmt(lo)}" if lo_open else f"[{_fmt(lo)}"
+    hi_s = f"{_fmt(hi)})" if hi_open else f"{_fmt(hi)}]"
     noun = "numbers" if "float" in kind else "integers"
-    return kind, lo, hi, lo_open, allowed or f"{noun} in {lo_s}, {_fmt(hi)}]"
+    return kind, lo, hi, lo_open, hi_open, allowed or f"{noun} in {lo_s}, {hi_s}"
+
+
+def _sparsity() -> Bound:
+    return _b("float", 0, 1, allowed="a sparsity in [0, 1)", hi_open=True)
 
 
 def _bounds() -> dict[str, Bound]:
@@ -178,9 +184,7 @@ def _bounds() -> dict[str, Bound]:
         "q": _b("ints", 1, 256, allowed="ladder seeds in [1, 256] (L = 4q <= 1024 layers)"),
         "experts": _b("ints", 1, MAX_EXPERTS), "topk": _b("ints", 1, MAX_TOPK),
         "search.g": _b("ints", 1, 1024), "g": _b("float", 1, 1024),
-        "s_min": _b("float", 0, 0.9999, allowed="a sparsity in [0, 1)"),
-        "s_max": _b("float", 0, 0.9999, allowed="a sparsity in [0, 1)"),
-        "s": _b("float", 0, 0.9999, allowed="a sparsity in [0, 1)"),
+        "s_min": _sparsity(), "s_max": _sparsity(), "s": _sparsity(),
         "tpp_min": _b("float", 0, 1e6, True), "tpp_max": _b("float", 0, 1e6, True),
         "vocab": _b("int", 1, MAX_VOCAB), "kv_heads": _b("int", 1, MAX_HEADS),
         "workers": _b("int", 0, 1024, allowed="0 (auto) or a process count up to 1024"),
@@ -224,10 +228,10 @@ def check_bounds(command: str, params: dict[str, Any]) -> None:
         b = bounds.get(f"{command}.{name}") or bounds.get(name)
         if b is None or value is None:
             continue
-        kind, lo, hi, lo_open, allowed = b
+        kind, lo, hi, lo_open, hi_open, allowed = b
         flag = "--" + name.replace("_", "-")
         for v in _numbers(kind, value) or []:
-            ok = math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi
+            ok = math.isfinite(v) and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
             if not ok or ("int" in kind and v != int(v)):
                 raise SpecError(flag, v, allowed)
     _check_profile_size(params)
