@@ -244,18 +244,19 @@ def _check_profile_size(params: dict[str, Any]) -> None:
     from scaleplan.profiles import max_devices, profile_file
 
     devices, nodes = params.get("devices"), params.get("nodes")
-    if devices is None and nodes is None:
-        return
-    name = params.get("profile")
+    name, field = params.get("profile"), "--devices"
     spec = params.get("spec_path") or params.get("spec")
-    if not name and spec is not None:
+    if "devices" in params and spec is not None and (devices is None or not name):
         from scaleplan.specs import load_spec
 
-        name = load_spec(spec).hardware.node_type
-    if not name:
+        sp = load_spec(spec)
+        name = name or sp.hardware.node_type
+        if devices is None:  # the command falls back to the spec's search.num_devices: same bound
+            devices, field = sp.search.num_devices, "search.num_devices"
+    if not name or (devices is None and nodes is None):
         return
     if devices is not None and devices > max_devices(name):
-        raise SpecError("--devices", devices, f"1 to {max_devices(name)} devices on {name}")
+        raise SpecError(field, devices, f"1 to {max_devices(name)} devices on {name}")
     prof = profile_file(name)
     for n in _numbers("ints", nodes) or []:
         if n > prof.max_nodes or (prof.measure_peak and n > 1):

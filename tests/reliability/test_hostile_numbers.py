@@ -196,3 +196,11 @@ def test_errors_cross_process_boundaries():
     with ProcessPoolExecutor(1) as pool, pytest.raises(SpecError) as info:
         pool.submit(_raise_spec_error, 10**20).result()
     assert info.value.field == "n_devices" and info.value.value == 10**20
+
+
+def test_spec_device_count_bounded_by_the_profile(cli, tmp_path):
+    """Without --devices the spec's search.num_devices is used, under the same profile bound."""
+    spec = tmp_path / "big.yaml"
+    spec.write_text(yaml.safe_dump({**BASE, "search": {"num_devices": 4_000_000}}))
+    code, _, err = cli("estimate", str(spec), "--db", f"sqlite:///{tmp_path / 'e.db'}")
+    assert code == 2 and "search.num_devices" in err and "524288" in err, err
