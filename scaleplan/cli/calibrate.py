@@ -38,7 +38,7 @@ ModeOpt = typer.Option(None, "--mode", help="absolute (default for fit) or norma
 
 
 def _fixed(values: list[str] | None, opt: str = "--fix") -> dict[str, float] | None:
-    from scaleplan.calibrate.chi_sys import TERMS
+    from scaleplan.calibrate.chi_sys import BOUNDS, TERMS
 
     out = {}
     for v in values or []:
@@ -49,6 +49,9 @@ def _fixed(values: list[str] | None, opt: str = "--fix") -> dict[str, float] | N
             out[k.strip()] = float(x)
         except ValueError:
             raise SpecError(opt, v, "a number after '='") from None
+        lo, hi = BOUNDS[k.strip()]
+        if not lo <= out[k.strip()] <= hi:  # also NaN and inf: the fit's own bounds for the term
+            raise SpecError(opt, v, f"{k.strip()} in [{lo:g}, {hi:g}]")
     return out or None
 
 

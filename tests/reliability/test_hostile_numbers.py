@@ -204,3 +204,9 @@ def test_spec_device_count_bounded_by_the_profile(cli, tmp_path):
     spec.write_text(yaml.safe_dump({**BASE, "search": {"num_devices": 4_000_000}}))
     code, _, err = cli("estimate", str(spec), "--db", f"sqlite:///{tmp_path / 'e.db'}")
     assert code == 2 and "search.num_devices" in err and "524288" in err, err
+
+
+@pytest.mark.parametrize("value", ["c_pp=nan", "c_pp=inf", "c_pp=1e400", "c_a2a=-1", "c_ovl=5"])
+@pytest.mark.parametrize("opt", ["--fix", "--prior"])
+def test_chi_sys_terms_within_the_fits_bounds(cli, files, opt, value):
+    _expect_exit_2(cli, ["calibrate", "fit", opt, value, "--db", files["DB"]])
