@@ -10,7 +10,6 @@ import time
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -90,6 +89,8 @@ def profile_names() -> list[str]:
 
 def measure_cpu_gemm_flops(n: int = 1024, reps: int = 5) -> float:
     """Best fp32 GEMM throughput of this machine in FLOP/s (numpy BLAS, n x n x n, best of reps)."""
+    import numpy as np  # only cpu-local times a GEMM: the other profiles need no numpy
+
     a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
     a @ b  # warm-up
