@@ -2,10 +2,10 @@
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from fakes import FakeResult
 
 from scaleplan.mosaic.ladder import LadderGrid
 from scaleplan.mosaic.law import PAPER_JOINT_LAW
@@ -13,16 +13,6 @@ from scaleplan.mosaic.search import Envelope, Mosaic
 from scaleplan.profiles import load_profile
 
 PEAK_B200 = 2.25e15  # tab:results-envelope, bf16 dense per device
-
-
-@dataclass
-class FakeResult:
-    layout: dict
-    mfu: float
-    tokens_per_s: float
-    mem_per_device_gb: float = 100.0
-    composed_share: float = 0.0
-    sources: dict = field(default_factory=lambda: {"experts": "measured", "dp_comm": "analytic"})
 
 
 class FakeEstimator:
@@ -45,7 +35,7 @@ class FakeEstimator:
         tps = mfu * self.profile.peak("bf16") * n_devices / (6 * pc.n_act)
         lay = {"tp": 1, "cp": 1, "pp": 4, "ep": 8, "dp": n_devices // 4, "etp": 1, "vpp": 1, "mbs": 2,
                "ckpt": "selective"}
-        return FakeResult(lay, mfu, tps)
+        return FakeResult(lay, mfu, tps, sources={"experts": "measured", "dp_comm": "analytic"})
 
 
 SMALL = LadderGrid(q=(8, 12), experts=(16, 32, 96, 128, 384), topk=(1, 2, 4), g=(1, 2, 4, 8))
