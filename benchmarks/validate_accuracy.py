@@ -154,9 +154,12 @@ def memory_check(name: str, path: Path) -> dict:
 
 
 def _pooled(results):
-    """One RunResult from the rounds of a configuration: all their steps, the median of them."""
+    """One RunResult from the rounds of a configuration: all their steps, the median of them; only the
+    rounds the load check (scaleplan.validate.load) found unloaded, when there is at least one."""
     import dataclasses
 
+    quiet = [r for r in results if not (r.extra.get("load") or {}).get("loaded")]
+    results = quiet or results
     steps = [t for r in results for t in r.step_times_s]
     cpu = [t for r in results for t in r.extra["step_cpu_s_rank0"]]
     last = results[-1]
@@ -165,7 +168,19 @@ def _pooled(results):
                                extra={**last.extra, "step_cpu_s_rank0": cpu, "rounds": len(results)})
 
 
-def run_all(specs, url, steps, warmup, threads, rounds):
+def wait_quiet(max_wait_s: float) -> None:
+    """Wait (up to ``max_wait_s``) until the 1-minute load average is under the load rule's threshold."""
+    from scaleplan.validate.load import LOADAVG_MAX_PER_CPU, loadavg_1m, usable_cpus
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < max_wait_s:
+        la = loadavg_1m()
+        if la is None or la < LOADAVG_MAX_PER_CPU * usable_cpus():
+            return
+        time.sleep(5)
+
+
+def run_all(specs, url, steps, warmup, threads, rounds, quiet_wait_s=0.0):
     from scaleplan.profiles import load_profile
     from scaleplan.specs import Layout, load_spec
     from scaleplan.validate import compare
@@ -177,6 +192,7 @@ def run_all(specs, url, steps, warmup, threads, rounds):
         for name, path in specs.items():
             *_, mbs, ckpt, dp = CONFIGS[name]
             lay = Layout(mbs=mbs, ckpt=ckpt, dp=dp)
+            wait_quiet(quiet_wait_s)
             res = run_layout(RunConfig(spec=load_spec(path).model_dump(mode="json"), layout=lay.model_dump(),
                                        steps=steps, warmup=warmup, device="cpu", nproc=dp, threads=threads))
             done[name].append(res)
@@ -200,8 +216,10 @@ def run_all(specs, url, steps, warmup, threads, rounds):
                      "ape": ape, "cpu": cpu, "ape_cpu": abs(pred["t_iter_s"] - cpu) / cpu, "id": oid,
                      "breakdown": pred["breakdown_s"], "sources": pred["sources"],
                      "mem_meas_gb": res.peak_mem_bytes / 1e9, "mem_pred_gb": pred["mem_per_device_gb"],
-                     "loaded_rounds": sum(bool((r.extra.get("load") or {}).get("loaded")) for r in done[name])})
-        rounds_s = ", ".join(f"{r.t_iter_s:.4f}" for r in done[name])
+                     "loaded_rounds": sum(bool((r.extra.get("load") or {}).get("loaded")) for r in done[name]),
+                     "rounds_used": res.extra["rounds"]})
+        rounds_s = ", ".join(f"{r.t_iter_s:.4f}" + ("*" if (r.extra.get("load") or {}).get("loaded") else "")
+                             for r in done[name]) + f"; * loaded; {res.extra['rounds']} pooled"
         print(f"{name} L,E,K,G,d,S,mbs,ckpt,dp={CONFIGS[name]}: measured {res.t_iter_s:.4f} s (rounds {rounds_s}; "
               f"min {min(res.step_times_s):.4f}, max {max(res.step_times_s):.4f}), predicted "
               f"{pred['t_iter_s']:.4f} s, APE {ape:.1%} (CPU-time median {cpu:.4f} s), mem "
@@ -421,6 +439,9 @@ def main() -> None:
     ap.add_argument("--reuse-runs", action="store_true", help="no training: re-predict the runs stored in --db "
                     "(implies --skip-bench)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--quiet-wait", type=float, default=0.0, help="before each training, wait up to this many "
+                    "seconds for the load average to fall under 0.5 per CPU; a configuration's step time pools "
+                    "only its unloaded rounds when it has any")
     ap.add_argument("--breakdown", action="store_true", help="print the estimator's per-component breakdown")
     ap.add_argument("--profile-components", default="", help="configs to profile per op group (torch.profiler) "
                     "beside the predicted components, e.g. c1,c4")
@@ -445,7 +466,8 @@ def main() -> None:
         profile_components(name, specs[name], url, a.threads)
     if a.profile_components:
         return
-    rows = reuse_runs(specs, url) if a.reuse_runs else run_all(specs, url, a.steps, a.warmup, a.threads, a.rounds)
+    rows = reuse_runs(specs, url) if a.reuse_runs else run_all(specs, url, a.steps, a.warmup, a.threads, a.rounds,
+                                                               a.quiet_wait)
     mape = statistics.mean(r["ape"] for r in rows)
     print("\nmemory model vs the reference model's tensors (CPU; one micro-batch; REFERENCE_DDP):")
     for name, path in specs.items():
