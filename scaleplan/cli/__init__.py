@@ -73,9 +73,17 @@ def _fail(argv: list[str], message: str, detail: dict | None = None, code: int =
     sys.exit(code)
 
 
+def _traceback_exit(code: int) -> None:
+    """--debug: the whole traceback on stderr, and the same exit status as without --debug."""
+    import traceback
+
+    traceback.print_exc()
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the app; user errors become one line on stderr (or a JSON ``error`` object
-    on stdout under --json) and exit status 2; ``--debug`` shows the traceback instead."""
+    on stdout under --json) and exit status 2; ``--debug`` prints the traceback instead (same status)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     STATE.json, STATE.debug = False, "--debug" in argv  # in-process callers (tests) run main many times
     try:
@@ -84,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(rv)
     except ScaleplanError as e:
         if STATE.debug:
-            raise
+            _traceback_exit(e.exit_code)
         _fail(argv, one_line(str(e)), e.as_dict(), e.exit_code)
     except KeyboardInterrupt:
         stderr.print("interrupted")
@@ -94,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as e:  # database errors, click usage errors and aborts
         if _is_db_error(e):  # sqlalchemy is imported only if a command used it
             if STATE.debug:
-                raise
+                _traceback_exit(2)
             from scaleplan.db.session import mask_url, resolve_url
 
             first = str(e.orig).strip().splitlines()[0] if e.orig else str(e).splitlines()[0]
@@ -111,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(e.exit_code)
         if isinstance(e, cx.ClickException):  # one line, like every other user error
             if STATE.debug:
-                raise
+                _traceback_exit(2)
             ctx = getattr(e, "ctx", None)
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             msg = " ".join(e.format_message().split())

@@ -12,7 +12,15 @@ from pathlib import Path
 
 import typer
 
-from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
+from scaleplan.cli._common import (
+    DbOpt,
+    JsonOpt,
+    db_url,
+    print_json,
+    stderr,
+    stdout,
+    want_json,
+)
 from scaleplan.errors import ScaleplanError, SpecError
 
 app = typer.Typer(no_args_is_help=True)
@@ -72,12 +80,12 @@ class SweepProgress:
         self.bar = make_bar(console=stderr.get(), disable=quiet)
         self.quiet, self.tasks = quiet, {}
 
-    def __enter__(self):
-        self.bar.start()
+    def __enter__(self):  # the bar starts with the first suite: a refusal before it prints only its line
         return self
 
     def __exit__(self, *exc):
-        self.bar.stop()
+        if self.tasks:
+            self.bar.stop()
         return False
 
     def _say(self, text: str) -> None:
@@ -87,6 +95,8 @@ class SweepProgress:
     def __call__(self, kind: str, info: dict) -> None:
         rid = info.get("run_id")
         if kind == "suite_start":
+            if not self.tasks:
+                self.bar.start()
             total = info.get("todo")
             self.tasks[rid] = self.bar.add_task(f"run {rid} {info['suite']}", total=total)
             if total is not None:

@@ -157,8 +157,11 @@ def test_debug_is_accepted_everywhere(cli):
 
 
 def test_debug_shows_the_traceback(cli):
-    with pytest.raises(SpecError):
-        cli("search", "--profile", "p5.48xlarge", "--nodes", "2", "--days", "inf", "--debug")
+    """--debug anywhere: the traceback (ending in the SpecError) instead of one line, same exit status."""
+    for argv in (["search", "--profile", "p5.48xlarge", "--nodes", "2", "--days", "inf", "--debug"],
+                 ["--debug", "search", "--profile", "p5.48xlarge", "--nodes", "2", "--days", "inf"]):
+        code, _, err = cli(*argv)
+        assert code == 2 and "Traceback" in err and "SpecError: --days: got inf" in err, err
 
 
 def test_uncreatable_db_folder_is_one_line(cli, tmp_path):
