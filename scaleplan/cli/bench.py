@@ -12,15 +12,7 @@ from pathlib import Path
 
 import typer
 
-from scaleplan.cli._common import (
-    DbOpt,
-    JsonOpt,
-    db_url,
-    print_json,
-    stderr,
-    stdout,
-    want_json,
-)
+from scaleplan.cli._common import DbOpt, JsonOpt, db_url, print_json, stderr, stdout, want_json
 from scaleplan.errors import ScaleplanError, SpecError
 
 app = typer.Typer(no_args_is_help=True)

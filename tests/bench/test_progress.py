@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 import yaml
-
 from scaleplan.bench.progress import parse_progress, progress_line
+
 from tests.reliability.conftest import run_cli
 
 from .conftest import tiny_preset
