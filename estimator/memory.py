@@ -1,21 +1,31 @@
 """Per-device memory of a plan (vectorised over plans), reported per category for the worst stage.
 
-Model state (Megatron mixed precision with the distributed optimizer): bf16 weights (2 bytes/param),
-fp32 main grads (4), and fp32 master weights + optimizer moments sharded over the data-parallel
-group (dense params over DP x CP, expert params over EDP) — for Adam 12 bytes/param, so the
-unsharded total is Megatron's 18 bytes/param (theoretical_memory_usage: 6 + 12/DP).
+Model state, per :class:`ModelState`. :data:`MEGATRON` (the estimator's default): Megatron mixed
+precision with the distributed optimizer: weights in the model dtype (2 bytes/param in bf16), fp32
+main grads (4), fp32 master weights + optimizer moments sharded over the data-parallel group (dense
+params over DP x CP, expert params over EDP): for Adam 12 bytes/param, so the unsharded total is
+Megatron's 18 bytes/param (theoretical_memory_usage: 6 + 12/DP). :data:`REFERENCE_DDP`: what
+``scaleplan validate``'s runner keeps (DDP + AdamW on fp32 masters): grads in the model dtype, plus
+DDP's bucket copy at DP > 1, fp32 master weights and master grads, unsharded moments, fp32 router
+weights. Both are checked exactly against the reference model's tensors (tests/validate/test_memory.py).
 
-Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-Models"), per layer and micro-batch, with TP + sequence parallel dividing everything by TP:
-attention 11 s b h + 5 a s^2 b (the score term only without flash attention), MLP 19 s b h for a
-4h GeLU MLP, two norms 4 s b h; total s b h (34 + 5 a s / h) for a GPT block with dropout.
-Generalised here to GQA (Q, K, V kept separately), SwiGLU, no-dropout and MoE layers: router
-logits (fp32), the permuted routed rows (K tokens per token) through fc1 / activation / fc2, and
-the unpermute buffer. Checkpoint modes: none (all), selective (no attention-internal tensors),
-super-selective (also recompute norms, activations and permutation), full (only the layer input).
+Activations: :func:`block_activation_terms` lists, term by term, what a block saves for its backward
+(the reference model's structure, which is Megatron's: fused QKV buffer kept alive by V's view,
+RoPE'd Q/K copies, flash SDPA output + fp32 log-sum-exp, gate sigmoid, GEMM inputs, SwiGLU outputs,
+fp32 router tensors, permuted expert rows, int64 indices, fp32 norm statistics), checked per layer and
+checkpoint mode against the bytes torch saves (saved_tensors_hooks, within 0.4%). Checkpoint modes:
+none (all), selective (drops SDPA output, LSE and gate sigmoid), super-selective (also norm statistics
+and SwiGLU activation outputs), full (the block input only, plus one layer's activations while it is
+recomputed). :func:`dense_layer_activation_bytes` keeps Korthikanti et al. 2022's GPT formula
+(s b h (34 + 5 a s / h) / t) as a reference.
 
 1F1B keeps min(PP, n_mb) micro-batches in flight on the first stage (times 1 + (PP-1)/(PP VPP)
-with interleaving); the last stage holds one, plus the LM head and its fp32 logits.
+with interleaving); the last stage holds one, plus the LM head and its transient fp32 logits.
+
+Beyond the allocated bytes: either the legacy fixed ``reserve`` (the profile's memory_reserve_bytes)
+or, with ``allocator_fraction``, an ``allocator`` term (reserved minus allocated: fragmentation and
+cached blocks, measured by bench suite 'allocator', default 10%) and ``context`` (outside the
+allocator: CUDA context, NCCL; default 1 GB); :func:`allocated_reserved` splits the totals.
 """
 from __future__ import annotations
 
