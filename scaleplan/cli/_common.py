@@ -14,6 +14,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand
 
+from scaleplan.lazy import lazy_module  # noqa: F401  (re-exported for the CLI modules)
+
 # every checkpointing mode (scaleplan.specs.CKPT_MODES, spelled out so --help need not import pydantic)
 CKPT_ALL = "none,selective,super-selective,full"
 
@@ -55,26 +57,6 @@ def check_extrapolate(x: str) -> None:
 
     if x not in ("compose", "error", "clamp"):
         raise SpecError("--extrapolate", x, "compose, error or clamp")
-
-
-def lazy_module(name: str):
-    """``name`` imported on first attribute access (importlib.util.LazyLoader, the stdlib recipe), so a
-    CLI module can name sqlalchemy or the ORM at the top and still not load them for ``--help``."""
-    import importlib.util
-    import sys
-
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    parent, _, child = name.rpartition(".")
-    if parent in sys.modules:  # as the import system does: `scaleplan.specs` reachable as an attribute
-        setattr(sys.modules[parent], child, module)
-    return module
 
 
 @dataclass

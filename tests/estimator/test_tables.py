@@ -170,3 +170,19 @@ def test_elementwise_table_is_read_where_it_has_the_op():
     gate = 2 * T * 16 * 128 * 3 / 7.7e12  # the head gate has no table: bf16 bytes through HBM (fwd)
     expect = n_mb * L * ((1e-9 + 3e-9) * per_elem + 3 * gate)  # backward: twice the gate's forward
     assert r.breakdown_s["elementwise"] == pytest.approx(expect, rel=1e-6)
+
+
+def test_multilinear_agrees_with_scipy_regular_grid_interpolator():
+    # the lookup interpolator is ours (start-up time); scipy's linear RegularGridInterpolator is the
+    # reference, inside the grid and on the edge cells' linear extension
+    from scipy.interpolate import RegularGridInterpolator
+
+    from scaleplan.estimator.tables import Multilinear
+
+    rng = np.random.default_rng(7)
+    for nd in (1, 2, 3, 4):
+        grid = [np.sort(rng.uniform(0, 10, rng.integers(2, 7))) for _ in range(nd)]
+        vals = rng.normal(size=[len(g) for g in grid])
+        pts = np.stack([rng.uniform(g[0] - 1, g[-1] + 1, 400) for g in grid], axis=-1)
+        ref = RegularGridInterpolator(grid, vals, method="linear", bounds_error=False, fill_value=None)(pts)
+        np.testing.assert_allclose(Multilinear(grid, vals)(pts), ref, rtol=0, atol=1e-12)
