@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.geom import geometry, padded_vocab
-from scaleplan.estimator.recorder import Recorder
 from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.estimator.recorder import Recorder
 from scaleplan.estimator.tables import GridTable
 
 from scaleplan.errors import OutOfRangeError, SpecError
@@ -175,9 +175,8 @@ def test_elementwise_table_is_read_where_it_has_the_op():
 def test_multilinear_agrees_with_scipy_regular_grid_interpolator():
     # the lookup interpolator is ours (start-up time); scipy's linear RegularGridInterpolator is the
     # reference, inside the grid and on the edge cells' linear extension
-    from scipy.interpolate import RegularGridInterpolator
-
     from scaleplan.estimator.tables import Multilinear
+    from scipy.interpolate import RegularGridInterpolator
 
     rng = np.random.default_rng(7)
     for nd in (1, 2, 3, 4):
