@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 from scaleplan.estimator.geom import Geometry, geometry
-from scaleplan.estimator.memory import memory_breakdown
+from scaleplan.estimator.memory import ALLOCATED, RESERVE_BYTES, memory_breakdown
 from scaleplan.estimator.model import CKPT_CODES, ChiCoefficients, DispatchLaw, Evaluation, Plans, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans, plans_from_layouts
 from scaleplan.estimator.tables import (
@@ -56,6 +56,10 @@ class EstimateResult:
     warnings: list[str] = field(default_factory=list)
     n_clamped: int = 0
     composed_share: float = 0.0  # fraction of t_analytic_s read from composed (out-of-range) lookups
+    # GB per device: what torch.cuda.max_memory_allocated sees, and torch.cuda.memory_reserved (plus the
+    # allocator's overhead); mem_per_device_gb adds the memory outside the allocator (CUDA context)
+    mem_allocated_gb: float = 0.0
+    mem_reserved_gb: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -201,6 +205,21 @@ class Estimator:
                 scaled[k] = rows
             self.tables = dataclasses.replace(self.tables, host_ops=scaled)
 
+    def _memory(self, g, plans, gbs, seqlen, optimizer, rope=True) -> dict[str, np.ndarray]:
+        """Bytes per device by category (estimator/memory.py). Beyond the allocated bytes: the caching
+        allocator's overhead and the memory outside it as the bench suite 'allocator' measured them on
+        this profile's GPU; without such rows the fixed 5 GB ``reserve`` the plans were always held to
+        (counted as reserved; the suite's measurement replaces it); nothing on a serial-dispatch (CPU)
+        profile, which has no device allocator or context."""
+        if self.tables.allocator is not None:
+            frac, ctx = self.tables.allocator
+        elif self.profile.serial_dispatch:
+            frac, ctx = 0.0, 0.0
+        else:
+            return memory_breakdown(g, plans, gbs, seqlen, optimizer, RESERVE_BYTES, rope=rope)
+        return memory_breakdown(g, plans, gbs, seqlen, optimizer, allocator_fraction=frac, context_bytes=ctx,
+                                rope=rope)
+
     def _calibration_rows(self, cal_id) -> dict[str, Any]:
         from scaleplan.db.calibrations import calibrations_in_force
 
@@ -222,8 +241,8 @@ class Estimator:
                 i = bad[0]
                 raise OutOfRangeError(str(ev.oor.table[i]), str(ev.oor.axis[i]), float(ev.oor.value[i]),
                                       float(ev.oor.lo[i]), float(ev.oor.hi[i]))
-        mem = memory_breakdown(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
-                               self.profile.memory_reserve_bytes)
+        mem = self._memory(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
+                           spec.model.rotary_embeds)
         cap = self.profile.hbm_bytes
         return [self._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, 1.0) for i in range(len(plans))]
 
@@ -251,7 +270,7 @@ class Estimator:
         if len(plans) == 0:
             return g, plans, None, None, np.zeros(0, bool), np.zeros(0, object), counts, total
         ev = self.model.evaluate(g, plans, gbs, seqlen, optimizer)
-        mem = memory_breakdown(g, plans, gbs, seqlen, optimizer, self.profile.memory_reserve_bytes)
+        mem = self._memory(g, plans, gbs, seqlen, optimizer, model.rotary_embeds)
         tot = sum(mem.values())
         reason = np.array(ev.oor.reason, dtype=object)
         oor = ev.oor.reason != None
@@ -315,6 +334,7 @@ class Estimator:
                for k in ev.components}
         memb = {k: float(v[i]) / GB for k, v in mem.items()}
         tot = sum(memb.values())
+        alloc_gb = sum(v for k, v in memb.items() if k in ALLOCATED)
         reason = ev.oor.reason[i]
         if reason is None and tot * GB > frac * cap:
             reason = "memory"
@@ -340,7 +360,8 @@ class Estimator:
             tokens_per_s=float(tokens / ev.t_iter[i]), mem_per_device_gb=tot, mem_breakdown_gb=memb,
             n_act=float(g.n_act), n_tot=float(g.n_tot), breakdown_s=bd, sources=src,
             feasible=reason is None, reason=reason, warnings=warnings, n_clamped=int(ev.n_clamped[i]),
-            composed_share=float(ev.composed_share[i]) if ev.composed_share is not None else 0.0)
+            composed_share=float(ev.composed_share[i]) if ev.composed_share is not None else 0.0,
+            mem_allocated_gb=alloc_gb, mem_reserved_gb=alloc_gb + memb.get("allocator", 0.0) + memb.get("reserve", 0.0))
 
 
 __all__ = [

@@ -22,7 +22,7 @@ recomputed). :func:`dense_layer_activation_bytes` keeps Korthikanti et al. 2022'
 1F1B keeps min(PP, n_mb) micro-batches in flight on the first stage (times 1 + (PP-1)/(PP VPP)
 with interleaving); the last stage holds one, plus the LM head and its transient fp32 logits.
 
-Beyond the allocated bytes: either the legacy fixed ``reserve`` (the profile's memory_reserve_bytes)
+Beyond the allocated bytes: either the legacy fixed ``reserve`` (``reserve_bytes``)
 or, with ``allocator_fraction``, an ``allocator`` term (reserved minus allocated: fragmentation and
 cached blocks, measured by bench suite 'allocator', default 10%) and ``context`` (outside the
 allocator: CUDA context, NCCL; default 1 GB); :func:`allocated_reserved` splits the totals.
@@ -36,7 +36,7 @@ from scaleplan.estimator.geom import Geometry, padded_vocab
 
 OPT_STATE_BYTES = {"adam": 12.0, "adamw": 12.0, "muon": 8.0, "scion": 8.0, "sgd": 8.0}
 WEIGHT_BYTES, GRAD_BYTES = 2.0, 4.0
-RESERVE_BYTES = 5e9  # GPU default: CUDA context, NCCL buffers, allocator fragmentation (profile field)
+RESERVE_BYTES = 5e9  # legacy fixed reserve (the estimator now uses the allocator and context terms)
 
 
 def dense_layer_activation_bytes(s, b, h, a, ffn, *, kv_heads=None, head_dim=None, glu=False,
@@ -209,7 +209,7 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     weights, moments, master gradients), activations (saved for backward, :func:`block_activation_bytes`
     per block plus the tensors outside the blocks), logits (the transient fp32 logits or their
     gradient, one micro-batch). Then, with ``allocator_fraction`` None (legacy), one fixed
-    ``reserve`` = ``reserve_bytes`` (the profile's ``memory_reserve_bytes``); with a fraction,
+    ``reserve`` = ``reserve_bytes``; with a fraction (what the estimator passes),
     ``allocator`` = fraction x allocated (reserved minus allocated: fragmentation and cached
     blocks of the caching allocator) and ``context`` = ``context_bytes`` (outside the allocator).
     :func:`allocated_reserved` splits the result. ``state``: how the stack stores the model state

@@ -339,6 +339,9 @@ class Tables:
     # array of rows (tokens m, hidden n, experts k, seconds); see :meth:`host_time`
     host_ops: dict[tuple[str, str, str], np.ndarray] = field(default_factory=dict)
     sdpa_backend: str | None = None
+    # caching-allocator overhead measured by the bench suite 'allocator': (fraction of allocated,
+    # bytes outside the allocator), medians over OK rows; None -> estimator.memory's defaults
+    allocator: tuple[float, float] | None = None
 
     def host_time(self, part: str, ckpt: str, dtype: str, tokens, hidden: int, experts: int):
         """Host seconds of a model part at ``tokens`` per micro-batch (array), or None without rows.
@@ -372,7 +375,7 @@ class Tables:
 
 _SUITE_TABLE = {"gemm": "gemm_point", "grouped_gemm": "grouped_gemm_point", "sdpa": "sdpa_point",
                 "router": "router_point", "elementwise": "elementwise_point", "vocab": "vocab_point",
-                "collectives": "collective_point", "dispatch": "dispatch_point"}
+                "collectives": "collective_point", "dispatch": "dispatch_point", "allocator": "allocator_point"}
 
 
 def _read_suite(conn, table: str, profile: str, run_cols: str = "") -> pd.DataFrame:
@@ -427,6 +430,7 @@ def build_tables(profile: str, frames: dict[str, pd.DataFrame], peak_flops: floa
     _build_collectives(tb, frames.get("collectives", pd.DataFrame()))
     _build_elementwise(tb, frames.get("elementwise", pd.DataFrame()))
     _build_dispatch(tb, frames.get("dispatch", pd.DataFrame()))
+    _build_allocator(tb, frames.get("allocator", pd.DataFrame()))
     return tb
 
 
@@ -620,6 +624,17 @@ def _build_dispatch(tb: Tables, df: pd.DataFrame) -> None:
         _, part, *ck = str(mode).split(":")
         r = r.groupby(["m", "n", "k"])["wall_per_kernel_s"].median().reset_index()
         tb.host_ops[(part, ck[0] if ck else "", str(dt))] = r[["m", "n", "k", "wall_per_kernel_s"]].to_numpy(float)
+
+
+def _build_allocator(tb: Tables, df: pd.DataFrame) -> None:
+    """Allocator overhead (bench/suites/allocator.py): medians of reserved/allocated - 1 and of the
+    bytes outside the allocator over the OK rows."""
+    if df.empty or "allocator_fraction" not in df:
+        return
+    ok = df[df["allocator_fraction"].notna()]
+    if not ok.empty:
+        tb.allocator = (float(ok["allocator_fraction"].median()), float(ok["context_bytes"].fillna(0).median()))
+        tb.n_points["allocator"] = len(ok)
 
 
 @functools.lru_cache(maxsize=32)

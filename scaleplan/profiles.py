@@ -50,8 +50,6 @@ class ClusterProfile(BaseModel):
     dispatch: DispatchDefaults | None = None
     # the host issues each op on the cores that compute it (a CPU "device"): dispatch adds to compute
     serial_dispatch: bool = False
-    # per-device memory outside the model (framework context, communication buffers), bytes
-    memory_reserve_bytes: float = Field(default=5e9, ge=0)
     # the largest cluster of this node type a plan may ask for (N_dev <= max_nodes * gpus_per_node)
     max_nodes: int = Field(default=MAX_NODES, gt=0, le=MAX_NODES)
 
