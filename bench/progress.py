@@ -14,8 +14,9 @@ from typing import Any
 PROGRESS_TAG = "SCALEPLAN_PROGRESS "
 
 
-def make_bar(console=None, disable: bool = False):
-    """A rich Progress (description, bar, done/total, elapsed, ETA) on ``console`` (default: stderr)."""
+def make_bar(console=None, disable: bool = False, **kw):
+    """A rich Progress (description, bar, done/total, elapsed, ETA) on ``console`` (default: stderr);
+    ``kw`` go to rich's Progress (e.g. ``transient``). The one progress bar of every command."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -28,7 +29,7 @@ def make_bar(console=None, disable: bool = False):
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     TextColumn("ETA"), TimeRemainingColumn(), console=console or Console(stderr=True),
-                    disable=disable)
+                    disable=disable, **kw)
 
 
 def progress_line(done: int, total: int) -> str:

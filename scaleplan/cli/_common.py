@@ -99,18 +99,9 @@ def print_json(obj: Any) -> None:
 
 def progress(**kw):
     """A rich progress bar with ETA on stderr (transient), for anything over a second."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    from scaleplan.bench.progress import make_bar
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn(), console=stderr.get(), transient=True,
-                    disable=kw.pop("disable", False), **kw)
+    return make_bar(console=stderr.get(), disable=kw.pop("disable", False), transient=True, **kw)
 
 
 # --- bounds of every numeric option -------------------------------------------------------------
