@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from scaleplan.db.measurements import load_frames  # noqa: F401  (the estimator's loader, re-exported)
 from scaleplan.lazy import lazy_module
 
 pd = lazy_module("pandas")  # only building tables needs it: cached tables are read without pandas
@@ -372,22 +373,7 @@ class Tables:
 
 
 # ---------------------------------------------------------------------------------------------- loading
-
-_SUITE_TABLE = {"gemm": "gemm_point", "grouped_gemm": "grouped_gemm_point", "sdpa": "sdpa_point",
-                "router": "router_point", "elementwise": "elementwise_point", "vocab": "vocab_point",
-                "collectives": "collective_point", "dispatch": "dispatch_point", "allocator": "allocator_point"}
-
-
-def _read_suite(conn, table: str, profile: str, run_cols: str = "") -> pd.DataFrame:
-    from sqlalchemy import text
-
-    from scaleplan.db.identity import same_hardware
-
-    q = text(f"SELECT p.*, r.started_at AS run_started, r.id AS run_order{run_cols} FROM {table} p "
-             "JOIN bench_run r ON p.run_id = r.id WHERE r.profile = :prof AND p.status = 'OK'")
-    # only runs of this profile's hardware (or forced with --as-profile): CPU timings stored under
-    # a B200 profile must not replace its tables however new they are (scaleplan/db/identity.py)
-    return same_hardware(pd.read_sql(q, conn, params={"prof": profile}), profile)
+# the rows come from scaleplan/db/measurements.py (load_frames, SQL); this module builds the tables
 
 
 def _newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -397,26 +383,6 @@ def _newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     df = df.sort_values(["run_started", "run_order"])
     newest = df.groupby(keys, dropna=False)["run_order"].transform("last")
     return df[df["run_order"] == newest]
-
-
-def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
-    """Read every measurement table of ``profile`` (OK rows). Missing schema -> empty frames."""
-    from sqlalchemy import inspect
-
-    from scaleplan.db.session import get_engine, resolve_url
-
-    eng = get_engine(resolve_url(url))
-    names = set(inspect(eng).get_table_names())
-    out: dict[str, pd.DataFrame] = {}
-    from scaleplan.db.identity import run_columns_sql
-
-    run_cols = run_columns_sql({c["name"] for c in inspect(eng).get_columns("bench_run")}) \
-        if "bench_run" in names else ""
-    with eng.connect() as conn:
-        for suite, table in _SUITE_TABLE.items():
-            out[suite] = _read_suite(conn, table, profile, run_cols) if table in names and "bench_run" in names \
-                else pd.DataFrame()
-    return out
 
 
 def build_tables(profile: str, frames: dict[str, pd.DataFrame], peak_flops: float) -> Tables:
@@ -683,15 +649,15 @@ def _disk_key(url: str) -> tuple | None:
 
 def _disk_path(url: str, profile: str, peak_flops: float) -> Path | None:
     """Cache file of the compiled tables under $SCALEPLAN_CACHE or ~/.cache/scaleplan, keyed by the
-    database state and the source of this module and the hardware-identity rule (a code change
-    rebuilds); None when there is no key or no cache folder can be made."""
+    database state and the source of this module, the row query and the hardware-identity rule (a
+    code change rebuilds); None when there is no key or no cache folder can be made."""
     state = _disk_key(url)
     if state is None:
         return None
     import importlib.util
 
     code = b""
-    for mod in (__name__, "scaleplan.db.identity"):
+    for mod in (__name__, "scaleplan.db.measurements", "scaleplan.db.identity"):
         origin = importlib.util.find_spec(mod).origin
         code += Path(origin).read_bytes() if origin else mod.encode()
     digest = hashlib.sha256(repr((url, profile, peak_flops, state)).encode() + code).hexdigest()[:24]
