@@ -5,9 +5,8 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from scaleplan.db.calibrations import KINDS  # the one list of calibration kinds
 from scaleplan.errors import ScaleplanError
-
-KINDS = ("chi_sys", "dispatch")
 
 
 def store_calibration(sess, profile: str, kind: str, coefficients: dict[str, float], *, inputs: dict[str, Any],

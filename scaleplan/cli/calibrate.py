@@ -73,10 +73,6 @@ def _check_mode(mode: str | None) -> None:
         raise SpecError("--mode", mode, "absolute or normalized")
 
 
-def _check_extrapolate(x: str) -> None:
-    check_extrapolate(x)
-
-
 @app.command("add")
 def add(runs: Path = typer.Argument(..., help="CSV (or JSON) of observed runs; columns as mfu_sweeps.csv."),
         specs: Path = typer.Option(None, "--specs", help="YAML mapping model name -> spec, for a 'model' column."),
@@ -159,7 +155,7 @@ def fit(profile: str = ProfileOpt,
     if kind not in ("runtime", "chi_sys", "dispatch", "all"):
         raise SpecError("--kind", kind, "runtime, chi_sys, dispatch or all")
     _check_mode(mode)
-    _check_extrapolate(extrapolate)
+    check_extrapolate(extrapolate)
     if from_runs and kind in ("chi_sys", "runtime"):
         raise SpecError("--from-runs", f"with --kind {kind}", "--kind dispatch or all")
     url = db_url(db)
@@ -216,7 +212,7 @@ def report(profile: str = ProfileOpt,
     from scaleplan.calibrate.runner import build_report
 
     _check_mode(mode)
-    _check_extrapolate(extrapolate)
+    check_extrapolate(extrapolate)
     out = build_report(db_url(db), profile, calibration, mode, plot=str(plot) if plot else None,
                        sweeps=sweep or None, extrapolate=extrapolate)
     if html:

@@ -15,18 +15,18 @@ from pathlib import Path
 import typer
 
 from scaleplan.cli._common import (
+    CKPT_ALL,
     DbOpt,
     ExtrapOpt,
     JsonOpt,
-    check_extrapolate,
     db_url,
+    lazy_module,
     print_json,
     stderr,
     stdout,
     want_json,
 )
 from scaleplan.errors import SpecError
-from scaleplan.cli._common import CKPT_ALL, lazy_module
 
 specs = lazy_module("scaleplan.specs")  # pydantic loads on first use, not for `scaleplan --help`
 

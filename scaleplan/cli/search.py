@@ -14,7 +14,6 @@ from scaleplan.cli._common import (
     ExtrapOpt,
     JsonOpt,
     LawOpt,
-    check_extrapolate,
     db_url,
     print_json,
     stderr,

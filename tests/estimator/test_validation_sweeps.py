@@ -15,8 +15,6 @@ import shutil
 
 import numpy as np
 import pytest
-from scaleplan.db import session as dbs
-from scaleplan.db.models import Calibration
 from scaleplan.estimator import Estimator
 
 PAPER_CHI = {"c_a2a": 1.2, "c_pp": 0.5, "c_ovl": -0.18}
