@@ -13,7 +13,6 @@ import contextlib
 import time
 
 import torch
-
 from scaleplan.bench import harness as h
 
 

@@ -19,8 +19,9 @@ def lookups(
     spec_path: Path, n_devices: int, layouts: list[str] | None, profile: str | None, url: str | None
 ) -> tuple[dict[str, list[dict[str, Any]]], str]:
     """(suite -> key dicts, target profile) for a spec on ``n_devices``. Raises SpecError."""
-    from scaleplan.db.session import ensure_schema, resolve_url
     from scaleplan.estimator import Estimator
+
+    from scaleplan.db.session import ensure_schema, resolve_url
     from scaleplan.specs import load_spec, parse_layout
 
     spec = load_spec(spec_path)

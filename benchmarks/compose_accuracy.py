@@ -13,6 +13,7 @@ import argparse
 
 from scaleplan.estimator import holdout
 from scaleplan.estimator.tables import load_frames
+
 from scaleplan.profiles import load_profile
 
 

@@ -119,10 +119,10 @@ def memory_check(name: str, path: Path) -> dict:
     backward (saved_tensors_hooks), both vs estimator/memory.py under REFERENCE_DDP."""
     import numpy as np
     import torch
-
     from scaleplan.estimator import memory as mm
     from scaleplan.estimator.geom import geometry
     from scaleplan.estimator.plans import plans_from_layouts
+
     from scaleplan.specs import Layout, load_spec
     from scaleplan.validate.memory import saved_activation_bytes, state_bytes
     from scaleplan.validate.model import build_model

@@ -29,10 +29,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from scaleplan.estimator.model import KAPPA0_DEFAULT, KAPPA1_DEFAULT, T_HOST_DEFAULT_S
 from scipy.optimize import least_squares
 
 from scaleplan.errors import ScaleplanError
-from scaleplan.estimator.model import KAPPA0_DEFAULT, KAPPA1_DEFAULT, T_HOST_DEFAULT_S
 
 CHAIN_MODES = ("gemm", "gemm_relu")
 

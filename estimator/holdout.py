@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
 from scaleplan.estimator.tables import build_tables
 
 

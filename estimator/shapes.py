@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
 from scaleplan.estimator.geom import Geometry, padded_vocab
+
 from scaleplan.units import BYTES_PER_ELEMENT
 
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pandas as pd
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from scaleplan.db import models as m

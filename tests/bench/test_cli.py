@@ -150,8 +150,8 @@ TINY_SPEC = {
 def test_plan_lists_and_measures_the_lookups(tmp_path, sqlite_url):
     pytest.importorskip("scaleplan.estimator")
     from scaleplan.bench import plan
-    from scaleplan.bench.suites import get_suite
     from scaleplan.bench.store import key_of
+    from scaleplan.bench.suites import get_suite
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(TINY_SPEC))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import func, select
-
 from scaleplan.bench import runner, store
 from scaleplan.bench.config import parse_preset
+from sqlalchemy import func, select
+
 from scaleplan.db import models as m
 from scaleplan.db.session import session_scope, upgrade
 

@@ -200,6 +200,7 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
 )
 def test_default_profile_from_gpu_name(monkeypatch, name, count, profile):
     from scaleplan.bench import runner
+
     from scaleplan.profiles import profile_names
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
@@ -209,6 +210,7 @@ def test_default_profile_from_gpu_name(monkeypatch, name, count, profile):
 
 def test_unknown_gpu_asks_for_a_profile(monkeypatch):
     from scaleplan.bench import runner
+
     from scaleplan.errors import ScaleplanError
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Some Future GPU")

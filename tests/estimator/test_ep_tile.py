@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.recorder import Recorder
 from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.estimator.recorder import Recorder
 
 from scaleplan.specs import Layout, parse_spec
 

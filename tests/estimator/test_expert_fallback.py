@@ -10,8 +10,8 @@ from scaleplan.estimator import Estimator
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.recorder import Recorder
 from scaleplan.estimator.tables import ANALYTIC, CLAMPED, INTERPOLATED
-from scaleplan.geometry import ladder_model
 
+from scaleplan.geometry import ladder_model
 from scaleplan.specs import Layout, parse_spec
 
 from .conftest import frame, grouped_frame, moe_spec

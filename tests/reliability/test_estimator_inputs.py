@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 pytest.importorskip("scaleplan.estimator")
-from scaleplan.errors import OutOfRangeError, SpecError  # noqa: E402
 from scaleplan.estimator import Estimator  # noqa: E402
 from scaleplan.estimator.tables import GridTable  # noqa: E402
+
+from scaleplan.errors import OutOfRangeError, SpecError  # noqa: E402
 from scaleplan.specs import Layout, parse_spec  # noqa: E402
 
 PROFILE = "p6-b200.48xlarge"
