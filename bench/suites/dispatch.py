@@ -24,7 +24,8 @@ per kernel:
 The per-kernel gap t_gap is wall - active.
 
 ``ops:<part>[:<ckpt>]`` (serial-dispatch profiles, e.g. cpu-local, where the host issues every op
-on the cores that compute it): host seconds of the reference training model
+on the cores that compute it, and GPUs, where the estimator's reference stack uses them for
+``scaleplan validate``): host seconds of the reference training model
 (:mod:`scaleplan.validate.model`) for one part, stored in ``wall_per_kernel_s`` with chain_len = 1:
 ``moe`` / ``dense`` per layer and micro-batch (forward + backward + the recompute of ``ckpt``),
 ``microbatch`` per micro-batch outside the layers (embedding, final norm, LM head, loss),
@@ -35,7 +36,9 @@ reference model (m tokens, hidden n, k experts; op counts are structural: they d
 the widths, E or K, because the experts run as one grouped GEMM), per part by differences over
 the layer count. The seconds per op are the median (as in every table) of the probe's wall time
 divided by its op count: at the probe's tiny widths that is the host cost of eager autograd
-ops (dispatcher, autograd graph, module hooks, recompute machinery). The note records n_ops and
+ops (dispatcher, autograd graph, module hooks, recompute machinery); on CUDA the probe's host
+issue time (synchronised before, no trailing sync) and no uncosted-compute term
+(:mod:`scaleplan.bench.suites.model_ops`). The note records n_ops and
 seconds per op (kappa of sec:iteration-time-model, measured for this model).
 
 ``host_overhead``: a dispatch-bound microbatch (forward + loss + backward) of a tiny MLP with L

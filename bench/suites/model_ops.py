@@ -1,15 +1,26 @@
-"""Host dispatch of the reference training model on a serial-dispatch device (the ``ops:*`` modes of
-the dispatch suite; see :mod:`scaleplan.bench.suites.dispatch` for the definition and units).
+"""Host dispatch of the reference training model (the ``ops:*`` modes of the dispatch suite; see
+:mod:`scaleplan.bench.suites.dispatch` for the definition and units), on a CPU or a CUDA device.
 
-On a CPU the host issues every op on the cores that run it, so per micro-batch the host time
-L_stage kappa t_op (sec:iteration-time-model, "Compute versus dispatch") adds to the compute
-instead of hiding behind it. kappa (ops per layer and micro-batch) is counted here for the model
-``scaleplan validate`` trains; the GPU law kappa0 = 642 counts Megatron-Core CUDA kernels instead.
+kappa (ops per layer and micro-batch, sec:iteration-time-model, "Compute versus dispatch") is
+counted here for the model ``scaleplan validate`` trains, on the device itself (every aten op that
+reaches the dispatcher); the GPU law kappa0 = 642 counts Megatron-Core CUDA kernels instead. The
+host seconds of a part = its op count x the seconds per op of a tiny probe of the same model:
+
+* CPU (serial dispatch): the host issues every op on the cores that run it, so per micro-batch the
+  host time L_stage kappa t_op adds to the compute instead of hiding behind it. t_op = the probe's
+  wall per op; plus the measured compute of the ops the tables do not cost (elementwise, index,
+  copies), timed one by one at the point's widths ("uncosted compute").
+* CUDA: the host only launches; t_op = the probe's host ISSUE time per op (synchronised before,
+  timed on the host clock without a trailing synchronisation: at the probe's tiny widths the GPU
+  keeps up with the launches, so the wall is the launch cost), :func:`issue_walls`. The uncosted
+  compute is 0: it runs on the GPU, where the estimator costs it. The estimator's reference stack
+  (``Estimator(stack="reference")``) takes max(GPU time, host time) per stage and micro-batch.
 """
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -68,18 +79,50 @@ def _spec(tokens: int, hidden: int, experts: int, layers: int, moe: bool, precis
                        "hardware": {"node_type": "cpu-local"}})
 
 
+def issue_walls(fb: Callable[[], object], step: Callable[[], object], reps: int,
+                sync: Callable[[], object] | None = None,
+                clock: Callable[[], float] = time.perf_counter) -> tuple[list[float], list[float]]:
+    """Host seconds of ``reps`` forward+backward calls ``fb()`` and optimizer steps ``step()``.
+
+    ``sync`` None (a CPU: the host runs the ops): back-to-back host walls, fb then step.
+    ``sync`` given (a GPU's synchronize): each of fb and step starts on an empty device queue
+    (``sync()`` before it) and is timed on the host WITHOUT a trailing sync, so the wall is the
+    time the host takes to issue the ops, not the device's time to run them.
+    ``clock`` (seconds) is injectable so the logic can be checked against a simulated device.
+    Returns (fb walls, step walls), seconds, ``reps`` each.
+    """
+    fbs, sts = [], []
+    for _ in range(reps):
+        if sync is not None:
+            sync()
+        t0 = clock()
+        fb()
+        t1 = clock()
+        if sync is not None:
+            sync()
+            t1s = clock()  # the step's issue starts after the queued fb kernels have drained
+        else:
+            t1s = t1
+        step()
+        fbs.append(t1 - t0)
+        sts.append(clock() - t1s)
+    return fbs, sts
+
+
 @functools.lru_cache(maxsize=64)
-def _probe(tokens, hidden, experts, layers, moe, ckpt, precision, dtype_name) -> tuple:
+def _probe(tokens, hidden, experts, layers, moe, ckpt, precision, dtype_name, device="cpu") -> tuple:
     """(ops of one fwd+bwd, ops of one optimizer step, median wall s of fwd+bwd, of the step,
-    median seconds of the uncosted ops' kernels in a fwd+bwd, in a step)."""
+    median seconds of the uncosted ops' kernels in a fwd+bwd, in a step). On CUDA the walls are
+    host issue times (:func:`issue_walls`) and the uncosted compute is 0 (costed on the GPU)."""
     from scaleplan.validate.model import build_model
     from scaleplan.validate.runner import MasterAdamW
 
     dt = getattr(torch, dtype_name)
+    dev = torch.device(device)
     spec = _spec(tokens, hidden, experts, layers, moe, precision)
-    model = build_model(spec.model, ckpt, "cpu", dt)
+    model = build_model(spec.model, ckpt, dev, dt)
     opt = MasterAdamW(model.parameters())
-    tok = torch.randint(0, spec.model.vocab_sz, (1, tokens))
+    tok = torch.randint(0, spec.model.vocab_sz, (1, tokens), device=dev)
 
     def fb():
         model.set_microbatch(0)
@@ -91,22 +134,18 @@ def _probe(tokens, hidden, experts, layers, moe, ckpt, precision, dtype_name) ->
         fb()
     with _OpCounter() as c2:
         opt.step()
-    unc_fb, unc_st = [], []
-    for _ in range(5):
-        with _OpTimer() as t1:
-            fb()
-        with _OpTimer() as t2:
-            opt.step()
-        unc_fb.append(t1.t)
-        unc_st.append(t2.t)
-    fbs, sts = [], []
-    for _ in range(REPS):
-        t0 = time.perf_counter()
-        fb()
-        t1 = time.perf_counter()
-        opt.step()
-        fbs.append(t1 - t0)
-        sts.append(time.perf_counter() - t1)
+    unc_fb, unc_st = [0.0], [0.0]
+    if dev.type != "cuda":  # on a GPU that compute is device time, costed by the estimator's tables
+        unc_fb, unc_st = [], []
+        for _ in range(5):
+            with _OpTimer() as t1:
+                fb()
+            with _OpTimer() as t2:
+                opt.step()
+            unc_fb.append(t1.t)
+            unc_st.append(t2.t)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
+    fbs, sts = issue_walls(fb, opt.step, REPS, sync)
     # the median, like every other table (and like the validate step time it adds to)
     return c.n, c2.n, float(np.median(fbs)), float(np.median(sts)), float(np.median(unc_fb)), float(np.median(unc_st))
 
@@ -115,8 +154,6 @@ def measure(p: dict, dt: torch.dtype, ctx) -> dict:
     """One ``ops:<part>[:<ckpt>]`` point: host seconds of the part (see the dispatch suite docstring)."""
     from scaleplan.bench import harness as h
 
-    if ctx.is_cuda:
-        raise h.Unsupported("ops:* modes cost host dispatch on serial-dispatch (CPU) devices")
     _, part, *rest = p["mode"].split(":")
     ckpt = rest[0] if rest else "none"
     if part not in PARTS:
@@ -125,26 +162,30 @@ def measure(p: dict, dt: torch.dtype, ctx) -> dict:
     if prec is None:
         raise h.Unsupported(f"the reference model runs in bf16/fp16/fp32, not {dt}")
     dn = str(dt).removeprefix("torch.")
+    dev = str(ctx.device)
 
     def parts(args, i):
         """Per-part quantity i of _probe: the first block is dense, every later one MoE, so L=2 -> L=3
         adds one MoE layer; the dense-only model L=1 -> L=2 one dense layer; dense L=1 minus its
         layer is the rest."""
-        m2, m3 = _probe(*args, 2, True, ckpt, prec, dn), _probe(*args, 3, True, ckpt, prec, dn)
-        d1, d2 = _probe(*args, 1, False, ckpt, prec, dn), _probe(*args, 2, False, ckpt, prec, dn)
+        m2, m3 = _probe(*args, 2, True, ckpt, prec, dn, dev), _probe(*args, 3, True, ckpt, prec, dn, dev)
+        d1, d2 = _probe(*args, 1, False, ckpt, prec, dn, dev), _probe(*args, 2, False, ckpt, prec, dn, dev)
         j = i + 1  # the optimizer-step column beside the fwd+bwd one
         return m3, {"moe": m3[i] - m2[i], "dense": d2[i] - d1[i], "microbatch": d1[i] - (d2[i] - d1[i]),
                     "step_moe": m3[j] - m2[j], "step_dense": d2[j] - d1[j], "step": d1[j] - (d2[j] - d1[j])}
 
     # dispatch: op count x the seconds per op of the tiny probe (wall / ops: host cost of eager
-    # autograd ops); compute of the ops the tables do not cost: timed at this point's widths
+    # autograd ops; on CUDA the host issue time); compute of the ops the tables do not cost: timed
+    # at this point's widths on a CPU, 0 on a GPU (device time the estimator costs from its tables)
     m3, counts = parts(TINY, 0)
     per_op = m3[3] / max(m3[1], 1) if part.startswith("step") else m3[2] / m3[0]
     n_ops = counts[part]
-    _, unc = parts((p["m"], p["n"], p["k"]), 4)
-    _, unc_tiny = parts(TINY, 4)
-    # the tiny probe's wall per op already holds its own (small) uncosted compute
-    extra = max(unc[part] - unc_tiny[part], 0.0)
+    extra = 0.0
+    if not ctx.is_cuda:
+        _, unc = parts((p["m"], p["n"], p["k"]), 4)
+        _, unc_tiny = parts(TINY, 4)
+        # the tiny probe's wall per op already holds its own (small) uncosted compute
+        extra = max(unc[part] - unc_tiny[part], 0.0)
     if n_ops == 0 and part.startswith("step"):  # e.g. fp32: no master copies, one fused AdamW call
         raise h.Unsupported(f"part {part} issues no ops in {prec} (counted: 0)")
     if n_ops <= 0:
@@ -152,4 +193,6 @@ def measure(p: dict, dt: torch.dtype, ctx) -> dict:
     return dict(wall_per_kernel_s=n_ops * per_op + extra, active_per_kernel_s=None, n_rep=REPS,
                 note=f"n_ops={n_ops}; t_op_s={per_op:.3e}; uncosted_compute_s={extra:.3e}; ckpt={ckpt}; "
                 f"widths tokens={p['m']} hidden={p['n']} experts={p['k']}; dispatch probe {TINY} "
-                f"({m3[0]} fwd+bwd ops, {m3[1]} step ops at L=3)")
+                f"({m3[0]} fwd+bwd ops, {m3[1]} step ops at L=3)"
+                + (f"; CUDA {dev}: t_op = host issue time (synchronised before, no trailing sync), "
+                   "ops counted on the device, uncosted compute 0 (GPU time)" if ctx.is_cuda else ""))
