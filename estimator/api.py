@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from scaleplan.estimator.dispatch import STACKS
 from scaleplan.estimator.geom import Geometry, geometry
 from scaleplan.estimator.memory import ALLOCATED, RESERVE_BYTES, memory_breakdown
 from scaleplan.estimator.model import CKPT_CODES, ChiCoefficients, DispatchLaw, Evaluation, Plans, TimeModel
@@ -110,16 +111,28 @@ class Estimator:
         ep_host_scale: multiply the law's per-MoE-layer EP host term t_ep_host on top of host_scale
             (None -> the 'dispatch' calibration's ``ep_host_scale``, 1 without one): the EP token path
             is the one host cost the kernel count does not see, and its constant is the least certain.
+        stack: whose software stack's host dispatch is predicted: "megatron" (default; estimate,
+            layouts, search, calibrate: on a GPU profile the kernel-count law of
+            :mod:`scaleplan.estimator.dispatch`, ``ops:*`` rows ignored) or "reference" (scaleplan's
+            own reference model, what ``scaleplan validate`` trains: the measured host seconds of its
+            ops, dispatch rows ``ops:*``, per micro-batch and stage, max'ed with the GPU time on a GPU
+            profile, labelled measured; the law, labelled analytic, where the profile has no rows for
+            the checkpoint mode; :meth:`lookups` then asks for those rows). Serial-dispatch (CPU)
+            profiles use the rows with either stack, as before.
     Raises:
-        SpecError: unknown profile or extrapolate mode.
+        SpecError: unknown profile, extrapolate mode or stack.
     """
 
     def __init__(self, profile: str | ClusterProfile = "p6-b200.48xlarge", db_url: str | None = None,
                  extrapolate: str = "compose", calibration_id: int | None = None, use_calibration: bool = True,
                  tables: Tables | None = None, host_scale: float | None = None,
-                 kernel_scale: float | None = None, ep_host_scale: float | None = None):
+                 kernel_scale: float | None = None, ep_host_scale: float | None = None,
+                 stack: str = "megatron"):
         if extrapolate not in EXTRAPOLATE_MODES:
             raise SpecError("extrapolate", extrapolate, " | ".join(EXTRAPOLATE_MODES))
+        if stack not in STACKS:
+            raise SpecError("stack", stack, " | ".join(STACKS))
+        self.stack = stack
         self.profile = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
         self.extrapolate = extrapolate
         self.db_url = db_url
@@ -140,7 +153,7 @@ class Estimator:
             raise SpecError("kernel_scale", self.kernel_scale, "a positive finite number")
         self._apply_host_scale()
         self.model = TimeModel(self.profile, self.tables, extrapolate, self.dispatch, self.chi,
-                               self.kernel_scale)
+                               self.kernel_scale, stack)
 
     @classmethod
     def from_frames(cls, profile: str | ClusterProfile, frames, **kw) -> Estimator:
@@ -183,8 +196,9 @@ class Estimator:
 
     def _apply_host_scale(self) -> None:
         """Scale the host side of dispatch by ``self.host_scale`` (the per-op host cost measured on a
-        probe understates a real model's): t_gap, t_ep_host, t_host of the law and, for serial-dispatch
-        profiles, the ``ops:*`` host seconds (a copy of the tables; the cached ones stay unscaled)."""
+        probe understates a real model's): t_gap, t_ep_host, t_host of the law and the ``ops:*`` host
+        seconds (read on serial-dispatch profiles and by the reference stack; a copy of the tables, the
+        cached ones stay unscaled)."""
         s, se = self.host_scale, self.ep_host_scale
         for name, v in (("host_scale", s), ("ep_host_scale", se)):
             if not (math.isfinite(v) and v > 0):
@@ -299,13 +313,15 @@ class Estimator:
         return LayoutsResult(ranked, counts, total, len(idx), analytic)
 
     def lookups(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> dict[str, list[dict]]:
-        """The exact table points the evaluation of ``layouts`` (default: the spec's) looks up."""
+        """The exact table points the evaluation of ``layouts`` (default: the spec's) looks up; the host
+        rows ``ops:*`` of the reference model wherever the evaluation reads them (a serial-dispatch
+        profile, or ``stack="reference"``)."""
         from scaleplan.estimator.lookups import table_points
 
         layouts = layouts or [spec.default_layout()]
         return table_points(geometry(spec.model), plans_from_layouts(layouts, n_devices), spec.data.gbs,
                             spec.data.seqlen, self.profile.gpus_per_node, self.tables.vocab_size,
-                            self.profile.serial_dispatch, spec.optimizer.optimizer_type)
+                            self.model.measured_host, spec.optimizer.optimizer_type)
 
     # -- helpers -------------------------------------------------------------------------------
     def _validate_layout(self, g: Geometry, lo: Layout, n: int, gbs: int, seqlen: int) -> None:

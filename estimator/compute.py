@@ -1,5 +1,5 @@
 """Kernel times of one layer and micro-batch from the measured tables (GEMM, grouped GEMM, SDPA,
-router, element-wise, vocabulary), the optimizer step and a CPU's measured host time. Mixed into
+router, element-wise, vocabulary), the optimizer step and the reference model's measured host time. Mixed into
 :class:`scaleplan.estimator.model.TimeModel`; seconds."""
 from __future__ import annotations
 
@@ -97,14 +97,18 @@ class ComputeModel:
                            np.full(P, INTERPOLATED, dtype=np.int8), ax, val, l, h)
         rec.use("experts", res, sel)
 
-    def _serial_host(self, rec, g, ckc, L_stage, nd0, t_law, T):
-        """Host seconds on a serial-dispatch device: (per micro-batch and stage, per step).
+    def _measured_host(self, rec, g, ckc, L_stage, nd0, t_law, T):
+        """Measured host seconds of the reference model's ops: (per micro-batch and stage, per step),
+        arrays (P,) (sec:iteration-time-model, "Compute versus dispatch", kappa measured).
 
         Per micro-batch: n_moe_stage t_moe(ckpt) + n_dense_stage t_dense(ckpt) + t_microbatch(ckpt),
         the measured host time of the reference model's ops (dispatch rows ``ops:*``: op count kappa
         x seconds per op, bench/suites/model_ops.py); per step the optimizer's ops (step_moe,
         step_dense, step). A checkpoint mode without rows keeps the kernel-count law ``t_law``
-        (labelled analytic). The first stage (dense blocks, embedding) is the one costed.
+        (labelled analytic), as does every plan when the profile has no such rows. The first stage
+        (dense blocks, embedding) is the one costed. Used on a serial-dispatch (CPU) profile, where
+        the caller adds it to the compute, and for the reference stack on a GPU, where it enters
+        the max with the GPU time (:func:`scaleplan.estimator.pipeline.stage_periods`).
         """
         P = rec.P
         tb, prec = self.tb, g.precision

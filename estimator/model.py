@@ -47,7 +47,11 @@ the reference stack's profiler traces (cluster_profiles/*.yaml cite them). Becau
 with the GPU time, it vanishes for large models whose kernels are long (no additive launch term).
 The kernels kappa counts but the model does not cost one by one (copies, casts, router bookkeeping)
 each occupy the GPU at least the measured active time of the smallest chained kernel
-("framework_kernels").
+("framework_kernels"). The law is Megatron's count: for ``stack="reference"`` (scaleplan's own
+reference model, ``scaleplan validate``) and on every serial-dispatch profile, the measured host
+seconds of that model's ops (dispatch rows ``ops:*``) replace it where the profile has them for the
+plan's checkpoint mode (:meth:`ComputeModel._measured_host`); on a GPU they still enter the max
+with the GPU time, on a CPU they add.
 
 **Vocabulary term for PP = 1.** The paper's t_vocab = (n_mb-1) max(t_first, t_last) + t_first
 + t_last assumes the embedding and the LM head sit on different stages. With one stage both run
@@ -79,6 +83,7 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
     KAPPA0_DEFAULT,
     KAPPA1_DEFAULT,
     KERNEL_UNITS,
+    STACKS,
     T_GAP_DEFAULT_S,
     T_HOST_DEFAULT_S,
     DispatchLaw,
@@ -169,17 +174,26 @@ class TimeModel(ComputeModel, CommModel):
             element-wise, vocabulary, optimizer, framework kernels), never collectives or host time:
             an isolated microbenchmark runs with warm caches that a real step does not give it. 1
             unless ``calibrate fit --kind dispatch --from-runs`` fitted it (calibrate/run_scales.py).
+        stack: the software stack whose host dispatch is predicted (:data:`STACKS`): "megatron" (the
+            kernel-count law on a GPU profile; ``ops:*`` rows used only on a serial-dispatch profile)
+            or "reference" (scaleplan's own reference model, ``scaleplan validate``: the measured
+            ``ops:*`` rows on every profile, :meth:`_measured_host`). Raises ValueError otherwise.
     """
 
     def __init__(self, profile: ClusterProfile, tables: Tables, extrapolate: str, dispatch: DispatchLaw,
-                 chi: ChiCoefficients, kernel_scale: float = 1.0):
+                 chi: ChiCoefficients, kernel_scale: float = 1.0, stack: str = "megatron"):
         if extrapolate not in EXTRAPOLATE_MODES:
             raise ValueError(f"extrapolate: got {extrapolate!r}; one of {', '.join(EXTRAPOLATE_MODES)}")
+        if stack not in STACKS:
+            raise ValueError(f"stack: got {stack!r}; one of {', '.join(STACKS)}")
+        self.stack = stack
         self.prof, self.tb, self.mode, self.disp, self.chi_c = profile, tables, extrapolate, dispatch, chi
         self.kernel_scale = float(kernel_scale)
         self._tb_base = tables
         self.gpn = profile.gpus_per_node
         self.serial = bool(getattr(profile, "serial_dispatch", False))
+        # the host time of the reference model's own ops (measured rows) replaces the Megatron law
+        self.measured_host = self.serial or stack == "reference"
         # every framework kernel (counted by kappa, not costed individually) occupies the GPU at least
         # this long: the measured GPU-active time of the smallest chained kernel, else the analytic floor
         self.t_kernel_min = tables.t_kernel_min_s or an.KERNEL_FLOOR_S
@@ -332,7 +346,12 @@ class TimeModel(ComputeModel, CommModel):
         n_fw = units * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
         fw = n_fw * self.t_kernel_min * self.kernel_scale
         rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
-        if self.serial:  # on a CPU these ops are host work: their time is in the dispatch term
+        # on a CPU these ops are host work: their time is in the dispatch term. The reference stack on
+        # a GPU: kappa0 counts Megatron's kernels, not the reference model's, and the ops:* rows hold
+        # host seconds, not kernel counts (their op counts include views that launch nothing), so no
+        # count is charged; each small op's kernel is shorter than its launch, so the host term that
+        # takes the max with the GPU time (stage_periods) already bounds what they add
+        if self.measured_host:
             fw = np.zeros(P)
             rec.mark("framework_kernels", np.zeros(P, np.int8))
         t_moe_layer = moe_lf + moe_lb + rc_moe + fw
@@ -358,8 +377,8 @@ class TimeModel(ComputeModel, CommModel):
         n_moe_stage = L_stage * (g.n_moe / g.L) if moe else 0.0
         t_disp = dispatch_time(self.disp, L_stage, E_loc if moe else 0.0, ckc, n_moe_stage, ep)
         t_step_host = np.zeros(P)
-        if self.serial:
-            t_disp, t_step_host = self._serial_host(rec, g, ckc, L_stage, nd0, t_disp, seqlen * mbs / cp)
+        if self.measured_host:
+            t_disp, t_step_host = self._measured_host(rec, g, ckc, L_stage, nd0, t_disp, seqlen * mbs / cp)
         st = stage_periods(pp, t_stage0 - a2a0, t_other - a2a_o, t_first, t_last_f, t_last_b, t_disp, self.serial,
                            a2a0, a2a_o)
         f_bub = bubble_fraction(pp, vpp, n_mb)
@@ -382,8 +401,10 @@ class TimeModel(ComputeModel, CommModel):
         w_bwd = L_stage * (common_b + moe_b + sh_b if moe else den_lb)
         w_fwd = L_stage * (common_f + moe_f + sh_f if moe else den_lf)
         t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer)
-        t_opt = self.kernel_scale * self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm) \
-            + t_step_host
+        t_opt = self.kernel_scale * self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm)
+        # a CPU runs the step's ops on the host: they add; a GPU's host issues them while the device
+        # runs the earlier ones: the slower of the two
+        t_opt = t_opt + t_step_host if self.serial else np.maximum(t_opt, t_step_host)
 
         comps = {
             "attn_proj": n_mb * L_stage * (attn_f + attn_b + np.where(ckc == 3, attn_f, 0.0)),
