@@ -16,9 +16,13 @@ from scaleplan.bench.config import load_preset, parse_preset
 
 
 def lookups(
-    spec_path: Path, n_devices: int, layouts: list[str] | None, profile: str | None, url: str | None
+    spec_path: Path, n_devices: int, layouts: list[str] | None, profile: str | None, url: str | None,
+    stack: str = "megatron",
 ) -> tuple[dict[str, list[dict[str, Any]]], str]:
-    """(suite -> key dicts, target profile) for a spec on ``n_devices``. Raises SpecError."""
+    """(suite -> key dicts, target profile) for a spec on ``n_devices``. ``stack`` as
+    :class:`scaleplan.estimator.Estimator`'s: "reference" (a ``scaleplan validate`` run) also asks,
+    on a GPU profile, for the reference model's host rows ``ops:*`` of each checkpoint mode.
+    Raises SpecError (also for an unknown stack)."""
     from scaleplan.estimator import Estimator
 
     from scaleplan.db.session import ensure_schema, resolve_url
@@ -29,7 +33,7 @@ def lookups(
     url = resolve_url(url)
     ensure_schema(url)
     parsed = [parse_layout(x) for x in layouts] if layouts else None
-    est = Estimator(profile=prof, db_url=url, extrapolate="clamp")
+    est = Estimator(profile=prof, db_url=url, extrapolate="clamp", stack=stack)
     return est.lookups(spec, n_devices, parsed), prof
 
 

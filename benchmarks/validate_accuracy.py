@@ -99,13 +99,15 @@ def measure_tables(specs: dict[str, Path], url: str) -> None:
 def predict(spec, dp, mbs, ckpt, url, use_calibration=False, calibration_id=None, scales=(None, None)):
     """The estimator's result; by default uncalibrated (chi_sys = 1, default dispatch law), so the
     'before' figure does not depend on calibrations an earlier run left in the DB. ``scales``:
-    (host_scale, kernel_scale) as ``calibrate fit --kind dispatch --from-runs`` fits them."""
+    (host_scale, kernel_scale) as ``calibrate fit --kind dispatch --from-runs`` fits them. The
+    reference stack: these runs train scaleplan's own reference model (as ``scaleplan validate``)."""
     from scaleplan.estimator import Estimator
 
     from scaleplan.specs import Layout
 
     est = Estimator("cpu-local", url, extrapolate="clamp", use_calibration=use_calibration,
-                    calibration_id=calibration_id, host_scale=scales[0], kernel_scale=scales[1])
+                    calibration_id=calibration_id, host_scale=scales[0], kernel_scale=scales[1],
+                    stack="reference")
     return est.estimate(spec, dp, [Layout(mbs=mbs, ckpt=ckpt, dp=dp)])[0]
 
 

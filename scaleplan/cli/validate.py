@@ -115,7 +115,8 @@ def _measure_tables(spec: Path, layouts, nproc: int, profile: str, url, device: 
     if device == "cpu":
         torch.set_num_threads(threads or default_threads(nproc))
     lay = [",".join(f"{k}={v}" for k, v in x.model_dump().items() if v is not None) for x in layouts]
-    points, _ = bplan.lookups(spec, nproc, lay, profile, url)
+    # the reference stack: on a GPU profile too, the host rows ops:* of the model validate trains
+    points, _ = bplan.lookups(spec, nproc, lay, profile, url, stack="reference")
     stderr.print(f"measuring {sum(len(v) for v in points.values())} table points for {profile}", highlight=False)
     from scaleplan.cli.bench import SweepProgress
 

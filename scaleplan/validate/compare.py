@@ -54,7 +54,9 @@ def default_profile(device: str, nproc: int) -> str:
 
 def predict(spec: Spec, layouts: list[Layout], n_devices: int, profile: str, db_url: str | None,
             extrapolate: str = "error") -> tuple[list[dict[str, Any] | None], str | None]:
-    """The estimator's results (as dicts) for ``layouts``, or (Nones, one-line reason) when it cannot."""
+    """The estimator's results (as dicts) for ``layouts``, or (Nones, one-line reason) when it cannot.
+    Predicted with the estimator's reference stack: validate trains scaleplan's own reference model,
+    whose host dispatch the ``ops:*`` rows measure (not Megatron's kernel count)."""
     try:
         from scaleplan.estimator import Estimator
     except ImportError as e:
@@ -62,7 +64,8 @@ def predict(spec: Spec, layouts: list[Layout], n_devices: int, profile: str, db_
     from scaleplan.errors import ScaleplanError
 
     try:
-        res = Estimator(profile, db_url, extrapolate=extrapolate).estimate(spec, n_devices, layouts)
+        est = Estimator(profile, db_url, extrapolate=extrapolate, stack="reference")
+        res = est.estimate(spec, n_devices, layouts)
     except ScaleplanError as e:
         return [None] * len(layouts), str(e)
     return [r.to_dict() for r in res], None
