@@ -71,7 +71,7 @@ Predictor = Callable[[Sequence[Observed]], list[Prediction]]
 
 def estimator_predictor(profile: str, db_url: str | None, extrapolate: str = "clamp",
                         host_scale: float | None = None, use_calibration: bool = True,
-                        kernel_scale: float | None = None) -> Predictor:
+                        kernel_scale: float | None = None, stack: str = "megatron") -> Predictor:
     """A :data:`Predictor` backed by ``scaleplan.estimator.Estimator``: the chi = 1 step time.
 
     The analytic time is ``t_analytic_s`` (chi_sys = 1, eq:cal-iter) evaluated under the dispatch
@@ -81,14 +81,14 @@ def estimator_predictor(profile: str, db_url: str | None, extrapolate: str = "cl
     ``estimate`` call per group. Raises ScaleplanError (e.g. OutOfRangeError with
     extrapolate='error') naming the sweep. ``host_scale`` / ``kernel_scale`` override the fitted
     runtime scales (see :mod:`scaleplan.calibrate.run_scales`); ``use_calibration`` False ignores
-    stored rows.
+    stored rows; ``stack`` as the Estimator's ("reference" for runs of scaleplan's own model).
     """
     from scaleplan.estimator import Estimator
 
     from scaleplan.specs import Layout, parse_spec
 
     est = Estimator(profile=profile, db_url=db_url, extrapolate=extrapolate, use_calibration=use_calibration,
-                    host_scale=host_scale, kernel_scale=kernel_scale)
+                    host_scale=host_scale, kernel_scale=kernel_scale, stack=stack)
 
     def predict(obs: Sequence[Observed]) -> list[Prediction]:
         groups: dict[tuple[str, int], list[int]] = {}

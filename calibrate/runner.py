@@ -133,6 +133,24 @@ def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bo
     return out
 
 
+def _stack_predictor(profile, url, extrapolate, host_scale, use_calibration, kernel_scale) -> Predictor:
+    """:func:`estimator_predictor` with each run's software stack: a ``scaleplan validate`` run (source
+    'validate') trained scaleplan's own reference model, predicted with stack 'reference' (its
+    measured host dispatch, the ops:* rows); every other run (Megatron sweeps) with 'megatron'."""
+    def predict(obs):
+        out = [None] * len(obs)
+        for stack in ("megatron", "reference"):
+            idx = [i for i, o in enumerate(obs) if (o.source == "validate") == (stack == "reference")]
+            if idx:
+                ps = estimator_predictor(profile, url, extrapolate, host_scale, use_calibration,
+                                         kernel_scale=kernel_scale, stack=stack)([obs[i] for i in idx])
+                for i, p in zip(idx, ps):
+                    out[i] = p
+        return out
+
+    return predict
+
+
 def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[str] | None = None,
                          sources: list[str] | None = None, extrapolate: str = "clamp", save: bool = True,
                          use_calibration: bool = True) -> dict[str, Any]:
@@ -140,20 +158,22 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
     'dispatch' version = the law in force (newest dispatch calibration's coefficients) + both scales.
 
     See :mod:`scaleplan.calibrate.run_scales`. ``use_calibration`` False fits on the uncalibrated
-    law (benchmarks' LOO). Raises ScaleplanError: no runs, none absolute, nothing identifiable.
+    law (benchmarks' LOO). Runs of ``scaleplan validate`` are predicted with the estimator's
+    reference stack, the others with Megatron's (:func:`_stack_predictor`).
+    Raises ScaleplanError: no runs, none absolute, nothing identifiable.
     """
     from scaleplan.db import session as dbs
 
     obs = _observations(url, profile, sweeps, sources)
-    obs, preds, skipped = usable(obs, estimator_predictor(profile, url, extrapolate, 1.0, use_calibration,
-                                                          kernel_scale=1.0)(obs))
+    predictor = _stack_predictor(profile, url, extrapolate, 1.0, use_calibration, 1.0)
+    obs, preds, skipped = usable(obs, predictor(obs))
     idx, t_meas = absolute_times(obs, preds)
     obs = [obs[i] for i in idx]
     cache: dict[tuple[float, float], np.ndarray] = {}
 
     def t_of_scales(s_h: float, s_k: float) -> np.ndarray:
         if (s_h, s_k) not in cache:
-            ps = estimator_predictor(profile, url, extrapolate, s_h, use_calibration, kernel_scale=s_k)(obs)
+            ps = _stack_predictor(profile, url, extrapolate, s_h, use_calibration, s_k)(obs)
             cache[(s_h, s_k)] = np.array([p.t_analytic_s for p in ps])
         return cache[(s_h, s_k)]
 
