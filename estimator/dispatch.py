@@ -1,7 +1,12 @@
 """The CPU dispatch law (sec:iteration-time-model): t_disp = L_stage kappa(E_loc) t_gap + t_host,
 plus the per-MoE-layer host cost of the EP token path. Constants and the law; the precedence of
 its sources (defaults < profile < measured dispatch rows < calibration) is in
-:meth:`scaleplan.estimator.api.Estimator._calibration`."""
+:meth:`scaleplan.estimator.api.Estimator._calibration`. The law counts Megatron-Core's kernels: on a
+serial-dispatch (CPU) profile, and for ``stack="reference"`` (scaleplan's own reference model) on any
+profile, the measured host seconds of that model's ops (dispatch rows ``ops:*``) take precedence
+over the whole law for each checkpoint mode they cover
+(:meth:`scaleplan.estimator.compute.ComputeModel._measured_host`); a 'dispatch' calibration's
+host_scale still scales them. Seconds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
