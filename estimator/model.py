@@ -398,8 +398,12 @@ class TimeModel(ComputeModel, CommModel):
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
         # behind the last micro-batch's compute, not behind the EP all-to-all: that uses the same
         # links (the NIC once either group leaves the node), so the window excludes its exposed part
-        w_bwd = L_stage * (common_b + moe_b + sh_b if moe else den_lb)
-        w_fwd = L_stage * (common_f + moe_f + sh_f if moe else den_lf)
+        # The window is the wall time of that pass, not its GPU time alone: a dispatch-bound pass lasts as
+        # long as the host takes to issue it (its share of t_disp, in the checkpoint mode's kernel units:
+        # forward 1, backward with its recompute the rest), and the NCCL stream runs meanwhile
+        share_f = 1.0 / KERNEL_UNITS[ckc]
+        w_bwd = np.maximum(L_stage * (common_b + moe_b + sh_b if moe else den_lb), (1 - share_f) * t_disp)
+        w_fwd = np.maximum(L_stage * (common_f + moe_f + sh_f if moe else den_lf), share_f * t_disp)
         t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer)
         t_opt = self.kernel_scale * self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm)
         # a CPU runs the step's ops on the host: they add; a GPU's host issues them while the device
