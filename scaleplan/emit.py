@@ -16,9 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import SpecError
-from scaleplan.specs import Layout, ModelBlock, Spec, parse_spec
-
-LAYOUT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt")
+from scaleplan.specs import LAYOUT_FIELDS, Layout, ModelBlock, Spec, parse_spec
 
 
 def geometry_dict(m: ModelBlock) -> dict[str, Any]:
@@ -70,7 +68,7 @@ def spec_document(model: ModelBlock, layout: dict[str, Any] | Layout, *, gbs: in
         "optimizer": {"optimizer_type": optimizer},
         "data": {"gbs": int(gbs), "seqlen": int(seqlen), "microbatch_sz": lo["mbs"]},
         "hardware": {"node_type": node_type},
-        "parallelism": {k: lo[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp")},
+        "parallelism": {k: lo[k] for k in LAYOUT_FIELDS if k not in ("mbs", "ckpt")},
     }
     parse_spec(doc, source="emitted spec")  # a written spec must load: fail here, not in the user's estimate
     return doc
@@ -211,13 +209,11 @@ def ladder_model_of(row: dict[str, Any], grid) -> ModelBlock:
 
 
 def add_geometry(row: dict[str, Any] | None, grid) -> None:
-    """Give a search candidate row its full ``geometry`` and a complete layout (the search fixes etp = vpp = 1:
-    its PlanConstraints leave both at their default (1,))."""
+    """Give a search candidate row its full ``geometry`` (its layout is complete: the search writes every
+    field of :data:`scaleplan.specs.LAYOUT_FIELDS`)."""
     if not row:
         return
     row["geometry"] = geometry_dict(ladder_model_of(row, grid))
-    row["layout"].setdefault("etp", 1)
-    row["layout"].setdefault("vpp", 1)
 
 
 def search_spec(row: dict[str, Any], grid, *, gbs: int, seqlen: int, optimizer: str, node_type: str,

@@ -29,9 +29,9 @@ from scaleplan.errors import SpecError
 from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries, geometry_model
 from scaleplan.mosaic.law import PAPER_JOINT_LAW, PAPER_SUPPORT, JointLaw, LawSupport
 from scaleplan.mosaic.uncertainty import candidate_fields
+from scaleplan.specs import LAYOUT_FIELDS
 
 SECONDS_PER_DAY = 86400.0
-LAYOUT_KEYS = ("tp", "cp", "pp", "ep", "dp", "mbs", "ckpt")
 PAPER_TPP = (40.0, 150.0)
 
 
@@ -66,7 +66,7 @@ def _plan_row(est, model, n_devices: int, env: Envelope, constraints) -> dict:
         return {"plan_ok": False}
     lay = res.layout
     return {"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu,
-            "composed_share": res.composed_share, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_KEYS},
+            "composed_share": res.composed_share, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_FIELDS},
             "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic"))}
 
 
@@ -123,8 +123,8 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
         for mdl in models:
             rows.append(_plan_row(est, mdl, n_devices, env, constraints))
             step(1)
-    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_KEYS, "analytic"]
-    ints = {k: "Int64" for k in LAYOUT_KEYS if k != "ckpt"}
+    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "analytic"]
+    ints = {k: "Int64" for k in LAYOUT_FIELDS if k != "ckpt"}
     return pd.DataFrame(rows, columns=cols).astype({"plan_ok": bool, **ints})
 
 
@@ -174,7 +174,7 @@ def row_json(r) -> dict:
             "composed_share": float(r["composed_share"]), "loss": float(r["loss"]),
             "tpp_capped": bool(r["tpp_capped"]), "tokens_per_s": float(r["tokens_per_s"]),
             "mem_per_device_gb": float(r["mem_gb"]),
-            "layout": {k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_KEYS},
+            "layout": {k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_FIELDS},
             "extrapolated": extrapolated(r), **(candidate_fields(r) if "p_optimal" in r else {})}
 
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import SpecError
-
-LAYOUT_FIELDS = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt")
+from scaleplan.specs import LAYOUT_FIELDS
 
 
 def read_search(path: Path) -> dict:

@@ -19,6 +19,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from scaleplan.specs import LAYOUT_FIELDS
+
 KINDS = ("search", "layouts", "calibrate", "validate")
 # the paper's result-table columns (tab:results), as `scaleplan search` prints them
 RESULT_COLS = ("L", "E", "K", "G", "N_act (B)", "N_tot (B)", "S", "TPP", "D (T)", "MFU (%)", "Loss", "pp", "ep",
@@ -39,8 +41,7 @@ def _num(x: Any, fmt: str = "{:.4g}") -> str:
 def _layout_text(lay: dict[str, Any] | None) -> str:
     if not lay:
         return "-"
-    keys = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs")
-    return " ".join(f"{k}={lay[k]}" for k in keys if k in lay) + f" {lay.get('ckpt', '')}"
+    return " ".join(f"{k}={lay[k]}" for k in LAYOUT_FIELDS if k != "ckpt" and k in lay) + f" {lay.get('ckpt', '')}"
 
 
 def result_row(r: dict[str, Any]) -> list[str]:
@@ -255,13 +256,13 @@ def _search_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, 
 
 def _layouts_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, Any]]) -> None:
     tables.append(_table("Model geometry", [c for c, _ in GEOM_COLS], [geometry_row(d.get("geometry"))]))
-    cols = ("#", "tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt", "MFU %", "HFU %", "t_iter s", "mem GB",
+    cols = ("#", *LAYOUT_FIELDS, "MFU %", "HFU %", "t_iter s", "mem GB",
             "chi_sys", "composed")
     rows = []
     for i, r in enumerate(d.get("ranked") or []):
         lay = r["layout"]
-        rows.append([str(i + 1), *(str(lay[k]) for k in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs")),
-                     lay["ckpt"], _num(100 * r["mfu"], "{:.2f}"), _num(100 * r["hfu"], "{:.2f}"),
+        rows.append([str(i + 1), *(str(lay[k]) for k in LAYOUT_FIELDS),
+                     _num(100 * r["mfu"], "{:.2f}"), _num(100 * r["hfu"], "{:.2f}"),
                      _num(r["t_iter_s"], "{:.3f}"), _num(r["mem_per_device_gb"], "{:.1f}"), _num(r["chi_sys"], "{:.3f}"),
                      _num(100 * r.get("composed_share", 0.0), "{:.0f}%")])
     tables.append(_table("Ranked layouts (click a column to sort)", cols, rows, sortable=True))

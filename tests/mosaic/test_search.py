@@ -69,7 +69,8 @@ def test_dstar_tpp_limits_and_exact_optimum():
     b = res.best
     assert (b.q, b.n_experts, b.topk, b.g) == best_key and b.loss == pytest.approx(best_loss)
     j = res.to_json(top=3)
-    assert j["best"]["layout"] == {"tp": 1, "cp": 1, "pp": 4, "ep": 8, "dp": 16, "mbs": 2, "ckpt": "selective"}
+    assert j["best"]["layout"] == {"tp": 1, "cp": 1, "pp": 4, "ep": 8, "dp": 16, "etp": 1, "vpp": 1, "mbs": 2,
+                                   "ckpt": "selective"}
     assert [x["loss"] for x in j["top"]] == sorted(x["loss"] for x in j["top"])
     assert j["n_feasible"] == int(t.feasible.sum()) and j["n_candidates"] == len(t)
     assert j["analytic_components"] == ["dp_comm"]
