@@ -51,7 +51,7 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
     from scaleplan.db import session as dbs
 
     obs = _observations(url, profile, sweeps, sources)
-    predictor = predictor or estimator_predictor(profile, url, extrapolate)
+    predictor = predictor or _stack_predictor(profile, url, extrapolate, None, True, None)
     obs, preds, skipped = usable(obs, predictor(obs))
     bases = bases_for(obs, mode)
     d = chi_data(obs, preds, bases)
@@ -238,7 +238,8 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
     fixed = inputs.get("fixed") or None
     prior = inputs.get("prior") or None
     obs = _observations(url, profile, sweeps)
-    obs, preds, skipped = usable(obs, (predictor or estimator_predictor(profile, url, extrapolate))(obs))
+    predictor = predictor or _stack_predictor(profile, url, extrapolate, None, True, None)
+    obs, preds, skipped = usable(obs, predictor(obs))
     bases = bases_for(obs, mode)
     rows, arrays = sweep_report(obs, preds, bases, coeffs, mode, fixed, prior)
     out = {"calibration_id": info["id"] if info else None, "coefficients": coeffs, "sweeps": rows,
