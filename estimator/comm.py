@@ -159,6 +159,8 @@ class CommModel:
         reduce-scatter), and after the step the owners broadcast the updated bf16 parameters, which
         nothing overlaps.
         On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
+        ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of the first
+        forward / last backward of the stage, which a dispatch-bound pass sets by its host issue time.
         """
         out = np.zeros(len(pl))
         ortho = optimizer in ORTHO_OPTIMIZERS

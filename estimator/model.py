@@ -396,8 +396,8 @@ class TimeModel(ComputeModel, CommModel):
         t_pp = np.where(pp > 1, 2 * (vpp * n_mb + pp - 1) * t_p2p, 0.0)
 
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
-        # behind the last micro-batch's compute, not behind the EP all-to-all: that uses the same
-        # links (the NIC once either group leaves the node), so the window excludes its exposed part
+        # behind the last micro-batch's backward (and the first forward), not behind the EP all-to-all: that
+        # uses the same links (the NIC once either group leaves the node), so the window excludes its exposed part.
         # The window is the wall time of that pass, not its GPU time alone: a dispatch-bound pass lasts as
         # long as the host takes to issue it (its share of t_disp, in the checkpoint mode's kernel units:
         # forward 1, backward with its recompute the rest), and the NCCL stream runs meanwhile
