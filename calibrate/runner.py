@@ -51,7 +51,7 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
     from scaleplan.db import session as dbs
 
     obs = _observations(url, profile, sweeps, sources)
-    predictor = predictor or _stack_predictor(profile, url, extrapolate, None, True, None)
+    predictor = predictor or _stack_predictor(profile, url, extrapolate)
     obs, preds, skipped = usable(obs, predictor(obs))
     bases = bases_for(obs, mode)
     d = chi_data(obs, preds, bases)
@@ -133,19 +133,20 @@ def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bo
     return out
 
 
-def _stack_predictor(profile, url, extrapolate, host_scale, use_calibration, kernel_scale) -> Predictor:
+def _stack_predictor(profile, url, extrapolate, host_scale=None, use_calibration=True,
+                     kernel_scale=None) -> Predictor:
     """:func:`estimator_predictor` with each run's software stack: a ``scaleplan validate`` run (source
     'validate') trained scaleplan's own reference model, predicted with stack 'reference' (its
     measured host dispatch, the ops:* rows); every other run (Megatron sweeps) with 'megatron'."""
     def predict(obs):
         out = [None] * len(obs)
-        for stack in ("megatron", "reference"):
-            idx = [i for i, o in enumerate(obs) if (o.source == "validate") == (stack == "reference")]
-            if idx:
-                ps = estimator_predictor(profile, url, extrapolate, host_scale, use_calibration,
-                                         kernel_scale=kernel_scale, stack=stack)([obs[i] for i in idx])
-                for i, p in zip(idx, ps):
-                    out[i] = p
+        stacks = ["reference" if o.source == "validate" else "megatron" for o in obs]
+        for stack in sorted(set(stacks)):
+            idx = [i for i, s in enumerate(stacks) if s == stack]
+            ps = estimator_predictor(profile, url, extrapolate, host_scale, use_calibration,
+                                     kernel_scale=kernel_scale, stack=stack)([obs[i] for i in idx])
+            for i, p in zip(idx, ps):
+                out[i] = p
         return out
 
     return predict
@@ -238,7 +239,7 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
     fixed = inputs.get("fixed") or None
     prior = inputs.get("prior") or None
     obs = _observations(url, profile, sweeps)
-    predictor = predictor or _stack_predictor(profile, url, extrapolate, None, True, None)
+    predictor = predictor or _stack_predictor(profile, url, extrapolate)
     obs, preds, skipped = usable(obs, predictor(obs))
     bases = bases_for(obs, mode)
     rows, arrays = sweep_report(obs, preds, bases, coeffs, mode, fixed, prior)

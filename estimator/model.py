@@ -186,7 +186,6 @@ class TimeModel(ComputeModel, CommModel):
             raise ValueError(f"extrapolate: got {extrapolate!r}; one of {', '.join(EXTRAPOLATE_MODES)}")
         if stack not in STACKS:
             raise ValueError(f"stack: got {stack!r}; one of {', '.join(STACKS)}")
-        self.stack = stack
         self.prof, self.tb, self.mode, self.disp, self.chi_c = profile, tables, extrapolate, dispatch, chi
         self.kernel_scale = float(kernel_scale)
         self._tb_base = tables
@@ -341,19 +340,19 @@ class TimeModel(ComputeModel, CommModel):
                            [moe_lf, sd_f + ew_f + (perm if moe else 0.0), sd_f], 0.0)
         rc_den = np.select([ckc == 3, ckc == 2, ckc == 1], [den_lf, sd_f + ew_f, sd_f], 0.0)
         # framework kernels (permutation copies, casts, router bookkeeping, bias-adds...) counted in
-        # kappa0 but not costed above: each occupies the GPU for at least t_kernel_min
-        units = KERNEL_UNITS[ckc]
-        n_fw = units * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
-        fw = n_fw * self.t_kernel_min * self.kernel_scale
-        rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
-        # on a CPU these ops are host work: their time is in the dispatch term. The reference stack on
-        # a GPU: kappa0 counts Megatron's kernels, not the reference model's, and the ops:* rows hold
-        # host seconds, not kernel counts (their op counts include views that launch nothing), so no
-        # count is charged; each small op's kernel is shorter than its launch, so the host term that
+        # kappa0 but not costed above: each occupies the GPU for at least t_kernel_min.
+        # With measured host rows none is charged: on a CPU these ops are host work (in the dispatch
+        # term); for the reference stack on a GPU, kappa0 counts Megatron's kernels, not the reference
+        # model's, and the ops:* rows hold host seconds, not kernel counts (their op counts include views
+        # that launch nothing); each small op's kernel is shorter than its launch, so the host term that
         # takes the max with the GPU time (stage_periods) already bounds what they add
         if self.measured_host:
             fw = np.zeros(P)
             rec.mark("framework_kernels", np.zeros(P, np.int8))
+        else:
+            n_fw = KERNEL_UNITS[ckc] * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
+            fw = n_fw * self.t_kernel_min * self.kernel_scale
+            rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
         t_moe_layer = moe_lf + moe_lb + rc_moe + fw
         t_den_layer = den_lf + den_lb + rc_den + fw
 
