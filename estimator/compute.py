@@ -196,9 +196,13 @@ class ComputeModel:
         muon/scion: momentum update (18 bytes/param) plus 5 Newton-Schulz iterations per weight
         matrix, ~5 (4 m^2 n + 2 m^3) FLOPs for an m x n matrix (m <= n), at half the GEMM peak.
         Megatron-Core runs them under its layer-wise distributed optimizer
-        (``LayerWiseDistributedOptimizer``: each DP rank owns whole weight matrices, orthogonalises
-        only those and all-gathers the updated parameters), so the step is sharded over DP like
-        Adam's, at matrix granularity.
+        (``--optimizer dist_muon``, ``LayerWiseDistributedOptimizer``: each DP rank owns whole weight
+        matrices, orthogonalises only those and all-gathers the updated parameters), so the step is
+        sharded over DP like Adam's, at matrix granularity. Why not plain ``--optimizer muon``, which
+        replicates the state and the step on every DP rank (and which the paper's estimator charges,
+        0.18-0.72 s on the 5.4B sweep): its measured pp=1 ep=8 layout would then need ~19e9 local
+        parameters x 14 bytes, beyond a B200, so those runs sharded the state
+        (tests/estimator/test_muon_sharding.py). ``scaleplan emit`` writes ``dist_muon``.
         """
         rec.mark("optimizer", ANALYTIC)
         L_stage = g.L / pp

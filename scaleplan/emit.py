@@ -106,7 +106,10 @@ _RECOMPUTE = {
                         "moe_act"],
     "full": ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
 }
-_OPTIMIZER = {"adam": "adam", "adamw": "adam", "sgd": "sgd", "muon": "muon", "scion": None}
+# muon -> dist_muon: Megatron-Core's layer-wise distributed optimizer (LayerWiseDistributedOptimizer), which
+# shards whole weight matrices over DP - the optimizer the estimator models (estimator.compute._optimizer).
+# Plain --optimizer muon keeps every matrix's state and Newton-Schulz step on every DP rank.
+_OPTIMIZER = {"adam": "adam", "adamw": "adam", "sgd": "sgd", "muon": "dist_muon", "scion": None}
 
 
 def megatron_optimizer(name: str, field: str = "optimizer.optimizer_type") -> str:
@@ -162,7 +165,7 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout) -> list[list[str]
         out.append(_RECOMPUTE[lo["ckpt"]])
     opt = megatron_optimizer(spec.optimizer.optimizer_type)
     out.append(["--optimizer", opt])
-    if opt == "adam":  # Muon/SGD run without it (the estimator models the same, see estimator/api.py)
+    if opt == "adam":  # dist_muon shards on its own and wants the distributed-optimizer options off
         out.append(["--use-distributed-optimizer"])
     out.append(["--cross-entropy-loss-fusion"])
     return out
