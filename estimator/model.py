@@ -62,6 +62,7 @@ Units: seconds, bytes, FLOP/s. Arrays: one element per plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 from scaleplan.estimator import analytic as an
@@ -158,6 +159,42 @@ class Evaluation:
     warnings: list[str] = field(default_factory=list)
     notes: dict[str, np.ndarray] = field(default_factory=dict)  # message -> bool mask over plans
     composed_share: np.ndarray | None = None  # fraction of t_analytic from composed lookups
+
+
+@dataclass
+class _PlanVars:
+    """One :meth:`TimeModel.evaluate` call's plans as float arrays (the layout fields but ckpt), their
+    checkpoint codes (CKPT_CODES) and n_mb = G / (DP B_micro)."""
+
+    tp: np.ndarray
+    cp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    vpp: np.ndarray
+    mbs: np.ndarray
+    ckc: np.ndarray
+    n_mb: np.ndarray
+
+
+@dataclass
+class _Stages:
+    """Per-layer totals and per-stage compute, seconds per micro-batch (arrays over plans)."""
+
+    common_f: np.ndarray  # one layer's attention, SDPA, element-wise, TP and CP comm, forward
+    common_b: np.ndarray  # the same, backward
+    den_lf: np.ndarray    # one dense layer, forward
+    den_lb: np.ndarray    # one dense layer, backward
+    fw: np.ndarray        # one layer's framework kernels (fwd + bwd + recompute)
+    L_stage: np.ndarray   # layers per stage, L / PP
+    nd0: np.ndarray       # dense layers on the first stage
+    t_stage0: np.ndarray  # the first stage's layers
+    t_other: np.ndarray   # another stage's layers (0 where PP = 1)
+    a2a0: np.ndarray      # the exposed all-to-all wire time inside t_stage0
+    a2a_o: np.ndarray     # the exposed all-to-all wire time inside t_other
+    t_cmp: np.ndarray     # the slowest stage's, max(t_stage0, t_other)
+    n_m: np.ndarray | float  # MoE layers on the slowest stage (0.0 for a dense model)
 
 
 
@@ -306,14 +343,46 @@ class TimeModel(ComputeModel, CommModel):
         P = len(pl)
         rec = Recorder(P, self.mode)
         self.tb = self._tb_base.view(g.precision)  # the spec's precision's GEMM/grouped/vocab rows
-        prof = self.prof
-        peak = prof.peak(g.precision)
-        hbm = prof.hbm_bandwidth
-        b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
         tp, cp, pp, dp, ep, etp, vpp, mbs = (getattr(pl, f).astype(float) for f in LAYOUT_FIELDS[:-1])
         ckc = pl.ckpt
         n_mb = gbs / (dp * mbs)
-        moe = g.is_moe
+        v = _PlanVars(tp, cp, pp, dp, ep, etp, vpp, mbs, ckc, n_mb)
+        k = self._kernels_by_plan(g, pl, seqlen, rec)
+        s = self._stages(g, k, v, rec)
+        t_disp, t_step_host, st, t_bubble, t_vocab = self._pipeline_terms(g, k, s, v, seqlen, rec)
+        t_pp = self._pp_p2p(rec, g, k, v)
+        t_dp, t_opt = self._dp_and_optimizer(rec, g, pl, k, s, v, t_disp, t_step_host, optimizer)
+
+        comps = self._compute_components(g, k, s, v)
+        comps["dispatch_floor"] = n_mb * (st.period_disp - s.t_cmp)
+        comps["bubble"] = t_bubble
+        comps["vocab"] = t_vocab
+        comps["pp_p2p"] = t_pp
+        comps["dp_comm"] = t_dp
+        comps["bias_sync"] = self._bias_sync(rec, g, tp, cp, pp, dp)
+        comps["optimizer"] = t_opt
+        if not self.serial:
+            rec.mark("dispatch_floor", 0)
+        rec.mark("bubble", rec.src.get("dispatch_floor", 0))
+        t_an = sum(comps.values())
+        # the share of the predicted time whose component read a composed (out-of-range) lookup
+        composed_share = sum(np.where(rec.src.get(name, 0) == COMPOSED, t, 0.0) for name, t in comps.items()) / t_an
+
+        # eq:desync, with the placement features of Megatron's rank order (desync_features)
+        ep_nodes, pp_hops, deep = desync_features(tp, cp, pp, dp, ep, self.gpn)
+        pp_nodes = pp_hops + 1
+        rc = np.where(ckc == 3, 1.0, 0.0)
+        t_a2a_wire = n_mb * s.n_m * (k.a2a_f * (1 + rc) + k.a2a_b) if g.is_moe else np.zeros(P)
+        chi = chi_sys(self.chi_c, t_a2a_wire, t_an, ep_nodes, pp_hops, deep)
+        t_iter = chi * t_an
+        mfu, mfu_val, hfu = self._utilization(g, v, gbs, seqlen, t_iter)
+        return Evaluation(pl, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
+                          pp_nodes.astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
+                          rec.notes, composed_share)
+
+    # -- evaluate's steps, in the order it runs them ---------------------------------------------
+    def _kernels_by_plan(self, g: Geometry, pl: Plans, seqlen: int, rec: Recorder) -> SimpleNamespace:
+        """:meth:`_kernels` for every plan of ``pl``, as attributes (arrays of length P)."""
         # kernel times depend on (TP, CP, EP, ETP, B_micro) only: evaluate each distinct tuple once
         code = (((pl.tp * 4096 + pl.cp) * 4096 + pl.ep) * 64 + pl.etp) * 4096 + pl.mbs
         _, first, inv = np.unique(code, return_index=True, return_inverse=True)
@@ -321,26 +390,14 @@ class TimeModel(ComputeModel, CommModel):
         rec_u = Recorder(len(first), self.mode)
         K = {k: v[inv] for k, v in self._kernels(g, pl.take(first), seqlen, rec_u).items()}
         rec.absorb(rec_u, inv)
-        (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b, dense_f, dense_b, moe_f, moe_b, a2a_f, a2a_b, sh_f, sh_b, E_loc,
-         rg_f, rg_b, tk_f, tk_b, perm, ex_f, ex_b, tp_f, tp_b, cp_f, cp_b, t_first, t_last, t_last_f, t_last_b, T,
-         Tsp) = (
-            K[k] for k in ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b",
-                           "a2a_f", "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm",
-                           "ex_f", "ex_b", "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "t_last_f",
-                           "t_last_b", "T", "Tsp"))
+        return SimpleNamespace(**K)
 
-        # per-layer totals (shared expert overlapped with the routed all-to-all: max of the two)
-        common_f = attn_f + sd_f + ew_f + tp_f + cp_f
-        common_b = attn_b + sd_b + ew_b + tp_b + cp_b
-        moe_lf = common_f + moe_f + np.maximum(sh_f, a2a_f)
-        moe_lb = common_b + moe_b + np.maximum(sh_b, a2a_b)
-        den_lf = common_f + dense_f
-        den_lb = common_b + dense_b
-        rc_moe = np.select([ckc == 3, ckc == 2, ckc == 1],
-                           [moe_lf, sd_f + ew_f + (perm if moe else 0.0), sd_f], 0.0)
-        rc_den = np.select([ckc == 3, ckc == 2, ckc == 1], [den_lf, sd_f + ew_f, sd_f], 0.0)
+    def _framework_kernels(self, rec: Recorder, ckc: np.ndarray) -> np.ndarray:
+        """Seconds per layer and micro-batch (fwd + bwd + recompute) of the kernels kappa0 counts
+        but :meth:`_kernels` does not cost; zero where measured host rows are used."""
+        P = len(ckc)
         # framework kernels (permutation copies, casts, router bookkeeping, bias-adds...) counted in
-        # kappa0 but not costed above: each occupies the GPU for at least t_kernel_min.
+        # kappa0 but not costed by _kernels: each occupies the GPU for at least t_kernel_min.
         # With measured host rows none is charged: on a CPU these ops are host work (in the dispatch
         # term); for the reference stack on a GPU, kappa0 counts Megatron's kernels, not the reference
         # model's, and the ops:* rows hold host seconds, not kernel counts (their op counts include views
@@ -353,6 +410,24 @@ class TimeModel(ComputeModel, CommModel):
             n_fw = KERNEL_UNITS[ckc] * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
             fw = n_fw * self.t_kernel_min * self.kernel_scale
             rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
+        return fw
+
+    def _stages(self, g: Geometry, k: SimpleNamespace, v: _PlanVars, rec: Recorder) -> _Stages:
+        """Per-layer totals (fwd, bwd, recompute, framework kernels) and each pipeline stage's
+        compute per micro-batch, with the all-to-all wire time the shared expert leaves exposed."""
+        pp, ckc = v.pp, v.ckc
+        moe = g.is_moe
+        # per-layer totals (shared expert overlapped with the routed all-to-all: max of the two)
+        common_f = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f
+        common_b = k.attn_b + k.sd_b + k.ew_b + k.tp_b + k.cp_b
+        moe_lf = common_f + k.moe_f + np.maximum(k.sh_f, k.a2a_f)
+        moe_lb = common_b + k.moe_b + np.maximum(k.sh_b, k.a2a_b)
+        den_lf = common_f + k.dense_f
+        den_lb = common_b + k.dense_b
+        rc_moe = np.select([ckc == 3, ckc == 2, ckc == 1],
+                           [moe_lf, k.sd_f + k.ew_f + (k.perm if moe else 0.0), k.sd_f], 0.0)
+        rc_den = np.select([ckc == 3, ckc == 2, ckc == 1], [den_lf, k.sd_f + k.ew_f, k.sd_f], 0.0)
+        fw = self._framework_kernels(rec, ckc)
         t_moe_layer = moe_lf + moe_lb + rc_moe + fw
         t_den_layer = den_lf + den_lb + rc_den + fw
 
@@ -360,7 +435,7 @@ class TimeModel(ComputeModel, CommModel):
         nd0 = np.minimum(g.n_dense, L_stage)  # dense blocks sit on the first stage
         # the all-to-all wire time the shared expert does not cover, per MoE layer (fwd, bwd, recompute)
         rc1 = np.where(ckc == 3, 1.0, 0.0)
-        a2a_x = (np.maximum(sh_f, a2a_f) - sh_f) * (1 + rc1) + np.maximum(sh_b, a2a_b) - sh_b
+        a2a_x = (np.maximum(k.sh_f, k.a2a_f) - k.sh_f) * (1 + rc1) + np.maximum(k.sh_b, k.a2a_b) - k.sh_b
         if moe:
             t_stage0 = nd0 * t_den_layer + (L_stage - nd0) * t_moe_layer
             t_other = np.where(pp > 1, L_stage * t_moe_layer, 0.0)
@@ -368,32 +443,57 @@ class TimeModel(ComputeModel, CommModel):
         else:
             t_stage0 = L_stage * t_den_layer
             t_other = np.where(pp > 1, t_stage0, 0.0)
-            a2a0 = a2a_o = np.zeros(P)
+            a2a0 = a2a_o = np.zeros(len(pp))
         t_cmp = np.maximum(t_stage0, t_other)
+        # the MoE layers of the slowest stage, whose compute the components attribute
+        n_m = L_stage - np.where(t_stage0 >= t_other, nd0, 0.0) if moe else 0.0
+        return _Stages(common_f, common_b, den_lf, den_lb, fw, L_stage, nd0, t_stage0, t_other, a2a0, a2a_o,
+                       t_cmp, n_m)
 
+    def _pipeline_terms(self, g: Geometry, k: SimpleNamespace, s: _Stages, v: _PlanVars, seqlen: int,
+                        rec: Recorder) -> tuple[np.ndarray, np.ndarray, StagePeriods, np.ndarray, np.ndarray]:
+        """Host dispatch and the 1F1B pipeline (module docstring). Returns t_disp (seconds per stage and
+        micro-batch), t_step_host (the optimizer step's host seconds), the stage periods, and the
+        iteration's t_bubble and t_vocab (seconds)."""
+        pp, vpp, ep, cp, mbs, ckc, n_mb = v.pp, v.vpp, v.ep, v.cp, v.mbs, v.ckc, v.n_mb
+        moe = g.is_moe
+        L_stage = s.L_stage
         # CPU dispatch per stage and micro-batch (kernels x gap + host); the GPU of each stage runs
         # its layers plus its vocabulary work, and t_mb = max(GPU, CPU) per stage (self-limiting)
         n_moe_stage = L_stage * (g.n_moe / g.L) if moe else 0.0
-        t_disp = dispatch_time(self.disp, L_stage, E_loc if moe else 0.0, ckc, n_moe_stage, ep)
-        t_step_host = np.zeros(P)
+        t_disp = dispatch_time(self.disp, L_stage, k.E_loc if moe else 0.0, ckc, n_moe_stage, ep)
+        t_step_host = np.zeros(len(pp))
         if self.measured_host:
-            t_disp, t_step_host = self._measured_host(rec, g, ckc, L_stage, nd0, t_disp, seqlen * mbs / cp)
-        st = stage_periods(pp, t_stage0 - a2a0, t_other - a2a_o, t_first, t_last_f, t_last_b, t_disp, self.serial,
-                           a2a0, a2a_o)
+            t_disp, t_step_host = self._measured_host(rec, g, ckc, L_stage, s.nd0, t_disp, seqlen * mbs / cp)
+        st = stage_periods(pp, s.t_stage0 - s.a2a0, s.t_other - s.a2a_o, k.t_first, k.t_last_f, k.t_last_b, t_disp,
+                           self.serial, s.a2a0, s.a2a_o)
         f_bub = bubble_fraction(pp, vpp, n_mb)
-        t_pipe = pipeline_time(n_mb, pp, vpp, st.period, t_first, t_last)
+        t_pipe = pipeline_time(n_mb, pp, vpp, st.period, k.t_first, k.t_last)
         t_bubble = f_bub * n_mb * st.period_disp
         t_vocab = t_pipe - n_mb * st.period_disp - t_bubble
+        return t_disp, t_step_host, st, t_bubble, t_vocab
 
+    def _pp_p2p(self, rec: Recorder, g: Geometry, k: SimpleNamespace, v: _PlanVars) -> np.ndarray:
+        """PP send/recv seconds per iteration (0 where PP = 1)."""
+        tp, cp, pp, dp, vpp, n_mb = v.tp, v.cp, v.pp, v.dp, v.vpp, v.n_mb
+        prof = self.prof
+        b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
         # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); neighbours are TP*CP*DP ranks apart
         p2p_inter = tp * cp * dp >= self.gpn
-        p2p_bytes = Tsp * g.d * b_el
+        p2p_bytes = k.Tsp * g.d * b_el
         p2p_bw = np.where(p2p_inter, prof.scaleout_bandwidth, prof.scaleup_bandwidth)
         t_p2p = np.where(p2p_inter, P2P_LAT_INTER_S, P2P_LAT_INTRA_S) + p2p_bytes / np.maximum(p2p_bw, 1.0)
         rec.mark("pp_p2p", np.where(pp > 1, ANALYTIC, 0))
         # a micro-batch crosses each of this rank's VPP chunk boundaries once forward, once backward
-        t_pp = np.where(pp > 1, 2 * (vpp * n_mb + pp - 1) * t_p2p, 0.0)
+        return np.where(pp > 1, 2 * (vpp * n_mb + pp - 1) * t_p2p, 0.0)
 
+    def _dp_and_optimizer(self, rec: Recorder, g: Geometry, pl: Plans, k: SimpleNamespace, s: _Stages,
+                          v: _PlanVars, t_disp: np.ndarray, t_step_host: np.ndarray,
+                          optimizer: str) -> tuple[np.ndarray, np.ndarray]:
+        """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration."""
+        tp, cp, pp, dp, ep, etp, ckc = v.tp, v.cp, v.pp, v.dp, v.ep, v.etp, v.ckc
+        moe = g.is_moe
+        L_stage = s.L_stage
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
         # behind the last micro-batch's backward (and the first forward), not behind the EP all-to-all: that
         # uses the same links (the NIC once either group leaves the node), so the window excludes its exposed part.
@@ -401,66 +501,58 @@ class TimeModel(ComputeModel, CommModel):
         # long as the host takes to issue it (its share of t_disp, in the checkpoint mode's kernel units:
         # forward 1, backward with its recompute the rest), and the NCCL stream runs meanwhile
         share_f = 1.0 / KERNEL_UNITS[ckc]
-        w_bwd = np.maximum(L_stage * (common_b + moe_b + sh_b if moe else den_lb), (1 - share_f) * t_disp)
-        w_fwd = np.maximum(L_stage * (common_f + moe_f + sh_f if moe else den_lf), share_f * t_disp)
+        w_bwd = np.maximum(L_stage * (s.common_b + k.moe_b + k.sh_b if moe else s.den_lb), (1 - share_f) * t_disp)
+        w_fwd = np.maximum(L_stage * (s.common_f + k.moe_f + k.sh_f if moe else s.den_lf), share_f * t_disp)
         t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer)
+        peak, hbm = self.prof.peak(g.precision), self.prof.hbm_bandwidth
         t_opt = self.kernel_scale * self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm)
         # a CPU runs the step's ops on the host: they add; a GPU's host issues them while the device
         # runs the earlier ones: the slower of the two
         t_opt = t_opt + t_step_host if self.serial else np.maximum(t_opt, t_step_host)
+        return t_dp, t_opt
 
+    def _compute_components(self, g: Geometry, k: SimpleNamespace, s: _Stages, v: _PlanVars) -> dict[str, np.ndarray]:
+        """The slowest stage's compute per iteration split by component (seconds; the same keys for
+        every model), scaled so the split sums to n_mb t_cmp."""
+        ckc, n_mb = v.ckc, v.n_mb
+        L_stage = s.L_stage
         comps = {
-            "attn_proj": n_mb * L_stage * (attn_f + attn_b + np.where(ckc == 3, attn_f, 0.0)),
-            "sdpa": n_mb * L_stage * (sd_f + sd_b + np.where(ckc >= 1, sd_f, 0.0)),
+            "attn_proj": n_mb * L_stage * (k.attn_f + k.attn_b + np.where(ckc == 3, k.attn_f, 0.0)),
+            "sdpa": n_mb * L_stage * (k.sd_f + k.sd_b + np.where(ckc >= 1, k.sd_f, 0.0)),
         }
         # the remaining compute of the slowest stage, attributed by component (fwd + bwd + recompute)
         rc = np.where(ckc == 3, 1.0, 0.0)
-        if moe:
-            n_m = L_stage - np.where(t_stage0 >= t_other, nd0, 0.0)
+        if g.is_moe:
+            n_m = s.n_m
             n_d = L_stage - n_m
-            comps["experts"] = n_mb * n_m * (ex_f * (1 + rc) + ex_b)
-            comps["router"] = n_mb * n_m * ((rg_f + tk_f) * (1 + rc) + rg_b + tk_b)
-            comps["permute"] = n_mb * n_m * perm * (2 + np.where(ckc >= 2, 1.0, 0.0))
-            comps["shared_expert"] = n_mb * n_m * (sh_f * (1 + rc) + sh_b)
-            comps["ep_a2a"] = n_mb * n_m * (np.maximum(a2a_f - sh_f, 0) * (1 + rc) + np.maximum(a2a_b - sh_b, 0))
-            comps["dense_mlp"] = n_mb * n_d * (dense_f * (1 + rc) + dense_b)
+            comps["experts"] = n_mb * n_m * (k.ex_f * (1 + rc) + k.ex_b)
+            comps["router"] = n_mb * n_m * ((k.rg_f + k.tk_f) * (1 + rc) + k.rg_b + k.tk_b)
+            comps["permute"] = n_mb * n_m * k.perm * (2 + np.where(ckc >= 2, 1.0, 0.0))
+            comps["shared_expert"] = n_mb * n_m * (k.sh_f * (1 + rc) + k.sh_b)
+            comps["ep_a2a"] = n_mb * n_m * (np.maximum(k.a2a_f - k.sh_f, 0) * (1 + rc)
+                                            + np.maximum(k.a2a_b - k.sh_b, 0))
+            comps["dense_mlp"] = n_mb * n_d * (k.dense_f * (1 + rc) + k.dense_b)
         else:  # the same keys for every model, so consumers see one schema
-            n_m, n_d = 0.0, L_stage
-            for k in ("experts", "router", "permute", "shared_expert", "ep_a2a"):
-                comps[k] = np.zeros(P)
-            comps["dense_mlp"] = n_mb * L_stage * (dense_f * (1 + rc) + dense_b)
-        comps["elementwise"] = n_mb * L_stage * (ew_f * (1 + np.where(ckc >= 2, 1.0, 0.0)) + ew_b)
-        comps["framework_kernels"] = n_mb * L_stage * fw
-        comps["tp_comm"] = n_mb * L_stage * (tp_f * (1 + rc) + tp_b)
-        comps["cp_comm"] = n_mb * L_stage * (cp_f * (1 + rc) + cp_b)
+            for name in ("experts", "router", "permute", "shared_expert", "ep_a2a"):
+                comps[name] = np.zeros(len(ckc))
+            comps["dense_mlp"] = n_mb * L_stage * (k.dense_f * (1 + rc) + k.dense_b)
+        comps["elementwise"] = n_mb * L_stage * (k.ew_f * (1 + np.where(ckc >= 2, 1.0, 0.0)) + k.ew_b)
+        comps["framework_kernels"] = n_mb * L_stage * s.fw
+        comps["tp_comm"] = n_mb * L_stage * (k.tp_f * (1 + rc) + k.tp_b)
+        comps["cp_comm"] = n_mb * L_stage * (k.cp_f * (1 + rc) + k.cp_b)
         # make the per-component split add up exactly to n_mb * t_cmp (slowest stage)
         split = sum(comps.values())
-        scale = np.where(split > 0, n_mb * t_cmp / np.where(split > 0, split, 1.0), 1.0)
-        for k in comps:
-            comps[k] = comps[k] * scale
-        comps["dispatch_floor"] = n_mb * (st.period_disp - t_cmp)
-        comps["bubble"] = t_bubble
-        comps["vocab"] = t_vocab
-        comps["pp_p2p"] = t_pp
-        comps["dp_comm"] = t_dp
-        comps["bias_sync"] = self._bias_sync(rec, g, tp, cp, pp, dp)
-        comps["optimizer"] = t_opt
-        if not self.serial:
-            rec.mark("dispatch_floor", 0)
-        rec.mark("bubble", rec.src.get("dispatch_floor", 0))
-        t_an = sum(comps.values())
-        # the share of the predicted time whose component read a composed (out-of-range) lookup
-        composed_share = sum(np.where(rec.src.get(k, 0) == COMPOSED, v, 0.0) for k, v in comps.items()) / t_an
+        scale = np.where(split > 0, n_mb * s.t_cmp / np.where(split > 0, split, 1.0), 1.0)
+        for name in comps:
+            comps[name] = comps[name] * scale
+        return comps
 
-        # eq:desync, with the placement features of Megatron's rank order (desync_features)
-        ep_nodes, pp_hops, deep = desync_features(tp, cp, pp, dp, ep, self.gpn)
-        pp_nodes = pp_hops + 1
-        t_a2a_wire = n_mb * n_m * (a2a_f * (1 + rc) + a2a_b) if moe else np.zeros(P)
-        chi = chi_sys(self.chi_c, t_a2a_wire, t_an, ep_nodes, pp_hops, deep)
-        t_iter = chi * t_an
-
+    def _utilization(self, g: Geometry, v: _PlanVars, gbs: int, seqlen: int,
+                     t_iter: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """eq:mfu's MFU, MFU in the validation sweeps' FLOP count, and HFU (fractions of peak)."""
+        tp, cp, pp, dp, ckc = v.tp, v.cp, v.pp, v.dp, v.ckc
         tokens = gbs * seqlen
-        denom = t_iter * prof.peak(g.precision) * (tp * cp * pp * dp)
+        denom = t_iter * self.prof.peak(g.precision) * (tp * cp * pp * dp)
         # eq:mfu: N(Z) = N_act, the non-embedding parameters active per token (the paper's N_act of
         # tab:scale-ladder and C_model = 6 N_act D); recomputation earns no credit (HFU adds it)
         mfu = 6.0 * g.n_act * tokens / denom
@@ -470,6 +562,4 @@ class TimeModel(ComputeModel, CommModel):
         attn_score = 2.0 * seqlen * g.nq * g.hd * g.L  # per token, causal fwd QK^T + PV
         rec_flops = np.select([ckc == 3, ckc >= 1], [2.0 * g.n_act + attn_score, attn_score], 0.0) * tokens
         hfu = (6.0 * g.n_act * tokens + rec_flops) / denom
-        return Evaluation(pl, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
-                          pp_nodes.astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
-                          rec.notes, composed_share)
+        return mfu, mfu_val, hfu
