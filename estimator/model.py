@@ -99,7 +99,7 @@ from scaleplan.estimator.pipeline import (  # noqa: F401
     vocab_stage_time,
 )
 from scaleplan.estimator.recorder import OOR, Recorder
-from scaleplan.estimator.shapes import rank_shapes
+from scaleplan.estimator.shapes import RankShapes, rank_shapes
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
 from scaleplan.profiles import ClusterProfile
@@ -197,6 +197,16 @@ class _Stages:
     n_m: np.ndarray | float  # MoE layers on the slowest stage (0.0 for a dense model)
 
 
+# _kernels' outputs (the keys of its dict, in this order), the MoE block's among them (zero for a
+# dense model), and the device-kernel times kernel_scale multiplies (never collectives or shapes)
+_KERNEL_NAMES = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b",
+                 "a2a_f", "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b",
+                 "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "t_last_f", "t_last_b", "T", "Tsp")
+_MOE_KERNELS = ("moe_f", "moe_b", "a2a_f", "a2a_b", "sh_f", "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f",
+                "ex_b")
+_DEVICE_KERNELS = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b", "sh_f",
+                   "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b", "t_first", "t_last_f", "t_last_b")
+
 
 class TimeModel(ComputeModel, CommModel):
     """Evaluate eq:mfu for arrays of plans of one geometry on one profile.
@@ -244,9 +254,48 @@ class TimeModel(ComputeModel, CommModel):
         tp, cp, ep, etp, mbs = (getattr(kp, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
         sh = rank_shapes(g, tp, cp, ep, etp, mbs, seqlen)  # the same shapes bench plan measures
         b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
-        moe = g.is_moe
         P = len(tp)
+        k = self._attention_kernels(rec, g, sh, tp, cp, mbs, seqlen, peak, hbm)
 
+        # dense MLP (first block(s)) and the MoE block
+        w1 = 2 if g.glu else 1
+        dm_f1, dm_b1 = self._gemm(rec, "dense_mlp", T, w1 * g.dff / tp, g.d, peak, active=g.n_dense > 0)
+        dm_f2, dm_b2 = self._gemm(rec, "dense_mlp", T, g.d, g.dff / tp, peak, active=g.n_dense > 0)
+        act_dense = an.memory_time(b_el * T * g.dff / tp * 3, hbm)
+        k["dense_f"], k["dense_b"] = dm_f1 + dm_f2 + act_dense, dm_b1 + dm_b2 + 2 * act_dense
+        if g.is_moe:
+            k.update(self._moe_kernels(rec, g, sh, tp, cp, ep, etp, peak, hbm))
+        else:
+            k.update(dict.fromkeys(_MOE_KERNELS, np.zeros(P)), E_loc=np.ones(P))
+
+        # TP (sequence parallel): 2 all-gathers + 2 reduce-scatters of the full [T, d] per pass
+        tp_inter = tp > self.gpn
+        tp_one = self._collective(rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
+            self._collective(rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
+        k["tp_f"] = k["tp_b"] = 2 * tp_one
+        k["t_first"], k["t_last_f"], k["t_last_b"] = self._vocab(rec, g, T, tp, peak, hbm, b_el)
+        ks = self.kernel_scale
+        if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
+            k.update({name: ks * k[name] for name in _DEVICE_KERNELS})
+        k["t_last"] = k["t_last_f"] + k["t_last_b"]
+
+        # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
+        kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el
+        cp_inter = tp * cp > self.gpn
+        # TE's ring attention exchanges K/V blocks peer to peer while it computes on the previous
+        # block: only the part of the exchange longer than the attention itself is exposed
+        sd_f, sd_b = k["sd_f"], k["sd_b"]
+        cp_f = np.maximum(self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
+        cp_b = np.maximum(cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
+                          - sd_b, 0.0)
+        k.update(cp_f=cp_f, cp_b=cp_b, T=T, Tsp=Tsp)
+        return {name: np.broadcast_to(np.asarray(k[name], dtype=float), (P,)) for name in _KERNEL_NAMES}
+
+    def _attention_kernels(self, rec: Recorder, g: Geometry, sh: RankShapes, tp: np.ndarray, cp: np.ndarray,
+                           mbs: np.ndarray, seqlen: int, peak: float, hbm: float) -> dict[str, np.ndarray]:
+        """The attention block's projections, SDPA and element-wise work, forward and backward
+        (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b; seconds per layer and micro-batch)."""
+        b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
         # attention projections (gate folded into the QKV GEMM: same input, n_q extra columns)
         f_qkv, b_qkv = self._gemm(rec, "attn_proj", T, sh.n_qkv, g.d, peak)
         f_o, b_o = self._gemm(rec, "attn_proj", T, g.d, sh.n_attn_out, peak)
@@ -266,77 +315,45 @@ class TimeModel(ComputeModel, CommModel):
         if g.gate:  # the head gate has no table: bytes through HBM
             gate = an.memory_time(b_el * T * g.nq * g.hd / tp * 3, hbm)
             ew_f, ew_b = ew_f + gate, ew_b + 2 * gate
+        return {"attn_f": attn_f, "attn_b": attn_b, "sd_f": sd_f, "sd_b": sd_b, "ew_f": ew_f, "ew_b": ew_b}
 
-        # dense MLP (first block(s)) and the MoE block
+    def _moe_kernels(self, rec: Recorder, g: Geometry, sh: RankShapes, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray,
+                     etp: np.ndarray, peak: float, hbm: float) -> dict[str, np.ndarray]:
+        """The MoE block per layer and micro-batch, forward and backward (seconds; _MOE_KERNELS and
+        E_loc): router + top-k, permute, routed experts, shared expert, EP all-to-all."""
+        b_el, T, Tsp = sh.b_el, sh.T, sh.Tsp
         w1 = 2 if g.glu else 1
-        dm_f1, dm_b1 = self._gemm(rec, "dense_mlp", T, w1 * g.dff / tp, g.d, peak, active=g.n_dense > 0)
-        dm_f2, dm_b2 = self._gemm(rec, "dense_mlp", T, g.d, g.dff / tp, peak, active=g.n_dense > 0)
-        act_dense = an.memory_time(b_el * T * g.dff / tp * 3, hbm)
-        dense_f, dense_b = dm_f1 + dm_f2 + act_dense, dm_b1 + dm_b2 + 2 * act_dense
-
-        z = np.zeros(P)
-        rg_f = rg_b = tk_f = tk_b = perm = ex_f = ex_b = z
-        moe_f = moe_b = a2a_f = a2a_b = sh_f = sh_b = z
-        E_loc = np.ones(P)
-        if moe:
-            E_loc, R, tile = sh.E_loc, sh.R, sh.tile    # balanced routing; EP tile correction
-            # router GEMM (fp32 island costed as bf16 GEMM: d x E is tiny) + top-k
-            rg_f, rg_b = self._gemm(rec, "router", Tsp, g.E, g.d, peak)
-            if self.tb.topk:
-                tk_f = rec.use("router", self.tb.topk["fwd"].lookup(Tsp, g.E, g.K))
-                tk_b = rec.use("router", self.tb.topk["bwd"].lookup(Tsp, g.E, g.K)) if "bwd" in self.tb.topk \
-                    else tk_f
-            else:
-                rec.mark("router", ANALYTIC)
-                tk_f = an.memory_time(4.0 * Tsp * g.E * 3, hbm)
-                tk_b = tk_f
-            perm = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)   # permute + unpermute
-            rec.mark("permute", ANALYTIC)
-            ffn_loc = sh.ffn_loc
-            ex_f, ex_b = self._experts(rec, g, E_loc, tile, etp, peak, hbm)
-            ex_act = an.memory_time(b_el * R * ffn_loc * 3, hbm)        # SwiGLU on routed rows
-            ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
-            if g.dsh:
-                s1f, s1b = self._gemm(rec, "shared_expert", T, w1 * g.dsh / tp, g.d, peak)
-                s2f, s2b = self._gemm(rec, "shared_expert", T, g.d, g.dsh / tp, peak)
-                s_act = an.memory_time(b_el * T * g.dsh / tp * 3, hbm)
-                sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
-            # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes
-            span = tp * cp * ep
-            # EP ranks are TP*CP apart: gpn / (TP CP) of them share a node
-            a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, span > self.gpn,
-                                       active=ep > 1, per_node=np.maximum(self.gpn / (tp * cp), 1.0))
-            a2a_f, a2a_b = 2 * a2a_one, 2 * a2a_one
-            moe_f = rg_f + tk_f + perm + ex_f
-            moe_b = rg_b + tk_b + perm + ex_b
-
-        # TP (sequence parallel): 2 all-gathers + 2 reduce-scatters of the full [T, d] per pass
-        tp_inter = tp > self.gpn
-        tp_one = self._collective(rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
-            self._collective(rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
-        tp_f = tp_b = 2 * tp_one
-        t_first, t_last_f, t_last_b = self._vocab(rec, g, T, tp, peak, hbm, b_el)
-        ks = self.kernel_scale
-        if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
-            (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f, tk_b,
-             perm, ex_f, ex_b, t_first, t_last_f, t_last_b) = (ks * x for x in (
-                attn_f, attn_b, sd_f, sd_b, ew_f, ew_b, dense_f, dense_b, moe_f, moe_b, sh_f, sh_b, rg_f, rg_b, tk_f,
-                tk_b, perm, ex_f, ex_b, t_first, t_last_f, t_last_b))
-        t_last = t_last_f + t_last_b
-
-        # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
-        kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el
-        cp_inter = tp * cp > self.gpn
-        # TE's ring attention exchanges K/V blocks peer to peer while it computes on the previous
-        # block: only the part of the exchange longer than the attention itself is exposed
-        cp_f = np.maximum(self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
-        cp_b = np.maximum(cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
-                          - sd_b, 0.0)
-        names = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b", "a2a_f",
-                 "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b",
-                 "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "t_last_f", "t_last_b", "T", "Tsp")
-        loc = locals()
-        return {k: np.broadcast_to(np.asarray(loc[k], dtype=float), (P,)) for k in names}
+        sh_f = sh_b = np.zeros(len(tp))
+        E_loc, R, tile = sh.E_loc, sh.R, sh.tile    # balanced routing; EP tile correction
+        # router GEMM (fp32 island costed as bf16 GEMM: d x E is tiny) + top-k
+        rg_f, rg_b = self._gemm(rec, "router", Tsp, g.E, g.d, peak)
+        if self.tb.topk:
+            tk_f = rec.use("router", self.tb.topk["fwd"].lookup(Tsp, g.E, g.K))
+            tk_b = rec.use("router", self.tb.topk["bwd"].lookup(Tsp, g.E, g.K)) if "bwd" in self.tb.topk \
+                else tk_f
+        else:
+            rec.mark("router", ANALYTIC)
+            tk_f = an.memory_time(4.0 * Tsp * g.E * 3, hbm)
+            tk_b = tk_f
+        perm = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)   # permute + unpermute
+        rec.mark("permute", ANALYTIC)
+        ffn_loc = sh.ffn_loc
+        ex_f, ex_b = self._experts(rec, g, E_loc, tile, etp, peak, hbm)
+        ex_act = an.memory_time(b_el * R * ffn_loc * 3, hbm)        # SwiGLU on routed rows
+        ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
+        if g.dsh:
+            s1f, s1b = self._gemm(rec, "shared_expert", T, w1 * g.dsh / tp, g.d, peak)
+            s2f, s2b = self._gemm(rec, "shared_expert", T, g.d, g.dsh / tp, peak)
+            s_act = an.memory_time(b_el * T * g.dsh / tp * 3, hbm)
+            sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
+        # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes
+        span = tp * cp * ep
+        # EP ranks are TP*CP apart: gpn / (TP CP) of them share a node
+        a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, span > self.gpn,
+                                   active=ep > 1, per_node=np.maximum(self.gpn / (tp * cp), 1.0))
+        return {"moe_f": rg_f + tk_f + perm + ex_f, "moe_b": rg_b + tk_b + perm + ex_b,
+                "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": E_loc,
+                "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm, "ex_f": ex_f, "ex_b": ex_b}
 
     def evaluate(self, g: Geometry, pl: Plans, gbs: int, seqlen: int, optimizer: str) -> Evaluation:
         """Evaluate every plan of ``pl``; see the module docstring for the terms. Arrays of length P."""
