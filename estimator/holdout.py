@@ -38,12 +38,13 @@ def _rebuilt(frames: dict[str, pd.DataFrame], suite: str, keep: pd.DataFrame, pe
     return build_tables("holdout", {**{k: pd.DataFrame() for k in frames}, suite: keep}, peak)
 
 
-def grouped(frames, peak: float, cut: float = 2048) -> Holdout:
-    """Grouped GEMM, tokens_per_expert above ``cut`` hidden (fc1 + fc2, fwd + bwd, balanced bf16)."""
+def grouped(frames, peak: float, cut: float = 2048, axis: str = "tokens_per_expert") -> Holdout:
+    """Grouped GEMM, ``axis`` (tokens_per_expert or num_gemms) above ``cut`` hidden (fc1 + fc2, fwd +
+    bwd, balanced bf16)."""
     df = frames["grouped_gemm"]
     df = df[(df["distribution"] == "balanced") & (df["dtype"] == "bf16")]
-    tb = _rebuilt(frames, "grouped_gemm", df[df["tokens_per_expert"] <= cut], peak)
-    hid = df[df["tokens_per_expert"] > cut]
+    tb = _rebuilt(frames, "grouped_gemm", df[df[axis] <= cut], peak)
+    hid = df[df[axis] > cut]
     pred, meas = [], []
     for (h, f, ng, tpe), g in hid.groupby(["hidden", "ffn", "num_gemms", "tokens_per_expert"]):
         per = g.groupby("proj")[["fwd_s", "bwd_s"]].median()
@@ -54,7 +55,7 @@ def grouped(frames, peak: float, cut: float = 2048) -> Holdout:
             if tab is not None:
                 pred.append(float(tab.lookup(ng, tpe).t_composed))
                 meas.append(float(per.loc[["fc1", "fc2"], f"{dirn}_s"].sum()))
-    return _summary("grouped_gemm", "tokens_per_expert", cut, pred, meas)
+    return _summary("grouped_gemm", axis, cut, pred, meas)
 
 
 def gemm(frames, peak: float, cut: float = 32768, min_nk: float = 1024) -> Holdout:
@@ -99,4 +100,5 @@ def collectives(frames, peak: float, frac: float = 0.25) -> Holdout:
 
 def all_holdouts(frames, peak: float) -> list[Holdout]:
     """The hold-outs of every table kind the recorded B200 data can test."""
-    return [grouped(frames, peak), gemm(frames, peak), sdpa(frames, peak), collectives(frames, peak)]
+    return [grouped(frames, peak), grouped(frames, peak, 64, "num_gemms"), gemm(frames, peak), sdpa(frames, peak),
+            collectives(frames, peak)]
