@@ -71,3 +71,37 @@ def test_below_the_range_keeps_the_floor():
                     np.array([1e-4, 4e-4]).reshape(2, 1, 1, 1))
     assert float(tab.lookup(512.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(1e-4)
     assert float(tab.lookup(4096.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(16e-4)  # quadratic
+
+
+def _collective_table(t_of_size):
+    from scaleplan.estimator.tables import CollectiveTable
+
+    sizes = np.array([2.0 ** 20, 2.0 ** 22, 2.0 ** 24])
+    return CollectiveTable("all_reduce", np.array([8.0, 16.0]), [sizes, sizes],
+                           [np.log(t_of_size(sizes)), np.log(2 * t_of_size(sizes))])
+
+
+def test_collective_rule_is_alpha_beta_beyond_the_largest_message():
+    # t = alpha + size / busbw on the measured curve: composing 4x past its end stays on that line,
+    # where constant bus bandwidth at the edge would charge the latency 4 times
+    alpha, bw = 50e-6, 100e9
+    tab = _collective_table(lambda s: alpha + s / bw)
+    big = 4 * 2.0 ** 24
+    assert float(tab.composed(np.array([8.0]), np.array([big]))[0]) == pytest.approx(alpha + big / bw, rel=1e-9)
+    assert float(tab.composed(np.array([16.0]), np.array([big]))[0]) == pytest.approx(2 * (alpha + big / bw),
+                                                                                     rel=1e-9)
+    inside = 2.0 ** 22
+    assert float(tab.composed(np.array([8.0]), np.array([inside]))[0]) == pytest.approx(alpha + inside / bw,
+                                                                                        rel=1e-9)
+
+
+def test_collective_rule_never_charges_more_per_byte_than_the_edge_average():
+    # a curve that steepens at its end (t quadruples for 4x the bytes, then 16x): capped at the edge's
+    # own seconds per byte, i.e. constant bus bandwidth
+    tab = _collective_table(lambda s: 1e-3 * (s / 2.0 ** 20) ** np.where(s > 2.0 ** 22, 2.0, 1.0))
+    t_edge = 1e-3 * 16.0 ** 2  # the 16 MiB point of that curve
+    got = float(tab.composed(np.array([8.0]), np.array([2.0 ** 26]))[0])
+    assert got == pytest.approx(t_edge * 4, rel=1e-9)
+    # and a curve that flattens (a noisy last point below the one before) keeps the edge time
+    flat = _collective_table(lambda s: np.where(s > 2.0 ** 22, 1.0e-3, 1.2e-3))
+    assert float(flat.composed(np.array([8.0]), np.array([2.0 ** 26]))[0]) == pytest.approx(1.0e-3, rel=1e-9)
