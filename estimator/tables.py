@@ -43,30 +43,31 @@ SOURCE_NAMES = {MEASURED: "measured", INTERPOLATED: "interpolated", CLAMPED: "cl
                 ANALYTIC: "analytic"}
 EXTRAPOLATE_MODES = ("compose", "error", "clamp")
 
-# Composition beyond the measured range (``--extrapolate compose``, the default). Above the largest
-# measured value of an axis a kernel keeps the throughput of the edge point: its time scales with its
-# work, t(x) = t(edge) (x / edge)^e per axis, e the power with which the work grows along that axis.
-# Grouped GEMMs are the exception the hold-outs show (estimator/holdout.py): at the largest recorded
-# tile (4096 tokens per expert) the small shapes are still amortising a fixed per-call cost (launches,
-# per-group set-up), so there the time is affine in each axis, a fixed part plus the marginal cost of
-# the last measured interval: t(x) = t(edge) (1 + s (x / edge - 1)), s the edge's marginal share of
-# its time, bounded to [0, e] (never shrinking, never growing faster than the work: "trend" rules).
-# On the recorded B200 table that beats a power law of the same interval on every hold-out
-# (benchmarks/compose_accuracy.py).
+# Composition beyond the measured range (``--extrapolate compose``, the default). A kernel's time is a
+# fixed part (launch, set-up, latency) plus a part that grows with its work, so above the largest
+# measured value of an axis the time is affine in the work, continued from the last measured interval:
+# t(x) = t(edge) (1 + s ((x / edge)^e - 1)), e the power with which the work grows along the axis and s
+# the edge's marginal share, (1 - t(prev) / t(edge)) / (1 - (prev / edge)^e), bounded to [0, 1]: never
+# shrinking, never growing faster than the work (s = 1 is constant throughput, the rule of an axis
+# measured at one point). Where the edge is still amortising its fixed part (small grouped GEMMs, SDPA
+# below 16k, sub-MB collectives) constant throughput over-charges; on the recorded B200 tables the
+# affine rule beats it on every hold-out but the shallowest GEMM cut (estimator/holdout.py,
+# benchmarks/compose_accuracy.py). Collectives apply the same rule to message bytes (alpha-beta).
 # Below the smallest measured value the edge time is kept: a smaller kernel of the same family is
 # not faster than the launch- or latency-bound floor the smallest measured one already sits on.
 # (table name prefix) -> (work exponent per axis, rule text)
-TREND_RULES = ("grouped_gemm",)
 COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {
-    "gemm": ((1.0, 1.0, 1.0), "GEMM: FLOPs (m n k) scaled at the edge point's measured throughput"),
-    "grouped_gemm": ((1.0, 1.0), "grouped GEMM: affine along each axis, a fixed per-call part plus the last "
-                                 "measured interval's marginal cost, never faster-growing than FLOPs "
-                                 "(num_gemms x tokens_per_expert)"),
-    "sdpa": ((2.0, 1.0, 1.0, 1.0), "causal SDPA: FLOPs scaled (quadratic in seq_len, linear in micro-batch, "
-                                   "heads, head_dim)"),
-    "router": ((1.0, 1.0, 0.0), "router top-k: scaled by the score count (tokens x experts), memory-bound"),
-    "vocab": ((1.0, 1.0), "LM head / cross-entropy: scaled by tokens x hidden at the edge throughput"),
-    "elementwise": ((1.0, 1.0), "element-wise: bytes (tokens x hidden) scaled at the edge bandwidth"),
+    "gemm": ((1.0, 1.0, 1.0), "GEMM: affine in FLOPs (m n k) at the last measured interval's marginal "
+                              "throughput"),
+    "grouped_gemm": ((1.0, 1.0), "grouped GEMM: affine in FLOPs (num_gemms x tokens_per_expert), a fixed "
+                                 "per-call part plus the last measured interval's marginal cost"),
+    "sdpa": ((2.0, 1.0, 1.0, 1.0), "causal SDPA: affine in FLOPs (quadratic in seq_len, linear in micro-batch, "
+                                   "heads, head_dim) at the last measured interval's marginal throughput"),
+    "router": ((1.0, 1.0, 0.0), "router top-k: affine in the score count (tokens x experts), memory-bound"),
+    "vocab": ((1.0, 1.0), "LM head / cross-entropy: affine in tokens x hidden at the last measured interval's "
+                          "marginal throughput"),
+    "elementwise": ((1.0, 1.0), "element-wise: affine in bytes (tokens x hidden) at the last measured "
+                                "interval's marginal bandwidth"),
     "collectives": ((1.0,), "collective: beyond the largest measured message alpha-beta, the last measured "
                             "interval's time per byte added to the edge time (never more per byte than the "
                             "edge's average); below the smallest, its latency-bound time"),
@@ -192,23 +193,23 @@ class GridTable:
             hit = self._cache[key] = self._lookup(arrs)
         return hit
 
-    def _edge_growth(self, i: int, cs, e_max: float) -> np.ndarray:
+    def _edge_growth(self, i: int, cs, e: float) -> np.ndarray:
         """Time ratio t(x) / t(edge) along axis ``i`` beyond its largest measured value (COMPOSE_RULES):
-        (x / edge)^e_max (constant throughput), or for a TREND_RULES table 1 + s (x / edge - 1) with s
-        the marginal share of the edge time over the axis' last measured interval at the other (clamped)
-        coordinates, (1 - t(prev) / t(edge)) / (1 - prev / edge), bounded to [0, e_max]: a fixed part
-        plus a part growing with the work, never faster than the work."""
+        1 + s ((x / edge)^e - 1), e the power of the work along the axis and s the edge's marginal share,
+        (1 - t(prev) / t(edge)) / (1 - (prev / edge)^e) over the axis' last measured interval at the other
+        (clamped) coordinates, bounded to [0, 1]: a fixed part plus a part growing with the work, never
+        shrinking and never faster than the work (s = 1: constant throughput, the rule of one-point axes)."""
         g, x = self.grid[i], cs[i] / self.hi[i]
-        if len(g) < 2 or i not in self._keep or self.name.split("[")[0] not in TREND_RULES:
-            return x ** e_max
+        if len(g) < 2 or i not in self._keep or e == 0:
+            return x ** e
         pts = []
         for v in (g[-2], g[-1]):
             c2 = [np.clip(c, self.lo[j], self.hi[j]) for j, c in enumerate(cs)]
             c2[i] = np.full(np.shape(cs[0]), v)
             pts.append(np.stack([np.log(c2[j]).ravel() for j in self._keep], axis=-1))
         lt0, lt1 = self._interp(pts[0]), self._interp(pts[1])
-        s = np.clip((1.0 - np.exp(lt0 - lt1)) / (1.0 - g[-2] / g[-1]), 0.0, e_max).reshape(np.shape(cs[0]))
-        return 1.0 + s * (x - 1.0)
+        s = np.clip((1.0 - np.exp(lt0 - lt1)) / (1.0 - (g[-2] / g[-1]) ** e), 0.0, 1.0).reshape(np.shape(cs[0]))
+        return 1.0 + s * (x ** e - 1.0)
 
     def _lookup(self, arrs) -> LookupResult:
         cs = np.broadcast_arrays(*arrs)

@@ -105,3 +105,15 @@ def test_collective_rule_never_charges_more_per_byte_than_the_edge_average():
     # and a curve that flattens (a noisy last point below the one before) keeps the edge time
     flat = _collective_table(lambda s: np.where(s > 2.0 ** 22, 1.0e-3, 1.2e-3))
     assert float(flat.composed(np.array([8.0]), np.array([2.0 ** 26]))[0]) == pytest.approx(1.0e-3, rel=1e-9)
+
+
+def test_sdpa_rule_is_affine_in_its_quadratic_work():
+    # t = a + b seq^2 on the last interval (a fixed part, then causal attention work): composing to
+    # 4x the longest measured sequence continues that line; pure FLOP scaling would give 16 t(edge)
+    a, b = 2e-4, 1e-4 / 2048.0 ** 2
+    seq = np.array([1024.0, 2048.0])
+    tab = GridTable("sdpa", ("seq_len", "micro_bs", "n_q_heads", "head_dim"),
+                    [seq, np.array([1.0]), np.array([8.0]), np.array([128.0])], (a + b * seq ** 2).reshape(2, 1, 1, 1))
+    got = float(tab.lookup(8192.0, 1.0, 8.0, 128.0).t_composed)
+    assert got == pytest.approx(a + b * 8192.0 ** 2, rel=1e-9)
+    assert got < 16 * (a + b * 2048.0 ** 2)
