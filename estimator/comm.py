@@ -15,8 +15,13 @@ DDP_BUCKET_PARAMS = 40_000_000
 # reduce-scattered in fp32; the distributed optimizer all-gathers bf16 parameters
 GRAD_BYTES_COMM, PARAM_BYTES_COMM = 4, 2
 P2P_LAT_INTRA_S, P2P_LAT_INTER_S = 10e-6, 25e-6
-# optimizers that orthogonalise whole weight matrices (Newton-Schulz): no distributed optimizer
+# optimizers that orthogonalise whole weight matrices (Newton-Schulz): Megatron-Core's layer-wise
+# distributed optimizer (dist_muon), DDP all-reduce of the gradients, the owners' parameters all-gathered
 ORTHO_OPTIMIZERS = ("muon", "scion")
+# optimizers Megatron-Core's distributed optimizer refuses (it supports the Adam family only:
+# megatron/core/optimizer/distrib_optimizer.py, NVIDIA/Megatron-LM#1287): plain DDP, every DP rank
+# keeps the whole optimizer state and steps it; the gradients are all-reduced, nothing is gathered
+REPLICATED_OPTIMIZERS = ("sgd",)
 
 
 def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int):
@@ -158,21 +163,23 @@ class CommModel:
         all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
         reduce-scatter), and after the step the owners broadcast the updated bf16 parameters, which
         nothing overlaps.
+        sgd (:data:`REPLICATED_OPTIMIZERS`) runs plain DDP: the bucketed all-reduce alone.
         On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
         ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of the first
         forward / last backward of the stage, which a dispatch-bound pass sets by its host issue time.
         """
         out = np.zeros(len(pl))
         ortho = optimizer in ORTHO_OPTIMIZERS
+        plain = optimizer in REPLICATED_OPTIMIZERS
         for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn):
             per_bucket = params / nb
             act = (group > 1) & (params > 0)
-            red = "all_reduce" if ortho else "reduce_scatter"
+            red = "all_reduce" if (ortho or plain) else "reduce_scatter"
             rails = expert_dp_rails(tp, cp, ep, etp, dp, self.gpn) if layout == "strided" else None
             rs = nb * self._collective(rec, "dp_comm", red, group, per_bucket * GRAD_BYTES_COMM, inter, layout, act,
                                        rails=rails)
-            ag = nb * self._collective(rec, "dp_comm", "all_gather", group, per_bucket * PARAM_BYTES_COMM,
-                                       inter, layout, act, rails=rails)
+            ag = 0.0 if plain else nb * self._collective(rec, "dp_comm", "all_gather", group,
+                                                         per_bucket * PARAM_BYTES_COMM, inter, layout, act, rails=rails)
             if self.serial:
                 out += rs + ag
             else:

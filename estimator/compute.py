@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from scaleplan.estimator import analytic as an
-from scaleplan.estimator.comm import ORTHO_OPTIMIZERS
+from scaleplan.estimator.comm import ORTHO_OPTIMIZERS, REPLICATED_OPTIMIZERS
 from scaleplan.estimator.geom import Geometry, padded_vocab
 from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED, LookupResult
 
@@ -192,7 +192,8 @@ class ComputeModel:
 
         adam/adamw: read fp32 master, m, v and the grad, write master, m, v and the bf16 param
         (30 bytes/param), on this rank's distributed-optimizer shard (1/(DP CP) of the dense and
-        1/EDP of the expert parameters). sgd (momentum): 18 bytes/param, sharded the same way.
+        1/EDP of the expert parameters). sgd (momentum): 18 bytes/param on the whole local state (plain
+        DDP: Megatron-Core's distributed optimizer takes the Adam family only, :data:`REPLICATED_OPTIMIZERS`).
         muon/scion: momentum update (18 bytes/param) plus 5 Newton-Schulz iterations per weight
         matrix, ~5 (4 m^2 n + 2 m^3) FLOPs for an m x n matrix (m <= n), at half the GEMM peak.
         Megatron-Core runs them under its layer-wise distributed optimizer
@@ -209,6 +210,8 @@ class ComputeModel:
         ortho = optimizer in ORTHO_OPTIMIZERS
         dense_rep = dp * cp                                    # ranks sharing one dense shard's step
         exp_rep = np.maximum(tp * cp * dp / (ep * etp), 1)
+        if optimizer in REPLICATED_OPTIMIZERS:  # plain DDP: every DP rank steps its whole state
+            dense_rep, exp_rep = np.ones_like(dense_rep), np.ones_like(exp_rep)
         dense = (L_stage * g.attn_params + g.n_dense * g.dense_mlp_params / pp
                  + (g.n_moe / pp) * g.moe_dense_params + g.vocab * g.d) / (tp * dense_rep)
         experts = (g.n_moe / pp) * g.expert_params / (ep * etp) / exp_rep

@@ -4,7 +4,8 @@ Model state, per :class:`ModelState`. :data:`MEGATRON` (the estimator's default)
 precision with the distributed optimizer: weights in the model dtype (2 bytes/param in bf16), fp32
 main grads (4), fp32 master weights + optimizer moments sharded over the data-parallel group (dense
 params over DP x CP, expert params over EDP): for Adam 12 bytes/param, so the unsharded total is
-Megatron's 18 bytes/param (theoretical_memory_usage: 6 + 12/DP). :data:`REFERENCE_DDP`: what
+Megatron's 18 bytes/param (theoretical_memory_usage: 6 + 12/DP); SGD, which that optimizer refuses,
+keeps its state whole (comm.REPLICATED_OPTIMIZERS). :data:`REFERENCE_DDP`: what
 ``scaleplan validate``'s runner keeps (DDP + AdamW on fp32 masters): grads in the model dtype, plus
 DDP's bucket copy at DP > 1, fp32 master weights and master grads, unsharded moments, fp32 router
 weights. Both are checked exactly against the reference model's tensors (tests/validate/test_memory.py).
@@ -32,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scaleplan.estimator.comm import REPLICATED_OPTIMIZERS
 from scaleplan.estimator.geom import Geometry, padded_vocab
 
 OPT_STATE_BYTES = {"adam": 12.0, "adamw": 12.0, "muon": 8.0, "scion": 8.0, "sgd": 8.0}
@@ -239,6 +241,8 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     edp = np.maximum(tp * cp * dp / (ep * etp), 1)
     pb = state_bytes_per_param(state, g.precision, optimizer)
     opt_b = pb["master"] + pb["moments"]
+    # Megatron's distributed optimizer shards the state except for optimizers it refuses (plain DDP)
+    sharded = state.shard_optimizer and optimizer not in REPLICATED_OPTIMIZERS
 
     act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope) if g.is_moe else 0.0
     act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope)
@@ -260,7 +264,7 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
         emb_p = emb * (np.where(has_emb, 1.0, 0.0) + np.where(has_head & ((not g.tie) | (pp > 1)), 1.0, 0.0))
         dense_all = dense + emb_p
         n_p = dense_all + exp
-        shard = (dense_all / (dp * cp) + exp / edp) if state.shard_optimizer else n_p
+        shard = (dense_all / (dp * cp) + exp / edp) if sharded else n_p
         outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, has_emb, has_head)
         # fp32 router weights in a low-precision model: 4-byte weights and grads, no master copy
         n_r = (n_moe0 if name == "first" else n_moe_last) * g.E * g.d * float(state.router_fp32 and g.is_moe)

@@ -67,3 +67,28 @@ def test_expert_optimizer_state_shards_over_edp():
     o1, o8 = m["optimizer"]
     assert o1 == pytest.approx(o8, rel=1e-9)
     assert np.all(m["reserve"] > 0)
+
+
+def test_sgd_state_is_not_sharded_megatron_runs_it_under_plain_ddp():
+    # Megatron-Core's distributed optimizer takes the Adam family only: SGD's fp32 master + momentum
+    # (8 bytes/param) stay whole on every DP rank, while Adam's 12 bytes shard over DP
+    g = geometry(_dense_block())
+    pl = plans_from_layouts([Layout(tp=1, pp=1, dp=8, mbs=1, ckpt="full")], 8)
+    sgd = memory_breakdown(g, pl, gbs=32, seqlen=2048, optimizer="sgd")
+    adam = memory_breakdown(g, pl, gbs=32, seqlen=2048, optimizer="adam")
+    assert float(sgd["optimizer"][0]) == pytest.approx(8.0 * _params_by_hand(), rel=1e-5)
+    assert float(adam["optimizer"][0]) == pytest.approx(12.0 * _params_by_hand() / 8, rel=1e-5)
+
+
+@pytest.mark.parametrize("optimizer,expect", [("adam", {"reduce_scatter", "all_gather"}),
+                                              ("muon", {"all_reduce", "all_gather"}), ("sgd", {"all_reduce"})])
+def test_dp_collectives_follow_the_optimizer_megatron_runs(optimizer, expect):
+    # ZeRO-1 for Adam; layer-wise (dist_muon) for Muon: all-reduce, then the owners' parameters gathered;
+    # plain DDP for SGD: the all-reduce alone. The bench plan's lookups are the collectives the model costs.
+    from scaleplan.estimator.lookups import table_points
+
+    g = geometry(_dense_block())
+    pl = plans_from_layouts([Layout(tp=1, pp=1, dp=16, mbs=1, ckpt="full")], 16)
+    pts = table_points(g, pl, gbs=64, seqlen=2048, gpn=8, table_vocab=None, optimizer=optimizer)
+    dp_colls = {p["collective"] for p in pts["collectives"] if p["group_size"] == 16}
+    assert dp_colls == expect
