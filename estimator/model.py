@@ -162,20 +162,11 @@ class Evaluation:
 
 
 @dataclass
-class _PlanVars:
-    """One :meth:`TimeModel.evaluate` call's plans as float arrays (the layout fields but ckpt), their
-    checkpoint codes (CKPT_CODES) and n_mb = G / (DP B_micro)."""
+class _PlanVars(Plans):
+    """One :meth:`TimeModel.evaluate` call's plans with the degrees as float arrays (ckpt keeps its
+    CKPT_CODES) and n_mb = G / (DP B_micro)."""
 
-    tp: np.ndarray
-    cp: np.ndarray
-    pp: np.ndarray
-    dp: np.ndarray
-    ep: np.ndarray
-    etp: np.ndarray
-    vpp: np.ndarray
-    mbs: np.ndarray
-    ckc: np.ndarray
-    n_mb: np.ndarray
+    n_mb: np.ndarray = None
 
 
 @dataclass
@@ -360,10 +351,9 @@ class TimeModel(ComputeModel, CommModel):
         P = len(pl)
         rec = Recorder(P, self.mode)
         self.tb = self._tb_base.view(g.precision)  # the spec's precision's GEMM/grouped/vocab rows
-        tp, cp, pp, dp, ep, etp, vpp, mbs = (getattr(pl, f).astype(float) for f in LAYOUT_FIELDS[:-1])
-        ckc = pl.ckpt
-        n_mb = gbs / (dp * mbs)
-        v = _PlanVars(tp, cp, pp, dp, ep, etp, vpp, mbs, ckc, n_mb)
+        v = _PlanVars(*(getattr(pl, f).astype(float) for f in LAYOUT_FIELDS[:-1]), pl.ckpt)
+        v.n_mb = gbs / (v.dp * v.mbs)
+        tp, cp, pp, dp, ep, ckc, n_mb = v.tp, v.cp, v.pp, v.dp, v.ep, v.ckpt, v.n_mb
         k = self._kernels_by_plan(g, pl, seqlen, rec)
         s = self._stages(g, k, v, rec)
         t_disp, t_step_host, st, t_bubble, t_vocab = self._pipeline_terms(g, k, s, v, seqlen, rec)
@@ -432,7 +422,7 @@ class TimeModel(ComputeModel, CommModel):
     def _stages(self, g: Geometry, k: SimpleNamespace, v: _PlanVars, rec: Recorder) -> _Stages:
         """Per-layer totals (fwd, bwd, recompute, framework kernels) and each pipeline stage's
         compute per micro-batch, with the all-to-all wire time the shared expert leaves exposed."""
-        pp, ckc = v.pp, v.ckc
+        pp, ckc = v.pp, v.ckpt
         moe = g.is_moe
         # per-layer totals (shared expert overlapped with the routed all-to-all: max of the two)
         common_f = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f
@@ -472,7 +462,7 @@ class TimeModel(ComputeModel, CommModel):
         """Host dispatch and the 1F1B pipeline (module docstring). Returns t_disp (seconds per stage and
         micro-batch), t_step_host (the optimizer step's host seconds), the stage periods, and the
         iteration's t_bubble and t_vocab (seconds)."""
-        pp, vpp, ep, cp, mbs, ckc, n_mb = v.pp, v.vpp, v.ep, v.cp, v.mbs, v.ckc, v.n_mb
+        pp, vpp, ep, cp, mbs, ckc, n_mb = v.pp, v.vpp, v.ep, v.cp, v.mbs, v.ckpt, v.n_mb
         moe = g.is_moe
         L_stage = s.L_stage
         # CPU dispatch per stage and micro-batch (kernels x gap + host); the GPU of each stage runs
@@ -508,7 +498,7 @@ class TimeModel(ComputeModel, CommModel):
                           v: _PlanVars, t_disp: np.ndarray, t_step_host: np.ndarray,
                           optimizer: str) -> tuple[np.ndarray, np.ndarray]:
         """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration."""
-        tp, cp, pp, dp, ep, etp, ckc = v.tp, v.cp, v.pp, v.dp, v.ep, v.etp, v.ckc
+        tp, cp, pp, dp, ep, etp, ckc = v.tp, v.cp, v.pp, v.dp, v.ep, v.etp, v.ckpt
         moe = g.is_moe
         L_stage = s.L_stage
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
@@ -531,7 +521,7 @@ class TimeModel(ComputeModel, CommModel):
     def _compute_components(self, g: Geometry, k: SimpleNamespace, s: _Stages, v: _PlanVars) -> dict[str, np.ndarray]:
         """The slowest stage's compute per iteration split by component (seconds; the same keys for
         every model), scaled so the split sums to n_mb t_cmp."""
-        ckc, n_mb = v.ckc, v.n_mb
+        ckc, n_mb = v.ckpt, v.n_mb
         L_stage = s.L_stage
         comps = {
             "attn_proj": n_mb * L_stage * (k.attn_f + k.attn_b + np.where(ckc == 3, k.attn_f, 0.0)),
@@ -567,7 +557,7 @@ class TimeModel(ComputeModel, CommModel):
     def _utilization(self, g: Geometry, v: _PlanVars, gbs: int, seqlen: int,
                      t_iter: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """eq:mfu's MFU, MFU in the validation sweeps' FLOP count, and HFU (fractions of peak)."""
-        tp, cp, pp, dp, ckc = v.tp, v.cp, v.pp, v.dp, v.ckc
+        tp, cp, pp, dp, ckc = v.tp, v.cp, v.pp, v.dp, v.ckpt
         tokens = gbs * seqlen
         denom = t_iter * self.prof.peak(g.precision) * (tp * cp * pp * dp)
         # eq:mfu: N(Z) = N_act, the non-embedding parameters active per token (the paper's N_act of
