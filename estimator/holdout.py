@@ -26,25 +26,32 @@ class Holdout:
     mape: float       # mean |composed / measured - 1|
     median_ratio: float  # median composed / measured (< 1: composition is optimistic)
     max_err: float
+    below: bool = False  # the points under ``cut`` were hidden (composition down from the smallest)
 
 
-def _summary(table, axis, cut, pred, meas) -> Holdout:
+def _summary(table, axis, cut, pred, meas, below=False) -> Holdout:
     r = np.asarray(pred, dtype=float) / np.asarray(meas, dtype=float)
     return Holdout(table, axis, float(cut), int(r.size), float(np.mean(np.abs(r - 1))), float(np.median(r)),
-                   float(np.max(np.abs(r - 1))))
+                   float(np.max(np.abs(r - 1))), below)
+
+
+def _split(df: pd.DataFrame, axis: str, cut: float, below: bool):
+    """(kept, hidden) rows: the hidden ones above ``cut`` on ``axis``, or under it when ``below``."""
+    hide = df[axis] < cut if below else df[axis] > cut
+    return df[~hide], df[hide]
 
 
 def _rebuilt(frames: dict[str, pd.DataFrame], suite: str, keep: pd.DataFrame, peak: float):
     return build_tables("holdout", {**{k: pd.DataFrame() for k in frames}, suite: keep}, peak)
 
 
-def grouped(frames, peak: float, cut: float = 2048, axis: str = "tokens_per_expert") -> Holdout:
-    """Grouped GEMM, ``axis`` (tokens_per_expert or num_gemms) above ``cut`` hidden (fc1 + fc2, fwd +
-    bwd, balanced bf16)."""
+def grouped(frames, peak: float, cut: float = 2048, axis: str = "tokens_per_expert", below: bool = False) -> Holdout:
+    """Grouped GEMM, ``axis`` (tokens_per_expert or num_gemms) above ``cut`` hidden, or under it with
+    ``below`` (fc1 + fc2, fwd + bwd, balanced bf16)."""
     df = frames["grouped_gemm"]
     df = df[(df["distribution"] == "balanced") & (df["dtype"] == "bf16")]
-    tb = _rebuilt(frames, "grouped_gemm", df[df[axis] <= cut], peak)
-    hid = df[df[axis] > cut]
+    keep, hid = _split(df, axis, cut, below)
+    tb = _rebuilt(frames, "grouped_gemm", keep, peak)
     pred, meas = [], []
     for (h, f, ng, tpe), g in hid.groupby(["hidden", "ffn", "num_gemms", "tokens_per_expert"]):
         per = g.groupby("proj")[["fwd_s", "bwd_s"]].median()
@@ -55,31 +62,35 @@ def grouped(frames, peak: float, cut: float = 2048, axis: str = "tokens_per_expe
             if tab is not None:
                 pred.append(float(tab.lookup(ng, tpe).t_composed))
                 meas.append(float(per.loc[["fc1", "fc2"], f"{dirn}_s"].sum()))
-    return _summary("grouped_gemm", axis, cut, pred, meas)
+    return _summary("grouped_gemm", axis, cut, pred, meas, below)
 
 
-def gemm(frames, peak: float, cut: float = 32768, min_nk: float = 1024) -> Holdout:
-    """Dense GEMM, m above ``cut`` hidden; checked where n, k >= ``min_nk`` (the model's shapes)."""
+def gemm(frames, peak: float, cut: float = 32768, min_nk: float = 1024, below: bool = False) -> Holdout:
+    """Dense GEMM, m above ``cut`` hidden (under it with ``below``); checked where n, k >= ``min_nk``
+    (the model's shapes)."""
     df = frames["gemm"]
     df = df[df["dtype"] == "bf16"]
-    tb = _rebuilt(frames, "gemm", df[df["m"] <= cut], peak)
-    hid = df[(df["m"] > cut) & (df["n"] >= min_nk) & (df["k"] >= min_nk)]
+    keep, hid = _split(df, "m", cut, below)
+    tb = _rebuilt(frames, "gemm", keep, peak)
+    hid = hid[(hid["n"] >= min_nk) & (hid["k"] >= min_nk)]
     hid = hid.groupby(["m", "n", "k"])["t_s"].median().reset_index()
     pred = tb.gemm.lookup(hid["m"].to_numpy(float), hid["n"].to_numpy(float), hid["k"].to_numpy(float)).t_composed
-    return _summary("gemm", "m", cut, pred, hid["t_s"])
+    return _summary("gemm", "m", cut, pred, hid["t_s"], below)
 
 
-def sdpa(frames, peak: float, cut: float = 8192) -> Holdout:
-    """Causal SDPA (the backend the tables pick), seq_len above ``cut`` hidden (fwd + bwd)."""
+def sdpa(frames, peak: float, cut: float = 8192, below: bool = False) -> Holdout:
+    """Causal SDPA (the backend the tables pick), seq_len above ``cut`` hidden, or under it with
+    ``below`` (fwd + bwd)."""
     df = frames["sdpa"]
     full = build_tables("holdout", {"sdpa": df}, peak)
     df = df[(df["backend"] == full.sdpa_backend) & df["bwd_s"].notna() & df["causal"].astype(bool)]
-    tb = _rebuilt(frames, "sdpa", df[df["seq_len"] <= cut], peak)
-    hid = df[df["seq_len"] > cut].groupby(["seq_len", "micro_bs", "n_q_heads", "head_dim"])[
+    keep, hid = _split(df, "seq_len", cut, below)
+    tb = _rebuilt(frames, "sdpa", keep, peak)
+    hid = hid.groupby(["seq_len", "micro_bs", "n_q_heads", "head_dim"])[
         ["fwd_s", "bwd_s"]].median().reset_index()
     c = [hid[a].to_numpy(float) for a in ("seq_len", "micro_bs", "n_q_heads", "head_dim")]
     pred = tb.sdpa["fwd"].lookup(*c).t_composed + tb.sdpa["bwd"].lookup(*c).t_composed
-    return _summary("sdpa", "seq_len", cut, pred, hid["fwd_s"] + hid["bwd_s"])
+    return _summary("sdpa", "seq_len", cut, pred, hid["fwd_s"] + hid["bwd_s"], below)
 
 
 def collectives(frames, peak: float, frac: float = 0.25) -> Holdout:

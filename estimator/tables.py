@@ -53,8 +53,11 @@ EXTRAPOLATE_MODES = ("compose", "error", "clamp")
 # below 16k, sub-MB collectives) constant throughput over-charges; on the recorded B200 tables the
 # affine rule beats it on every hold-out but the shallowest GEMM cut (estimator/holdout.py,
 # benchmarks/compose_accuracy.py). Collectives apply the same rule to message bytes (alpha-beta).
-# Below the smallest measured value the edge time is kept: a smaller kernel of the same family is
-# not faster than the launch- or latency-bound floor the smallest measured one already sits on.
+# Below the smallest measured value the same affine rule runs down from the first measured interval:
+# an edge that already sits on its launch floor (flat first interval) keeps it, one whose time still
+# follows its work (e.g. 4 grouped GEMMs of 12k tokens: 1 GEMM is a quarter of the work) scales down,
+# never under the fastest point measured in the table (the family's launch floor). Collectives keep
+# their smallest message's latency-bound time.
 # (table name prefix) -> (work exponent per axis, rule text)
 COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {
     "gemm": ((1.0, 1.0, 1.0), "GEMM: affine in FLOPs (m n k) at the last measured interval's marginal "
@@ -165,6 +168,7 @@ class GridTable:
         self.lo = np.array([g.min() for g in self.grid])
         self.hi = np.array([g.max() for g in self.grid])
         logv = np.log(values)
+        self._floor = float(np.exp(np.min(logv)))  # the fastest measured point of the table (seconds)
         logg = [np.log(g) for g in self.grid]
         # single-valued axes cannot be interpolated: keep them for range checks only
         self._keep = [i for i, g in enumerate(self.grid) if len(g) > 1]
@@ -193,22 +197,27 @@ class GridTable:
             hit = self._cache[key] = self._lookup(arrs)
         return hit
 
-    def _edge_growth(self, i: int, cs, e: float) -> np.ndarray:
-        """Time ratio t(x) / t(edge) along axis ``i`` beyond its largest measured value (COMPOSE_RULES):
-        1 + s ((x / edge)^e - 1), e the power of the work along the axis and s the edge's marginal share,
-        (1 - t(prev) / t(edge)) / (1 - (prev / edge)^e) over the axis' last measured interval at the other
-        (clamped) coordinates, bounded to [0, 1]: a fixed part plus a part growing with the work, never
-        shrinking and never faster than the work (s = 1: constant throughput, the rule of one-point axes)."""
-        g, x = self.grid[i], cs[i] / self.hi[i]
+    def _edge_growth(self, i: int, cs, e: float, upper: bool) -> np.ndarray:
+        """Time ratio t(x) / t(edge) along axis ``i`` outside its measured range (COMPOSE_RULES), at the
+        largest (``upper``) or smallest measured value: 1 + s ((x / edge)^e - 1), e the power of the work
+        along the axis and s the edge's marginal share, (1 - t(nb) / t(edge)) / (1 - (nb / edge)^e) over
+        the measured interval next to the edge (nb its other end) at the other (clamped) coordinates,
+        bounded to [0, 1]: a fixed part plus a part proportional to the work. Above the range the time
+        never shrinks and never grows faster than the work; below it, it never drops under the fixed
+        part (s = 0: a launch-bound edge keeps its floor; s = 1: constant throughput, the rule of an
+        axis measured at one point)."""
+        g = self.grid[i]
+        x = cs[i] / (g[-1] if upper else g[0])
         if len(g) < 2 or i not in self._keep or e == 0:
-            return x ** e
+            return x ** e if upper else np.ones(np.shape(x))
+        edge, nb = (g[-1], g[-2]) if upper else (g[0], g[1])
         pts = []
-        for v in (g[-2], g[-1]):
+        for v in (nb, edge):
             c2 = [np.clip(c, self.lo[j], self.hi[j]) for j, c in enumerate(cs)]
             c2[i] = np.full(np.shape(cs[0]), v)
             pts.append(np.stack([np.log(c2[j]).ravel() for j in self._keep], axis=-1))
-        lt0, lt1 = self._interp(pts[0]), self._interp(pts[1])
-        s = np.clip((1.0 - np.exp(lt0 - lt1)) / (1.0 - (g[-2] / g[-1]) ** e), 0.0, 1.0).reshape(np.shape(cs[0]))
+        lt_nb, lt_edge = self._interp(pts[0]), self._interp(pts[1])
+        s = np.clip((1.0 - np.exp(lt_nb - lt_edge)) / (1.0 - (nb / edge) ** e), 0.0, 1.0).reshape(np.shape(cs[0]))
         return 1.0 + s * (x ** e - 1.0)
 
     def _lookup(self, arrs) -> LookupResult:
@@ -218,7 +227,8 @@ class GridTable:
         oor_val = np.zeros(shape)
         exact = np.ones(shape, dtype=bool)
         clamped = []
-        grow = np.ones(shape)  # work ratio beyond the upper edges (COMPOSE_RULES)
+        grow = np.ones(shape)  # time ratio outside the measured range (COMPOSE_RULES)
+        any_below = np.zeros(shape, dtype=bool)
         exps = compose_rule(self.name)[0]
         for i, c in enumerate(cs):
             # NaN compares false both ways: flag it out of range explicitly rather than return NaN
@@ -227,10 +237,13 @@ class GridTable:
             oor_val[bad] = c[bad]
             cc = np.clip(c, self.lo[i], self.hi[i])
             clamped.append(cc)
-            above = c > self.hi[i] * (1 + 1e-9)
-            if above.any():
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    grow = grow * np.where(above, self._edge_growth(i, cs, exps[i]), 1.0)
+            above, below = c > self.hi[i] * (1 + 1e-9), c < self.lo[i] * (1 - 1e-9)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                if above.any():
+                    grow = grow * np.where(above, self._edge_growth(i, cs, exps[i], True), 1.0)
+                if below.any():
+                    grow = grow * np.where(below, self._edge_growth(i, cs, exps[i], False), 1.0)
+                    any_below |= below
             exact &= np.isin(cc, self.grid[i])
         if self._keep:
             pts = np.stack([np.log(clamped[i]).ravel() for i in self._keep], axis=-1)
@@ -240,7 +253,9 @@ class GridTable:
         code = np.where(exact, MEASURED, INTERPOLATED).astype(np.int8)
         lo = np.where(oor_axis >= 0, self.lo[np.maximum(oor_axis, 0)], np.nan)
         hi = np.where(oor_axis >= 0, self.hi[np.maximum(oor_axis, 0)], np.nan)
-        return _frozen(LookupResult(self.name, self.axes, t, code, oor_axis, oor_val, lo, hi, t * grow))
+        # below the range no kernel of the family is faster than the fastest one measured (launch floor)
+        t_comp = np.where(any_below, np.maximum(t * grow, self._floor), t * grow)
+        return _frozen(LookupResult(self.name, self.axes, t, code, oor_axis, oor_val, lo, hi, t_comp))
 
 
 def fill_grid(df: pd.DataFrame, axes: list[str], value: str, work: np.ndarray | None = None):

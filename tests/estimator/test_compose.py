@@ -65,12 +65,30 @@ def test_grouped_rule_neither_shrinks_nor_outgrows_the_work():
         assert float(tab.lookup(4.0, 8192.0).t_composed) == pytest.approx(expect, rel=1e-9)
 
 
-def test_below_the_range_keeps_the_floor():
-    tab = GridTable("sdpa", ("seq_len", "micro_bs", "n_q_heads", "head_dim"),
-                    [np.array([1024.0, 2048.0]), np.array([1.0]), np.array([8.0]), np.array([128.0])],
-                    np.array([1e-4, 4e-4]).reshape(2, 1, 1, 1))
-    assert float(tab.lookup(512.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(1e-4)
-    assert float(tab.lookup(4096.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(16e-4)  # quadratic
+def test_below_the_range_follows_the_first_interval_down_to_the_floor():
+    # SDPA exactly quadratic on its first interval: at half the shortest sequence, a quarter of its time;
+    # never faster than the table's fastest point; above the range, quadratic too
+    quad = GridTable("sdpa", ("seq_len", "micro_bs", "n_q_heads", "head_dim"),
+                     [np.array([1024.0, 2048.0, 4096.0]), np.array([1.0]), np.array([8.0]), np.array([128.0])],
+                     np.array([1e-4, 4e-4, 16e-4]).reshape(3, 1, 1, 1))
+    assert float(quad.lookup(512.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(1e-4)  # floor: fastest point
+    assert float(quad.lookup(8192.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(64e-4)
+    # a launch-bound first interval (flat) keeps its floor below the range
+    flat = GridTable("sdpa", ("seq_len", "micro_bs", "n_q_heads", "head_dim"),
+                     [np.array([1024.0, 2048.0]), np.array([1.0]), np.array([8.0]), np.array([128.0])],
+                     np.array([1e-4, 1e-4]).reshape(2, 1, 1, 1))
+    assert float(flat.lookup(256.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(1e-4)
+
+
+def test_grouped_gemm_below_the_measured_group_count_scales_with_the_work():
+    # 4 and 8 compute-bound GEMMs (time doubles with the groups): 1 GEMM is a quarter of the 4-GEMM time,
+    # where keeping the edge would charge 4 GEMMs for 1 (what EP = E, one local expert, asks)
+    tpe = np.array([64.0, 8192.0])
+    t4 = np.array([1e-4, 2e-3])  # 64 tokens: the launch floor; 8192: compute-bound
+    tab = GridTable("grouped_gemm[6144x3840]", ("num_gemms", "tokens_per_expert"),
+                    [np.array([4.0, 8.0]), tpe], np.stack([t4, 2 * t4]))
+    assert float(tab.lookup(1.0, 8192.0).t_composed) == pytest.approx(2e-3 / 4, rel=1e-9)
+    assert float(tab.lookup(1.0, 64.0).t_composed) == pytest.approx(1e-4, rel=1e-9)  # not under the floor
 
 
 def _collective_table(t_of_size):
