@@ -77,6 +77,16 @@ COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {
 }
 
 
+def affine_growth(t_edge, t_nb, edge, nb, x, e: float = 1.0):
+    """t(x) / t(edge) of a kernel whose time is a fixed part plus a part proportional to its work (work
+    ~ size^e), continued from the measured interval (nb, edge) to ``x`` outside it (COMPOSE_RULES):
+    1 + s ((x / edge)^e - 1), s = (1 - t_nb / t_edge) / (1 - (nb / edge)^e) the edge's marginal share,
+    bounded to [0, 1] (s = 0: all fixed, e.g. launch-bound; s = 1: constant throughput). Arrays
+    broadcast; dimensionless."""
+    s = np.clip((1.0 - t_nb / t_edge) / (1.0 - (nb / edge) ** e), 0.0, 1.0)
+    return 1.0 + s * ((x / edge) ** e - 1.0)
+
+
 def compose_rule(table: str) -> tuple[tuple[float, ...], str]:
     """The composition rule of a table (by its name's prefix: ``grouped_gemm[4096x1024]`` ->
     ``grouped_gemm``); an unknown table scales linearly in every axis."""
@@ -198,27 +208,21 @@ class GridTable:
         return hit
 
     def _edge_growth(self, i: int, cs, e: float, upper: bool) -> np.ndarray:
-        """Time ratio t(x) / t(edge) along axis ``i`` outside its measured range (COMPOSE_RULES), at the
-        largest (``upper``) or smallest measured value: 1 + s ((x / edge)^e - 1), e the power of the work
-        along the axis and s the edge's marginal share, (1 - t(nb) / t(edge)) / (1 - (nb / edge)^e) over
-        the measured interval next to the edge (nb its other end) at the other (clamped) coordinates,
-        bounded to [0, 1]: a fixed part plus a part proportional to the work. Above the range the time
-        never shrinks and never grows faster than the work; below it, it never drops under the fixed
-        part (s = 0: a launch-bound edge keeps its floor; s = 1: constant throughput, the rule of an
-        axis measured at one point)."""
+        """Time ratio t(x) / t(edge) along axis ``i`` outside its measured range, beyond the largest
+        (``upper``) or under the smallest measured value: :func:`affine_growth` over the measured interval
+        next to that edge, at the other (clamped) coordinates. An axis measured at one point keeps
+        constant throughput above and its time below."""
         g = self.grid[i]
-        x = cs[i] / (g[-1] if upper else g[0])
         if len(g) < 2 or i not in self._keep or e == 0:
-            return x ** e if upper else np.ones(np.shape(x))
+            return (cs[i] / g[-1]) ** e if upper else np.ones(np.shape(cs[i]))
         edge, nb = (g[-1], g[-2]) if upper else (g[0], g[1])
         pts = []
         for v in (nb, edge):
             c2 = [np.clip(c, self.lo[j], self.hi[j]) for j, c in enumerate(cs)]
             c2[i] = np.full(np.shape(cs[0]), v)
             pts.append(np.stack([np.log(c2[j]).ravel() for j in self._keep], axis=-1))
-        lt_nb, lt_edge = self._interp(pts[0]), self._interp(pts[1])
-        s = np.clip((1.0 - np.exp(lt_nb - lt_edge)) / (1.0 - (nb / edge) ** e), 0.0, 1.0).reshape(np.shape(cs[0]))
-        return 1.0 + s * (x ** e - 1.0)
+        t_nb, t_edge = (np.exp(self._interp(p)).reshape(np.shape(cs[0])) for p in pts)
+        return affine_growth(t_edge, t_nb, edge, nb, cs[i], e)
 
     def _lookup(self, arrs) -> LookupResult:
         cs = np.broadcast_arrays(*arrs)
@@ -321,9 +325,7 @@ class CollectiveTable:
         if not above.any():
             return t
         prev = self._prev_size(group, hi)
-        t_prev = self.time(group, prev)[0]
-        beta = np.clip((t - t_prev) / np.maximum(hi - prev, 1.0), 0.0, t / hi)
-        return np.where(above, t + beta * (size - hi), t)
+        return np.where(above, t * affine_growth(t, self.time(group, prev)[0], hi, prev, size), t)
 
     def _prev_size(self, group: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """The measured message size below ``hi`` on the curve of the group nearest ``group`` (log)."""
