@@ -207,33 +207,13 @@ class GridTable:
             hit = self._cache[key] = self._lookup(arrs)
         return hit
 
-    def _edge_growth(self, i: int, cs, e: float, upper: bool) -> np.ndarray:
-        """Time ratio t(x) / t(edge) along axis ``i`` outside its measured range, beyond the largest
-        (``upper``) or under the smallest measured value: :func:`affine_growth` over the measured interval
-        next to that edge, at the other (clamped) coordinates. An axis measured at one point keeps
-        constant throughput above and its time below."""
-        g = self.grid[i]
-        if len(g) < 2 or i not in self._keep or e == 0:
-            return (cs[i] / g[-1]) ** e if upper else np.ones(np.shape(cs[i]))
-        edge, nb = (g[-1], g[-2]) if upper else (g[0], g[1])
-        pts = []
-        for v in (nb, edge):
-            c2 = [np.clip(c, self.lo[j], self.hi[j]) for j, c in enumerate(cs)]
-            c2[i] = np.full(np.shape(cs[0]), v)
-            pts.append(np.stack([np.log(c2[j]).ravel() for j in self._keep], axis=-1))
-        t_nb, t_edge = (np.exp(self._interp(p)).reshape(np.shape(cs[0])) for p in pts)
-        return affine_growth(t_edge, t_nb, edge, nb, cs[i], e)
-
     def _lookup(self, arrs) -> LookupResult:
         cs = np.broadcast_arrays(*arrs)
         shape = cs[0].shape
         oor_axis = np.full(shape, -1, dtype=np.int16)
         oor_val = np.zeros(shape)
         exact = np.ones(shape, dtype=bool)
-        clamped = []
-        grow = np.ones(shape)  # time ratio outside the measured range (COMPOSE_RULES)
-        any_below = np.zeros(shape, dtype=bool)
-        exps = compose_rule(self.name)[0]
+        clamped, outside = [], []  # outside: (axis, upper, mask) of every axis a request leaves
         for i, c in enumerate(cs):
             # NaN compares false both ways: flag it out of range explicitly rather than return NaN
             bad = ((c < self.lo[i] * (1 - 1e-9)) | (c > self.hi[i] * (1 + 1e-9)) | np.isnan(c)) & (oor_axis < 0)
@@ -241,25 +221,56 @@ class GridTable:
             oor_val[bad] = c[bad]
             cc = np.clip(c, self.lo[i], self.hi[i])
             clamped.append(cc)
-            above, below = c > self.hi[i] * (1 + 1e-9), c < self.lo[i] * (1 - 1e-9)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                if above.any():
-                    grow = grow * np.where(above, self._edge_growth(i, cs, exps[i], True), 1.0)
-                if below.any():
-                    grow = grow * np.where(below, self._edge_growth(i, cs, exps[i], False), 1.0)
-                    any_below |= below
+            for upper, mask in ((True, c > self.hi[i] * (1 + 1e-9)), (False, c < self.lo[i] * (1 - 1e-9))):
+                if mask.any():
+                    outside.append((i, upper, mask))
             exact &= np.isin(cc, self.grid[i])
-        if self._keep:
-            pts = np.stack([np.log(clamped[i]).ravel() for i in self._keep], axis=-1)
-            t = np.exp(self._interp(pts)).reshape(shape)
-        else:
-            t = np.full(shape, np.exp(self._const))
+        t, grow = self._times(cs, clamped, outside)
         code = np.where(exact, MEASURED, INTERPOLATED).astype(np.int8)
         lo = np.where(oor_axis >= 0, self.lo[np.maximum(oor_axis, 0)], np.nan)
         hi = np.where(oor_axis >= 0, self.hi[np.maximum(oor_axis, 0)], np.nan)
         # below the range no kernel of the family is faster than the fastest one measured (launch floor)
-        t_comp = np.where(any_below, np.maximum(t * grow, self._floor), t * grow)
+        below = np.zeros(shape, dtype=bool)
+        for _, upper, mask in outside:
+            below |= mask & (not upper)
+        t_comp = np.where(below, np.maximum(t * grow, self._floor), t * grow)
         return _frozen(LookupResult(self.name, self.axes, t, code, oor_axis, oor_val, lo, hi, t_comp))
+
+    def _times(self, cs, clamped, outside):
+        """(t at the clamped coordinates, composed / clamped time ratio): the interpolations of the clamped
+        points and of both ends of each edge interval a request leaves by (the measured interval next to
+        that edge, at the other clamped coordinates) in one pass. Outside the range along axis i the
+        ratio is :func:`affine_growth` over that interval; an axis measured at one point (or with no
+        work exponent) keeps constant throughput above and its time below (COMPOSE_RULES)."""
+        shape = np.shape(cs[0])
+        grow = np.ones(shape)
+        if not self._keep:
+            for i, upper, mask in outside:
+                e = compose_rule(self.name)[0][i]
+                grow = np.where(mask & upper, grow * (cs[i] / self.hi[i]) ** e, grow)
+            return np.full(shape, np.exp(self._const)), grow
+        base = np.stack([np.log(clamped[i]).ravel() for i in self._keep], axis=-1)
+        blocks, jobs = [base], []
+        exps = compose_rule(self.name)[0]
+        for i, upper, mask in outside:
+            g, e = self.grid[i], exps[i]
+            if len(g) < 2 or i not in self._keep or e == 0:
+                if upper:
+                    grow = np.where(mask, grow * (cs[i] / g[-1]) ** e, grow)
+                continue
+            edge, nb = (g[-1], g[-2]) if upper else (g[0], g[1])
+            col = self._keep.index(i)
+            for v in (nb, edge):
+                pts = base.copy()
+                pts[:, col] = np.log(v)
+                blocks.append(pts)
+            jobs.append((i, mask, edge, nb, e))
+        t_all = np.exp(self._interp(np.concatenate(blocks))).reshape(len(blocks), *shape)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            for n, (i, mask, edge, nb, e) in enumerate(jobs):
+                t_nb, t_edge = t_all[1 + 2 * n], t_all[2 + 2 * n]
+                grow = np.where(mask, grow * affine_growth(t_edge, t_nb, edge, nb, cs[i], e), grow)
+        return t_all[0], grow
 
 
 def fill_grid(df: pd.DataFrame, axes: list[str], value: str, work: np.ndarray | None = None):
