@@ -65,14 +65,16 @@ def test_grouped_rule_neither_shrinks_nor_outgrows_the_work():
         assert float(tab.lookup(4.0, 8192.0).t_composed) == pytest.approx(expect, rel=1e-9)
 
 
-def test_below_the_range_follows_the_first_interval_down_to_the_floor():
-    # SDPA exactly quadratic on its first interval: at half the shortest sequence, a quarter of its time;
-    # never faster than the table's fastest point; above the range, quadratic too
-    quad = GridTable("sdpa", ("seq_len", "micro_bs", "n_q_heads", "head_dim"),
-                     [np.array([1024.0, 2048.0, 4096.0]), np.array([1.0]), np.array([8.0]), np.array([128.0])],
-                     np.array([1e-4, 4e-4, 16e-4]).reshape(3, 1, 1, 1))
-    assert float(quad.lookup(512.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(1e-4)  # floor: fastest point
-    assert float(quad.lookup(8192.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(64e-4)
+def test_below_the_range_follows_the_first_interval_down_to_its_fixed_part():
+    # SDPA t = a + b seq^2 on its first interval: at half the shortest sequence the quadratic part shrinks
+    # 4x and the fixed part a stays; above the range it grows with the work
+    a, b = 0.2e-4, 0.8e-4 / 1024.0 ** 2
+    seq = np.array([1024.0, 2048.0, 4096.0])
+    tab = GridTable("sdpa", ("seq_len", "micro_bs", "n_q_heads", "head_dim"),
+                    [seq, np.array([1.0]), np.array([8.0]), np.array([128.0])], (a + b * seq ** 2).reshape(3, 1, 1, 1))
+    assert float(tab.lookup(512.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(a + b * 512.0 ** 2, rel=1e-9)
+    assert float(tab.lookup(64.0, 1.0, 8.0, 128.0).t_composed) > a  # never under the fixed part
+    assert float(tab.lookup(8192.0, 1.0, 8.0, 128.0).t_composed) == pytest.approx(a + b * 8192.0 ** 2, rel=1e-9)
     # a launch-bound first interval (flat) keeps its floor below the range
     flat = GridTable("sdpa", ("seq_len", "micro_bs", "n_q_heads", "head_dim"),
                      [np.array([1024.0, 2048.0]), np.array([1.0]), np.array([8.0]), np.array([128.0])],
@@ -88,7 +90,10 @@ def test_grouped_gemm_below_the_measured_group_count_scales_with_the_work():
     tab = GridTable("grouped_gemm[6144x3840]", ("num_gemms", "tokens_per_expert"),
                     [np.array([4.0, 8.0]), tpe], np.stack([t4, 2 * t4]))
     assert float(tab.lookup(1.0, 8192.0).t_composed) == pytest.approx(2e-3 / 4, rel=1e-9)
-    assert float(tab.lookup(1.0, 64.0).t_composed) == pytest.approx(1e-4, rel=1e-9)  # not under the floor
+    # and a GEMM group with a fixed per-call part keeps it: t(n) = 60 us + 10 us per GEMM
+    fixed = GridTable("grouped_gemm[6144x3840]", ("num_gemms", "tokens_per_expert"),
+                      [np.array([4.0, 8.0]), tpe], np.array([[1e-4, 1e-4], [1.4e-4, 1.4e-4]]))
+    assert float(fixed.lookup(1.0, 64.0).t_composed) == pytest.approx(0.7e-4, rel=1e-9)
 
 
 def _collective_table(t_of_size):
