@@ -75,8 +75,12 @@ class Recorder:
             if self.mode == "compose":
                 code = np.where(bad, COMPOSED, code)
                 t = np.where(bad, _vec(res.t if res.t_composed is None else res.t_composed, P), t)
-                self.note(f"{comp} composed beyond the measured {res.table} range: {compose_rule(res.table)[1]}",
-                          bad)
+                lo, hi = _vec(res.lo, P), _vec(res.hi, P)
+                for a in np.unique(ax[bad]):  # the axis left and the measured edge it is composed from
+                    sel = bad & (ax == a)
+                    i = int(np.argmax(sel))
+                    self.note(f"{comp} composed outside the measured {res.table} range ({res.axes[a]} measured "
+                              f"{lo[i]:g}..{hi[i]:g}): {compose_rule(res.table)[1]}", sel)
             elif self.mode == "clamp":
                 code = np.where(bad, CLAMPED, code)
                 self.n_clamped += bad

@@ -149,6 +149,8 @@ def test_compose_is_the_default_and_labels_what_it_composed():
     r = est.estimate(spec, 32, [Layout(pp=2, ep=8)])[0]
     assert r.feasible and r.sources["sdpa"] == "composed"
     assert any("quadratic in seq_len" in w for w in r.warnings)
+    # the warning names the axis the lookup left and the measured range it was composed from
+    assert any("seq_len measured" in w and "..16384" in w for w in r.warnings), r.warnings
     assert r.composed_share == pytest.approx(r.breakdown_s["sdpa"] / r.t_analytic_s, rel=1e-9)
     half = Estimator.from_frames("p6-b200.48xlarge", {"sdpa": _sdpa_frame()}).estimate(
         parse_spec(moe_spec(data={"seqlen": 16384, "gbs": 512})), 32, [Layout(pp=2, ep=8)])[0]
