@@ -24,6 +24,17 @@ ORTHO_OPTIMIZERS = ("muon", "scion")
 REPLICATED_OPTIMIZERS = ("sgd",)
 
 
+def dp_collectives(optimizer: str) -> tuple[tuple[str, int], ...]:
+    """The DP collectives of one step as (collective, bytes per parameter), gradient side first: ZeRO-1
+    (Adam family) reduce-scatters fp32 grads and all-gathers bf16 params; the layer-wise optimizer
+    (:data:`ORTHO_OPTIMIZERS`) all-reduces the grads, then the owners' params are gathered; plain DDP
+    (:data:`REPLICATED_OPTIMIZERS`) all-reduces the grads alone. Read by the model and by bench plan."""
+    if optimizer in REPLICATED_OPTIMIZERS:
+        return (("all_reduce", GRAD_BYTES_COMM),)
+    red = "all_reduce" if optimizer in ORTHO_OPTIMIZERS else "reduce_scatter"
+    return ((red, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))
+
+
 def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int):
     """The distributed optimizer's two gradient groups on the heaviest stage, as
     ``[(params, group, layout, inter_node, n_buckets)]`` (arrays or scalars, parameters per rank).
@@ -170,16 +181,14 @@ class CommModel:
         """
         out = np.zeros(len(pl))
         ortho = optimizer in ORTHO_OPTIMIZERS
-        plain = optimizer in REPLICATED_OPTIMIZERS
+        colls = dp_collectives(optimizer)
         for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn):
             per_bucket = params / nb
             act = (group > 1) & (params > 0)
-            red = "all_reduce" if (ortho or plain) else "reduce_scatter"
             rails = expert_dp_rails(tp, cp, ep, etp, dp, self.gpn) if layout == "strided" else None
-            rs = nb * self._collective(rec, "dp_comm", red, group, per_bucket * GRAD_BYTES_COMM, inter, layout, act,
-                                       rails=rails)
-            ag = 0.0 if plain else nb * self._collective(rec, "dp_comm", "all_gather", group,
-                                                         per_bucket * PARAM_BYTES_COMM, inter, layout, act, rails=rails)
+            t = [nb * self._collective(rec, "dp_comm", coll, group, per_bucket * nbytes, inter, layout, act,
+                                       rails=rails) for coll, nbytes in colls]
+            rs, ag = t[0], (t[1] if len(t) > 1 else 0.0)  # gradient side, parameter side (none for plain DDP)
             if self.serial:
                 out += rs + ag
             else:

@@ -40,15 +40,7 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
     """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model;
     ``optimizer`` picks the DP collectives (muon/scion all-reduce + all-gather, sgd all-reduce, else
     reduce-scatter + all-gather)."""
-    from scaleplan.estimator.comm import (
-        GRAD_BYTES_COMM,
-        ORTHO_OPTIMIZERS,
-        PARAM_BYTES_COMM,
-        REPLICATED_OPTIMIZERS,
-        bias_sync,
-        dp_buckets,
-        expert_dp_rails,
-    )
+    from scaleplan.estimator.comm import bias_sync, dp_buckets, dp_collectives, expert_dp_rails
     from scaleplan.estimator.compute import CKPT_NAMES
 
     out: dict[str, list[dict]] = {}
@@ -91,11 +83,7 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
                                           "size_bytes": int(round(float(sh.a2a_bytes))), "dtype": dt})
         for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, gpn):
             if group > 1 and params > 0:
-                if optimizer in REPLICATED_OPTIMIZERS:  # plain DDP
-                    colls = (("all_reduce", GRAD_BYTES_COMM),)
-                else:  # layer-wise (muon/scion) vs ZeRO-1
-                    red = "all_reduce" if optimizer in ORTHO_OPTIMIZERS else "reduce_scatter"
-                    colls = ((red, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))
+                colls = dp_collectives(optimizer)
                 # a strided group with several ranks per node is also bounded by the contiguous table
                 rails = expert_dp_rails(tp, cp, ep, etp, dp, gpn) if layout == "strided" else 1
                 layouts = (layout, "contiguous") if (inter and rails > 1) else (layout,)

@@ -240,14 +240,13 @@ class GridTable:
         work exponent) keeps constant throughput above and its time below (COMPOSE_RULES)."""
         shape = np.shape(cs[0])
         grow = np.ones(shape)
+        exps = compose_rule(self.name)[0]
         if not self._keep:
             for i, upper, mask in outside:
-                e = compose_rule(self.name)[0][i]
-                grow = np.where(mask & upper, grow * (cs[i] / self.hi[i]) ** e, grow)
+                grow = np.where(mask & upper, grow * (cs[i] / self.hi[i]) ** exps[i], grow)
             return np.full(shape, np.exp(self._const)), grow
         base = np.stack([np.log(clamped[i]).ravel() for i in self._keep], axis=-1)
         blocks, jobs = [base], []
-        exps = compose_rule(self.name)[0]
         for i, upper, mask in outside:
             g, e = self.grid[i], exps[i]
             if len(g) < 2 or i not in self._keep or e == 0:
