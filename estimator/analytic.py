@@ -49,6 +49,27 @@ def sdpa_fwd_time(seq, mbs, q_heads, head_dim, peak, hbm_bw):
 
 SDPA_BWD_OVER_FWD = 2.5  # flash backward: 5 GEMM-equivalents vs 2 forward
 
+def sdpa_peak(prof, precision: str) -> float:
+    """FLOP/s of causal attention with inputs in ``precision`` (per device): the 16-bit tensor-core
+    lane for bf16/fp16 and, as an upper bound on time, for fp8/fp4 (no measured low-precision
+    attention); for fp32/tf32 a third of the TF32 lane: the flash and cuDNN kernels take 16-bit inputs
+    only, and PyTorch's memory-efficient kernel runs fp32 as three TF32 MMAs per product (CUTLASS
+    OpMultiplyAddFastF32, ``DefaultGemmType<float>`` for sm80+ in ATen's mem_eff_attention); the
+    fp32 (SIMT) lane where the profile has no TF32 lane."""
+    lanes = prof.peak_flops
+    if precision in ("fp32", "tf32") and "tf32" in lanes:
+        return lanes["tf32"] / 3.0
+    if precision in ("fp8", "fp4") and "bf16" in lanes:
+        return lanes["bf16"]
+    return prof.peak(precision)
+
+
+def sdpa_lane_ratio(prof, precision: str) -> float:
+    """Time of attention in ``precision`` over its time in bf16 (>= 1; see :func:`sdpa_peak`)."""
+    if not prof.peak_flops or "bf16" not in prof.peak_flops:
+        return 1.0
+    return max(prof.peak("bf16") / sdpa_peak(prof, precision), 1.0)
+
 
 def memory_time(nbytes, hbm_bw):
     """A bandwidth-bound kernel moving ``nbytes`` through HBM."""

@@ -78,6 +78,36 @@ class ComputeModel:
                 ex_b += np.where(sel, 2 * fa, 0.0)
         return ex_f, ex_b
 
+    def _sdpa(self, rec, g: Geometry, seqlen, mbs, heads, hbm):
+        """Causal SDPA of one layer and micro-batch on ``heads`` local query heads: (fwd, bwd) seconds,
+        in the spec's ``sdpa_precision``.
+
+        The SDPA table of that dtype where the profile measured one. Otherwise the table of the
+        16-bit rows scaled to the dtype's attention rate (:func:`analytic.sdpa_lane_ratio`): fp32/tf32
+        runs ~6x slower on a B200 (the flash and cuDNN kernels take 16-bit inputs only; PyTorch runs
+        fp32 in its memory-efficient kernel, 3xTF32 on tensor cores), fp16 at the bf16 rate, fp8/fp4
+        keep the bf16 time (an upper bound: no measured low-precision attention). Such a lookup is
+        labelled analytic with a note. Without any SDPA table: the roofline at that rate.
+        """
+        prec = g.sdpa_precision
+        tabs = self.tb.sdpa_by_dtype.get(prec)
+        if tabs is not None:
+            return (rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.hd)),
+                    rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)))
+        base = next((d for d in ("bf16", "fp16") if d in self.tb.sdpa_by_dtype), None)
+        if base is None:
+            rec.mark("sdpa", ANALYTIC)
+            f = an.sdpa_fwd_time(seqlen, mbs, heads, g.hd, an.sdpa_peak(self.prof, prec), hbm)
+            return f, an.SDPA_BWD_OVER_FWD * f
+        ratio = an.sdpa_lane_ratio(self.prof, prec)
+        tabs = self.tb.sdpa_by_dtype[base]
+        f = rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.hd)) * ratio
+        b = rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)) * ratio
+        rec.mark("sdpa", ANALYTIC)
+        rec.note(f"sdpa in {prec}: the {base} SDPA table x {ratio:.3g} (no measured {prec} rows)",
+                 np.ones(rec.P, dtype=bool))
+        return f, b
+
     def _grouped_envelope(self, rec, E_loc, tile, sel):
         """Range-check (num_gemms, tokens_per_expert) of the dense-loop fallback against the envelope
         the grouped tables measure (union over shapes); records out_of_range:grouped_gemm.<axis>."""
@@ -145,7 +175,9 @@ class ComputeModel:
         """Per layer and micro-batch (fwd, bwd) seconds of the 2 RMSNorms and 2 residual adds on the
         sequence-parallel shard [T/TP, d] and RoPE on the local q/k heads [T, (n_q/TP + kv_loc) hd]:
         the element-wise table (bench/suites/elementwise.py) where it has the op, else the bytes
-        through HBM (read + write; backward twice the forward), labelled analytic."""
+        through HBM (read + write; backward twice the forward), labelled analytic. With dropout
+        (spec model.dropout) each residual add is Megatron's fused bias-dropout-add: plus the
+        1-byte mask written forward and applied backward."""
         f = np.zeros(np.shape(T))
         b = np.zeros(np.shape(T))
         for op, sp, n, passes in self._EW_OPS:
@@ -159,6 +191,12 @@ class ComputeModel:
                 of = an.memory_time(b_el * rows * width * passes, hbm)
                 ob = 2 * of
             f, b = f + n * of, b + n * ob
+        if g.dropout:  # Megatron's bias-dropout-add: each residual add also writes a 1-byte mask, and
+            # the backward applies it (read grad and mask, write grad); bytes through HBM
+            f = f + 2 * an.memory_time(1.0 * Tsp * g.d, hbm)
+            b = b + 2 * an.memory_time((2.0 * b_el + 1.0) * Tsp * g.d, hbm)
+            rec.note("dropout: hidden-dropout masks costed as bytes through HBM; attention dropout's "
+                     "in-kernel RNG is not (the SDPA table is measured without dropout)", np.ones(rec.P, dtype=bool))
         return f, b
 
     def _vocab(self, rec, g, T, tp, peak, hbm, b_el):

@@ -48,6 +48,8 @@ class Geometry:
     moe_dense_params: float  # per MoE block: router + shared expert (replicated over EP)
     expert_params: float     # per MoE block: all routed experts (sharded over EP)
     capacity_factor: float = 1.0  # routed rows per expert relative to balanced routing (MoE block)
+    sdpa_precision: str = "bf16"  # the dtype SDPA runs in (spec model.sdpa_precision)
+    dropout: bool = False         # hidden dropout after attention and MLP, attention dropout in SDPA
 
     @property
     def is_moe(self) -> bool:
@@ -87,4 +89,5 @@ def geometry(m: ModelBlock) -> Geometry:
         moe_dense_params=float(E * m.hidden_sz) + shared,
         expert_params=float(E * swiglu_params(m.hidden_sz, dexp)) if moe else 0.0,
         capacity_factor=float(moe.capacity_factor) if moe else 1.0,
+        sdpa_precision=m.sdpa_precision, dropout=m.dropout,
     )

@@ -56,7 +56,7 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
             _gemm3(out, T, w1 * g.dff // tp, g.d, dt)
             _gemm3(out, T, g.d, g.dff // tp, dt)
         _add(out, "sdpa", {"seq_len": seqlen, "micro_bs": mbs, "n_q_heads": g.nq // tp, "n_kv_heads": kv_loc,
-                           "head_dim": g.hd, "causal": True, "dtype": g.precision})
+                           "head_dim": g.hd, "causal": True, "dtype": g.sdpa_precision})
         V_loc = int(round(float(sh.V_loc)))
         for op in ("lm_head_gemm", "cross_entropy"):
             _add(out, "vocab", {"op": op, "tokens": T, "hidden": g.d, "vocab": V_loc * 1,

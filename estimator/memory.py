@@ -64,9 +64,19 @@ ACT_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "fp
 NONE, SELECTIVE, SUPER_SELECTIVE, FULL = 0, 1, 2, 3  # checkpoint mode codes (plans.ckpt)
 
 
+# the dtype activations of a precision are stored in (fp8/fp4 GEMMs keep bf16 activations; tf32 is fp32)
+ACT_DTYPE = {"fp32": "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp4": "bf16"}
+
+
 def act_bytes(precision: str) -> float:
     """Bytes per stored activation element for a model precision (fp8/fp4 GEMMs keep bf16 activations)."""
     return ACT_BYTES.get(precision, 2.0)
+
+
+def sdpa_cast(g: Geometry) -> bool:
+    """Whether attention runs in another dtype than the model stores activations in: then Q, K, V are
+    cast copies, and SDPA's output is cast back (spec model.sdpa_precision)."""
+    return ACT_DTYPE.get(g.sdpa_precision, "bf16") != ACT_DTYPE.get(g.precision, "bf16")
 
 
 def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, rope: bool = True) -> dict:
@@ -91,18 +101,30 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
     h, hd, nq = g.d, g.hd, g.nq
     kv = np.maximum(g.nkv / tp, 1.0) * tp
     w = 2 if g.glu else 1
+    # attention in another dtype (sdpa_cast): SDPA saves the cast Q, K, V (a_sd bytes) instead of the
+    # QKV buffer and the RoPE'd copies, its own output in a_sd, and the output cast back is a new
+    # tensor that the output projection (or the head gate) saves
+    cast, a_sd = sdpa_cast(g), act_bytes(g.sdpa_precision)
+    own = 0.0 if cast else 1.0  # the model-dtype Q/K/V tensors SDPA saves without a cast
+    back = cast or g.gate       # the output projection's input is a tensor of its own
     t = {
         "norm1_in": (a * T * h, ""), "norm_stats": (2 * 8.0 * T, "fine"), "qkv_in": (a * T * h, ""),
-        "qkv_out": (a * T * (nq + 2 * kv) * hd, ""), "qk_rope": (a * T * (nq + kv) * hd if rope else 0.0, ""),
-        # without the head gate the output projection's input is a view of the SDPA output (flash
-        # kernels return it in [b, s, heads, hd] layout), so that one buffer stays in every mode
-        "sdpa_out": (a * T * nq * hd, "core" if g.gate else ""), "sdpa_lse": (4.0 * T * nq, "core"),
+        "qkv_out": (own * a * T * (nq + 2 * kv) * hd, ""),
+        "qk_rope": (own * a * T * (nq + kv) * hd if rope else 0.0, ""),
+        "sdpa_in": ((1.0 - own) * a_sd * T * (nq + 2 * kv) * hd, ""),
+        # without the head gate or a cast the output projection's input is a view of the SDPA output
+        # (flash kernels return it in [b, s, heads, hd] layout), so that one buffer stays in every mode
+        "sdpa_out": ((a_sd if cast else a) * T * nq * hd, "core" if back else ""), "sdpa_lse": (4.0 * T * nq, "core"),
+        "sdpa_out_cast": (a * T * nq * hd if (cast and g.gate) else 0.0, "core"),  # the gate's input
         "gate_sigmoid": (a * T * nq if g.gate else 0.0, "core"),
-        "out_proj_in": (a * T * nq * hd if g.gate else 0.0, ""),
+        "out_proj_in": (a * T * nq * hd if back else 0.0, ""),
         "norm2_in": (a * T * h, ""),
         # the FFN input is saved by a GEMM that reads it: the dense fc1, the shared expert or an fp32
         # router; a low-precision MoE block without a shared expert keeps only the router's fp32 copy
         "ffn_in": (a * T * h if (not is_moe or g.dsh or a == 4) else 0.0, ""),
+        # hidden dropout after the attention and the FFN (Megatron's bias-dropout-add) keeps a 1-byte
+        # mask each; attention dropout inside the flash kernel keeps only its RNG state
+        "dropout_masks": (2.0 * T * h if g.dropout else 0.0, ""),
     }
     if not is_moe:
         t.update(fc1_out=(a * T * w * g.dff, ""), act_out=(a * T * g.dff if g.glu else 0.0, "fine"),

@@ -293,13 +293,8 @@ class TimeModel(ComputeModel, CommModel):
         attn_f, attn_b = f_qkv + f_o, b_qkv + b_o
 
         # SDPA on TP-sharded heads; CP: each rank computes 1/CP of the (load-balanced) causal work
-        if self.tb.sdpa:
-            sd_f = rec.use("sdpa", self.tb.sdpa["fwd"].lookup(seqlen, mbs, g.nq / tp, g.hd)) / cp
-            sd_b = rec.use("sdpa", self.tb.sdpa["bwd"].lookup(seqlen, mbs, g.nq / tp, g.hd)) / cp
-        else:
-            rec.mark("sdpa", ANALYTIC)
-            sd_f = an.sdpa_fwd_time(seqlen, mbs, g.nq / tp, g.hd, peak, hbm) / cp
-            sd_b = an.SDPA_BWD_OVER_FWD * sd_f
+        sd_f, sd_b = self._sdpa(rec, g, seqlen, mbs, g.nq / tp, hbm)
+        sd_f, sd_b = sd_f / cp, sd_b / cp
 
         # element-wise: 2 norms, 2 residual adds, RoPE on q/k, gate sigmoid*mul
         ew_f, ew_b = self._elementwise(rec, g, T, Tsp, (g.nq / tp + kv_loc) * g.hd, b_el, hbm)

@@ -377,7 +377,8 @@ class Tables:
     profile: str
     gemm: GridTable | None = None
     grouped: dict[tuple[str, int, int], GridTable] = field(default_factory=dict)  # (fwd|bwd, hidden, ffn)
-    sdpa: dict[str, GridTable] = field(default_factory=dict)  # fwd|bwd
+    sdpa: dict[str, GridTable] = field(default_factory=dict)  # fwd|bwd, bf16 rows (else the first dtype measured)
+    sdpa_by_dtype: dict[str, dict[str, GridTable]] = field(default_factory=dict)  # dtype -> fwd|bwd
     topk: dict[str, GridTable] = field(default_factory=dict)  # fwd|bwd
     vocab: dict[tuple[str, str], GridTable] = field(default_factory=dict)  # (op, fwd|bwd)
     vocab_size: int | None = None
@@ -504,8 +505,10 @@ def _build_grouped_dtype(out: dict, df: pd.DataFrame) -> None:
 
 
 def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
-    """SDPA grid over (seq_len, micro_bs, n_q_heads, head_dim), causal, of the first backend of
-    ``SDPA_BACKENDS`` the profile measured; any number of points (between them interpolated).
+    """SDPA grids over (seq_len, micro_bs, n_q_heads, head_dim), causal, one per dtype, of the first
+    backend of ``SDPA_BACKENDS`` the profile measured; any number of points (between them
+    interpolated). ``tb.sdpa`` holds the bf16 grids (else those of the first dtype measured), every
+    dtype's are in ``tb.sdpa_by_dtype`` (the spec's sdpa_precision picks them, compute.py).
 
     n_kv_heads is not an independent axis of the recorded data (it co-varies with n_q_heads:
     kv=1 only at q=8), and the causal flash kernel's work is set by the query heads (K/V reads are
@@ -520,13 +523,18 @@ def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
     if backend is None:
         return
     tb.sdpa_backend = backend
-    df = _newest(df[df["backend"] == backend], ["seq_len", "micro_bs", "n_q_heads", "n_kv_heads", "head_dim"])
-    if len(df) < 1:
-        return
+    df = df[df["backend"] == backend]
+    dtypes = df["dtype"].astype(str) if "dtype" in df else pd.Series("bf16", index=df.index)
     axes = ["seq_len", "micro_bs", "n_q_heads", "head_dim"]
-    for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
-        grid, vals = fill_grid(df, axes, col)
-        tb.sdpa[dirn] = GridTable("sdpa", tuple(axes), grid, vals)
+    for dt in sorted(set(dtypes), key=lambda d: (d != "bf16", d)):
+        d = _newest(df[dtypes == dt], ["seq_len", "micro_bs", "n_q_heads", "n_kv_heads", "head_dim"])
+        tabs = {}
+        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+            grid, vals = fill_grid(d, axes, col)
+            tabs[dirn] = GridTable("sdpa", tuple(axes), grid, vals)
+        tb.sdpa_by_dtype[dt] = tabs
+        if not tb.sdpa:
+            tb.sdpa = tabs
 
 
 def _build_topk(tb: Tables, df: pd.DataFrame) -> None:

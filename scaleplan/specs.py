@@ -84,13 +84,21 @@ class ModelBlock(BaseModel):
     head_dim: int = Field(gt=0, le=MAX_HEAD_DIM)
     vocab_sz: int = Field(gt=0, le=MAX_VOCAB)
     precision: Precision = "bf16"
-    sdpa_precision: Precision = "bf16"
+    sdpa_precision: Precision | None = None  # the dtype SDPA runs in; unset (None): the model's precision
     glu: bool = True
     rotary_embeds: bool = True
     dropout: bool = False
     tie_embeddings: bool = False
     attn_gate: bool = True
     moe: MoESpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sdpa_default(cls, data):
+        """An unset sdpa_precision is the model's precision (attention runs in the model dtype)."""
+        if isinstance(data, dict) and data.get("sdpa_precision") is None:
+            data = {**data, "sdpa_precision": data.get("precision", "bf16")}
+        return data
 
     @model_validator(mode="after")
     def _heads(self) -> "ModelBlock":

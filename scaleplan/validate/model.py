@@ -62,6 +62,9 @@ def rope_tables(seq_len: int, head_dim: int, device, dtype):
     return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
 
 
+SDPA_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, H, S, hd] rotated pairwise (rotate-half convention)."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -76,9 +79,10 @@ class Attention(nn.Module):
         self.gate = nn.Linear(m.hidden_sz, self.nh, bias=False) if m.attn_gate else None
         self.out = nn.Linear(self.nh * self.hd, m.hidden_sz, bias=False)
         self.rope, self.recompute_core = m.rotary_embeds, recompute_core
+        self.sdpa_precision = m.sdpa_precision  # SDPA's inputs are cast to it (and its output back)
 
     def _core(self, q, k, v, x):
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh).to(x.dtype)
         if self.gate is not None:  # head-wise sigmoid gate on each head's SDPA output
             o = o * torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)
         return o
@@ -95,6 +99,9 @@ class Attention(nn.Module):
         v = v.view(B, S, self.nkv, self.hd).transpose(1, 2)
         if self.rope:
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        sd = SDPA_DTYPES[self.sdpa_precision]
+        if sd != x.dtype:  # outside the recomputed core: the cast copies are what SDPA saves either way
+            q, k, v = q.to(sd), k.to(sd), v.to(sd)
         o = _ckpt(self._core, q, k, v, x, enabled=self.recompute_core)
         return self.out(o.transpose(1, 2).reshape(B, S, self.nh * self.hd))
 

@@ -80,8 +80,12 @@ def check_layout(spec: Spec, layout: Layout, nproc: int) -> int:
                             "validate runs data parallelism only: tp=cp=pp=ep=etp=vpp=1")
     if layout.dp not in (None, nproc):
         raise SpecError("--layout dp", layout.dp, f"dp must equal --nproc ({nproc})")
-    if spec.model.precision not in RUNNABLE_PRECISIONS:
-        raise SpecError("model.precision", spec.model.precision, f"validate runs {', '.join(RUNNABLE_PRECISIONS)}")
+    for name in ("precision", "sdpa_precision"):
+        if getattr(spec.model, name) not in RUNNABLE_PRECISIONS:
+            raise SpecError(f"model.{name}", getattr(spec.model, name), f"validate runs {', '.join(RUNNABLE_PRECISIONS)}")
+    if spec.model.dropout:
+        raise SpecError("model.dropout", True, "false: the reference model has no dropout layers "
+                        "(the estimator costs Megatron's dropout for a prediction)")
     gbs = spec.data.gbs
     if gbs % (nproc * layout.mbs):
         raise SpecError("data.gbs", gbs, f"a multiple of dp*mbs = {nproc}*{layout.mbs}")

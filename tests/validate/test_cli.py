@@ -69,6 +69,17 @@ def test_refuses_model_parallel_layouts_with_one_line(sqlite_url):
     assert not _observed(sqlite_url)
 
 
+@pytest.mark.parametrize("field,value", [("dropout", "true"), ("sdpa_precision", "fp8")])
+def test_refuses_what_the_reference_model_cannot_run(sqlite_url, tmp_path, field, value):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(TINY.read_text().replace("  precision: fp32\n", f"  precision: fp32\n  {field}: {value}\n", 1)
+                    .replace("  sdpa_precision: fp32\n", "" if field == "sdpa_precision" else "  sdpa_precision: fp32\n"))
+    p = _cli("validate", str(spec), "--db", sqlite_url)
+    assert p.returncode == 2, p.stderr
+    assert f"model.{field}" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not _observed(sqlite_url)
+
+
 def test_refuses_gbs_not_divisible_by_dp_mbs(sqlite_url):
     p = _cli("validate", str(TINY), "--layout", "mbs=3", "--db", sqlite_url)
     assert p.returncode == 2 and "data.gbs" in p.stderr

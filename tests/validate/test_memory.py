@@ -113,6 +113,29 @@ def test_activation_bytes_per_layer_match_saved_tensors(precision, ckpt, over):
         assert pred == pytest.approx(got[f"block{i}"], rel=0.0 if precision == "fp32" else 0.01), (i, ckpt)
 
 
+@pytest.mark.parametrize("precision,sdpa", [("fp32", "bf16"), ("bf16", "fp32")])
+@pytest.mark.parametrize("ckpt", MODES)
+@pytest.mark.parametrize("gate", [True, False])
+def test_attention_in_another_dtype_saves_the_cast_copies(precision, sdpa, ckpt, gate):
+    """sdpa_precision != precision: the reference model casts Q, K, V for SDPA and its output back;
+    the terms for the cast copies must match what torch saves, and differ from the uncast model's."""
+    spec = _spec(precision, sdpa_precision=sdpa, attn_gate=gate)
+    got = _measured_blocks(spec, precision, ckpt)
+    g = geometry(spec.model)
+    assert mm.sdpa_cast(g)
+    a = mm.act_bytes(precision)
+    mode = np.array(MODES.index(ckpt))
+    same = geometry(_spec(precision, attn_gate=gate).model)
+    for i, is_moe in enumerate(moe_block_flags(spec.model)):
+        pred = float(mm.block_activation_bytes(S, B, g, 1, 1, is_moe, mode, a, True))
+        if i == 0:
+            pred += a * S * spec.model.head_dim  # the cos/sin tables, first saved by block 0
+        assert pred == pytest.approx(got[f"block{i}"], rel=0.0 if precision == "fp32" else 0.01), (i, ckpt)
+        if ckpt != "full":
+            assert pred != float(mm.block_activation_bytes(S, B, same, 1, 1, is_moe, mode, a, True)) + \
+                (a * S * spec.model.head_dim if i == 0 else 0.0)
+
+
 @pytest.mark.parametrize("ckpt", MODES)
 def test_whole_model_activations_match_within_5_percent(ckpt):
     spec = _spec("fp32")

@@ -1,0 +1,96 @@
+"""Spec fields model.sdpa_precision and model.dropout reach the estimator (issue 13, item 7).
+
+Expectations are computed here from the rule's physics (lane peaks of the profile, bytes through
+HBM), not read off the model: fp32 attention at a third of the TF32 lane, a 1-byte dropout mask per
+residual add, 2 masks of T x d bytes saved per block."""
+import dataclasses
+
+import numpy as np
+import pytest
+from scaleplan.estimator import analytic as an
+from scaleplan.estimator import memory as mm
+from scaleplan.estimator.compute import ComputeModel
+from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.tables import Tables, load_frames, build_tables
+from scaleplan.profiles import load_profile
+from scaleplan.specs import parse_spec
+
+MODEL = {"n_layers": 4, "hidden_sz": 2048, "inter_sz": 5120, "n_q_heads": 16, "n_kv_heads": 8, "head_dim": 128,
+         "vocab_sz": 32000, "moe": {"n_experts": 64, "experts_per_token": 2, "expert_inter_sz": 1024}}
+PROFILE = "p6-b200.48xlarge"
+
+
+def _geom(**over):
+    return geometry(parse_spec({"model": {**MODEL, **over}, "hardware": {"node_type": PROFILE}}).model)
+
+
+class _Model(ComputeModel):
+    def __init__(self, tables):
+        self.tb, self.prof = tables, load_profile(PROFILE)
+
+
+@pytest.fixture(scope="module")
+def recorded_tables(recorded_db):
+    prof = load_profile(PROFILE)
+    return build_tables(PROFILE, load_frames(recorded_db, PROFILE), prof.peak("bf16"))
+
+
+def test_unset_sdpa_precision_is_the_model_precision():
+    assert _geom().sdpa_precision == "bf16"
+    assert _geom(precision="fp32").sdpa_precision == "fp32"
+    assert _geom(precision="fp32", sdpa_precision="bf16").sdpa_precision == "bf16"
+
+
+def test_fp32_attention_costs_a_third_of_the_tf32_lane(recorded_tables):
+    prof = load_profile(PROFILE)
+    ratio = prof.peak("bf16") / (prof.peak_flops["tf32"] / 3)   # 3xTF32: three MMAs per product
+    assert ratio > 5  # B200: 2.25e15 / (1.1e15 / 3)
+    m = _Model(recorded_tables)
+    seq, mbs, heads = np.array([4096.0, 8192.0]), np.array([1.0, 1.0]), np.array([16.0, 16.0])
+    rec16, rec32 = Recorder(2, "compose"), Recorder(2, "compose")
+    f16, b16 = m._sdpa(rec16, _geom(), seq, mbs, heads, prof.hbm_bandwidth)
+    f32, b32 = m._sdpa(rec32, _geom(sdpa_precision="fp32"), seq, mbs, heads, prof.hbm_bandwidth)
+    np.testing.assert_allclose(f32, ratio * f16, rtol=1e-12)
+    np.testing.assert_allclose(b32, ratio * b16, rtol=1e-12)
+    assert any("sdpa in fp32" in n for n in rec32.notes) and not rec16.notes
+    # fp16 runs on the bf16 lane; fp8 keeps the bf16 time (no measured fp8 attention: an upper bound)
+    for prec in ("fp16", "fp8"):
+        f, _ = m._sdpa(Recorder(2, "compose"), _geom(sdpa_precision=prec), seq, mbs, heads, prof.hbm_bandwidth)
+        np.testing.assert_allclose(f, f16, rtol=1e-12)
+
+
+def test_measured_rows_of_the_sdpa_dtype_are_used_as_measured(recorded_tables):
+    """A table of the requested dtype wins over scaling (here: the bf16 grids filed as fp32 rows)."""
+    tb = dataclasses.replace(recorded_tables, sdpa_by_dtype={**recorded_tables.sdpa_by_dtype,
+                                                             "fp32": recorded_tables.sdpa_by_dtype["bf16"]})
+    prof = load_profile(PROFILE)
+    args = (np.array([8192.0]), np.array([1.0]), np.array([16.0]), prof.hbm_bandwidth)
+    rec = Recorder(1, "compose")
+    f32, _ = _Model(tb)._sdpa(rec, _geom(sdpa_precision="fp32"), *args)
+    f16, _ = _Model(tb)._sdpa(Recorder(1, "compose"), _geom(), *args)
+    assert f32 == pytest.approx(f16) and not rec.notes
+
+
+def test_dropout_adds_the_mask_bytes_to_each_residual_add():
+    prof = load_profile(PROFILE)
+    m = _Model(Tables(profile=PROFILE))  # no element-wise table: bytes through HBM
+    T = np.array([8192.0, 32768.0])
+    hbm = prof.hbm_bandwidth
+    g0, g1 = _geom(), _geom(dropout=True)
+    f0, b0 = m._elementwise(Recorder(2, "compose"), g0, T, T, 2048.0, 2, hbm)
+    f1, b1 = m._elementwise(Recorder(2, "compose"), g1, T, T, 2048.0, 2, hbm)
+    d = g0.d
+    np.testing.assert_allclose(f1 - f0, 2 * np.maximum(T * d / hbm, an.KERNEL_FLOOR_S), rtol=1e-12)
+    np.testing.assert_allclose(b1 - b0, 2 * np.maximum(5 * T * d / hbm, an.KERNEL_FLOOR_S), rtol=1e-12)
+
+
+@pytest.mark.parametrize("mode", [mm.NONE, mm.SELECTIVE, mm.SUPER_SELECTIVE, mm.FULL])
+def test_dropout_keeps_two_one_byte_masks_per_block(mode):
+    s, b, tp = 4096, 2, 2
+    g0, g1 = _geom(), _geom(dropout=True)
+    for is_moe in (False, True):
+        a0 = mm.block_activation_bytes(s, b, g0, tp, 1, is_moe, np.array(mode), 2.0)
+        a1 = mm.block_activation_bytes(s, b, g1, tp, 1, is_moe, np.array(mode), 2.0)
+        want = 0.0 if mode == mm.FULL else 2 * s * b * g0.d / tp  # full keeps the block input only
+        assert float(a1 - a0) == pytest.approx(want)
