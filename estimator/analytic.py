@@ -55,10 +55,10 @@ def sdpa_peak(prof, precision: str) -> float:
     attention); for fp32/tf32 a third of the TF32 lane: the flash and cuDNN kernels take 16-bit inputs
     only, and PyTorch's memory-efficient kernel runs fp32 as three TF32 MMAs per product (CUTLASS
     OpMultiplyAddFastF32, ``DefaultGemmType<float>`` for sm80+ in ATen's mem_eff_attention); the
-    fp32 (SIMT) lane where the profile has no TF32 lane."""
+    fp32 lane where the profile has no TF32 lane faster than it (a CPU)."""
     lanes = prof.peak_flops
-    if precision in ("fp32", "tf32") and "tf32" in lanes:
-        return lanes["tf32"] / 3.0
+    if precision in ("fp32", "tf32") and lanes.get("tf32", 0.0) > lanes.get("fp32", 0.0):  # TF32 tensor cores
+        return max(lanes["tf32"] / 3.0, lanes.get("fp32", 0.0))
     if precision in ("fp8", "fp4") and "bf16" in lanes:
         return lanes["bf16"]
     return prof.peak(precision)

@@ -104,8 +104,7 @@ class ComputeModel:
         f = rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.hd)) * ratio
         b = rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)) * ratio
         rec.mark("sdpa", ANALYTIC)
-        rec.note(f"sdpa in {prec}: the {base} SDPA table x {ratio:.3g} (no measured {prec} rows)",
-                 np.ones(rec.P, dtype=bool))
+        rec.note(f"sdpa in {prec}: the {base} SDPA table x {ratio:.3g} (no measured {prec} rows)")
         return f, b
 
     def _grouped_envelope(self, rec, E_loc, tile, sel):
@@ -196,7 +195,7 @@ class ComputeModel:
             f = f + 2 * an.memory_time(1.0 * Tsp * g.d, hbm)
             b = b + 2 * an.memory_time((2.0 * b_el + 1.0) * Tsp * g.d, hbm)
             rec.note("dropout: hidden-dropout masks costed as bytes through HBM; attention dropout's "
-                     "in-kernel RNG is not (the SDPA table is measured without dropout)", np.ones(rec.P, dtype=bool))
+                     "in-kernel RNG is not (the SDPA table is measured without dropout)")
         return f, b
 
     def _vocab(self, rec, g, T, tp, peak, hbm, b_el):

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from scaleplan.estimator.comm import REPLICATED_OPTIMIZERS
 from scaleplan.estimator.geom import Geometry, padded_vocab
+from scaleplan.units import BYTES_PER_ELEMENT
 
 OPT_STATE_BYTES = {"adam": 12.0, "adamw": 12.0, "muon": 8.0, "scion": 8.0, "sgd": 8.0}
 WEIGHT_BYTES, GRAD_BYTES = 2.0, 4.0
@@ -60,7 +61,6 @@ def dense_layer_activation_bytes(s, b, h, a, ffn, *, kv_heads=None, head_dim=Non
     return (attn + mlp + norms) / tp
 
 
-ACT_BYTES = {"fp32": 4.0, "tf32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 2.0, "fp4": 2.0}  # fp8/fp4 keep bf16 activations
 NONE, SELECTIVE, SUPER_SELECTIVE, FULL = 0, 1, 2, 3  # checkpoint mode codes (plans.ckpt)
 
 
@@ -70,7 +70,7 @@ ACT_DTYPE = {"fp32": "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp
 
 def act_bytes(precision: str) -> float:
     """Bytes per stored activation element for a model precision (fp8/fp4 GEMMs keep bf16 activations)."""
-    return ACT_BYTES.get(precision, 2.0)
+    return float(BYTES_PER_ELEMENT[ACT_DTYPE.get(precision, "bf16")])
 
 
 def sdpa_cast(g: Geometry) -> bool:

@@ -12,7 +12,8 @@ from scaleplan.estimator import memory as mm
 from scaleplan.estimator.compute import ComputeModel
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.recorder import Recorder
-from scaleplan.estimator.tables import Tables, load_frames, build_tables
+from scaleplan.estimator.tables import Tables, build_tables, load_frames
+
 from scaleplan.profiles import load_profile
 from scaleplan.specs import parse_spec
 
@@ -94,3 +95,11 @@ def test_dropout_keeps_two_one_byte_masks_per_block(mode):
         a1 = mm.block_activation_bytes(s, b, g1, tp, 1, is_moe, np.array(mode), 2.0)
         want = 0.0 if mode == mm.FULL else 2 * s * b * g0.d / tp  # full keeps the block input only
         assert float(a1 - a0) == pytest.approx(want)
+
+
+def test_the_three_tf32_rule_needs_tf32_tensor_cores():
+    """On a CPU profile (TF32 lane no faster than fp32) fp32 attention runs at the fp32 lane."""
+    cpu = load_profile("cpu-local")
+    assert an.sdpa_peak(cpu, "fp32") == cpu.peak("fp32")
+    b200 = load_profile(PROFILE)
+    assert an.sdpa_peak(b200, "fp32") == pytest.approx(b200.peak_flops["tf32"] / 3)
