@@ -66,7 +66,7 @@ def sdpa_peak(prof, precision: str) -> float:
 
 def sdpa_lane_ratio(prof, precision: str) -> float:
     """Time of attention in ``precision`` over its time in bf16 (>= 1; see :func:`sdpa_peak`)."""
-    if not prof.peak_flops or "bf16" not in prof.peak_flops:
+    if "bf16" not in prof.peak_flops:
         return 1.0
     return max(prof.peak("bf16") / sdpa_peak(prof, precision), 1.0)
 

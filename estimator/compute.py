@@ -90,22 +90,18 @@ class ComputeModel:
         labelled analytic with a note. Without any SDPA table: the roofline at that rate.
         """
         prec = g.sdpa_precision
-        tabs = self.tb.sdpa_by_dtype.get(prec)
-        if tabs is not None:
-            return (rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.hd)),
-                    rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)))
-        base = next((d for d in ("bf16", "fp16") if d in self.tb.sdpa_by_dtype), None)
-        if base is None:
+        tabs, ratio = self.tb.sdpa_by_dtype.get(prec), 1.0
+        if tabs is None:
+            base = next((d for d in ("bf16", "fp16") if d in self.tb.sdpa_by_dtype), None)
+            if base is None:
+                rec.mark("sdpa", ANALYTIC)
+                f = an.sdpa_fwd_time(seqlen, mbs, heads, g.hd, an.sdpa_peak(self.prof, prec), hbm)
+                return f, an.SDPA_BWD_OVER_FWD * f
+            tabs, ratio = self.tb.sdpa_by_dtype[base], an.sdpa_lane_ratio(self.prof, prec)
             rec.mark("sdpa", ANALYTIC)
-            f = an.sdpa_fwd_time(seqlen, mbs, heads, g.hd, an.sdpa_peak(self.prof, prec), hbm)
-            return f, an.SDPA_BWD_OVER_FWD * f
-        ratio = an.sdpa_lane_ratio(self.prof, prec)
-        tabs = self.tb.sdpa_by_dtype[base]
-        f = rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.hd)) * ratio
-        b = rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)) * ratio
-        rec.mark("sdpa", ANALYTIC)
-        rec.note(f"sdpa in {prec}: the {base} SDPA table x {ratio:.3g} (no measured {prec} rows)")
-        return f, b
+            rec.note(f"sdpa in {prec}: the {base} SDPA table x {ratio:.3g} (no measured {prec} rows)")
+        return (ratio * rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.hd)),
+                ratio * rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)))
 
     def _grouped_envelope(self, rec, E_loc, tile, sel):
         """Range-check (num_gemms, tokens_per_expert) of the dense-loop fallback against the envelope

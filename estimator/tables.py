@@ -377,8 +377,7 @@ class Tables:
     profile: str
     gemm: GridTable | None = None
     grouped: dict[tuple[str, int, int], GridTable] = field(default_factory=dict)  # (fwd|bwd, hidden, ffn)
-    sdpa: dict[str, GridTable] = field(default_factory=dict)  # fwd|bwd, bf16 rows (else the first dtype measured)
-    sdpa_by_dtype: dict[str, dict[str, GridTable]] = field(default_factory=dict)  # dtype -> fwd|bwd
+    sdpa_by_dtype: dict[str, dict[str, GridTable]] = field(default_factory=dict)  # dtype -> fwd|bwd (bf16 first)
     topk: dict[str, GridTable] = field(default_factory=dict)  # fwd|bwd
     vocab: dict[tuple[str, str], GridTable] = field(default_factory=dict)  # (op, fwd|bwd)
     vocab_size: int | None = None
@@ -421,6 +420,11 @@ class Tables:
         if d is None or precision == "bf16":
             return self
         return dataclasses.replace(self, **{k: v for k, v in d.items() if v})
+
+    @property
+    def sdpa(self) -> dict[str, GridTable]:
+        """The bf16 SDPA grids (fwd|bwd), else those of the first dtype measured; {} without any."""
+        return next(iter(self.sdpa_by_dtype.values()), {})
 
     @property
     def empty(self) -> bool:
@@ -507,8 +511,8 @@ def _build_grouped_dtype(out: dict, df: pd.DataFrame) -> None:
 def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
     """SDPA grids over (seq_len, micro_bs, n_q_heads, head_dim), causal, one per dtype, of the first
     backend of ``SDPA_BACKENDS`` the profile measured; any number of points (between them
-    interpolated). ``tb.sdpa`` holds the bf16 grids (else those of the first dtype measured), every
-    dtype's are in ``tb.sdpa_by_dtype`` (the spec's sdpa_precision picks them, compute.py).
+    interpolated), in ``tb.sdpa_by_dtype`` with bf16 first (``tb.sdpa``); the spec's sdpa_precision
+    picks one (compute.py).
 
     n_kv_heads is not an independent axis of the recorded data (it co-varies with n_q_heads:
     kv=1 only at q=8), and the causal flash kernel's work is set by the query heads (K/V reads are
@@ -533,8 +537,6 @@ def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
             grid, vals = fill_grid(d, axes, col)
             tabs[dirn] = GridTable("sdpa", tuple(axes), grid, vals)
         tb.sdpa_by_dtype[dt] = tabs
-        if not tb.sdpa:
-            tb.sdpa = tabs
 
 
 def _build_topk(tb: Tables, df: pd.DataFrame) -> None:

@@ -97,7 +97,7 @@ class ModelBlock(BaseModel):
     def _sdpa_default(cls, data):
         """An unset sdpa_precision is the model's precision (attention runs in the model dtype)."""
         if isinstance(data, dict) and data.get("sdpa_precision") is None:
-            data = {**data, "sdpa_precision": data.get("precision", "bf16")}
+            data = {**data, "sdpa_precision": data.get("precision", cls.model_fields["precision"].default)}
         return data
 
     @model_validator(mode="after")
