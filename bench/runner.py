@@ -159,21 +159,27 @@ def _run_config(
 
 
 class _SigtermAsInterrupt:
-    """Turn SIGTERM into KeyboardInterrupt while a sweep runs, so the run is marked interrupted."""
+    """Turn SIGTERM (and SIGINT) into KeyboardInterrupt while a sweep runs, so the run is marked
+    interrupted; a signal that arrives while a point or a status is being written is held until the
+    write has committed (:func:`store.held_signals`)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
     def __enter__(self):
-        self.prev = None
+        self.prev = {}
         if threading.current_thread() is threading.main_thread():
-            self.prev = signal.signal(signal.SIGTERM, self._raise)
+            self.prev = {sig: signal.signal(sig, self._raise) for sig in self.SIGNALS}
         return self
 
     @staticmethod
     def _raise(signum, frame):
-        raise KeyboardInterrupt("SIGTERM")
+        if store.hold_signal():
+            return
+        raise KeyboardInterrupt(signal.Signals(signum).name)
 
     def __exit__(self, *exc):
-        if self.prev is not None:
-            signal.signal(signal.SIGTERM, self.prev)
+        for sig, prev in self.prev.items():
+            signal.signal(sig, prev)
         return False
 
 

@@ -9,6 +9,7 @@ re-measuring a stored point never duplicates it.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,35 @@ def existing_keys(url: str, run_id: int, table: type[m.Base], key: tuple[str, ..
         return {tuple(norm(v) for v in r) for r in s.execute(select(*cols).where(table.run_id == run_id))}
 
 
+class _Held:
+    """A stop signal (SIGTERM/SIGINT, bench/runner.py) that arrived inside :func:`held_signals`."""
+
+    depth = 0
+    pending = False
+
+
+@contextlib.contextmanager
+def held_signals():
+    """Hold the runner's stop signals until this write ends, then raise KeyboardInterrupt. An
+    exception raised in the middle of a SQLite commit can leave the connection's write lock held,
+    and the 'interrupted' status written next then waits on it (seen: bench run ignoring SIGTERM)."""
+    _Held.depth += 1
+    try:
+        yield
+    finally:
+        _Held.depth -= 1
+    if _Held.depth == 0 and _Held.pending:
+        _Held.pending = False
+        raise KeyboardInterrupt("SIGTERM")
+
+
+def hold_signal() -> bool:
+    """Inside :func:`held_signals`: note a stop signal for its end and return True; else False."""
+    if _Held.depth:
+        _Held.pending = True
+    return bool(_Held.depth)
+
+
 def write_points(url: str, table: type[m.Base], rows: list[dict[str, Any]]) -> int:
     """Commit ``rows`` in one short transaction (idempotent); returns how many were new."""
 
@@ -105,7 +135,8 @@ def write_points(url: str, table: type[m.Base], rows: list[dict[str, Any]]) -> i
         with session_scope(url) as s:
             return insert_points(s, table, rows)
 
-    return with_retry(tx)
+    with held_signals():
+        return with_retry(tx)
 
 
 def finish_run(
@@ -122,7 +153,8 @@ def finish_run(
             if note:
                 run.notes = f"{run.notes}; {note}" if run.notes else note
 
-    with_retry(tx)
+    with held_signals():
+        with_retry(tx)
 
 
 def unfinished_runs(url: str, config_hash: str) -> list[int]:

@@ -129,3 +129,18 @@ def test_sigterm_marks_interrupted(sqlite_url, tmp_path):
     with session_scope(sqlite_url) as s:
         run = s.scalars(select(m.BenchRun)).one()
         assert run.status == "interrupted" and run.ended_at is not None
+
+
+def test_a_stop_signal_during_a_write_is_held_until_it_commits():
+    """The handler raises at once outside a write, and only after the write inside one."""
+    import pytest
+
+    with pytest.raises(KeyboardInterrupt):
+        runner._SigtermAsInterrupt._raise(signal.SIGTERM, None)
+    done = []
+    with pytest.raises(KeyboardInterrupt), store.held_signals():
+        runner._SigtermAsInterrupt._raise(signal.SIGTERM, None)
+        done.append("committed")
+    assert done == ["committed"]
+    with store.held_signals():  # nothing pending any more
+        pass
