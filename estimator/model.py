@@ -24,12 +24,13 @@ Then, per pipeline stage and micro-batch, t_mb = max(t_GPU, t_disp) + t_A2A + t_
 (:func:`pipeline.stage_periods`): the EP all-to-all and the LM head + cross-entropy forward sit
 outside the dispatch max because the host synchronises on the device before each (the token counts
 that size the exchange; the loss's NaN check), so launch time already spent cannot hide them; the
-embedding and the LM head's backward join the GPU side. The 1F1B period is the slowest stage's, the
-bubble (eq:bubble) f_bubble = (PP-1)/(VPP n_mb) applies to it, and the lighter vocabulary surplus is
-paid once on the ramp. In the compute-bound case this reduces exactly to the paper's t_block
-(1 + f_bubble) + t_vocab (tests/estimator/test_pipeline.py). Then PP send/recv, the DP gradient
-reduce-scatter and parameter all-gather of the distributed optimizer with the overlap 1F1B allows,
-the optimizer step, and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
+embedding and the LM head's backward join the GPU side. The 1F1B period is the slowest stage's;
+the fill and drain run once through the other PP-1 stages at their own periods, which carry
+no LM head (:mod:`pipeline`; the paper's t_vocab charges it there too, (PP-1) t_last more in the
+compute-bound case, tests/estimator/test_pipeline.py). The bubble component is eq:bubble's
+f_bubble = (PP-1)/(VPP n_mb) of the layers' period; the vocabulary component is the rest. Then
+PP send/recv, the DP gradient reduce-scatter and parameter all-gather of the distributed optimizer
+with the overlap 1F1B allows, the optimizer step, and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
 
 **Where each piece lives.** :mod:`compute` (kernel times from the tables, optimizer step, a CPU's
 host time), :mod:`comm` (collectives, DP traffic, bias all-reduce), :mod:`pipeline` (bubble, stage
@@ -96,7 +97,6 @@ from scaleplan.estimator.pipeline import (  # noqa: F401
     bubble_fraction,
     pipeline_time,
     stage_periods,
-    vocab_stage_time,
 )
 from scaleplan.estimator.recorder import OOR, Recorder
 from scaleplan.estimator.shapes import RankShapes, rank_shapes
@@ -470,7 +470,7 @@ class TimeModel(ComputeModel, CommModel):
         st = stage_periods(pp, s.t_stage0 - s.a2a0, s.t_other - s.a2a_o, k.t_first, k.t_last_f, k.t_last_b, t_disp,
                            self.serial, s.a2a0, s.a2a_o)
         f_bub = bubble_fraction(pp, vpp, n_mb)
-        t_pipe = pipeline_time(n_mb, pp, vpp, st.period, k.t_first, k.t_last)
+        t_pipe = pipeline_time(n_mb, vpp, st.period, st.ramp)
         t_bubble = f_bub * n_mb * st.period_disp
         t_vocab = t_pipe - n_mb * st.period_disp - t_bubble
         return t_disp, t_step_host, st, t_bubble, t_vocab

@@ -1,5 +1,16 @@
 """The 1F1B pipeline: bubble (eq:bubble), per-stage periods, the vocabulary stages
-(sec:iteration-time-model). Pure functions of per-stage times; arrays over plans; seconds."""
+(sec:iteration-time-model). Pure functions of per-stage times; arrays over plans; seconds.
+
+**Fill and drain run through the other stages (a departure from the paper's t_vocab).** With
+per-micro-batch stage periods p_s (forward + backward), a 1F1B step lasts
+(n_mb - 1) max_s p_s + sum_s p_s: the first micro-batch's forward crosses stages 0..PP-2, the
+slowest stage then paces n_mb periods, and the last micro-batch's backward crosses the stages back.
+This is exact when the last stage is the slowest and the first stage carries at most a light
+embedding (tests/estimator/test_pipeline.py checks it against a discrete-event 1F1B schedule).
+The paper's t_vocab adds t_last n_mb f_bubble = (PP-1) t_last "for the ramp", charging the LM-head
+surplus on each of the PP-1 fill/drain slots, which the last stage does not run; in the
+compute-bound case :func:`pipeline_time` is the paper's t_block (1 + f_bubble) + t_vocab minus
+exactly (PP-1) t_last."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,22 +23,11 @@ def bubble_fraction(pp, vpp, n_mb):
     return (np.asarray(pp, dtype=float) - 1) / (np.asarray(vpp, dtype=float) * np.asarray(n_mb, dtype=float))
 
 
-def vocab_stage_time(n_mb, pp, vpp, t_first, t_last):
-    """The paper's vocabulary-stage term (sec:iteration-time-model) for a compute-bound pipeline:
-
-    t_vocab = (n_mb - 1) max(t_first, t_last) + t_first + t_last + t_last n_mb f_bubble  (PP > 1);
-    with one stage the embedding and the LM head run on the same GPU: t_vocab = n_mb (t_first + t_last).
-    """
-    n_mb, pp = np.asarray(n_mb, dtype=float), np.asarray(pp, dtype=float)
-    f = bubble_fraction(pp, vpp, n_mb)
-    return np.where(pp > 1, (n_mb - 1) * np.maximum(t_first, t_last) + t_first + t_last + t_last * n_mb * f,
-                    n_mb * (t_first + t_last))
-
-
 @dataclass
 class StagePeriods:
     period: np.ndarray        # 1F1B period: slowest stage's max(GPU, dispatch) + A2A + exposed LM head/CE
     period_disp: np.ndarray   # the same without the vocabulary work
+    ramp: np.ndarray          # the other PP-1 stages' periods summed (0 for one stage): fill + drain
 
 
 def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_last_bwd, t_disp, serial=False,
@@ -53,27 +53,26 @@ def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_las
     """
     pp = np.asarray(pp)
     if serial:
-        l0 = t_first_layers + t_first + t_disp + a2a_first
-        lo = t_other_layers + t_disp + a2a_other
-        last = t_last_fwd + t_last_bwd
-        one = l0 + last
-        period = np.where(pp > 1, np.maximum(l0, lo + last), one)
+        first = t_first_layers + t_first + t_disp + a2a_first
+        mid = t_other_layers + t_disp + a2a_other
+        last = mid + t_last_fwd + t_last_bwd
+        one = first + t_last_fwd + t_last_bwd
         d0 = t_first_layers + t_disp + a2a_first
-        period_disp = np.where(pp > 1, np.maximum(d0, t_other_layers + t_disp + a2a_other), d0)
-        return StagePeriods(period, period_disp)
-    l0 = np.maximum(t_first_layers + t_first, t_disp) + a2a_first
-    lo = np.maximum(t_other_layers + t_last_bwd, t_disp) + a2a_other + t_last_fwd
-    one = np.maximum(t_first_layers + t_first + t_last_bwd, t_disp) + a2a_first + t_last_fwd
-    period = np.where(pp > 1, np.maximum(l0, lo), one)
-    d0 = np.maximum(t_first_layers, t_disp) + a2a_first
-    period_disp = np.where(pp > 1, np.maximum(d0, np.maximum(t_other_layers, t_disp) + a2a_other), d0)
-    return StagePeriods(period, period_disp)
+    else:
+        first = np.maximum(t_first_layers + t_first, t_disp) + a2a_first
+        mid = np.maximum(t_other_layers, t_disp) + a2a_other
+        last = np.maximum(t_other_layers + t_last_bwd, t_disp) + a2a_other + t_last_fwd
+        one = np.maximum(t_first_layers + t_first + t_last_bwd, t_disp) + a2a_first + t_last_fwd
+        d0 = np.maximum(t_first_layers, t_disp) + a2a_first
+    # middle stages run the layers alone; the last stage is never lighter than they are
+    period = np.where(pp > 1, np.maximum(first, last), one)
+    period_disp = np.where(pp > 1, np.maximum(d0, mid), d0)
+    ramp = np.where(pp > 1, first + (pp - 2) * mid + last - period, 0.0)
+    return StagePeriods(period, period_disp, ramp)
 
 
-def pipeline_time(n_mb, pp, vpp, period, t_first, t_last):
-    """1F1B wall of the pipelined part: (n_mb + (PP-1)/VPP) periods, plus the lighter of the two
-    vocabulary surpluses once on the fill/drain ramp (PP > 1). In the compute-bound case with the
-    last stage slowest this equals n_mb t_layers (1 + f_bubble) + the paper's t_vocab."""
-    n_mb, pp = np.asarray(n_mb, dtype=float), np.asarray(pp, dtype=float)
-    ramp = np.where(pp > 1, np.minimum(t_first, t_last), 0.0)
-    return n_mb * period * (1 + bubble_fraction(pp, vpp, n_mb)) + ramp
+def pipeline_time(n_mb, vpp, period, ramp):
+    """1F1B wall of the pipelined part (seconds): n_mb periods of the slowest stage plus the fill
+    and drain through the other stages, ``ramp`` (:class:`StagePeriods`), which VPP-way
+    interleaving divides by VPP as it divides the bubble (eq:bubble)."""
+    return np.asarray(n_mb, dtype=float) * period + ramp / np.asarray(vpp, dtype=float)

@@ -1,4 +1,5 @@
-"""1F1B bubble (eq:bubble) and vocabulary-stage terms against hand-computed cases."""
+"""1F1B bubble (eq:bubble) and vocabulary-stage terms against hand-computed cases and a
+discrete-event 1F1B schedule."""
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
@@ -7,7 +8,6 @@ from scaleplan.estimator.model import (
     bubble_fraction,
     pipeline_time,
     stage_periods,
-    vocab_stage_time,
 )
 
 from scaleplan.specs import Layout, parse_spec
@@ -23,26 +23,74 @@ def test_bubble_fraction_hand_cases():
     assert np.allclose(bubble_fraction(np.array([2, 8]), 1, np.array([16, 4])), [1 / 16, 7 / 4])
 
 
-def test_vocab_term_hand_cases():
-    # PP=4, n_mb=8, t_first=1 ms, t_last=10 ms:
-    # (8-1)*10 + 1 + 10 = 81 ms, plus the ramp t_last*n_mb*f = 10*8*(3/8) = 30 ms -> 111 ms
-    assert vocab_stage_time(8, 4, 1, 1e-3, 10e-3) == pytest.approx(111e-3)
-    # PP=1: both on one GPU every micro-batch: 8 * (1 + 10) = 88 ms
-    assert vocab_stage_time(8, 1, 1, 1e-3, 10e-3) == pytest.approx(88e-3)
-    # VPP=2 halves only the ramp: 81 + 10*8*(3/16) = 96 ms
-    assert vocab_stage_time(8, 4, 2, 1e-3, 10e-3) == pytest.approx(96e-3)
+def _one_f_one_b(f, b, n_mb):
+    """Wall time of a 1F1B schedule by discrete events: stage s runs PP-s-1 warm-up forwards, then
+    alternates one forward and one backward, then drains; F(s, i) needs F(s-1, i), B(s, i) needs
+    F(s, i) and B(s+1, i). ``f``, ``b``: per-stage forward / backward seconds of one micro-batch."""
+    pp = len(f)
+    orders = []
+    for s in range(pp):
+        warm = min(pp - s - 1, n_mb)
+        ops = [("F", i) for i in range(warm)]
+        for i in range(n_mb):
+            if warm + i < n_mb:
+                ops.append(("F", warm + i))
+            ops.append(("B", i))
+        orders.append(ops)
+    done, nxt, clock = {}, [0] * pp, [0.0] * pp
+    while any(nxt[s] < len(orders[s]) for s in range(pp)):
+        for s in range(pp):
+            while nxt[s] < len(orders[s]):
+                kind, i = orders[s][nxt[s]]
+                deps = [("F", s - 1, i)] if kind == "F" and s > 0 else []
+                if kind == "B":
+                    deps = [("F", s, i)] + ([("B", s + 1, i)] if s < pp - 1 else [])
+                if any(d not in done for d in deps):
+                    break
+                clock[s] = max([clock[s]] + [done[d] for d in deps]) + (f[s] if kind == "F" else b[s])
+                done[(kind, s, i)] = clock[s]
+                nxt[s] += 1
+    return max(clock)
 
 
-def test_stage_model_reduces_to_paper_when_compute_bound():
-    # compute-bound (no dispatch floor), last stage slowest: pipelined wall = n_mb t_L (1 + f) + t_vocab
+@pytest.mark.parametrize("pp,n_mb,t_first,t_last_f,t_last_b", [
+    (2, 8, 1e-3, 4e-3, 8e-3), (4, 32, 0.5e-3, 6e-3, 12e-3), (8, 64, 2e-3, 15e-3, 30e-3), (4, 4, 0.0, 20e-3, 1e-3),
+])
+def test_pipeline_wall_matches_a_discrete_event_1f1b_schedule(pp, n_mb, t_first, t_last_f, t_last_b):
+    # compute-bound stages: 10 ms forward, 20 ms backward of layers; the embedding on the first stage's
+    # forward, the LM head + CE on the last stage's forward and backward
+    f_l, b_l = 10e-3, 20e-3
+    f = [f_l + (t_first if s == 0 else 0.0) + (t_last_f if s == pp - 1 else 0.0) for s in range(pp)]
+    b = [b_l + (t_last_b if s == pp - 1 else 0.0) for s in range(pp)]
+    z = np.array(0.0)
+    st = stage_periods(np.array(pp), np.array(f_l + b_l), np.array(f_l + b_l), np.array(t_first),
+                       np.array(t_last_f), np.array(t_last_b), z)
+    assert pipeline_time(n_mb, 1, st.period, st.ramp) == pytest.approx(_one_f_one_b(f, b, n_mb), rel=1e-12)
+
+
+def test_ramp_departs_from_the_papers_t_vocab_by_pp_minus_1_last_stage_surpluses():
+    # compute-bound, last stage slowest: the paper's t_block (1 + f_bubble) + t_vocab, with
+    # t_vocab = (n_mb-1) max(t_first, t_last) + t_first + t_last + t_last n_mb f_bubble, charges the LM
+    # head on the PP-1 ramp slots too; the schedule runs those through the other stages
     n_mb, pp, t_layers, tf, tl = 16, 4, 50e-3, 1e-3, 20e-3
-    # the LM head's forward (1/3 of it) and backward (2/3) split: compute-bound, the split cannot matter
     st = stage_periods(np.array(pp), np.array(t_layers), np.array(t_layers), np.array(tf), np.array(tl / 3),
                        np.array(2 * tl / 3), np.array(0.0))
-    wall = pipeline_time(n_mb, pp, 1, st.period, tf, tl)
-    f = 3 / 16
-    expect = n_mb * t_layers * (1 + f) + vocab_stage_time(n_mb, pp, 1, tf, tl)
-    assert wall == pytest.approx(expect)
+    f = (pp - 1) / n_mb
+    paper = n_mb * t_layers * (1 + f) + (n_mb - 1) * tl + tf + tl + tl * n_mb * f
+    assert pipeline_time(n_mb, 1, st.period, st.ramp) == pytest.approx(paper - (pp - 1) * tl)
+    # one stage: embedding and LM head every micro-batch, no ramp
+    st1 = stage_periods(np.array(1), np.array(t_layers), np.array(0.0), np.array(tf), np.array(tl / 3),
+                        np.array(2 * tl / 3), np.array(0.0))
+    assert pipeline_time(n_mb, 1, st1.period, st1.ramp) == pytest.approx(n_mb * (t_layers + tf + tl))
+
+
+def test_interleaving_divides_the_ramp_as_eq_bubble_divides_the_bubble():
+    # uniform stages, period 30 ms, PP=4, n_mb=8: 8*30 + 3*30/VPP
+    z = np.array(0.0)
+    st = stage_periods(np.array(4), np.array(30e-3), np.array(30e-3), z, z, z, z)
+    for vpp in (1, 2, 4):
+        expect = 8 * 30e-3 * (1 + bubble_fraction(4, vpp, 8))
+        assert pipeline_time(8, vpp, st.period, st.ramp) == pytest.approx(expect)
 
 
 def test_dispatch_floor_is_a_max_not_a_sum():
