@@ -192,7 +192,7 @@ class _Stages:
 # dense model), and the device-kernel times kernel_scale multiplies (never collectives or shapes)
 _KERNEL_NAMES = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b",
                  "a2a_f", "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b",
-                 "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last", "t_last_f", "t_last_b", "T", "Tsp")
+                 "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last_f", "t_last_b", "T", "Tsp")
 _MOE_KERNELS = ("moe_f", "moe_b", "a2a_f", "a2a_b", "sh_f", "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f",
                 "ex_b")
 _DEVICE_KERNELS = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b", "sh_f",
@@ -268,7 +268,6 @@ class TimeModel(ComputeModel, CommModel):
         ks = self.kernel_scale
         if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
             k.update({name: ks * k[name] for name in _DEVICE_KERNELS})
-        k["t_last"] = k["t_last_f"] + k["t_last_b"]
 
         # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
         kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el

@@ -32,7 +32,8 @@ class StagePeriods:
 
 def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_last_bwd, t_disp, serial=False,
                   a2a_first=0.0, a2a_other=0.0) -> StagePeriods:
-    """Per-micro-batch period of the slowest stage, first / middle / last stages considered (seconds).
+    """Per-micro-batch periods (seconds): the slowest stage's, and the other stages' summed (the
+    fill and drain, :func:`pipeline_time`), first / middle / last stages considered.
 
     Per stage: t_mb = max(t_GPU, t_disp) + t_A2A + t_last_fwd (sec:iteration-time-model), where
 
