@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry
-from scaleplan.estimator.recorder import _arr
+from scaleplan.estimator.recorder import Recorder, _arr
 from scaleplan.estimator.tables import ANALYTIC, LookupResult
 
 # Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
@@ -35,19 +35,43 @@ def dp_collectives(optimizer: str) -> tuple[tuple[str, int], ...]:
     return ((red, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))
 
 
-def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int):
-    """The distributed optimizer's two gradient groups on the heaviest stage, as
-    ``[(params, group, layout, inter_node, n_buckets)]`` (arrays or scalars, parameters per rank).
+# The pipeline stages whose DP traffic can be the exposed part of a step (:meth:`CommModel._dp_comm`)
+DP_STAGES = ("first", "middle", "last")
 
+
+def dp_stage(stage: str, pp):
+    """(present, s) of one of :data:`DP_STAGES` (arrays over plans): whether the layout has that stage
+    (middle: PP > 2, last: PP > 1) and its index s (0, 1 and PP - 1; the middle stage taken is stage 1,
+    the middle one with the shortest drain). After a stage's last backward the 1F1B drain still runs s
+    backward passes of the stages before it (the first stage finishes the step last), and its gradient
+    collectives hide behind those too; a ZeRO-1 parameter all-gather hides behind as many forward passes
+    of the next step's fill."""
+    pp = np.asarray(pp, dtype=float)
+    if stage == "first":
+        return np.ones(pp.shape, bool), np.zeros(pp.shape)
+    if stage == "middle":
+        return pp > 2, np.ones(pp.shape)
+    return pp > 1, pp - 1
+
+
+def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int, s=0.0):
+    """The distributed optimizer's two gradient groups on pipeline stage ``s`` (an index, arrays
+    broadcast), as ``[(params, group, layout, inter_node, n_buckets)]`` (parameters per rank).
+
+    Stage s holds blocks [s L/PP, (s+1) L/PP), the dense ones (the first n_dense) among them; stage 0
+    also the input embedding (with one stage, an untied LM head too), stage PP - 1 the LM head (with
+    tied embeddings a copy, whose gradient is reduced as well).
     Dense grads (attention, dense and shared MLPs, router, embedding or LM head): over the DP x CP
     group of contiguous ranks. Expert grads: over EDP = TP CP DP / (EP ETP) strided ranks, which
     leave the node once TP CP EP fills it. Megatron buckets max(40M, 1M x group) parameters.
     """
+    pp, s = np.asarray(pp, dtype=float), np.asarray(s, dtype=float)
     L_stage = g.L / pp
-    dense_p = (L_stage * g.attn_params + np.minimum(g.n_dense, L_stage) * g.dense_mlp_params
-               + np.maximum(L_stage - g.n_dense, 0) * g.moe_dense_params) / tp
-    dense_p = dense_p + g.vocab * g.d / tp  # embedding (first) or LM head (last): the heavier stage
-    exp_p = np.maximum(L_stage - np.where(pp > 1, 0, g.n_dense), 0) * g.expert_params / (ep * etp)
+    nd = np.clip(g.n_dense - s * L_stage, 0, L_stage)  # dense blocks on the stage
+    n_vocab = (s == 0) * np.where((pp == 1) & (not g.tie), 2.0, 1.0) + ((s == pp - 1) & (pp > 1))
+    dense_p = (L_stage * g.attn_params + nd * g.dense_mlp_params + (L_stage - nd) * g.moe_dense_params
+               + n_vocab * g.vocab * g.d) / tp
+    exp_p = (L_stage - nd) * g.expert_params / (ep * etp)
     out = []
     # expert-DP ranks are TP x CP x EP apart: a group of n spans (n - 1) strides and leaves the node once
     # that span does (a 256-rank group at stride 1 spans 32 nodes; `stride >= gpn` alone called it intra)
@@ -164,11 +188,11 @@ class CommModel:
 
     # -- the model -----------------------------------------------------------------------------
     def _dp_comm(self, rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer="adamw"):
-        """Exposed data-parallel traffic per iteration (seconds, shape (P,)); groups and buckets:
-        :func:`dp_buckets`.
+        """Exposed data-parallel traffic per iteration (seconds, shape (P,)): the most any pipeline
+        stage leaves exposed (:data:`DP_STAGES`); groups and buckets: :func:`dp_buckets`.
 
         adam/adamw/sgd run Megatron's distributed optimizer (ZeRO-1): a bucketed fp32 gradient
-        reduce-scatter overlapped with the last micro-batch's backward and a bf16 parameter all-gather
+        reduce-scatter overlapped with the stage's last backward and a bf16 parameter all-gather
         overlapped with the next first forward; the last bucket of each is always exposed.
         muon/scion (:data:`ORTHO_OPTIMIZERS`) run Megatron-Core's layer-wise distributed optimizer: DDP
         all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
@@ -176,24 +200,37 @@ class CommModel:
         nothing overlaps.
         sgd (:data:`REPLICATED_OPTIMIZERS`) runs plain DDP: the bucketed all-reduce alone.
         On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
-        ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of the first
-        forward / last backward of the stage, which a dispatch-bound pass sets by its host issue time.
+        ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of one forward /
+        backward pass of a stage, which a dispatch-bound pass sets by its host issue time; a later stage
+        adds the drain (:func:`dp_stage`).
         """
-        out = np.zeros(len(pl))
+        # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
+        # for the k stages at once (k U elements); the overlap windows are per plan
+        P, k = len(pl), len(DP_STAGES)
+        deg = np.stack([np.broadcast_to(np.asarray(x, dtype=float), (P,)) for x in (tp, cp, pp, dp, ep, etp)])
+        _, first, inv = np.unique(deg, axis=1, return_index=True, return_inverse=True)
+        U = len(first)
+        idx = np.arange(k)[:, None] * U + inv.reshape(-1)[None, :]  # (k, P): plan p's stage-j element
+        tp, cp, pp, dp, ep, etp = np.tile(deg[:, first], k)
+        present, s = (np.concatenate(col) for col in zip(*(dp_stage(stage, pp[:U]) for stage in DP_STAGES)))
+        w_fwd, w_bwd = (1 + s[idx]) * w_fwd, (1 + s[idx]) * w_bwd
+        sub = Recorder(k * U, rec.mode)
+        out = np.zeros((k, P))
         ortho = optimizer in ORTHO_OPTIMIZERS
         colls = dp_collectives(optimizer)
-        for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn):
-            per_bucket = params / nb
-            act = (group > 1) & (params > 0)
+        for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn, s):
+            act = (group > 1) & (params > 0) & present
             rails = expert_dp_rails(tp, cp, ep, etp, dp, self.gpn) if layout == "strided" else None
-            t = [nb * self._collective(rec, "dp_comm", coll, group, per_bucket * nbytes, inter, layout, act,
+            t = [nb * self._collective(sub, "dp_comm", coll, group, params / nb * nbytes, inter, layout, act,
                                        rails=rails) for coll, nbytes in colls]
-            rs, ag = t[0], (t[1] if len(t) > 1 else 0.0)  # gradient side, parameter side (none for plain DDP)
+            # gradient side, parameter side (none for plain DDP), per plan and stage
+            rs, ag, nb = t[0][idx], (t[1][idx] if len(t) > 1 else 0.0), nb[idx]
             if self.serial:
                 out += rs + ag
             else:
                 out += np.maximum(rs - w_bwd, rs / nb) + (ag if ortho else np.maximum(ag - w_fwd, ag / nb))
-        return out
+        rec.fold(sub, idx)
+        return np.where(present[idx], out, 0.0).max(axis=0)
 
     def _bias_sync(self, rec, g, tp, cp, pp, dp):
         """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs

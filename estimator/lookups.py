@@ -40,7 +40,7 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
     """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model;
     ``optimizer`` picks the DP collectives (muon/scion all-reduce + all-gather, sgd all-reduce, else
     reduce-scatter + all-gather)."""
-    from scaleplan.estimator.comm import bias_sync, dp_buckets, dp_collectives, expert_dp_rails
+    from scaleplan.estimator.comm import bias_sync
     from scaleplan.estimator.compute import CKPT_NAMES
 
     out: dict[str, list[dict]] = {}
@@ -81,17 +81,7 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
                 _add(out, "collectives", {"collective": "all_to_all", "group_size": ep, "layout": "contiguous",
                                           "inter_node": tp * cp * ep > gpn,
                                           "size_bytes": int(round(float(sh.a2a_bytes))), "dtype": dt})
-        for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, gpn):
-            if group > 1 and params > 0:
-                colls = dp_collectives(optimizer)
-                # a strided group with several ranks per node is also bounded by the contiguous table
-                rails = expert_dp_rails(tp, cp, ep, etp, dp, gpn) if layout == "strided" else 1
-                layouts = (layout, "contiguous") if (inter and rails > 1) else (layout,)
-                for coll, nbytes in colls:
-                    for lay in layouts:
-                        _add(out, "collectives", {"collective": coll, "group_size": int(group), "layout": lay,
-                                                  "inter_node": bool(inter), "size_bytes": int(params / nb * nbytes),
-                                                  "dtype": "bf16"})
+        _dp_points(out, g, tp, cp, pp, dp, ep, etp, gpn, optimizer)
         n_bias, group, inter, size = bias_sync(g, tp, cp, pp, dp, gpn)
         if n_bias > 0 and group > 1:
             _add(out, "collectives", {"collective": "all_reduce", "group_size": int(group), "layout": "contiguous",
@@ -101,3 +91,24 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
             _ops_points(out, g, CKPT_NAMES[int(pl.ckpt[i])], T)
     del table_vocab
     return out
+
+
+def _dp_points(out: dict, g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int, optimizer: str) -> None:
+    """The DP collectives of every pipeline stage the layout has (:func:`comm.dp_buckets`)."""
+    from scaleplan.estimator.comm import DP_STAGES, dp_buckets, dp_collectives, dp_stage, expert_dp_rails
+
+    for stage in DP_STAGES:
+        present, s = dp_stage(stage, pp)
+        if not present:
+            continue
+        for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, gpn, s):
+            if group <= 1 or params <= 0:
+                continue
+            # a strided group with several ranks per node is also bounded by the contiguous table
+            rails = expert_dp_rails(tp, cp, ep, etp, dp, gpn) if layout == "strided" else 1
+            layouts = (layout, "contiguous") if (inter and rails > 1) else (layout,)
+            for coll, nbytes in dp_collectives(optimizer):
+                for lay in layouts:
+                    _add(out, "collectives", {"collective": coll, "group_size": int(group), "layout": lay,
+                                              "inter_node": bool(inter), "size_bytes": int(params / nb * nbytes),
+                                              "dtype": "bf16"})

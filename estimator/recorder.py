@@ -50,16 +50,22 @@ class Recorder:
         cur = self.src.get(comp)
         self.src[comp] = np.broadcast_to(code, (self.P,)).copy() if cur is None else np.maximum(cur, code)
 
-    def absorb(self, other: Recorder, inv: np.ndarray) -> None:
-        """Take over the records of a recorder over distinct tuples (``inv`` maps plans to them)."""
-        for k, v in other.src.items():
-            self.mark(k, v[inv])
-        self.n_clamped += other.n_clamped[inv]
-        self.has_oor |= other.has_oor[inv]
-        for f in ("reason", "table", "axis", "value", "lo", "hi"):
-            setattr(self.oor, f, getattr(other.oor, f)[inv])
+    def fold(self, other: Recorder, idx) -> None:
+        """Take over the records of a recorder over other elements (distinct tuples, stacked pipeline
+        stages) where element ``idx[j, p]`` is plan p's j-th lookup (int array (k, P), or (P,) for one):
+        per plan the weakest source, the clamps summed, the first out-of-range lookup, the notes of any."""
+        idx = np.atleast_2d(idx)
+        for comp, v in other.src.items():
+            self.mark(comp, v[idx].max(axis=0))
+        self.n_clamped += other.n_clamped[idx].sum(axis=0)
+        for row in idx:
+            new = other.has_oor[row] & ~self.has_oor
+            if new.any():
+                for f in ("reason", "table", "axis", "value", "lo", "hi"):
+                    getattr(self.oor, f)[new] = getattr(other.oor, f)[row][new]
+                self.has_oor |= new
         for msg, where in other.notes.items():
-            self.note(msg, where[inv])
+            self.note(msg, where[idx].any(axis=0))
         self.warnings.extend(w for w in other.warnings if w not in self.warnings)
 
     def use(self, comp: str, res: LookupResult, active=True) -> np.ndarray:

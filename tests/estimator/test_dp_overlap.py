@@ -7,6 +7,7 @@ import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.comm import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_buckets
 from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.plans import plans_from_layouts
 from scaleplan.estimator.recorder import Recorder
 
 from scaleplan.specs import Layout, parse_spec
@@ -55,3 +56,54 @@ def test_unbounded_window_leaves_only_the_last_bucket():
 def test_layerwise_parameter_gather_after_the_step_is_never_hidden():
     # muon: DDP all-reduce overlapped, the owners' all-gather after the step exposed whatever the host does
     assert _dp_comm(1e4, "muon") > _dp_comm(1e4, "adamw")
+
+
+@pytest.mark.parametrize("pp", [1, 2, 3])
+@pytest.mark.parametrize("tie", [False, True])
+def test_pipeline_stages_hold_every_parameter_once(pp, tie):
+    # first + middle + last are the whole model for PP <= 3: their DP groups' parameters add up to the
+    # spec's N_tot and embeddings (scaleplan.geometry counts them), plus the LM head's copy of a tied
+    # embedding on the last stage; norms are the only parameters the buckets leave out (2 d per block)
+    from scaleplan.estimator.comm import DP_STAGES, dp_stage
+    spec = parse_spec(moe_spec(model={**moe_spec()["model"], "tie_embeddings": tie}))
+    g = geometry(spec.model)
+    total = 0.0
+    for stage in DP_STAGES:
+        present, s = dp_stage(stage, pp)
+        total += sum(float(p) for p, *_ in dp_buckets(g, 1, 1, pp, 1, 1, 1, 8, s)) if present else 0.0
+    expect = g.n_tot + g.embedding + (g.vocab * g.d if tie and pp > 1 else 0)
+    assert total == pytest.approx(expect, rel=2 * g.L * g.d / g.n_tot)
+    assert total <= expect
+
+
+def test_the_1f1b_drain_hides_a_later_stages_dp_traffic():
+    # PP=2, EP=1 of the 700M model: the last stage holds 8 MoE blocks, the first 7 and the dense block,
+    # so the last stage's expert gradients are the larger; but its last backward ends one stage-backward
+    # before the step does, and its reduce-scatter hides behind that drain as well
+    spec = parse_spec(moe_spec(optimizer={"optimizer_type": "adamw"}))
+    g = geometry(spec.model)
+    est = Estimator.from_frames("p6-b200.48xlarge", {})
+    tm = est.model
+    tm.tb = est.tables.view("bf16")
+    w = 0.05
+
+    def stage(s, window):
+        """Exposed seconds of stage s with an overlap window (ZeRO-1: reduce-scatter, all-gather)."""
+        out = 0.0
+        for params, group, layout, inter, nb in dp_buckets(g, 1, 1, 2, 16, 1, 1, 8, s):
+            rec = Recorder(1, "compose")
+            per, grp, it = np.atleast_1d(params / nb), np.atleast_1d(float(group)), np.atleast_1d(inter)
+            rs = nb * tm._collective(rec, "dp_comm", "reduce_scatter", grp, per * GRAD_BYTES_COMM, it, layout,
+                                     grp > 1)[0]
+            ag = nb * tm._collective(rec, "dp_comm", "all_gather", grp, per * PARAM_BYTES_COMM, it, layout,
+                                     grp > 1)[0]
+            out += max(rs - window, rs / nb) + max(ag - window, ag / nb)
+        return float(out)
+
+    pl = plans_from_layouts([Layout(pp=2, ep=1, dp=16, mbs=1, ckpt="full")], 32)
+    a = lambda x: np.atleast_1d(np.asarray(x, dtype=float))  # noqa: E731
+    exposed = float(tm._dp_comm(Recorder(1, "compose"), g, pl, a(1), a(1), a(2), a(16), a(1), a(1), a(w), a(w),
+                                "adamw")[0])
+    assert stage(1, w) > stage(0, w)  # the heavier stage, were it to finish last
+    assert stage(1, 2 * w) < stage(1, w)
+    assert exposed == pytest.approx(max(stage(0, w), stage(1, 2 * w)), rel=1e-12)
