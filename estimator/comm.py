@@ -45,7 +45,8 @@ def dp_stage(stage: str, pp):
     the middle one with the shortest drain). After a stage's last backward the 1F1B drain still runs s
     backward passes of the stages before it (the first stage finishes the step last), and its gradient
     collectives hide behind those too; a ZeRO-1 parameter all-gather hides behind as many forward passes
-    of the next step's fill."""
+    of the next step's fill. With VPP-way interleaving each of those passes is one chunk, 1/VPP of a
+    stage's."""
     pp = np.asarray(pp, dtype=float)
     if stage == "first":
         return np.ones(pp.shape, bool), np.zeros(pp.shape)
@@ -213,7 +214,8 @@ class CommModel:
         idx = np.arange(k)[:, None] * U + inv.reshape(-1)[None, :]  # (k, P): plan p's stage-j element
         tp, cp, pp, dp, ep, etp = np.tile(deg[:, first], k)
         present, s = (np.concatenate(col) for col in zip(*(dp_stage(stage, pp[:U]) for stage in DP_STAGES)))
-        w_fwd, w_bwd = (1 + s[idx]) * w_fwd, (1 + s[idx]) * w_bwd
+        drain = s[idx] / np.asarray(pl.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
+        w_fwd, w_bwd = (1 + drain) * w_fwd, (1 + drain) * w_bwd
         sub = Recorder(k * U, rec.mode)
         out = np.zeros((k, P))
         ortho = optimizer in ORTHO_OPTIMIZERS

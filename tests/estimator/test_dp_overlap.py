@@ -76,10 +76,12 @@ def test_pipeline_stages_hold_every_parameter_once(pp, tie):
     assert total <= expect
 
 
-def test_the_1f1b_drain_hides_a_later_stages_dp_traffic():
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_the_1f1b_drain_hides_a_later_stages_dp_traffic(vpp):
     # PP=2, EP=1 of the 700M model: the last stage holds 8 MoE blocks, the first 7 and the dense block,
     # so the last stage's expert gradients are the larger; but its last backward ends one stage-backward
-    # before the step does, and its reduce-scatter hides behind that drain as well
+    # (one chunk's, 1/VPP of it, when interleaved) before the step does, and its reduce-scatter hides
+    # behind that drain as well
     spec = parse_spec(moe_spec(optimizer={"optimizer_type": "adamw"}))
     g = geometry(spec.model)
     est = Estimator.from_frames("p6-b200.48xlarge", {})
@@ -100,10 +102,10 @@ def test_the_1f1b_drain_hides_a_later_stages_dp_traffic():
             out += max(rs - window, rs / nb) + max(ag - window, ag / nb)
         return float(out)
 
-    pl = plans_from_layouts([Layout(pp=2, ep=1, dp=16, mbs=1, ckpt="full")], 32)
+    pl = plans_from_layouts([Layout(pp=2, vpp=vpp, ep=1, dp=16, mbs=1, ckpt="full")], 32)
     a = lambda x: np.atleast_1d(np.asarray(x, dtype=float))  # noqa: E731
     exposed = float(tm._dp_comm(Recorder(1, "compose"), g, pl, a(1), a(1), a(2), a(16), a(1), a(1), a(w), a(w),
                                 "adamw")[0])
     assert stage(1, w) > stage(0, w)  # the heavier stage, were it to finish last
-    assert stage(1, 2 * w) < stage(1, w)
-    assert exposed == pytest.approx(max(stage(0, w), stage(1, 2 * w)), rel=1e-12)
+    assert stage(1, (1 + 1 / vpp) * w) < stage(1, w)
+    assert exposed == pytest.approx(max(stage(0, w), stage(1, (1 + 1 / vpp) * w)), rel=1e-12)
