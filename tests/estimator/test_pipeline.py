@@ -131,3 +131,29 @@ def test_model_breakdown_uses_the_paper_terms(sqlite_url):
     assert b["bubble"] == pytest.approx(f * block, rel=1e-9)
     assert sum(b.values()) == pytest.approx(r.t_analytic_s, rel=1e-12)
     assert r.t_iter_s == pytest.approx(r.chi_sys * r.t_analytic_s)
+
+
+def test_all_to_all_adds_outside_the_dispatch_max():
+    # the host reads the token counts before it sizes the exchange: a dispatch-bound stage (host 30 ms,
+    # GPU 10 ms) still pays the 5 ms of all-to-all wire time, and so does a compute-bound one (GPU 40 ms)
+    z, pp = np.array(0.0), np.array(2)
+    st = stage_periods(pp, np.array(10e-3), np.array(10e-3), z, z, z, np.array(30e-3), a2a_first=5e-3,
+                       a2a_other=5e-3)
+    assert st.period == pytest.approx(35e-3)
+    st = stage_periods(pp, np.array(40e-3), np.array(40e-3), z, z, z, np.array(30e-3), a2a_first=5e-3,
+                       a2a_other=5e-3)
+    assert st.period == pytest.approx(45e-3)
+
+
+def test_dispatch_law_charges_the_ep_host_term_per_moe_layer_only_under_ep():
+    from scaleplan.estimator.compute import CKPT_CODES
+    from scaleplan.estimator.dispatch import dispatch_time
+
+    law = DispatchLaw(kappa0=600.0, kappa1=5.0, t_gap_s=20e-6, t_host_s=10e-3, t_ep_host_s=2e-3)
+    full = np.array(CKPT_CODES["full"])
+    # 4 MoE layers, EP=8 (16 local experts): 4 (600 + 80) 20 us + 4 x 2 ms + 10 ms
+    t8 = dispatch_time(law, 4, 16, full, 4, np.array(8))
+    assert float(t8) == pytest.approx(4 * 680 * 20e-6 + 8e-3 + 10e-3)
+    # EP=1 (128 local experts): no EP host term: 4 (600 + 640) 20 us + 10 ms
+    t1 = dispatch_time(law, 4, 128, full, 4, np.array(1))
+    assert float(t1) == pytest.approx(4 * 1240 * 20e-6 + 10e-3)
