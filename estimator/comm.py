@@ -43,10 +43,10 @@ def dp_stage(stage: str, pp):
     """(present, s) of one of :data:`DP_STAGES` (arrays over plans): whether the layout has that stage
     (middle: PP > 2, last: PP > 1) and its index s (0, 1 and PP - 1; the middle stage taken is stage 1,
     the middle one with the shortest drain). After a stage's last backward the 1F1B drain still runs s
-    backward passes of the stages before it (the first stage finishes the step last), and its gradient
-    collectives hide behind those too; a ZeRO-1 parameter all-gather hides behind as many forward passes
-    of the next step's fill. With VPP-way interleaving each of those passes is one chunk, 1/VPP of a
-    stage's."""
+    backward passes of the stages before it (the first stage finishes the step last): what the stage's
+    DP traffic has left then hides behind them; a ZeRO-1 parameter all-gather behind as many forward
+    passes of the next step's fill. With VPP-way interleaving each of those passes is one chunk, 1/VPP
+    of a stage's."""
     pp = np.asarray(pp, dtype=float)
     if stage == "first":
         return np.ones(pp.shape, bool), np.zeros(pp.shape)
@@ -202,8 +202,10 @@ class CommModel:
         sgd (:data:`REPLICATED_OPTIMIZERS`) runs plain DDP: the bucketed all-reduce alone.
         On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
         ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of one forward /
-        backward pass of a stage, which a dispatch-bound pass sets by its host issue time; a later stage
-        adds the drain (:func:`dp_stage`).
+        backward pass of a stage, which a dispatch-bound pass sets by its host issue time. What a stage's
+        own passes leave (at least its last bucket, and a layer-wise gather after the step) runs on while
+        the earlier stages drain, and a ZeRO-1 gather's remainder while they fill the next step
+        (:func:`dp_stage`); the step waits for the stage that leaves the most.
         """
         # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
         # for the k stages at once (k U elements); the overlap windows are per plan
@@ -215,9 +217,8 @@ class CommModel:
         tp, cp, pp, dp, ep, etp = np.tile(deg[:, first], k)
         present, s = (np.concatenate(col) for col in zip(*(dp_stage(stage, pp[:U]) for stage in DP_STAGES)))
         drain = s[idx] / np.asarray(pl.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
-        w_fwd, w_bwd = (1 + drain) * w_fwd, (1 + drain) * w_bwd
         sub = Recorder(k * U, rec.mode)
-        out = np.zeros((k, P))
+        tail, fill = np.zeros((k, P)), np.zeros((k, P))  # after the stage's last backward; before its first forward
         ortho = optimizer in ORTHO_OPTIMIZERS
         colls = dp_collectives(optimizer)
         for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn, s):
@@ -228,11 +229,14 @@ class CommModel:
             # gradient side, parameter side (none for plain DDP), per plan and stage
             rs, ag, nb = t[0][idx], (t[1][idx] if len(t) > 1 else 0.0), nb[idx]
             if self.serial:
-                out += rs + ag
-            else:
-                out += np.maximum(rs - w_bwd, rs / nb) + (ag if ortho else np.maximum(ag - w_fwd, ag / nb))
+                tail += rs + ag
+                continue
+            tail += np.maximum(rs - w_bwd, rs / nb) + (ag if ortho else 0.0)
+            fill += 0.0 if ortho else np.maximum(ag - w_fwd, ag / nb)
         rec.fold(sub, idx)
-        return np.where(present[idx], out, 0.0).max(axis=0)
+        if not self.serial:  # the drain (fill) of the earlier stages hides what is left after (before) them
+            tail, fill = np.maximum(tail - drain * w_bwd, 0.0), np.maximum(fill - drain * w_fwd, 0.0)
+        return np.where(present[idx], tail + fill, 0.0).max(axis=0)
 
     def _bias_sync(self, rec, g, tp, cp, pp, dp):
         """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs
