@@ -76,61 +76,58 @@ def test_pipeline_stages_hold_every_parameter_once(pp, tie):
     assert total <= expect
 
 
+def _pp2_model(optimizer: str):
+    """The 700M model's geometry and a time model on the analytic collectives, for PP=2, DP=16."""
+    spec = parse_spec(moe_spec(optimizer={"optimizer_type": optimizer}))
+    est = Estimator.from_frames("p6-b200.48xlarge", {})
+    est.model.tb = est.tables.view("bf16")
+    return geometry(spec.model), est.model
+
+
+def _group_times(g, tm, s: int, ep: int, grad_coll: str):
+    """Per DP group of stage s (PP=2, DP=16): (gradient collective s, parameter all-gather s, buckets)."""
+    out = []
+    for params, group, layout, inter, nb in dp_buckets(g, 1, 1, 2, 16, ep, 1, 8, s):
+        per, grp, it = np.atleast_1d(params / nb), np.atleast_1d(float(group)), np.atleast_1d(inter)
+        t = [nb * tm._collective(Recorder(1, "compose"), "dp_comm", coll, grp, per * nbytes, it, layout, grp > 1)[0]
+             for coll, nbytes in ((grad_coll, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))]
+        out.append((float(t[0]), float(t[1]), float(nb)))
+    return out
+
+
+def _exposed(g, tm, ep: int, vpp: int, window: float, optimizer: str) -> float:
+    pl = plans_from_layouts([Layout(pp=2, vpp=vpp, ep=ep, dp=16, mbs=1, ckpt="full")], 32)
+    a = lambda x: np.atleast_1d(np.asarray(x, dtype=float))  # noqa: E731
+    return float(tm._dp_comm(Recorder(1, "compose"), g, pl, a(1), a(1), a(2), a(16), a(ep), a(1), a(window),
+                             a(window), optimizer)[0])
+
+
 @pytest.mark.parametrize("vpp", [1, 2])
 def test_the_1f1b_drain_hides_a_later_stages_dp_traffic(vpp):
     # PP=2, EP=1 of the 700M model: the last stage holds 8 MoE blocks, the first 7 and the dense block,
     # so the last stage's expert gradients are the larger; but its last backward ends one stage-backward
     # (one chunk's, 1/VPP of it, when interleaved) before the step does, and its reduce-scatter hides
     # behind that drain as well
-    spec = parse_spec(moe_spec(optimizer={"optimizer_type": "adamw"}))
-    g = geometry(spec.model)
-    est = Estimator.from_frames("p6-b200.48xlarge", {})
-    tm = est.model
-    tm.tb = est.tables.view("bf16")
+    g, tm = _pp2_model("adamw")
     w = 0.05
 
     def stage(s, drain):
         """Exposed seconds of stage s (ZeRO-1): what its own last backward (first forward) leaves of the
         reduce-scatter (all-gather), less the time the earlier stages still drain (fill)."""
-        grad = param = 0.0
-        for params, group, layout, inter, nb in dp_buckets(g, 1, 1, 2, 16, 1, 1, 8, s):
-            rec = Recorder(1, "compose")
-            per, grp, it = np.atleast_1d(params / nb), np.atleast_1d(float(group)), np.atleast_1d(inter)
-            rs = nb * tm._collective(rec, "dp_comm", "reduce_scatter", grp, per * GRAD_BYTES_COMM, it, layout,
-                                     grp > 1)[0]
-            ag = nb * tm._collective(rec, "dp_comm", "all_gather", grp, per * PARAM_BYTES_COMM, it, layout,
-                                     grp > 1)[0]
-            grad += max(rs - w, rs / nb)
-            param += max(ag - w, ag / nb)
-        return float(max(grad - drain, 0.0) + max(param - drain, 0.0))
+        times = _group_times(g, tm, s, 1, "reduce_scatter")
+        grad = sum(max(rs - w, rs / nb) for rs, _, nb in times)
+        param = sum(max(ag - w, ag / nb) for _, ag, nb in times)
+        return max(grad - drain, 0.0) + max(param - drain, 0.0)
 
-    pl = plans_from_layouts([Layout(pp=2, vpp=vpp, ep=1, dp=16, mbs=1, ckpt="full")], 32)
-    a = lambda x: np.atleast_1d(np.asarray(x, dtype=float))  # noqa: E731
-    exposed = float(tm._dp_comm(Recorder(1, "compose"), g, pl, a(1), a(1), a(2), a(16), a(1), a(1), a(w), a(w),
-                                "adamw")[0])
     assert stage(1, 0.0) > stage(0, 0.0)  # the heavier stage, were it to finish last
     assert stage(1, w / vpp) < stage(1, 0.0)
-    assert exposed == pytest.approx(max(stage(0, 0.0), stage(1, w / vpp)), rel=1e-12)
+    assert _exposed(g, tm, 1, vpp, w, "adamw") == pytest.approx(max(stage(0, 0.0), stage(1, w / vpp)), rel=1e-12)
 
 
 def test_a_later_stages_parameter_gather_after_the_step_hides_behind_the_drain():
     # muon (layer-wise distributed optimizer): the owners gather the updated parameters after the step,
     # which nothing on the stage itself overlaps; on the last stage of PP=2 the first stage's drain does.
     # With an unbounded window only the first stage's last all-reduce bucket and its whole gather remain
-    spec = parse_spec(moe_spec(optimizer={"optimizer_type": "muon"}))
-    g = geometry(spec.model)
-    est = Estimator.from_frames("p6-b200.48xlarge", {})
-    tm = est.model
-    tm.tb = est.tables.view("bf16")
-    first = 0.0
-    for params, group, layout, inter, nb in dp_buckets(g, 1, 1, 2, 16, 8, 1, 8, 0):
-        rec = Recorder(1, "compose")
-        per, grp, it = np.atleast_1d(params / nb), np.atleast_1d(float(group)), np.atleast_1d(inter)
-        ar = nb * tm._collective(rec, "dp_comm", "all_reduce", grp, per * GRAD_BYTES_COMM, it, layout, grp > 1)[0]
-        ag = nb * tm._collective(rec, "dp_comm", "all_gather", grp, per * PARAM_BYTES_COMM, it, layout, grp > 1)[0]
-        first += ar / nb + ag
-    pl = plans_from_layouts([Layout(pp=2, ep=8, dp=16, mbs=1, ckpt="full")], 32)
-    a = lambda x: np.atleast_1d(np.asarray(x, dtype=float))  # noqa: E731
-    exposed = float(tm._dp_comm(Recorder(1, "compose"), g, pl, a(1), a(1), a(2), a(16), a(8), a(1), a(1e4), a(1e4),
-                                "muon")[0])
-    assert exposed == pytest.approx(float(first), rel=1e-12)
+    g, tm = _pp2_model("muon")
+    first = sum(ar / nb + ag for ar, ag, nb in _group_times(g, tm, 0, 8, "all_reduce"))
+    assert _exposed(g, tm, 8, 1, 1e4, "muon") == pytest.approx(first, rel=1e-12)
