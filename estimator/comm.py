@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry
-from scaleplan.estimator.recorder import Recorder, _arr
+from scaleplan.estimator.recorder import Recorder, _arr, distinct
 from scaleplan.estimator.tables import ANALYTIC, LookupResult
 
 # Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
@@ -211,9 +211,9 @@ class CommModel:
         # for the k stages at once (k U elements); the overlap windows are per plan
         P, k = len(pl), len(DP_STAGES)
         deg = np.stack([np.broadcast_to(np.asarray(x, dtype=float), (P,)) for x in (tp, cp, pp, dp, ep, etp)])
-        _, first, inv = np.unique(deg, axis=1, return_index=True, return_inverse=True)
+        first, inv = distinct(*deg)
         U = len(first)
-        idx = np.arange(k)[:, None] * U + inv.reshape(-1)[None, :]  # (k, P): plan p's stage-j element
+        idx = np.arange(k)[:, None] * U + inv[None, :]  # (k, P): plan p's stage-j element
         tp, cp, pp, dp, ep, etp = np.tile(deg[:, first], k)
         present, s = (np.concatenate(col) for col in zip(*(dp_stage(stage, pp[:U]) for stage in DP_STAGES)))
         drain = s[idx] / np.asarray(pl.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass

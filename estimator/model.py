@@ -98,7 +98,7 @@ from scaleplan.estimator.pipeline import (  # noqa: F401
     pipeline_time,
     stage_periods,
 )
-from scaleplan.estimator.recorder import OOR, Recorder
+from scaleplan.estimator.recorder import OOR, Recorder, distinct
 from scaleplan.estimator.shapes import RankShapes, rank_shapes
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
@@ -385,9 +385,7 @@ class TimeModel(ComputeModel, CommModel):
     def _kernels_by_plan(self, g: Geometry, pl: Plans, seqlen: int, rec: Recorder) -> SimpleNamespace:
         """:meth:`_kernels` for every plan of ``pl``, as attributes (arrays of length P)."""
         # kernel times depend on (TP, CP, EP, ETP, B_micro) only: evaluate each distinct tuple once
-        code = (((pl.tp * 4096 + pl.cp) * 4096 + pl.ep) * 64 + pl.etp) * 4096 + pl.mbs
-        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-        inv = inv.reshape(-1)
+        first, inv = distinct(pl.tp, pl.cp, pl.ep, pl.etp, pl.mbs)
         rec_u = Recorder(len(first), self.mode)
         K = {k: v[inv] for k, v in self._kernels(g, pl.take(first), seqlen, rec_u).items()}
         rec.fold(rec_u, inv)

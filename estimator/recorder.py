@@ -109,6 +109,20 @@ class Recorder:
         return np.where(active, t, 0.0)
 
 
+def distinct(*cols) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct tuples of equal-length columns (arrays over plans), for lookups made once per tuple
+    and handed back with :meth:`Recorder.fold`: (first, inv), ``first`` the index of each tuple's first
+    plan, ``inv`` (shape (P,)) the tuple of each plan. Each column is coded by its own distinct values
+    and the codes combine exactly (no overflow, unlike packing the raw values into one integer)."""
+    codes, dims = [], []
+    for c in cols:
+        u, ci = np.unique(np.asarray(c), return_inverse=True)
+        codes.append(ci.reshape(-1))
+        dims.append(len(u))
+    _, first, inv = np.unique(np.ravel_multi_index(codes, dims), return_index=True, return_inverse=True)
+    return first, inv.reshape(-1)
+
+
 def _vec(x, P):
     """``x`` as an array of shape (P,) (a view when it already is one; the plan arrays are never written)."""
     if isinstance(x, np.ndarray) and x.shape == (P,):

@@ -47,3 +47,18 @@ def test_fold_of_one_row_maps_plans_to_distinct_tuples():
     rec = Recorder(4, "compose")
     rec.fold(sub, np.array([1, 0, 0, 1]))
     assert rec.src["experts"].tolist() == [COMPOSED, MEASURED, MEASURED, COMPOSED]
+
+
+def test_distinct_tuples_match_a_dictionary_of_the_rows():
+    from scaleplan.estimator.recorder import distinct
+    rng = np.random.default_rng(3)
+    # wide values: packing raw values into one int64 would overflow here
+    cols = [rng.choice([1, 2, 2 ** 20, 2 ** 40], 500) for _ in range(5)]
+    first, inv = distinct(*cols)
+    rows = list(zip(*(c.tolist() for c in cols)))
+    seen = {}
+    for i, r in enumerate(rows):
+        seen.setdefault(r, i)
+    assert sorted(first.tolist()) == sorted(seen.values())
+    for i, r in enumerate(rows):
+        assert rows[first[inv[i]]] == r
