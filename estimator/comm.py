@@ -35,24 +35,16 @@ def dp_collectives(optimizer: str) -> tuple[tuple[str, int], ...]:
     return ((red, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))
 
 
-# The pipeline stages whose DP traffic can be the exposed part of a step (:meth:`CommModel._dp_comm`)
-DP_STAGES = ("first", "middle", "last")
-
-
-def dp_stage(stage: str, pp):
-    """(present, s) of one of :data:`DP_STAGES` (arrays over plans): whether the layout has that stage
-    (middle: PP > 2, last: PP > 1) and its index s (0, 1 and PP - 1; the middle stage taken is stage 1,
-    the middle one with the shortest drain). After a stage's last backward the 1F1B drain still runs s
-    backward passes of the stages before it (the first stage finishes the step last): what the stage's
-    DP traffic has left then hides behind them; a ZeRO-1 parameter all-gather behind as many forward
-    passes of the next step's fill. With VPP-way interleaving each of those passes is one chunk, 1/VPP
-    of a stage's."""
+def dp_stages(pp) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The pipeline stages whose DP traffic can be the exposed part of a step, as (present, s) per
+    stage (arrays over plans): the first stage (s = 0), the first middle one (s = 1, PP > 2: the middle
+    stage with the shortest drain) and the last (s = PP - 1, PP > 1). After a stage's last backward the
+    1F1B drain still runs s backward passes of the stages before it (the first stage finishes the step
+    last): what the stage's DP traffic has left then hides behind them; a ZeRO-1 parameter all-gather
+    behind as many forward passes of the next step's fill. With VPP-way interleaving each of those
+    passes is one chunk, 1/VPP of a stage's."""
     pp = np.asarray(pp, dtype=float)
-    if stage == "first":
-        return np.ones(pp.shape, bool), np.zeros(pp.shape)
-    if stage == "middle":
-        return pp > 2, np.ones(pp.shape)
-    return pp > 1, pp - 1
+    return [(np.ones(pp.shape, bool), np.zeros(pp.shape)), (pp > 2, np.ones(pp.shape)), (pp > 1, pp - 1)]
 
 
 def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int, s=0.0):
@@ -190,7 +182,7 @@ class CommModel:
     # -- the model -----------------------------------------------------------------------------
     def _dp_comm(self, rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer="adamw"):
         """Exposed data-parallel traffic per iteration (seconds, shape (P,)): the most any pipeline
-        stage leaves exposed (:data:`DP_STAGES`); groups and buckets: :func:`dp_buckets`.
+        stage leaves exposed (:func:`dp_stages`); groups and buckets: :func:`dp_buckets`.
 
         adam/adamw/sgd run Megatron's distributed optimizer (ZeRO-1): a bucketed fp32 gradient
         reduce-scatter overlapped with the stage's last backward and a bf16 parameter all-gather
@@ -205,17 +197,18 @@ class CommModel:
         backward pass of a stage, which a dispatch-bound pass sets by its host issue time. What a stage's
         own passes leave (at least its last bucket, and a layer-wise gather after the step) runs on while
         the earlier stages drain, and a ZeRO-1 gather's remainder while they fill the next step
-        (:func:`dp_stage`); the step waits for the stage that leaves the most.
+        (:func:`dp_stages`); the step waits for the stage that leaves the most.
         """
         # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
         # for the k stages at once (k U elements); the overlap windows are per plan
-        P, k = len(pl), len(DP_STAGES)
+        P = len(pl)
         deg = np.stack([np.broadcast_to(np.asarray(x, dtype=float), (P,)) for x in (tp, cp, pp, dp, ep, etp)])
         first, inv = distinct(*deg)
-        U = len(first)
+        stages = dp_stages(deg[2, first])
+        k, U = len(stages), len(first)
         idx = np.arange(k)[:, None] * U + inv[None, :]  # (k, P): plan p's stage-j element
         tp, cp, pp, dp, ep, etp = np.tile(deg[:, first], k)
-        present, s = (np.concatenate(col) for col in zip(*(dp_stage(stage, pp[:U]) for stage in DP_STAGES)))
+        present, s = (np.concatenate(col) for col in zip(*stages))
         drain = s[idx] / np.asarray(pl.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
         sub = Recorder(k * U, rec.mode)
         tail, fill = np.zeros((k, P)), np.zeros((k, P))  # after the stage's last backward; before its first forward
@@ -236,7 +229,7 @@ class CommModel:
         rec.fold(sub, idx)
         if not self.serial:  # the drain (fill) of the earlier stages hides what is left after (before) them
             tail, fill = np.maximum(tail - drain * w_bwd, 0.0), np.maximum(fill - drain * w_fwd, 0.0)
-        return np.where(present[idx], tail + fill, 0.0).max(axis=0)
+        return (tail + fill).max(axis=0)  # an absent stage looked nothing up: 0
 
     def _bias_sync(self, rec, g, tp, cp, pp, dp):
         """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs

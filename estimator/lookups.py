@@ -95,10 +95,9 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
 
 def _dp_points(out: dict, g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int, optimizer: str) -> None:
     """The DP collectives of every pipeline stage the layout has (:func:`comm.dp_buckets`)."""
-    from scaleplan.estimator.comm import DP_STAGES, dp_buckets, dp_collectives, dp_stage, expert_dp_rails
+    from scaleplan.estimator.comm import dp_buckets, dp_collectives, dp_stages, expert_dp_rails
 
-    for stage in DP_STAGES:
-        present, s = dp_stage(stage, pp)
+    for present, s in dp_stages(pp):
         if not present:
             continue
         for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, gpn, s):

@@ -316,7 +316,6 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
 
 
 ALLOCATED = ("weights", "grads", "optimizer", "activations", "logits", "ddp_buckets", "master_grads")
-OVERHEAD = ("reserve", "allocator", "context")
 
 
 def allocated_reserved(mem: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

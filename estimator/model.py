@@ -495,7 +495,7 @@ class TimeModel(ComputeModel, CommModel):
         L_stage = s.L_stage
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
         # behind the last micro-batch's backward (and the first forward), on a later pipeline stage also
-        # behind the 1F1B drain (comm.dp_stage), not behind the EP all-to-all: that
+        # behind the 1F1B drain (comm.dp_stages), not behind the EP all-to-all: that
         # uses the same links (the NIC once either group leaves the node), so the window excludes its exposed part.
         # The window is the wall time of that pass, not its GPU time alone: a dispatch-bound pass lasts as
         # long as the host takes to issue it (its share of t_disp, in the checkpoint mode's kernel units:

@@ -99,7 +99,6 @@ def compose_rule(table: str) -> tuple[tuple[float, ...], str]:
 # where the profile has them, else the fastest fused backend measured on the device, down to the
 # eager math path (a CPU measures flash and math): the first of this order present in the table.
 SDPA_BACKENDS = ("te", "flash", "cudnn", "efficient", "math", "pt")
-SDPA_BACKEND = SDPA_BACKENDS[0]
 
 
 @dataclass

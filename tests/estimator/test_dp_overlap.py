@@ -64,12 +64,11 @@ def test_pipeline_stages_hold_every_parameter_once(pp, tie):
     # first + middle + last are the whole model for PP <= 3: their DP groups' parameters add up to the
     # spec's N_tot and embeddings (scaleplan.geometry counts them), plus the LM head's copy of a tied
     # embedding on the last stage; norms are the only parameters the buckets leave out (2 d per block)
-    from scaleplan.estimator.comm import DP_STAGES, dp_stage
+    from scaleplan.estimator.comm import dp_stages
     spec = parse_spec(moe_spec(model={**moe_spec()["model"], "tie_embeddings": tie}))
     g = geometry(spec.model)
     total = 0.0
-    for stage in DP_STAGES:
-        present, s = dp_stage(stage, pp)
+    for present, s in dp_stages(pp):
         total += sum(float(p) for p, *_ in dp_buckets(g, 1, 1, pp, 1, 1, 1, 8, s)) if present else 0.0
     expect = g.n_tot + g.embedding + (g.vocab * g.d if tie and pp > 1 else 0)
     assert total == pytest.approx(expect, rel=2 * g.L * g.d / g.n_tot)
