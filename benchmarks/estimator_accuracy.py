@@ -110,6 +110,7 @@ def main() -> None:
             print(f"  {kind} fit for {name}: " + ", ".join(f"{k}={f.params[k]:.4g}" for k in f.free)
                   + (" | not fitted: " + "; ".join(f"{k}: {v}" for k, v in f.unidentified.items())
                      if f.unidentified else ""))
+    slot_pairs(est, sw, t_meas)
     if a.verbose:
         for name, spec, n, lays, real, _ in sw:
             for lo, r, m in zip(lays, est.estimate(spec, n, lays), real):
@@ -126,6 +127,39 @@ def main() -> None:
               f"pp={lo['pp']} ep={lo['ep']} mbs={lo['mbs']} ckpt={lo['ckpt']} MFU {100 * best.mfu_validation:.2f}% "
               f"(validation FLOP count; paper's estimator: pp=8 ep=8 tp=1 cp=1 mbs=4, 12.38%)")
     staged_runs(est)
+
+
+def slot_pairs(est: Estimator, sw, t_meas: dict) -> None:
+    """Two checks of the model's structure that do not depend on the dispatch law's level.
+
+    1. Time per 1F1B slot, t_iter / (n_mb + PP - 1), of layouts from different sweeps that share
+       the layers per stage, the local experts and an EP group inside one node: their host
+       dispatch is the same, so where the host paces the step (both sweeps here) the measured slot
+       times should agree whatever the model's width; what ours adds for the wider model is the
+       GPU-side work it exposes beyond the host floor (LM head forward, all-to-all, DP traffic).
+    2. Within a sweep, the step time of a pipelined layout over the PP = 1 layout of the same EP:
+       what pipelining costs, measured and ours.
+    """
+    rows = []
+    for name, spec, n, lays, real, _ in sw:
+        gbs, g_E, g_L = spec.data.gbs, spec.model.moe.n_experts, spec.model.n_layers
+        for lo, r, tm in zip(lays, est.estimate(spec, n, lays), t_meas[name]):
+            slots = gbs / (lo.dp * lo.mbs) + lo.pp - 1
+            key = (g_L // lo.pp, g_E // lo.ep, lo.ep * lo.tp <= est.profile.gpus_per_node)
+            rows.append((name, lo, key, tm, r.t_iter_s, slots))
+    print("slot time at equal layers/stage and local experts, EP inside a node (ms, measured | ours):")
+    for i, (na, la, ka, ma, pa, sa) in enumerate(rows):
+        for nb, lb, kb, mb, pb, sb in rows[i + 1:]:
+            if na != nb and ka == kb and ka[2]:
+                print(f"   L/PP={ka[0]} E_loc={ka[1]}: {na} pp={la.pp} ep={la.ep} {1e3 * ma / sa:.0f} | "
+                      f"{1e3 * pa / sa:.0f};  {nb} pp={lb.pp} ep={lb.ep} {1e3 * mb / sb:.0f} | {1e3 * pb / sb:.0f};  "
+                      f"ratio {mb / sb / (ma / sa):.3f} | {pb / sb / (pa / sa):.3f}")
+    print("pipelining cost, t_iter(PP) / t_iter(PP=1) at the same EP (measured | ours):")
+    for name, *_ in sw:
+        base = {lo.ep: (m, p) for nm, lo, _, m, p, _ in rows if nm == name and lo.pp == 1}
+        cells = [f"pp={lo.pp} ep={lo.ep} {m / base[lo.ep][0]:.2f} | {p / base[lo.ep][1]:.2f}"
+                 for nm, lo, _, m, p, _ in rows if nm == name and lo.pp > 1 and lo.ep in base]
+        print(f"   {name}: " + ";  ".join(cells))
 
 
 def staged_runs(est: Estimator) -> None:
