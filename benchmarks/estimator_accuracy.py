@@ -203,7 +203,7 @@ def fill_ratio_18b(est: Estimator, vdir: Path) -> None:
     n, pp, cells = 512, 16, []
     for r_fill in (0.25, 0.5, 1, 2, 4, 8):
         d = copy.deepcopy(raw)
-        d["data"].update(seqlen=8192, gbs=int(r_fill * pp * n // pp))
+        d["data"].update(seqlen=8192, gbs=int(r_fill * n))  # n_mb / PP = gbs / N_dev at mbs 1
         r = est.estimate(parse_spec(d), n, [Layout(tp=1, cp=1, pp=pp, ep=8, dp=n // pp, mbs=1, ckpt="full")])[0]
         cells.append(f"{r_fill:g}: {100 * r.mfu_validation:.1f}%{'' if r.feasible else ' (does not fit)'}")
     print("18B on 512 B200, PP=16 EP=8 mbs=1, MFU by r_fill (paper, measured: climbs to r_fill 1, "
