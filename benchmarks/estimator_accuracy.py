@@ -15,16 +15,19 @@ by its best of the four, against the measured ratios.
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
 import numpy as np
+import yaml
 from scaleplan.calibrate.joint import IDENTITY, estimator_t_pred, fit_joint
 from scaleplan.calibrate.observations import sweeps_of
 from scaleplan.estimator import Estimator, PlanConstraints
 from scipy.stats import spearmanr
 
 from scaleplan.geometry import ladder_model
+from scaleplan.specs import Layout, parse_spec
 
 VALIDATION = Path(__file__).resolve().parents[1].parent / "shared" / "validation"
 
@@ -74,9 +77,9 @@ def main() -> None:
           f"t_ep_host={est.dispatch.t_ep_host_s * 1e3:.1f} ms ({est.dispatch.source})")
     sw = list(sweep_specs(Path(a.validation)))
     # measured step times: MFU x t is fixed for a run, in the validation data's FLOP count
-    t_meas, groups = {}, {}
+    t_meas, groups, preds = {}, {}, {}
     for name, spec, n, lays, real, _ in sw:
-        res = est.estimate(spec, n, lays)
+        res = preds[name] = est.estimate(spec, n, lays)
         t_meas[name] = np.array([r.t_iter_s * r.mfu_validation for r in res]) / (real / 100)
         if a.measured_flops == "megatron":
             t_meas[name] = t_meas[name] * megatron_over_reference(spec)
@@ -110,10 +113,10 @@ def main() -> None:
             print(f"  {kind} fit for {name}: " + ", ".join(f"{k}={f.params[k]:.4g}" for k in f.free)
                   + (" | not fitted: " + "; ".join(f"{k}: {v}" for k, v in f.unidentified.items())
                      if f.unidentified else ""))
-    slot_pairs(est, sw, t_meas)
+    slot_pairs(sw, preds, t_meas)
     if a.verbose:
         for name, spec, n, lays, real, _ in sw:
-            for lo, r, m in zip(lays, est.estimate(spec, n, lays), real):
+            for lo, r, m in zip(lays, preds[name], real):
                 top = sorted(r.breakdown_s.items(), key=lambda kv: -kv[1])[:4]
                 print(f"   {name} pp={lo.pp} ep={lo.ep} dp={lo.dp}: pred {100 * r.mfu_validation:5.2f}% "
                       f"real {m:5.2f}%  " + ", ".join(f"{k} {v:.2f}s" for k, v in top))
@@ -130,7 +133,7 @@ def main() -> None:
     fill_ratio_18b(est, Path(a.validation))
 
 
-def slot_pairs(est: Estimator, sw, t_meas: dict) -> None:
+def slot_pairs(sw, preds: dict, t_meas: dict) -> None:
     """Two checks of the model's structure that do not depend on the dispatch law's level.
 
     1. Time per 1F1B slot, t_iter / (n_mb + PP - 1), of layouts from different sweeps that share
@@ -144,9 +147,9 @@ def slot_pairs(est: Estimator, sw, t_meas: dict) -> None:
     rows = []
     for name, spec, n, lays, real, _ in sw:
         gbs, g_E, g_L = spec.data.gbs, spec.model.moe.n_experts, spec.model.n_layers
-        for lo, r, tm in zip(lays, est.estimate(spec, n, lays), t_meas[name]):
+        for lo, r, tm in zip(lays, preds[name], t_meas[name]):
             slots = gbs / (lo.dp * lo.mbs) + lo.pp - 1
-            key = (g_L // lo.pp, g_E // lo.ep, lo.ep * lo.tp <= est.profile.gpus_per_node)
+            key = (g_L // lo.pp, g_E // lo.ep, r.chi_inputs["ep_nodes"] == 1)
             rows.append((name, lo, key, tm, r.t_iter_s, slots))
     print("slot time at equal layers/stage and local experts, EP inside a node (ms, measured | ours):")
     for i, (na, la, ka, ma, pa, sa) in enumerate(rows):
@@ -187,18 +190,13 @@ def staged_runs(est: Estimator) -> None:
           f"Spearman ours {spearmanr(ours, meas)[0]:.2f}, paper's {spearmanr(paper_n, meas)[0]:.2f}")
 
 
-
 def fill_ratio_18b(est: Estimator, vdir: Path) -> None:
     """The paper's 18B pipeline sweep (app:moe-implications; measured, its points not published): on
     512 B200 at PP = 16, MFU "climbs as r_fill goes 0.25 -> 0.5 -> 1, then plateaus at ~10-12% for
     r_fill >= 4", r_fill = n_mb / PP, and layout choice spreads the 18B's MFU by up to 3.1x. Ours for
     validation/models.yaml's moe-18b at PP = 16, EP = 8, mbs = 1, seqlen 8192, r_fill set by the
-    global batch (the sweep varied it); MFU in the validation FLOP count, memory per GPU."""
-    import copy
-
-    import yaml
-    from scaleplan.specs import Layout, parse_spec
-
+    global batch (the sweep varied it); MFU in the validation FLOP count, marked where the
+    layout does not fit in memory."""
     raw = yaml.safe_load((vdir / "models.yaml").read_text())["moe-18b"]
     n, pp, cells = 512, 16, []
     for r_fill in (0.25, 0.5, 1, 2, 4, 8):
