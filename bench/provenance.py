@@ -21,7 +21,13 @@ REPO_DIR = Path(__file__).resolve().parents[1]
 
 
 def git_rev(repo: Path = REPO_DIR) -> str | None:
-    """``HEAD`` of the project checkout (suffix ``+dirty`` when tracked files differ), or None."""
+    """``HEAD`` of the project checkout (suffix ``+dirty`` when tracked files differ); where the code
+    does not run from a git checkout (an installed wheel, a copy of the tree shipped to a GPU host),
+    the revision that copy was made from as ``$SCALEPLAN_GIT_REV`` names it, else None."""
+    return _git_head(repo) or os.environ.get("SCALEPLAN_GIT_REV") or None
+
+
+def _git_head(repo: Path) -> str | None:
     try:
         rev = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "HEAD"],

@@ -72,12 +72,13 @@ def predict(spec: Spec, layouts: list[Layout], n_devices: int, profile: str, db_
 
 
 def _git_rev() -> str | None:
+    """Short HEAD of this checkout; outside one (a copy shipped to a GPU host) $SCALEPLAN_GIT_REV, else None."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5, check=False,
                              cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or None
+        return out.stdout.strip() or os.environ.get("SCALEPLAN_GIT_REV") or None
     except (OSError, subprocess.SubprocessError):
-        return None
+        return os.environ.get("SCALEPLAN_GIT_REV") or None
 
 
 def store_observation(db_url: str | None, spec: Spec, spec_name: str, layout: Layout, n_devices: int,

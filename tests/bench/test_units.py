@@ -158,6 +158,17 @@ def test_nvml_snapshot_degrades_without_gpu():
     assert rev is None or len(rev.split("+")[0]) == 40
 
 
+def test_git_rev_outside_a_checkout_reads_the_environment(tmp_path, monkeypatch):
+    """A copy of the tree without .git (shipped to a GPU host) is named by $SCALEPLAN_GIT_REV."""
+    from scaleplan.bench.provenance import git_rev
+
+    monkeypatch.delenv("SCALEPLAN_GIT_REV", raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repo above tmp_path either
+    assert git_rev(tmp_path) is None
+    monkeypatch.setenv("SCALEPLAN_GIT_REV", "0123abc")
+    assert git_rev(tmp_path) == "0123abc"
+
+
 def test_timing_check_reports_consistent_rates():
     from scaleplan.bench.checks import gemm_timing_check
 
@@ -217,3 +228,25 @@ def test_unknown_gpu_asks_for_a_profile(monkeypatch):
     with pytest.raises(ScaleplanError, match="--profile"):
         runner.default_profile(torch.device("cuda", 0))
     assert runner.default_profile(torch.device("cpu")) == "cpu-local"
+
+
+@pytest.mark.parametrize("name", ["quick", "node", "single-gpu"])
+def test_builtin_presets_validate_and_expand(name):
+    """Every suite block of a shipped preset passes its Config (unknown keys are errors) and expands to
+    the cartesian product of its axes; single-gpu leaves out collectives (one GPU has no peer)."""
+    from math import prod
+
+    from scaleplan.bench.config import load_preset, preset_names, validate_suite_config
+    from scaleplan.bench.suites import get_suite
+
+    assert name in preset_names()
+    p = load_preset(name)
+    ctx = h.Context(device=torch.device("cpu"), timing=h.Timing())
+    for suite, block in p.suites.items():
+        mod = get_suite(suite)
+        pts = mod.expand(validate_suite_config(suite, mod.Config, block), ctx)
+        if suite == "gemm":
+            assert len(pts) == prod(len(block[a]) for a in ("m", "n", "k", "dtypes"))
+        assert pts, suite
+    if name == "single-gpu":
+        assert "collectives" not in p.suites and len(p.suites) == 8
