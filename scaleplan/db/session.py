@@ -90,8 +90,10 @@ def get_engine(url: str | None = None) -> Engine:
         eng = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
     except (ArgumentError, ImportError, ValueError, TypeError) as e:  # unknown dialect, missing driver
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise ScaleplanError(f"--db {mask_url(url)}: cannot use this URL ({first}); use sqlite:///FILE or "
-                             "postgresql+psycopg://user@host/db") from None
+        extra = " (PostgreSQL needs the postgres extra: pip install 'scaleplan[postgres]')" \
+            if isinstance(e, ImportError) else ""
+        raise SpecError("--db", mask_url(url), f"cannot use this URL ({first}); use sqlite:///FILE or "
+                        f"postgresql+psycopg://user@host/db{extra}") from None
     event.listen(eng, "connect", _sqlite_pragmas)
     path = make_url(url).database  # the file's folder is made only for a URL SQLAlchemy accepted
     if path and path != ":memory:":

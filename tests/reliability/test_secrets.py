@@ -19,12 +19,39 @@ SECRET = "S3cretPw0rd"
 REFUSED = f"postgresql+psycopg://planner:{SECRET}@127.0.0.1:1/calib"  # port 1: connection refused
 
 
-@pytest.mark.parametrize("argv", [
-    ["db", "status"], ["db", "status", "--json"], ["db", "upgrade"], ["db", "stats"],
-    ["db", "import-scaleplan", "."], ["bench", "runs"],
-], ids=lambda a: " ".join(a))
-def test_connection_errors_mask_the_password(cli, argv):
-    code, out, err = cli(*argv, "--db", REFUSED)
+ARGVS = [["db", "status"], ["db", "status", "--json"], ["db", "upgrade"], ["db", "stats"],
+         ["db", "import-scaleplan", "."], ["bench", "runs"]]
+# the CLI in a child process where `import psycopg` fails, as in an install without the postgres extra
+_NO_PSYCOPG = """
+import json, sys
+sys.modules["psycopg"] = None  # an ImportError for psycopg and everything under it
+from tests.reliability.conftest import run_cli
+print(json.dumps([run_cli(*a) for a in json.loads(sys.argv[1])]))
+"""
+
+
+@pytest.fixture(scope="module")
+def without_psycopg() -> dict:
+    """{argv: (exit status, stdout, stderr)} of every ARGVS command against REFUSED, psycopg blocked."""
+    argvs = [[*a, "--db", REFUSED] for a in ARGVS]
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", _NO_PSYCOPG, json.dumps(argvs)], capture_output=True, text=True,
+                       cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return {" ".join(a): tuple(res) for a, res in zip(ARGVS, json.loads(r.stdout))}
+
+
+@pytest.mark.parametrize("driver", ["installed", "absent"])
+@pytest.mark.parametrize("argv", ARGVS, ids=lambda a: " ".join(a))
+def test_connection_errors_mask_the_password(cli, argv, driver, request):
+    """With psycopg installed the connection is refused; without it the driver is missing. Either way
+    the error is one line (or one JSON object naming --db) with the password masked."""
+    if driver == "installed":
+        pytest.importorskip("psycopg", reason="the postgres extra is not installed")
+        code, out, err = cli(*argv, "--db", REFUSED)
+    else:
+        code, out, err = request.getfixturevalue("without_psycopg")[" ".join(argv)]
+        assert "postgres extra" in out + err, (out, err)
     assert code == 2, (out, err)
     assert SECRET not in out + err
     if "--json" in argv:  # the error is a JSON object on stdout, nothing on stderr
