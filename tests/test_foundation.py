@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 from sqlalchemy import func, select
 
+from pace import budget
 from scaleplan.cli import main
 from scaleplan.db import models as m
 from scaleplan.db import session as dbs
@@ -159,7 +160,7 @@ def test_bad_specs_real_processes_no_traceback(tmp_path):
     for name in ("bad_yaml", "heads_times_head_dim", "unknown_field"):
         p = next(b for b in BAD_SPECS if b.stem == name)
         r = subprocess.run([*cmd, "estimate", str(p), "--devices", "8", "--db", str(tmp_path / "e.db")],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=budget(120))
         assert r.returncode == 2, (name, r.stderr)
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, (name, r.stderr)
         assert _expected_field(p) in r.stderr, (name, r.stderr)

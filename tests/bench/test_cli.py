@@ -13,6 +13,7 @@ import yaml
 from sqlalchemy import select
 from typer.testing import CliRunner
 
+from pace import budget
 from scaleplan import cli
 from scaleplan.db import models as m
 from scaleplan.db.recorded import PROVENANCE
@@ -123,7 +124,7 @@ def test_user_errors_exit_2_with_one_line(args, needle, tmp_path, capsys):
 
 def test_cli_import_does_not_load_torch():
     code = "import sys, scaleplan.cli, scaleplan.cli.bench; sys.exit(1 if 'torch' in sys.modules else 0)"
-    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], timeout=budget(60)).returncode == 0
 
 
 TINY_SPEC = {

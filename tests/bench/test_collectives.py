@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from pace import budget
 from scaleplan.bench import runner
 from scaleplan.bench.config import parse_preset
 from sqlalchemy import select
@@ -90,7 +91,7 @@ def test_bench_run_under_torchrun(sqlite_url, tmp_path):
         "--json",
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=budget(120), env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     # the current collectives API: no FutureWarning per call (reduce_scatter_tensor, all_gather_into_tensor)
     assert "FutureWarning" not in p.stderr and "deprecated" not in p.stderr, p.stderr[-2000:]

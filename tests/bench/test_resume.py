@@ -10,6 +10,7 @@ import sys
 import time
 
 import yaml
+from pace import budget
 from scaleplan.bench import runner, store
 from scaleplan.bench.config import parse_preset
 from sqlalchemy import func, select, text
@@ -56,7 +57,7 @@ def _start_and_signal(url, preset, sig, after_points: int) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + budget(60)
     while time.monotonic() < deadline and proc.poll() is None:
         try:
             if _count(url) >= after_points:
@@ -66,7 +67,7 @@ def _start_and_signal(url, preset, sig, after_points: int) -> subprocess.Popen:
         time.sleep(0.02)
     assert proc.poll() is None, "the sweep finished before it could be interrupted"
     proc.send_signal(sig)
-    proc.wait(timeout=60)
+    proc.wait(timeout=budget(60))
     return proc
 
 

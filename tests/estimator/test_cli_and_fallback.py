@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import yaml
+from pace import budget
 from scaleplan.estimator import Estimator
 
 from scaleplan.specs import Layout, parse_spec
@@ -20,7 +21,7 @@ CHI_KEYS = {"t_a2a_s", "ep_nodes", "pp_nodes", "deep_pp_in_node", "gpus_per_node
 
 def _cli(*args):
     code = "import sys; from scaleplan.cli import main; main(sys.argv[1:])"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=budget(120))
 
 
 @pytest.fixture()
@@ -96,5 +97,5 @@ def test_planner_commands_do_not_import_torch(spec_file, sqlite_url):
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     for cmd in (["estimate", str(spec_file), "--devices", "32"], ["layouts", str(spec_file), "--devices", "32"]):
         p = subprocess.run([sys.executable, "-c", code, *cmd, "--db", sqlite_url, "--json"], capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=budget(120))
         assert p.returncode == 0, p.stderr

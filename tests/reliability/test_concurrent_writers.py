@@ -15,6 +15,7 @@ import traceback
 
 from sqlalchemy import func, select, text
 
+from pace import budget
 from scaleplan.db import models as m
 from scaleplan.db import session as dbs
 from scaleplan.db.importers import insert_points
@@ -49,7 +50,7 @@ def _writer(url: str, run_id: int, w: int, barrier, out) -> None:
                     return insert_points(s, m.GemmPoint, batch)
             return dbs.with_retry(txn)
 
-        barrier.wait(timeout=60)
+        barrier.wait(timeout=budget(60))
         inserted = sum(write(rows[i:i + BATCH]) for i in range(0, len(rows), BATCH))
         out.put((w, inserted, attempts[0] - math.ceil(len(rows) / BATCH), None))
     except BaseException:  # report everything: a failure must reach the test, not vanish
@@ -70,9 +71,9 @@ def _run_writers(url: str) -> tuple[int, int, list]:
     procs = [ctx.Process(target=_writer, args=(url, run_id, w, barrier, out)) for w in range(WRITERS)]
     for p in procs:
         p.start()
-    results = [out.get(timeout=TIMEOUT_S) for _ in procs]
+    results = [out.get(timeout=budget(TIMEOUT_S)) for _ in procs]
     for p in procs:
-        p.join(timeout=30)
+        p.join(timeout=budget(30))
     return run_id, sum(r[1] for r in results), results
 
 

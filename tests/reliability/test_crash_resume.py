@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("torch")
 runner = pytest.importorskip("scaleplan.bench.runner")  # the bench (and torch) imported before fork
 
+from pace import budget
 from scaleplan.cli import main
 from scaleplan.db import session as dbs
 
@@ -60,7 +61,7 @@ def _spawn(argv: list[str]) -> mp.Process:
 
 
 def _finish(p: mp.Process, timeout: float = 120) -> int:
-    p.join(timeout)
+    p.join(budget(timeout))
     if p.is_alive():
         p.kill()
         p.join()
@@ -89,7 +90,7 @@ def _state(db: Path) -> tuple[list, dict[int, str]]:
 
 def _wait_for_points(db: Path, n: int, child: mp.Process, timeout_s: float = 60) -> None:
     """Return once ``n`` points are committed (or the child ended)."""
-    end = time.monotonic() + timeout_s
+    end = time.monotonic() + budget(timeout_s)
     while child.is_alive() and time.monotonic() < end:
         try:
             con = sqlite3.connect(db, timeout=1)

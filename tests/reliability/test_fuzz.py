@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from pace import budget
 from scaleplan.db import models as m
 from scaleplan.db import session as dbs
 from scaleplan.db.importers import import_scaleplan_dir
@@ -340,6 +341,6 @@ def test_real_processes_reject_in_one_line(spec_file, tmp_path):
     for argv in (["db", "bogus"], ["db", "status", "--nope"], ["estimate", str(spec_file), "--devices", "abc"],
                  ["db", "status", "--db", "mysql://u:pw@127.0.0.1/x"],
                  ["db", "import-scaleplan", str(tmp_path / "[/x]"), "--db", db]):
-        r = subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=120, check=False)
+        r = subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=budget(120), check=False)
         assert r.returncode == 2, (argv, r.stderr)
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, (argv, r.stderr)

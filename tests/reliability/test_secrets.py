@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import URL, make_url
 
+from pace import budget
 from scaleplan.db.session import mask_url, resolve_url
 from scaleplan.errors import SpecError
 
@@ -78,7 +79,7 @@ def test_env_var_url_masked_in_a_real_process(tmp_path):
     env = {**os.environ, "SCALEPLAN_DB": REFUSED}
     exe = Path(sys.executable).with_name("scaleplan")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from scaleplan.cli import main; main()"]
-    r = subprocess.run([*cmd, "db", "status"], capture_output=True, text=True, env=env, timeout=60)
+    r = subprocess.run([*cmd, "db", "status"], capture_output=True, text=True, env=env, timeout=budget(60))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert SECRET not in r.stdout + r.stderr and "***" in r.stderr
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pace import budget
 
 SPECS = Path(__file__).resolve().parents[1] / "data" / "validate_specs"
 TINY = SPECS / "tiny.yaml"
@@ -16,9 +17,9 @@ EXTRA_KEYS = {"predicted_mem_allocated_gb", "predicted_mem_reserved_gb", "predic
               "predicted_mem_breakdown_gb", "measured_mem_reserved_gb", "estimator_mem_gb", "load", "warnings"}
 
 
-def _cli(*args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "from scaleplan.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=timeout, check=False)
+                          capture_output=True, text=True, timeout=budget(timeout), check=False)
 
 
 def _observed(url: str):
@@ -96,7 +97,7 @@ def test_cuda_without_gpu_is_a_one_line_error(sqlite_url):
 
 def test_help_does_not_import_torch():
     code = "import sys; from scaleplan.cli import app; print('torch' in sys.modules)"
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=budget(60), check=False)
     assert p.stdout.strip() == "False", p.stderr
 
 
