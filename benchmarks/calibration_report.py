@@ -4,11 +4,11 @@
 
 Builds a fresh SQLite database, imports ../shared/recorded/dmlc-scaleplan, adds
 ../shared/validation/mfu_sweeps.csv (specs: models.yaml), fits the dispatch floor and chi_sys in
-both modes (absolute: real_mfu_pct_est; normalized: scale-free on real_mfu_norm; and normalized with
+both modes (absolute: real_step_s_est, the measured step time; normalized: scale-free on real_mfu_norm; and normalized with
 the reference estimator's published coefficients as the prior of unidentifiable terms), and prints per
-sweep the MFU MAPE before/after, the leave-one-sweep-out (LOSO) MAPE, Spearman, top-k overlap and
+sweep the step-time MAPE before/after, the leave-one-sweep-out (LOSO) MAPE, Spearman, top-k overlap and
 whether the best measured layout is in our predicted top 2, with the reference estimator's
-(reference_pred_mfu_pct) metrics beside ours. Target: LOSO MAPE <= 8% and top-1 in top-2 on
+(reference_pred_step_s) metrics beside ours. Target: LOSO MAPE <= 8% and top-1 in top-2 on
 every sweep. Prints figures; it is not a test.
 """
 from __future__ import annotations

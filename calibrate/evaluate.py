@@ -35,6 +35,7 @@ class Observed:
     mfu_norm: float | None = None
     reference_mfu: float | None = None
     reference_mfu_norm: float | None = None
+    reference_step_s: float | None = None
     source: str = ""
 
     @classmethod
@@ -44,7 +45,7 @@ class Observed:
         return cls(id=r.id, sweep=r.sweep or f"run-{r.id}", profile=r.profile, spec=r.spec, n_devices=r.n_devices,
                    layout=lay, t_iter_s=r.measured_t_iter_s, mfu=r.measured_mfu, mfu_norm=r.measured_mfu_norm,
                    reference_mfu=r.reference_mfu, reference_mfu_norm=extra.get("reference_mfu_norm"),
-                   source=r.source)
+                   reference_step_s=extra.get("reference_step_s"), source=r.source)
 
 
 @dataclass
@@ -132,25 +133,21 @@ def usable(obs: Sequence[Observed], preds: Sequence[Prediction]):
 # --- measured quantities and fit data -------------------------------------------------------------
 
 def sweep_quantity(obs: Sequence[Observed]) -> str | None:
-    """Which measurement a sweep's rows are compared on: the first of 't_iter', 'mfu', 'mixed'
-    (each row has t_iter or MFU) and 'mfu_norm' (ratios only) present on every row; None if none is."""
+    """Which measurement a sweep's rows are compared on: 't_iter' (the measured step time, which an
+    MFU import in a declared FLOP count also stores) or 'mfu_norm' (ratios only), the first present
+    on every row; None if neither is (a row stored with an MFU of no declared count has no step time)."""
     if all(o.t_iter_s is not None for o in obs):
         return "t_iter"
-    if all(o.mfu is not None for o in obs):
-        return "mfu"
-    if all((o.t_iter_s is not None) or (o.mfu is not None) for o in obs):
-        return "mixed"
     if all(o.mfu_norm is not None for o in obs):
         return "mfu_norm"
     return None
 
 
 def measured_mfu(o: Observed, p: Prediction, q: str) -> float:
-    """The measured MFU-like quantity of a run on the sweep's scale (t_iter converted via MFU_an * t_an / t)."""
+    """The measured MFU-like quantity of a run on the sweep's scale: the step time converted into the
+    prediction's own FLOP count (MFU_an t_an / t_meas), so prediction and measurement share one count."""
     if q == "mfu_norm":
         return float(o.mfu_norm)
-    if q == "mfu" or (q == "mixed" and o.mfu is not None):
-        return float(o.mfu)
     return p.mfu_analytic * p.t_analytic_s / float(o.t_iter_s)
 
 

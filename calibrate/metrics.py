@@ -1,7 +1,10 @@
-"""Accuracy metrics of MFU predictions (paper sec:mfu-pred).
+"""Accuracy metrics of step-time predictions (paper sec:mfu-pred, in step time: issue 27).
 
-All functions take 1-D arrays of equal length n (predicted, measured), positive values.
-- MAPE: mean |pred - meas| / meas, as a fraction (not percent).
+All functions take 1-D arrays of equal length n (predicted, measured), positive values, of an
+MFU-like quantity (higher is better; within one FLOP count, proportional to 1 / step time).
+- MAPE: mean |pred - meas| / meas, as a fraction (not percent) of the values given.
+- step-time MAPE: mean |t_pred - t_meas| / t_meas = mean |meas / pred - 1| for MFU-like values;
+  the error every report prints (a step time carries no FLOP convention).
 - Spearman rank correlation (scipy.stats.spearmanr; NaN when either side is constant).
 - top-k overlap: rank layouts by predicted and by measured MFU; |top-k(pred) & top-k(meas)| / k,
   k capped at n (the paper's "Top-5 overlap is 100%").
@@ -26,6 +29,12 @@ def mape(pred, meas) -> float:
     """Mean absolute percentage error as a fraction: mean(|pred - meas| / meas)."""
     p, m = _arrays(pred, meas)
     return float(np.mean(np.abs(p - m) / m))
+
+
+def step_time_mape(pred, meas) -> float:
+    """MAPE of the step time, as a fraction, from MFU-like values: mean(|meas / pred - 1|)."""
+    p, m = _arrays(pred, meas)
+    return float(np.mean(np.abs(m / p - 1.0)))
 
 
 def spearman(pred, meas) -> float:
@@ -61,7 +70,7 @@ def geomean_scale(pred, meas) -> float:
 
 
 def sweep_metrics(pred, meas, normalized: bool = False) -> dict[str, float | bool]:
-    """MAPE, Spearman, top-k overlaps (k = 1, 5, 10) and top-1-in-top-2 of one sweep.
+    """Step-time MAPE ("mape"), Spearman, top-k overlaps (k = 1, 5, 10) and top-1-in-top-2 of one sweep.
 
     With ``normalized`` the predictions are first rescaled by :func:`geomean_scale` (only ratios
     are known, so the absolute level is not a prediction error).
@@ -69,6 +78,6 @@ def sweep_metrics(pred, meas, normalized: bool = False) -> dict[str, float | boo
     p, m = _arrays(pred, meas)
     if normalized:
         p = p * geomean_scale(p, m)
-    return {"mape": mape(p, m), "spearman": spearman(p, m), "top1_overlap": topk_overlap(p, m, 1),
+    return {"mape": step_time_mape(p, m), "spearman": spearman(p, m), "top1_overlap": topk_overlap(p, m, 1),
             "top5_overlap": topk_overlap(p, m, 5), "top10_overlap": topk_overlap(p, m, 10),
             "top1_in_top2": top1_in_topk(p, m, 2)}

@@ -1,10 +1,15 @@
 """Observed training runs: parse CSV/JSON rows into ObservedRun records and store them idempotently.
 
 An observation is one parallel layout of one model actually trained: the spec (JSON), the layout,
-the device count, global batch and sequence length, and what was measured: the step time
-(seconds), the MFU (a fraction, eq:mfu), or only the MFU normalised within its sweep (measured
-MFU divided by the sweep's largest; ratios only, section sec:perf-validation), plus peak memory
-(GB = 1e9 bytes) when known.
+the device count, global batch and sequence length, and what was measured. **The measured step
+time is the truth** (seconds per optimizer step): every comparison the calibration, the report and
+the benchmarks make is in step time. A run gives it directly, or as an MFU together with the FLOP
+count the MFU was logged in (``--mfu-flops``, calibrate/flops.py COUNTS: '6n', 'eq-mfu',
+'megatron'), from which the step time is derived at import (eq:mfu solved for t_iter on the
+profile's peak). An MFU with no declared count is refused unless the row also has its step time
+(then the MFU is not kept: without its count it says nothing the step time does not). Only the MFU
+normalised within its sweep (ratios only, section sec:perf-validation) needs no count: within one
+model the ratios are inverse step-time ratios. Peak memory (GB = 1e9 bytes) when known.
 
 CSV columns (header names; one row per run; the layout columns follow
 ``shared/validation/mfu_sweeps.csv``):
@@ -19,16 +24,22 @@ gbs, seqlen            yes       global batch (sequences), tokens per sequence
 tp, cp, pp, ep, dp     yes       the layout; tp*cp*pp*dp = n_devices, ep divides dp
 mbs                    yes       micro-batch size
 ckpt, vpp, etp         no        recompute mode (default: the spec's), VPP (1), ETP (the spec's)
-measured_t_iter_s      one of    measured seconds per optimizer step
-measured_mfu | mfu_pct   these   measured MFU as a fraction | in percent (real_mfu_pct_est too)
+measured_t_iter_s      one of    measured seconds per optimizer step (real_step_s_est too)
+measured_mfu | mfu_pct   these   measured MFU as a fraction | in percent (real_mfu_pct_est too);
+                                 needs ``--mfu-flops`` (or a ``mfu_flops`` column) unless the row
+                                 has its step time
 mfu_norm               three     MFU / the sweep's maximum (real_mfu_norm too)
+mfu_flops              no        the FLOP count of this row's MFU (overrides ``--mfu-flops``)
 peak_mem_gb            no        measured peak memory per device, GB
 reference_mfu(_pct)    no        a peer estimator's predicted MFU (reference_pred_mfu_pct too)
+reference_step_s       no        a peer estimator's predicted step time (reference_pred_step_s too)
 =====================  ========  =============================================================
 
 A JSON file holding a list of such records (or ``{"runs": [...]}``, e.g. saved ``scaleplan
 validate --json`` results flattened to these keys) is accepted too. Runs that ``scaleplan
-validate`` performed are stored by it directly, with source 'validate'.
+validate`` performed are stored by it directly, with source 'validate'. Programs that read a run
+some other way (a training log) build :class:`Observation` with ``measured_t_iter_s`` and call
+:func:`store_observations`.
 
 Import is atomic: the first bad row raises :class:`SpecError` naming the row and column and
 nothing is written. Re-importing the same rows adds nothing (``dedup_key``).
@@ -54,6 +65,8 @@ OPTIONAL_INT = ("vpp", "etp")
 # column aliases -> canonical name (mfu_sweeps.csv names on the left)
 ALIASES = {
     "real_mfu_pct_est": "mfu_pct",
+    "real_step_s_est": "measured_t_iter_s",
+    "reference_pred_step_s": "reference_step_s",
     "real_mfu_norm": "mfu_norm",
     "measured_mfu_norm": "mfu_norm",
     "reference_pred_mfu_pct": "reference_mfu_pct",
@@ -77,6 +90,7 @@ class Observation:
     layout: dict[str, Any]
     measured_t_iter_s: float | None = None
     measured_mfu: float | None = None
+    mfu_flops: str | None = None  # the FLOP count of measured_mfu (calibrate/flops.py COUNTS)
     measured_mfu_norm: float | None = None
     measured_peak_mem_gb: float | None = None
     reference_mfu: float | None = None
@@ -88,6 +102,8 @@ class Observation:
         ident = {k: getattr(self, k) for k in ("sweep", "spec", "profile", "n_devices", "gbs", "seqlen", "layout",
                                                "measured_t_iter_s", "measured_mfu", "measured_mfu_norm",
                                                "measured_peak_mem_gb")}
+        if self.mfu_flops is not None:  # older rows (no count) keep their key
+            ident["mfu_flops"] = self.mfu_flops
         blob = json.dumps(ident, sort_keys=True, default=_round_float)
         return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -98,7 +114,8 @@ class Observation:
                     seqlen=self.seqlen, tp=lay["tp"], cp=lay["cp"], pp=lay["pp"], dp=lay["dp"], ep=lay["ep"],
                     etp=lay["etp"], vpp=lay["vpp"], mbs=lay["mbs"], ckpt=lay["ckpt"],
                     measured_t_iter_s=self.measured_t_iter_s, measured_mfu=self.measured_mfu,
-                    measured_mfu_norm=self.measured_mfu_norm, measured_peak_mem_gb=self.measured_peak_mem_gb,
+                    mfu_flops=self.mfu_flops, measured_mfu_norm=self.measured_mfu_norm,
+                    measured_peak_mem_gb=self.measured_peak_mem_gb,
                     reference_mfu=self.reference_mfu, extra=self.extra or None)
 
 
@@ -214,10 +231,42 @@ def _resolve_spec(row: _Row, specs: dict[str, Spec], base_dir: Path, cache: dict
     raise row.err("model", None, "a 'model' (key of --specs) or 'spec' (YAML path) column is required")
 
 
+def _measurement(row: _Row, spec: Spec, vals: dict[str, int], profile: str,
+                 mfu_flops: str | None) -> tuple[float | None, float | None, str | None, float | None]:
+    """(step time s, MFU, its FLOP count, MFU / sweep max) of one row: the step time as given, else
+    derived from the MFU in its declared count (module docstring). Raises SpecError naming the column."""
+    from scaleplan.calibrate.flops import COUNTS, flops_per_step, step_time_from_mfu
+    from scaleplan.profiles import load_profile
+
+    t_iter = row.float_("measured_t_iter_s", unit=" seconds")
+    mfu = row.float_("measured_mfu", hi=1.0, unit=" (a fraction)")
+    pct = row.float_("mfu_pct", hi=100.0, unit=" (percent)")
+    if mfu is not None and pct is not None and not math.isclose(mfu, pct / 100, rel_tol=1e-6):
+        raise row.err("mfu_pct", pct, f"consistent with measured_mfu = {mfu} (or give only one)")
+    mfu = mfu if mfu is not None else (pct / 100 if pct is not None else None)
+    norm = row.float_("mfu_norm", hi=1.0 + 1e-9, unit=" (MFU / the sweep's max)")
+    count = str(row.rec["mfu_flops"]) if row.rec.get("mfu_flops") is not None else mfu_flops
+    if count is not None and count not in COUNTS:
+        raise row.err("mfu_flops", count, f"one of {', '.join(COUNTS)}")
+    if t_iter is None and mfu is None and norm is None:
+        raise row.err("measured_t_iter_s", None,
+                      "one of measured_t_iter_s, measured_mfu, mfu_pct or mfu_norm is required")
+    if mfu is not None and count is None:
+        if t_iter is None:
+            raise row.err("mfu_pct" if pct is not None else "measured_mfu", mfu,
+                          "an MFU with its FLOP count: pass --mfu-flops 6n|eq-mfu|megatron, or give measured_t_iter_s")
+        mfu = None  # the step time is the measurement; an MFU of unknown count adds nothing
+    if mfu is not None and t_iter is None:
+        flops = flops_per_step(spec.model, vals["gbs"], vals["seqlen"], count, vals["tp"])
+        t_iter = step_time_from_mfu(mfu, flops, vals["n_devices"], load_profile(profile).peak(spec.model.precision))
+    return t_iter, mfu, (count if mfu is not None else None), norm
+
+
 def row_to_observation(rec: dict[str, Any], where: str, specs: dict[str, Spec], base_dir: Path,
                        default_sweep: str, profile: str | None, source: str,
-                       cache: dict[str, Spec] | None = None) -> Observation:
-    """Validate one record and build its :class:`Observation`. Raises SpecError naming row and column."""
+                       cache: dict[str, Spec] | None = None, mfu_flops: str | None = None) -> Observation:
+    """Validate one record and build its :class:`Observation`; ``mfu_flops``: the FLOP count of the
+    file's MFU column (calibrate/flops.py). Raises SpecError naming row and column."""
     row = _Row(rec, where)
     spec, model_name = _resolve_spec(row, specs, base_dir, {} if cache is None else cache)
     vals = {c: row.int_(c) for c in REQUIRED}
@@ -233,16 +282,8 @@ def row_to_observation(rec: dict[str, Any], where: str, specs: dict[str, Spec], 
         raise row.err("ep", vals["ep"], f"a divisor of dp = {vals['dp']} (EP repartitions DP)")
     if vals["gbs"] % (vals["dp"] * vals["mbs"]):
         raise row.err("gbs", vals["gbs"], f"a multiple of dp*mbs = {vals['dp'] * vals['mbs']}")
-    t_iter = row.float_("measured_t_iter_s", unit=" seconds")
-    mfu = row.float_("measured_mfu", hi=1.0, unit=" (a fraction)")
-    pct = row.float_("mfu_pct", hi=100.0, unit=" (percent)")
-    if mfu is not None and pct is not None and not math.isclose(mfu, pct / 100, rel_tol=1e-6):
-        raise row.err("mfu_pct", pct, f"consistent with measured_mfu = {mfu} (or give only one)")
-    mfu = mfu if mfu is not None else (pct / 100 if pct is not None else None)
-    norm = row.float_("mfu_norm", hi=1.0 + 1e-9, unit=" (MFU / the sweep's max)")
-    if t_iter is None and mfu is None and norm is None:
-        raise row.err("measured_t_iter_s", None,
-                      "one of measured_t_iter_s, measured_mfu, mfu_pct or mfu_norm is required")
+    prof = profile or spec.hardware.node_type
+    t_iter, mfu, count, norm = _measurement(row, spec, vals, prof, mfu_flops)
     ref = row.float_("reference_mfu", hi=1.0)
     ref_pct = row.float_("reference_mfu_pct", hi=100.0)
     ref = ref if ref is not None else (ref_pct / 100 if ref_pct is not None else None)
@@ -250,6 +291,9 @@ def row_to_observation(rec: dict[str, Any], where: str, specs: dict[str, Spec], 
     ref_norm = row.float_("reference_mfu_norm", hi=10.0)
     if ref_norm is not None:
         extra["reference_mfu_norm"] = ref_norm
+    ref_t = row.float_("reference_step_s", unit=" seconds")
+    if ref_t is not None:
+        extra["reference_step_s"] = ref_t
     # the spec's data block carries this run's batch geometry, so the estimator sees the run itself
     spec_d = spec.model_dump(mode="json")
     spec_d["data"].update(gbs=vals["gbs"], seqlen=vals["seqlen"], microbatch_sz=vals["mbs"])
@@ -257,15 +301,17 @@ def row_to_observation(rec: dict[str, Any], where: str, specs: dict[str, Spec], 
     layout = Layout(tp=vals["tp"], cp=vals["cp"], pp=vals["pp"], dp=vals["dp"], ep=vals["ep"], etp=etp,
                     vpp=vpp, mbs=vals["mbs"], ckpt=ckpt).model_dump()
     return Observation(sweep=str(rec.get("sweep") or default_sweep), model_name=model_name, spec=spec_d,
-                       profile=profile or spec.hardware.node_type, n_devices=vals["n_devices"], gbs=vals["gbs"],
+                       profile=prof, n_devices=vals["n_devices"], gbs=vals["gbs"],
                        seqlen=vals["seqlen"], layout=layout, measured_t_iter_s=t_iter, measured_mfu=mfu,
-                       measured_mfu_norm=norm, measured_peak_mem_gb=row.float_("peak_mem_gb", unit=" GB"),
+                       mfu_flops=count, measured_mfu_norm=norm,
+                       measured_peak_mem_gb=row.float_("peak_mem_gb", unit=" GB"),
                        reference_mfu=ref, source=source, extra=extra)
 
 
 def parse_runs_file(path: str | Path, specs_path: str | Path | None = None, profile: str | None = None,
-                    source: str | None = None) -> list[Observation]:
-    """All observations of a CSV/JSON file; raises SpecError on the first bad row (nothing is kept)."""
+                    source: str | None = None, mfu_flops: str | None = None) -> list[Observation]:
+    """All observations of a CSV/JSON file; raises SpecError on the first bad row (nothing is kept).
+    ``mfu_flops``: the FLOP count of the file's MFU column (calibrate/flops.py COUNTS)."""
     p = Path(path)
     specs = load_specs_file(specs_path)
     if profile is not None:
@@ -278,20 +324,20 @@ def parse_runs_file(path: str | Path, specs_path: str | Path | None = None, prof
         raise ScaleplanError(f"{p}: no rows")
     cache: dict[str, Spec] = {}
     return [row_to_observation(rec, f"{p.name}: row {i + 1}", specs, p.parent, p.stem, profile,
-                               source or f"csv:{p.name}", cache)
+                               source or f"csv:{p.name}", cache, mfu_flops)
             for i, rec in enumerate(records)]
 
 
 
-def sweeps_of(path: str | Path, specs_path: str | Path | None = None) -> list[tuple[str, Spec, int, list[Layout],
-                                                                                   list[Observation]]]:
+def sweeps_of(path: str | Path, specs_path: str | Path | None = None,
+              mfu_flops: str | None = None) -> list[tuple[str, Spec, int, list[Layout], list[Observation]]]:
     """The runs of a file grouped by sweep, in file order: (sweep, Spec, n_devices, layouts, observations).
 
     One sweep shares its model, device count and batch (as in ../shared/validation/mfu_sweeps.csv);
     the Spec is the first run's. Raises SpecError like :func:`parse_runs_file`.
     """
     groups: dict[str, list[Observation]] = {}
-    for o in parse_runs_file(path, specs_path):
+    for o in parse_runs_file(path, specs_path, mfu_flops=mfu_flops):
         groups.setdefault(o.sweep, []).append(o)
     return [(name, parse_spec(obs[0].spec), obs[0].n_devices, [Layout(**o.layout) for o in obs], obs)
             for name, obs in groups.items()]
@@ -321,11 +367,12 @@ def store_observations(sess, observations: list[Observation]) -> int:
 
 
 def add_runs(url: str | None, path: str | Path, specs_path: str | Path | None = None,
-             profile: str | None = None) -> dict[str, Any]:
-    """Parse ``path`` and store its observations in one transaction. Returns counts per sweep."""
+             profile: str | None = None, mfu_flops: str | None = None) -> dict[str, Any]:
+    """Parse ``path`` and store its observations in one transaction. Returns counts per sweep.
+    ``mfu_flops``: the FLOP count of the file's MFU column (calibrate/flops.py COUNTS)."""
     from scaleplan.db import session as dbs
 
-    obs = parse_runs_file(path, specs_path, profile)
+    obs = parse_runs_file(path, specs_path, profile, mfu_flops=mfu_flops)
     dbs.ensure_schema(url)
 
     def _go() -> int:
@@ -337,7 +384,16 @@ def add_runs(url: str | None, path: str | Path, specs_path: str | Path | None = 
     for o in obs:
         sweeps[o.sweep] = sweeps.get(o.sweep, 0) + 1
     return {"file": str(path), "rows": len(obs), "inserted": inserted, "already_present": len(obs) - inserted,
-            "sweeps": sweeps, "profiles": sorted({o.profile for o in obs})}
+            "sweeps": sweeps, "profiles": sorted({o.profile for o in obs}),
+            "step_time_from": {k: sum(1 for o in obs if _source_of_time(o) == k) for k in
+                               sorted({_source_of_time(o) for o in obs})}}
+
+
+def _source_of_time(o: Observation) -> str:
+    """Where a stored run's step time came from: 'given', 'mfu:<count>', or 'none' (ratios only)."""
+    if o.mfu_flops is not None:
+        return f"mfu:{o.mfu_flops}"
+    return "given" if o.measured_t_iter_s is not None else "none"
 
 
 def load_observed(sess, profile: str | None = None, sweeps: list[str] | None = None,

@@ -1,10 +1,11 @@
 """Accuracy report of a chi_sys calibration, per sweep, before and after (paper sec:mfu-pred).
 
-For each sweep: MAPE of MFU (on the sweep's own scale when only ratios are known, see
+For each sweep: MAPE of the step time (the measurement; on the sweep's own scale when only ratios are known, see
 :func:`scaleplan.calibrate.metrics.sweep_metrics`), Spearman, top-k overlap (k = 1, 5, 10), whether
 the best measured layout is in the predicted top 2, and the leave-one-sweep-out (LOSO) MAPE: the
 chi_sys fit redone without that sweep, then applied to it. With one sweep only, leave-one-out over
-its runs. A peer estimator's predictions (``reference_mfu``) get the same metrics.
+its runs. A peer estimator's predictions get the same metrics: its step time (``reference_step_s``)
+where known, else its MFU on ratios only (its FLOP count is its own).
 
 Scale-free sweeps (only ratios known, or ``--mode normalized``): predictions are rescaled by the
 geometric mean of measured / predicted over the sweep before MAPE (``"normalization": "geomean"``),
@@ -44,8 +45,13 @@ def _metrics(pred: np.ndarray, meas: np.ndarray, normalized: bool) -> dict[str, 
 
 
 def _reference(rows: list[Observed], meas: np.ndarray, normalized: bool) -> dict[str, Any] | None:
+    """The peer's metrics: on its step time where known (one count: the measured value scaled by
+    t_meas / t_ref), else on ratios of its MFU (its own FLOP count is not ours: only ratios compare)."""
+    if all(o.reference_step_s is not None and o.t_iter_s is not None for o in rows):
+        ratio = np.array([o.t_iter_s / o.reference_step_s for o in rows])
+        return _metrics(meas * ratio, meas, normalized)
     if all(o.reference_mfu is not None for o in rows):
-        return _metrics(np.array([o.reference_mfu for o in rows]), meas, normalized)
+        return _metrics(np.array([o.reference_mfu for o in rows]), meas, True)
     if all(o.reference_mfu_norm is not None for o in rows):  # a ratio-only peer: compare on ratios
         return _metrics(np.array([o.reference_mfu_norm for o in rows]), meas, True)
     return None

@@ -141,14 +141,7 @@ def fit_run_scales(t_of_scales: Callable[[float, float], np.ndarray], t_meas: Se
 
 
 def absolute_times(obs, preds) -> tuple[list[int], np.ndarray]:
-    """(indices, measured seconds) of the runs with an absolute measurement: t_iter, else MFU
-    converted with the prediction's MFU x t (the FLOPs per step do not depend on the plan's timing)."""
-    idx, t = [], []
-    for i, (o, p) in enumerate(zip(obs, preds)):
-        if o.t_iter_s:
-            idx.append(i)
-            t.append(float(o.t_iter_s))
-        elif o.mfu:
-            idx.append(i)
-            t.append(p.mfu_analytic * p.t_analytic_s / float(o.mfu))
-    return idx, np.array(t, dtype=float)
+    """(indices, measured seconds) of the runs with a measured step time (an MFU import in a declared
+    FLOP count stores one; an MFU of unknown count is no absolute measurement). ``preds`` aligns."""
+    idx = [i for i, o in enumerate(obs) if o.t_iter_s]
+    return idx, np.array([float(obs[i].t_iter_s) for i in idx], dtype=float)

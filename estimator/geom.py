@@ -57,16 +57,14 @@ class Geometry:
 
     @property
     def n_mfu_validation(self) -> float:
-        """Parameters per token in the FLOP count of the published validation sweeps' MFU
-        (shared/validation/mfu_sweeps.csv): their absolute level is fixed by the paper's reference
-        estimator, whose MFU counts every block as attention + K routed experts (no shared expert, no
-        dense first block, no router) plus the input embedding and an untied LM head. Back-computed
-        from its rows (MFU x t_iter x N_dev x F_peak / 6 B T): 1.70e9 (700M) and 5.42e9 (5.4B), which
-        this count gives to 0.1%. Used only to compare with measurements expressed that way; ``mfu``
-        is eq:mfu with N = N_act."""
-        per_layer = self.attn_params + (self.K * self.expert_params / self.E if self.is_moe
-                                        else self.dense_mlp_params)
-        return self.L * per_layer + self.embedding
+        """Parameters per token of the FLOP count the validation runs logged their MFU in
+        (shared/validation/README.md: 6 N tokens, N every active parameter that multiplies a token:
+        input embedding and untied LM head, attention Q K V O, dense MLPs, K routed experts and the
+        shared expert; router and head-wise gate left out, which gives the README's N to 0.02%).
+        calibrate/flops.py's '6n' count; ``mfu`` is eq:mfu with N = N_act."""
+        router = self.n_moe * self.E * self.d if self.is_moe else 0.0
+        gate = self.L * self.d * self.nq if self.gate else 0.0
+        return self.n_act + self.embedding - router - gate
 
 
 def geometry(m: ModelBlock) -> Geometry:

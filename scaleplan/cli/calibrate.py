@@ -77,16 +77,25 @@ def _check_mode(mode: str | None) -> None:
 def add(runs: Path = typer.Argument(..., help="CSV (or JSON) of observed runs; columns as mfu_sweeps.csv."),
         specs: Path = typer.Option(None, "--specs", help="YAML mapping model name -> spec, for a 'model' column."),
         profile: str = typer.Option(None, "--profile", help="Store under this profile (default: each spec's node_type)."),
+        mfu_flops: str = typer.Option(None, "--mfu-flops", help="The FLOP count the file's MFU column was logged in: "
+                                      "6n (6 x every active parameter x tokens, the validation sweeps'), eq-mfu "
+                                      "(6 N_act, non-embedding) or megatron (Megatron-LM's TFLOP/s formula). "
+                                      "An MFU without it is refused unless the row has its step time."),
         db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     """Store observed training runs (idempotent: rows already stored are skipped; a bad row stores nothing).
 
-    Columns: sweep, model|spec, n_devices, gbs, seqlen, tp, cp, pp, ep, dp, mbs; optional ckpt, vpp,
-    etp, measured_t_iter_s, measured_mfu (fraction) or mfu_pct / real_mfu_pct_est (percent),
-    mfu_norm / real_mfu_norm (MFU / sweep max), peak_mem_gb, reference_pred_mfu_pct.
+    The measured step time is stored and compared: measured_t_iter_s / real_step_s_est directly,
+    else an MFU (measured_mfu fraction, mfu_pct / real_mfu_pct_est percent) in the count --mfu-flops
+    declares. Other columns: sweep, model|spec, n_devices, gbs, seqlen, tp, cp, pp, ep, dp, mbs;
+    optional ckpt, vpp, etp, mfu_norm / real_mfu_norm (MFU / sweep max), peak_mem_gb,
+    reference_pred_mfu_pct, reference_pred_step_s.
     """
+    from scaleplan.calibrate.flops import COUNTS
     from scaleplan.calibrate.observations import add_runs
 
-    out = add_runs(db_url(db), runs, specs, profile)
+    if mfu_flops is not None and mfu_flops not in COUNTS:
+        raise SpecError("--mfu-flops", mfu_flops, f"one of {', '.join(COUNTS)}")
+    out = add_runs(db_url(db), runs, specs, profile, mfu_flops)
     if want_json(json_out):
         print_json(out)
     else:
@@ -99,7 +108,7 @@ def _print_chi(out: dict) -> None:
     stdout.print(f"chi_sys calibration id {out['calibration_id']} (version {out['version']}) for {out['profile']}, "
                  f"mode {out['mode']}, {out['n_obs']} observations")
     stdout.print("  " + "  ".join(f"{k}={v:.4g}" + ("" if k in out["free"] else " (fixed)") for k, v in c.items()))
-    stdout.print(f"  leave-one-sweep-out MFU MAPE {out['cv_error']:.1%}")
+    stdout.print(f"  leave-one-sweep-out step-time MAPE {out['cv_error']:.1%}")
     for n in out["notes"]:
         stdout.print(f"  note: {n}")
 
@@ -208,7 +217,7 @@ def report(profile: str = ProfileOpt,
            sweep: list[str] = typer.Option(None, "--sweep", help="Only these sweeps (repeatable)."),
            extrapolate: str = ExtrapOpt,
            db: str = DbOpt, json_out: bool = JsonOpt) -> None:
-    """Per-sweep MFU MAPE, Spearman, top-k overlap and leave-one-sweep-out MAPE, before and after calibration."""
+    """Per-sweep step-time MAPE, Spearman, top-k overlap and leave-one-sweep-out MAPE, before and after calibration."""
     from scaleplan.calibrate.runner import build_report
 
     _check_mode(mode)
@@ -226,7 +235,7 @@ def report(profile: str = ProfileOpt,
     stdout.print(f"calibration {out['calibration_id']} ({out['profile']}, mode {out['mode']}): "
                  + "  ".join(f"{k}={v:.4g}" for k, v in out["coefficients"].items()))
     w = max([len(r["sweep"]) for r in out["sweeps"]] + [5])
-    stdout.print("MFU MAPE before/after calibration and leave-one-sweep-out; ref = the CSV's reference estimator",
+    stdout.print("step-time MAPE before/after calibration and leave-one-sweep-out; ref = the CSV's reference estimator",
                  highlight=False)
     stdout.print(f"{'sweep':<{w}} {'n':>3} {'scale':<5} {'before':>7} {'after':>7} {'LOSO':>7} {'rho':>5} "
                  f"{'top5':>5} {'best@2':>6} {'ref':>7} {'ref@2':>5}", highlight=False)

@@ -330,8 +330,10 @@ MEASUREMENT_TABLES: dict[str, type[Base]] = {
 class ObservedRun(Base):
     """A real training run (or one point of a measured sweep): layout + measured step time/MFU/memory.
 
-    ``measured_mfu`` is a fraction; ``measured_mfu_norm`` is MFU divided by the sweep's maximum when
-    only ratios are known. ``dedup_key`` makes re-imports idempotent.
+    The measured step time ``measured_t_iter_s`` is the truth every comparison uses. ``measured_mfu``
+    (a fraction) is kept only with ``mfu_flops``, the FLOP count it was logged in
+    (calibrate/flops.py COUNTS), from which the step time was derived; ``measured_mfu_norm`` is MFU
+    divided by the sweep's maximum when only ratios are known. ``dedup_key`` makes re-imports idempotent.
     """
 
     __tablename__ = "observed_run"
@@ -365,6 +367,7 @@ class ObservedRun(Base):
     ckpt: Mapped[str] = mapped_column(String(32))
     measured_t_iter_s: Mapped[float | None] = mapped_column(Float)
     measured_mfu: Mapped[float | None] = mapped_column(Float)
+    mfu_flops: Mapped[str | None] = mapped_column(String(16))  # the FLOP count of measured_mfu
     measured_mfu_norm: Mapped[float | None] = mapped_column(Float)
     measured_peak_mem_gb: Mapped[float | None] = mapped_column(Float)
     predicted_t_iter_s: Mapped[float | None] = mapped_column(Float)

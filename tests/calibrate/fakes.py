@@ -28,11 +28,12 @@ def true_chi(pred, c):
 
 
 def synthetic_csv(path, coeffs, seed=0, noise=0.01, norm_sweep=True):
-    """Two sweeps on 64 GPUs; 'measured' MFU = fake MFU / chi_true * noise. Sweep B gets only ratios."""
+    """Two sweeps on 64 GPUs; 'measured' step time = fake t_analytic * chi_true * noise (the fake's
+    MFU x t is 3.0 for every layout). Sweep A gets step times, sweep B only MFU ratios."""
     from scaleplan.calibrate.evaluate import Observed
 
     rng = np.random.default_rng(seed)
-    lines = ["sweep,model,n_devices,gbs,seqlen,tp,cp,pp,ep,dp,mbs,mfu_pct,mfu_norm"]
+    lines = ["sweep,model,n_devices,gbs,seqlen,tp,cp,pp,ep,dp,mbs,measured_t_iter_s,mfu_norm"]
     rows = []
     for sweep in ("A", "B"):
         for pp in (1, 2, 4, 8, 16):
@@ -50,8 +51,8 @@ def synthetic_csv(path, coeffs, seed=0, noise=0.01, norm_sweep=True):
         for s, pp, ep, dp, mfu in rows:
             if s != sweep:
                 continue
-            pct = f"{mfu * 100:.6f}" if (sweep == "A" or not norm_sweep) else ""
-            lines.append(f"{s},moe-700m,64,256,8192,1,1,{pp},{ep},{dp},1,{pct},{mfu / top:.6f}")
+            t = f"{3.0 / mfu:.8f}" if (sweep == "A" or not norm_sweep) else ""
+            lines.append(f"{s},moe-700m,64,256,8192,1,1,{pp},{ep},{dp},1,{t},{mfu / top:.6f}")
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -31,21 +31,33 @@ def test_recovers_known_scale_and_a2a_term_and_says_what_it_cannot_fit():
     assert np.abs(f.residuals).max() < 0.02 < np.abs(f.residuals_before).max()
 
 
-def test_one_sweep_is_one_draw_shrunk_toward_the_prior():
-    # every run host-bound, measured 0.9 x the law: whatever the number of runs, one sweep is one draw
-    # of the level, so log host_scale = log 0.9 x PRIOR_SD^2 / (PRIOR_SD^2 + TAU_SWEEP^2)
-    from scaleplan.calibrate.joint import PRIOR_SD, TAU_SWEEP
+def test_each_run_is_one_draw_shrunk_toward_the_prior():
+    # every run host-bound, measured 0.9 x the law: n runs, each with the scatter the identity leaves
+    # (sigma = |log 0.9|), against the prior: log host_scale = log 0.9 (n / s^2) / (n / s^2 + 1 / P^2)
+    from scaleplan.calibrate.joint import PRIOR_SD
 
-    expect = np.exp(np.log(0.9) * PRIOR_SD["host_scale"] ** 2 / (PRIOR_SD["host_scale"] ** 2 + TAU_SWEEP ** 2))
+    s2, p2 = np.log(0.9) ** 2, PRIOR_SD["host_scale"] ** 2
+    got = {}
     for n in (4, 40):
         host = np.linspace(2.0, 5.0, n)
-        f = fit_joint(_synthetic(np.zeros(n), host, np.zeros(n)), 0.9 * host)
-        assert f.params["host_scale"] == pytest.approx(expect, rel=1e-4)
-    # two sweeps that agree on 0.9 pull it closer than one: 1/tau^2 per sweep against the prior
-    two = np.exp(np.log(0.9) * 2 / TAU_SWEEP ** 2 / (2 / TAU_SWEEP ** 2 + 1 / PRIOR_SD["host_scale"] ** 2))
+        got[n] = fit_joint(_synthetic(np.zeros(n), host, np.zeros(n)), 0.9 * host).params["host_scale"]
+        assert got[n] == pytest.approx(np.exp(np.log(0.9) * (n / s2) / (n / s2 + 1 / p2)), rel=1e-4)
+    assert 0.9 < got[40] < got[4] < 1.0  # more runs pull closer to the data
+    # how the runs are grouped into sweeps does not weigh them
     host = np.linspace(2.0, 5.0, 8)
-    f = fit_joint(_synthetic(np.zeros(8), host, np.zeros(8)), 0.9 * host, ["a"] * 4 + ["b"] * 4)
-    assert f.params["host_scale"] == pytest.approx(two, rel=1e-4)
+    one = fit_joint(_synthetic(np.zeros(8), host, np.zeros(8)), 0.9 * host).params["host_scale"]
+    two = fit_joint(_synthetic(np.zeros(8), host, np.zeros(8)), 0.9 * host, ["a"] * 4 + ["b"] * 4)
+    assert two.params["host_scale"] == pytest.approx(one, rel=1e-9)
+
+
+def test_a_model_that_fits_is_floored_at_the_reading_error():
+    # identity residuals of 0.1%: the scatter is floored at READ_SD, so the prior still weighs in
+    from scaleplan.calibrate.joint import PRIOR_SD, READ_SD
+
+    host = np.linspace(2.0, 5.0, 6)
+    f = fit_joint(_synthetic(np.zeros(6), host, np.zeros(6)), 0.999 * host)
+    k = (6 / READ_SD ** 2) / (6 / READ_SD ** 2 + 1 / PRIOR_SD["host_scale"] ** 2)
+    assert f.params["host_scale"] == pytest.approx(np.exp(np.log(0.999) * k), rel=1e-6)
 
 
 def test_level_and_host_scale_are_not_both_fitted_when_every_run_is_dispatch_bound():

@@ -47,7 +47,9 @@ def test_geomean_scale_and_normalized_mape():
     assert M.geomean_scale(pred, meas) == pytest.approx(3.0)
     out = M.sweep_metrics(pred, meas, normalized=True)
     assert out["mape"] == pytest.approx(0.0, abs=1e-12)
-    assert M.sweep_metrics(pred, meas)["mape"] == pytest.approx(2 / 3)
+    # the report's MAPE is the step time's: a third of the MFU is three times the step time, 200% off
+    assert M.sweep_metrics(pred, meas)["mape"] == pytest.approx(2.0)
+    assert M.step_time_mape([2.0, 1.0], [1.0, 1.0]) == pytest.approx(0.25)  # (0.5 + 0) / 2
 
 
 def test_shape_mismatch_raises():

@@ -29,8 +29,11 @@ def test_mfu_sweeps_imports_20_and_reimport_adds_none(sqlite_url, validation_dir
 
 def test_mfu_sweeps_column_mapping(validation_dir):
     obs = parse_runs_file(validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml")
-    o = obs[0]  # 700m-32dev,moe-700m,32,256,8192,1,1,2,8,16,1,0.910,0.882,6.48,6.27
-    assert o.measured_mfu == pytest.approx(0.0648)
+    o = obs[0]  # 700m-32dev,moe-700m,32,256,8192,1,1,2,8,16,1,0.910,0.882,6.48,6.27,4.927,4.740
+    # the step time is the measurement; the MFU column has no declared FLOP count, so it is not kept
+    assert o.measured_t_iter_s == pytest.approx(4.927)
+    assert (o.measured_mfu, o.mfu_flops) == (None, None)
+    assert o.extra["reference_step_s"] == pytest.approx(4.740)
     assert o.measured_mfu_norm == pytest.approx(0.910)
     assert o.reference_mfu == pytest.approx(0.0627)
     assert o.extra["reference_mfu_norm"] == pytest.approx(0.882)
@@ -39,6 +42,57 @@ def test_mfu_sweeps_column_mapping(validation_dir):
     # the stored spec carries the run's batch geometry
     assert (o.spec["data"]["gbs"], o.spec["data"]["seqlen"]) == (256, 8192)
     assert obs[-1].spec["model"]["hidden_sz"] == 4096  # a 5.4B row got the moe-5p4b spec
+
+
+def test_mfu_in_the_logged_count_gives_the_readmes_step_times(validation_dir):
+    """--mfu-flops 6n turns real_mfu_pct_est back into real_step_s_est, which the validation README
+    derived as 6 N gbs seqlen / (MFU N_dev 2.25e15) with its own N per model (to its 4 digits)."""
+    import pandas as pd
+
+    csv = validation_dir / "mfu_sweeps.csv"
+    df = pd.read_csv(csv).drop(columns=["real_step_s_est"])
+    obs = parse_runs_file(_write(csv.parent, df), validation_dir / "models.yaml", mfu_flops="6n")
+    want = pd.read_csv(csv)["real_step_s_est"].to_numpy()
+    got = [o.measured_t_iter_s for o in obs]
+    assert got == pytest.approx(want, rel=5e-4)
+    assert {o.mfu_flops for o in obs} == {"6n"} and obs[0].measured_mfu == pytest.approx(0.0648)
+
+
+def _write(vdir, df):
+    import tempfile
+    from pathlib import Path
+
+    p = Path(tempfile.mkdtemp()) / "runs.csv"
+    df.to_csv(p, index=False)
+    return p
+
+
+@pytest.mark.parametrize("count,ratio,tol", [("eq-mfu", 0.77e9 / 1.8269e9, 1e-2), ("megatron", None, 1e-3)])
+def test_the_declared_count_sets_the_step_time(validation_dir, count, ratio, tol):
+    """The same logged MFU read in another count is another step time: eq:mfu's N_act (0.77e9 for
+    the 700M, README table, two digits) against the logged N; Megatron's from its formula written out here."""
+    import pandas as pd
+
+    csv = validation_dir / "mfu_sweeps.csv"
+    df = pd.read_csv(csv).drop(columns=["real_step_s_est"]).head(1)
+    o = parse_runs_file(_write(csv.parent, df), validation_dir / "models.yaml", mfu_flops=count)[0]
+    if ratio is None:  # Megatron: per token 6 [h (3 d_sh + 3 d_exp K) n_moe + 3 h d_ff + L (h(q+2kv) + q s + q h) + h V_pad]
+        h, L, s, q, kv, vpad = 2048, 16, 8192, 2048, 2048, 257664
+        per_tok = 6 * (h * (3 * 1280 + 3 * 1280 * 3) * 15 + h * 3 * 5120 + L * (h * (q + 2 * kv) + q * s + q * h)
+                       + h * vpad)
+        ratio = per_tok / 6 / 1.8269e9
+    assert o.measured_t_iter_s == pytest.approx(4.927 * ratio, rel=tol)
+
+
+def test_an_mfu_without_its_count_is_refused(tmp_path, sqlite_url, validation_dir):
+    p = tmp_path / "runs.csv"
+    p.write_text(HEADER + "\ns,moe-700m,32,256,8192,1,1,2,8,16,1,6.0\n")
+    with pytest.raises(SpecError) as e:
+        add_runs(sqlite_url, p, validation_dir / "models.yaml")
+    assert "column mfu_pct" in str(e.value) and "--mfu-flops" in str(e.value) and "\n" not in str(e.value)
+    assert _count(sqlite_url) == 0
+    with pytest.raises(SpecError, match="mfu_flops"):
+        add_runs(sqlite_url, p, validation_dir / "models.yaml", mfu_flops="7n")
 
 
 @pytest.mark.parametrize("row,col", [
@@ -55,7 +109,7 @@ def test_bad_row_names_row_and_column_and_writes_nothing(tmp_path, sqlite_url, v
     p = tmp_path / "runs.csv"
     p.write_text("\n".join([HEADER, good, row]) + "\n")
     with pytest.raises(SpecError) as e:
-        add_runs(sqlite_url, p, validation_dir / "models.yaml")
+        add_runs(sqlite_url, p, validation_dir / "models.yaml", mfu_flops="6n")
     msg = str(e.value)
     assert "row 2" in msg and f"column {col}" in msg
     assert "\n" not in msg

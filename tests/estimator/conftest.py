@@ -46,11 +46,12 @@ def grouped_frame(hidden: int, ffn: int, law) -> pd.DataFrame:
 
 @pytest.fixture(scope="session")
 def sweeps(validation_dir):
-    """(sweep name, Spec, n_devices, [Layout], measured MFU %, reference MFU %) per validation sweep."""
+    """(sweep name, Spec, n_devices, [Layout], measured step time s, reference step time s) per
+    validation sweep (the step time is the measurement: shared/validation/README.md)."""
     from scaleplan.calibrate.observations import sweeps_of
 
-    return [(name, spec, n, lays, 100 * np.array([o.measured_mfu for o in obs]),
-             100 * np.array([o.reference_mfu for o in obs]))
+    return [(name, spec, n, lays, np.array([o.measured_t_iter_s for o in obs]),
+             np.array([o.extra["reference_step_s"] for o in obs]))
             for name, spec, n, lays, obs in sweeps_of(validation_dir / "mfu_sweeps.csv",
                                                       validation_dir / "models.yaml")]
 
