@@ -106,6 +106,16 @@ def test_cli_add_list_and_errors(tmp_path, validation_dir):
                           "--kind", "bogus", "--db", db], check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stdout == ""
     assert "--kind" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    # an MFU column with no declared FLOP count: refused in one line, exit 2, nothing stored
+    mfu_only = tmp_path / "mfu.csv"
+    mfu_only.write_text("sweep,model,n_devices,gbs,seqlen,tp,cp,pp,ep,dp,mbs,real_mfu_pct_est\n"
+                        "s,moe-700m,32,256,8192,1,1,2,8,16,1,6.48\n")
+    add = [sys.executable, "-c", "from scaleplan.cli import main; main()", "calibrate", "add", str(mfu_only),
+           "--specs", str(validation_dir / "models.yaml"), "--db", db]
+    bad = subprocess.run(add, check=False, capture_output=True, text=True)
+    assert bad.returncode == 2 and "--mfu-flops" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    ok = subprocess.run(add + ["--mfu-flops", "6n", "--json"], check=False, capture_output=True, text=True)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["step_time_from"] == {"mfu:6n": 1}
 
 
 def test_single_sweep_uses_leave_one_out(tmp_path, sqlite_url, validation_dir):
