@@ -1,5 +1,5 @@
-"""Progress of a benchmark sweep: a rich bar with ETA on stderr, and the line protocol by which
-collectives ranks started by ``bench run`` report their progress to the parent process.
+"""Progress of a benchmark sweep: the bar (:func:`scaleplan.progress.make_bar`) on stderr, and the line
+protocol by which collectives ranks started by ``bench run`` report their progress to the parent process.
 
 Only one process draws: the ``bench`` command itself, or rank 0 under a user's torchrun. A rank
 launched by ``bench run`` (``--managed``) prints ``PROGRESS_TAG {"done": i, "total": n}`` lines on
@@ -11,25 +11,9 @@ import json
 import sys
 from typing import Any
 
+from scaleplan.progress import make_bar
+
 PROGRESS_TAG = "SCALEPLAN_PROGRESS "
-
-
-def make_bar(console=None, disable: bool = False, **kw):
-    """A rich Progress (description, bar, done/total, elapsed, ETA) on ``console`` (default: stderr);
-    ``kw`` go to rich's Progress (e.g. ``transient``). The one progress bar of every command."""
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("ETA"), TimeRemainingColumn(), console=console or Console(stderr=True),
-                    disable=disable, **kw)
 
 
 def progress_line(done: int, total: int) -> str:

@@ -97,13 +97,6 @@ def print_json(obj: Any) -> None:
     typer.echo(json.dumps(_clean(obj), indent=2, default=str))
 
 
-def progress(**kw):
-    """A rich progress bar with ETA on stderr (transient), for anything over a second."""
-    from scaleplan.bench.progress import make_bar
-
-    return make_bar(console=stderr.get(), disable=kw.pop("disable", False), transient=True, **kw)
-
-
 # --- bounds of every numeric option -------------------------------------------------------------
 # (kind, lo, hi, lo_open, hi_open, allowed): kind "int"/"float" for one value, "ints"/"floats" for a
 # comma-separated list. A value outside [lo, hi] (or NaN/inf, or an end that is open) is a

@@ -67,7 +67,7 @@ class SweepProgress:
     above it for each failed point, hint and error. A context manager: the bar lives inside ``with``."""
 
     def __init__(self, quiet: bool = False):
-        from scaleplan.bench.progress import make_bar
+        from scaleplan.progress import make_bar
 
         self.bar = make_bar(console=stderr.get(), disable=quiet)
         self.quiet, self.tasks = quiet, {}

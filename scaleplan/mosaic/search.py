@@ -251,7 +251,7 @@ class Mosaic:
     def _run_plans(self, n_dev: int, env: Envelope) -> pd.DataFrame:
         from threadpoolctl import threadpool_limits
 
-        from scaleplan.cli._common import progress as bar
+        from scaleplan.progress import transient_bar as bar
 
         # the plan search is many small array operations: a threaded BLAS only adds wake-up overhead
         with threadpool_limits(limits=1, user_api="blas"), \
