@@ -112,6 +112,19 @@ _RECOMPUTE = {
 _OPTIMIZER = {"adam": "adam", "adamw": "adam", "sgd": "sgd", "muon": "dist_muon", "scion": None}
 
 
+def check_emit(emit: str | None, optimizer: str | None = None, field: str = "optimizer.optimizer_type",
+               files: dict[str, Path | None] | None = None) -> None:
+    """Before any work: raises SpecError naming --emit unless it is None or 'megatron', naming ``field`` when
+    Megatron-Core has no such optimizer, or naming the flag of an output file whose directory is missing."""
+    for flag, path in (files or {}).items():
+        if path is not None and not Path(path).resolve().parent.is_dir():
+            raise SpecError(flag, str(path), "a file in an existing directory")
+    if emit is not None and emit != "megatron":
+        raise SpecError("--emit", emit, "megatron")
+    if emit == "megatron" and optimizer is not None:
+        megatron_optimizer(optimizer, field)
+
+
 def megatron_optimizer(name: str, field: str = "optimizer.optimizer_type") -> str:
     """Megatron-Core's --optimizer for ``name``. Raises SpecError naming ``field`` where it has none (Scion)."""
     opt = _OPTIMIZER.get(name)

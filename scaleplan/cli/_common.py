@@ -51,6 +51,31 @@ EXTRAPOLATE_HELP = ("Table lookups outside the measured range: compose (default:
 ExtrapOpt = typer.Option("compose", "--extrapolate", help=EXTRAPOLATE_HELP)
 
 
+def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+    """``"1,2,4"`` -> (1, 2, 4) for a list option named ``flag`` (None stays None). Raises SpecError naming
+    ``flag`` unless every item is a positive integer and there is at least one."""
+    return _list(flag, text, int, "a comma-separated list of positive integers")
+
+
+def float_list(flag: str, text: str | None) -> tuple[float, ...] | None:
+    """``"10,20.5"`` -> (10.0, 20.5); as :func:`int_list` for positive numbers."""
+    return _list(flag, text, float, "a comma-separated list of positive numbers")
+
+
+def _list(flag: str, text: str | None, kind: type, allowed: str) -> tuple | None:
+    from scaleplan.errors import SpecError
+
+    if text is None:
+        return None
+    try:
+        vals = tuple(kind(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        raise SpecError(flag, text, allowed) from None
+    if not vals or any(not v > 0 for v in vals):
+        raise SpecError(flag, text, allowed)
+    return vals
+
+
 def check_extrapolate(x: str) -> None:
     """Raises SpecError naming --extrapolate unless ``x`` is one of compose, error, clamp."""
     from scaleplan.errors import SpecError

@@ -20,6 +20,7 @@ from scaleplan.cli._common import (
     ExtrapOpt,
     JsonOpt,
     db_url,
+    int_list,
     lazy_module,
     print_json,
     stderr,
@@ -29,6 +30,7 @@ from scaleplan.cli._common import (
 from scaleplan.errors import SpecError
 
 specs = lazy_module("scaleplan.specs")  # pydantic loads on first use, not for `scaleplan --help`
+emit_mod = lazy_module("scaleplan.emit")
 
 ProfileOpt = typer.Option(None, "--profile", help="Hardware profile (default: the spec's hardware.node_type).")
 CalibrationOpt = typer.Option(None, "--calibration", metavar="ID|none",
@@ -48,18 +50,6 @@ def _banner(components: list[str]) -> None:
                      highlight=False)
 
 
-def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise SpecError(name, text, "comma-separated positive integers") from None
-    if not vals or min(vals) <= 0:
-        raise SpecError(name, text, "comma-separated positive integers")
-    return vals
-
-
 def _estimator(spec, profile, db, extrapolate, calibration: str | None = None):
     """The Estimator for a spec's profile (or --profile) under ``--calibration ID|none``."""
     from scaleplan.estimator import Estimator
@@ -68,21 +58,6 @@ def _estimator(spec, profile, db, extrapolate, calibration: str | None = None):
     cal_id, use = calibration_option(calibration)
     return Estimator(profile or spec.hardware.node_type, db_url=db_url(db), extrapolate=extrapolate,
                      calibration_id=cal_id, use_calibration=use)
-
-
-def check_emit(emit: str | None, optimizer: str | None = None, field: str = "optimizer.optimizer_type",
-               files: dict[str, Path | None] | None = None) -> None:
-    """Before any work: raises SpecError naming --emit unless it is None or 'megatron', naming ``field`` when
-    Megatron-Core has no such optimizer, or naming the flag of an output file whose directory is missing."""
-    for flag, path in (files or {}).items():
-        if path is not None and not Path(path).resolve().parent.is_dir():
-            raise SpecError(flag, str(path), "a file in an existing directory")
-    if emit is not None and emit != "megatron":
-        raise SpecError("--emit", emit, "megatron")
-    if emit == "megatron" and optimizer is not None:
-        from scaleplan.emit import megatron_optimizer
-
-        megatron_optimizer(optimizer, field)
 
 
 def megatron_text(spec, layout, n: int, gpus_per_node: int) -> str:
@@ -145,9 +120,9 @@ def estimate(
     from scaleplan.emit import geometry_dict
     from scaleplan.report.provenance import provenance
 
-    check_emit(emit)
+    emit_mod.check_emit(emit)
     spec = specs.load_spec(spec_path)
-    check_emit(emit, spec.optimizer.optimizer_type)
+    emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     base = spec.default_layout()
     layouts = [specs.parse_layout(t, base) for t in layout] if layout else [base]
@@ -216,16 +191,16 @@ def layouts(
     from scaleplan.estimator import PlanConstraints
     from scaleplan.report.provenance import provenance
 
-    check_emit(emit, files={"--emit-spec": emit_spec, "--html": html})
+    emit_mod.check_emit(emit, files={"--emit-spec": emit_spec, "--html": html})
     spec = specs.load_spec(spec_path)
-    check_emit(emit, spec.optimizer.optimizer_type)
+    emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     modes = specs.parse_ckpt_modes(ckpt)
     if not (0 < mem_fraction <= 1.0):
         raise SpecError("--mem-fraction", mem_fraction, "a fraction in (0, 1]")
     if top <= 0:
         raise SpecError("--top", top, "a positive integer")
-    c = PlanConstraints(mbs=_ints(mbs, "--mbs"), vpp=_ints(vpp, "--vpp"), ckpt=modes, mem_fraction=mem_fraction,
+    c = PlanConstraints(mbs=int_list("--mbs", mbs), vpp=int_list("--vpp", vpp), ckpt=modes, mem_fraction=mem_fraction,
                         max_tp=max_tp, max_pp=max_pp, max_ep=max_ep, max_cp=max_cp)
     est = _estimator(spec, profile, db, extrapolate, calibration)
     res = est.layouts(spec, n, c, top=top)

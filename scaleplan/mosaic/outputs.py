@@ -1,5 +1,5 @@
-"""`scaleplan search`'s launchable outputs: full geometry of every candidate row, the provenance of the answer,
-``--emit-spec``, ``--emit megatron`` and ``--html``. Kept out of cli/search.py so that module stays the search.
+"""The search's launchable outputs: the full geometry of every candidate row, the provenance of the answer,
+``--emit-spec``, ``--emit megatron`` and ``--html`` (:func:`add_launch_outputs`).
 
 Never imports torch (a planner command).
 """
@@ -7,15 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-from scaleplan.cli._common import stderr
-
-# default --mem-fraction of `search` (README "From a plan to a run"): the memory model counts weights, gradients,
-# optimizer states, activations and the profile's fixed reserve (5 GB: context, NCCL); 5% of HBM (9 GB of a B200's
-# 179 GB) is left for the caching allocator's reserved-over-allocated overhead, which the estimator puts at up to
-# 10% in MoE training (estimator/memory.py DEFAULT_ALLOCATOR_FRACTION) and transient all-to-all buffers. Plans at
-# 175-177 of 179 GB (issue 16.3) had no such headroom.
-SEARCH_MEM_FRACTION = 0.95
 
 # frontier columns the HTML report plots (hover: geometry, layout, MFU, memory, P(optimal) when present)
 _FRONTIER_COLS = ("q", "n_layers", "d", "d_ff", "d_expert", "n_experts", "topk", "g", "n_act", "n_tot", "s", "tpp",
@@ -44,7 +35,7 @@ def frontier_records(frontier) -> list[dict[str, Any]]:
     return recs
 
 
-def finish(out: dict[str, Any], res0, grid, est, env0, mem_fraction: float, emit: str | None,
+def add_launch_outputs(out: dict[str, Any], res0, grid, est, env0, mem_fraction: float, emit: str | None,
            emit_spec: Path | None, html: Path | None) -> None:
     """Complete ``out`` (the search JSON) in place: geometry on every row, provenance, inputs; then write
     --emit-spec / --html and add --emit megatron's text. Raises SpecError when there is nothing to emit."""
@@ -91,16 +82,3 @@ def finish(out: dict[str, Any], res0, grid, est, env0, mem_fraction: float, emit
         report = dict(out, frontier=frontier_records(res0.frontier), emitted_spec_doc=doc)
         write_report(html, "search", report)
         out["html"] = str(html)
-
-
-def print_human(out: dict[str, Any]) -> None:
-    """After search's tables: the full geometry of the top candidates, the provenance line, files written."""
-    from scaleplan.cli.estimate import print_geometry, print_provenance
-
-    rows = [(f"#{i + 1}", r["geometry"]) for i, r in enumerate(out.get("top", [])) if r.get("geometry")]
-    if rows:
-        print_geometry(rows, "full geometry of the top candidates")
-    print_provenance(out["provenance"])
-    for k, label in (("emitted_spec", "wrote the optimum's spec to"), ("html", "wrote the report")):
-        if out.get(k):
-            stderr.print(f"{label} {out[k]}", highlight=False)
