@@ -240,8 +240,10 @@ class Estimator:
         return calibrations_in_force(self.db_url, self.profile.name, cal_id)
 
     # -- public API ----------------------------------------------------------------------------
-    def estimate(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> list[EstimateResult]:
-        """Evaluate explicit layouts (default: the spec's own). Raises OutOfRangeError or SpecError."""
+    def estimate(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None,
+                 mem_fraction: float = 1.0) -> list[EstimateResult]:
+        """Evaluate explicit layouts (default: the spec's own); a plan needing more than ``mem_fraction`` of HBM
+        is marked infeasible (reason "memory"). Raises OutOfRangeError or SpecError."""
         _check_positive(n_devices=n_devices, gbs=spec.data.gbs, seqlen=spec.data.seqlen)
         layouts = layouts or [spec.default_layout()]
         g = geometry(spec.model)
@@ -258,7 +260,8 @@ class Estimator:
         mem = self._memory(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
                            spec.model.rotary_embeds)
         cap = self.profile.hbm_bytes
-        return [self._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, 1.0) for i in range(len(plans))]
+        return [self._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, mem_fraction)
+                for i in range(len(plans))]
 
     def layouts(self, spec: Spec, n_devices: int, constraints: PlanConstraints = PlanConstraints(),
                 top: int | None = 10) -> LayoutsResult:

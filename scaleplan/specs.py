@@ -206,7 +206,10 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 
 
 def _first_error(err: ValidationError, data: Any) -> SpecError:
-    e = err.errors()[0]
+    errs = err.errors()
+    # an unknown key first: a misspelt key (n_expert) also leaves the real one (n_experts) missing, and the
+    # misspelling is what the user has to fix
+    e = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
     loc = tuple(x for x in e["loc"] if x not in ("function-after",))
     value: Any = e.get("input")
     msg = e["msg"].removeprefix("Value error, ")

@@ -15,6 +15,7 @@ import typer
 from typer.core import TyperCommand
 
 from scaleplan.lazy import lazy_module  # noqa: F401  (re-exported for the CLI modules)
+from scaleplan.units import MEM_FRACTION  # the shared headroom default; units.py says why
 
 # every checkpointing mode (scaleplan.specs.CKPT_MODES, spelled out so --help need not import pydantic)
 CKPT_ALL = "none,selective,super-selective,full"
@@ -41,6 +42,18 @@ class _LazyConsole:
 
 stdout = _LazyConsole(soft_wrap=True)
 stderr = _LazyConsole(stderr=True, soft_wrap=True)
+MemFractionOpt = typer.Option(MEM_FRACTION, "--mem-fraction", help=f"Usable fraction of HBM per device (default "
+                              f"{MEM_FRACTION}, the same for estimate, layouts and search: headroom for transient "
+                              "buffers the memory model does not count; README).")
+
+
+def check_mem_fraction(x: float) -> None:
+    """Raises SpecError naming --mem-fraction unless 0 < x <= 1."""
+    from scaleplan.errors import SpecError
+
+    if not 0 < x <= 1:
+        raise SpecError("--mem-fraction", x, "a fraction in (0, 1]")
+
 
 DbOpt = typer.Option(None, "--db", help="Database URL or SQLite file (default: $SCALEPLAN_DB or the user data dir).")
 JsonOpt = typer.Option(False, "--json", help="Machine-readable JSON on stdout.")

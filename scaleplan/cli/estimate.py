@@ -19,6 +19,8 @@ from scaleplan.cli._common import (
     DbOpt,
     ExtrapOpt,
     JsonOpt,
+    MemFractionOpt,
+    check_mem_fraction,
     db_url,
     int_list,
     lazy_module,
@@ -66,6 +68,24 @@ def megatron_text(spec, layout, n: int, gpus_per_node: int) -> str:
     return render_megatron(megatron_args(spec, layout), n, gpus_per_node)
 
 
+def _cell(v) -> str:
+    """A geometry value as printed: '-' for none, a non-integer ratio (G = d_ff / d_expert) to 3 digits."""
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if isinstance(v, float) and not v.is_integer() else str(v)
+
+
+def memory_line(r) -> str:
+    """The per-device memory of a result, by category, naming the pipeline stage it is the worst of (the first
+    stage holds no LM head, so its logits are 0 and are left out)."""
+    pp = int(r.layout["pp"])
+    first = pp > 1 and r.mem_breakdown_gb.get("logits", 0.0) == 0.0
+    stage = "one stage (pp=1)" if pp == 1 else (f"first of {pp} stages, no LM head so no logits" if first
+                                                 else f"last of {pp} stages, with the LM head")
+    mem = ", ".join(f"{k} {v:.1f}" for k, v in r.mem_breakdown_gb.items() if v > 0 or k != "logits")
+    return f"memory (GB per device, worst pipeline stage: {stage}): {mem}"
+
+
 def print_geometry(rows: list[tuple[str, dict]], title: str) -> None:
     """A table of full geometries (label, geometry_dict) on stdout."""
     from rich.table import Table
@@ -77,7 +97,7 @@ def print_geometry(rows: list[tuple[str, dict]], title: str) -> None:
     for c in cols:
         t.add_column(c, justify="right")
     for label, g in rows:
-        t.add_row(label, *("-" if g.get(k) is None else str(g[k]) for k in keys))
+        t.add_row(label, *(_cell(g.get(k)) for k in keys))
     from rich.console import Console
 
     Console(width=max(stdout.width, 120), soft_wrap=True).print(t)  # never truncate a width when piped
@@ -105,15 +125,51 @@ def _device_count(spec, devices: int | None) -> int:
     return n
 
 
+def _origin(key: str, text: str | None, spec_path) -> str:
+    """Where a layout degree came from: the --layout text that names it, else the spec's parallelism block."""
+    if text is not None and any(p.split("=")[0].strip() == key for p in text.split(",")):
+        return f"--layout {key}"
+    return f"parallelism.{key} in {spec_path}"
+
+
+def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bool) -> list:
+    """The layouts `estimate` evaluates: each --layout over the spec's own layout as the default.
+
+    The spec's ``parallelism.dp`` holds only for the device count it was written for: with --devices or
+    --layout given and no ``dp=`` in the --layout text, dp is derived as N_dev / (tp cp pp). Raises
+    SpecError naming where a conflicting degree came from (the --layout text or the spec file).
+    """
+    base = spec.default_layout()
+    derive = devices_given or bool(texts)
+    out = []
+    for text in texts or [None]:
+        lo = specs.parse_layout(text, base) if text is not None else base
+        if derive and base.dp is not None and _origin("dp", text, spec_path).startswith("parallelism"):
+            lo = lo.model_copy(update={"dp": None})
+        mesh = lo.tp * lo.cp * lo.pp
+        if lo.dp is None and n % mesh:
+            where = ", ".join(_origin(k, text, spec_path) for k in ("tp", "cp", "pp") if getattr(lo, k) > 1)
+            raise SpecError(where or "--layout", f"tp*cp*pp={mesh}", f"a divisor of --devices {n}")
+        if lo.dp is not None and mesh * lo.dp != n:
+            hint = "" if text is not None else " (--devices or --layout on the command line derive dp)"
+            raise SpecError(_origin("dp", text, spec_path), lo.dp,
+                            f"dp with tp*cp*pp*dp = {n} devices, i.e. dp={n / mesh:g}, or leave dp out to "
+                            f"derive it{hint}")
+        out.append(lo)
+    return out
+
+
 def estimate(
     spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="Model spec (paper listing format)."),
     devices: int = typer.Option(None, "--devices", help="N_dev (default: the spec's search.num_devices)."),
-    layout: list[str] = typer.Option(None, "--layout", help="tp=1,cp=1,pp=2,ep=8,mbs=1,ckpt=full,vpp=1 (repeatable)."),
+    layout: list[str] = typer.Option(None, "--layout", help="tp=1,cp=1,pp=2,ep=8,mbs=1,ckpt=full,vpp=1 (repeatable); "
+                                     "keys not given keep the spec's layout, dp is derived unless given."),
     profile: str = ProfileOpt,
     db: str = DbOpt,
     extrapolate: str = ExtrapOpt,
     calibration: str = CalibrationOpt,
     emit: str = EmitOpt,
+    mem_fraction: float = MemFractionOpt,
     json_out: bool = JsonOpt,
 ) -> None:
     """Predict t_iter, MFU, HFU and memory of a spec under one or more layouts."""
@@ -121,13 +177,13 @@ def estimate(
     from scaleplan.report.provenance import provenance
 
     emit_mod.check_emit(emit)
+    check_mem_fraction(mem_fraction)
     spec = specs.load_spec(spec_path)
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
-    base = spec.default_layout()
-    layouts = [specs.parse_layout(t, base) for t in layout] if layout else [base]
+    layouts = what_if_layouts(spec, spec_path, n, layout or [], devices is not None)
     est = _estimator(spec, profile, db, extrapolate, calibration)
-    res = est.estimate(spec, n, layouts)
+    res = est.estimate(spec, n, layouts, mem_fraction=mem_fraction)
     _banner([k for r in res for k, v in r.sources.items() if v == "analytic" and r.breakdown_s.get(k, 0) > 0])
     geom, prov = geometry_dict(spec.model), provenance(est)
     docs = [{**r.to_dict(), "geometry": geom, "provenance": prov} for r in res]
@@ -156,9 +212,8 @@ def estimate(
         for k, v in sorted(r.breakdown_s.items(), key=lambda kv: -kv[1]):
             if v > 0:
                 b.add_row(k, f"{v:.4f}", f"{100 * v / tot:.1f}%", r.sources.get(k, ""))
-        mem = ", ".join(f"{k} {v:.1f}" for k, v in r.mem_breakdown_gb.items())
         stdout.print(b)
-        stdout.print(f"memory (GB, worst stage): {mem}", highlight=False)
+        stdout.print(memory_line(r), highlight=False)
         for w in r.warnings:
             stdout.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
     print_geometry([(spec.model.moe and "MoE" or "dense", geom)], f"geometry of {spec_path}")
@@ -169,14 +224,14 @@ def layouts(
     spec_path: Path = typer.Argument(..., metavar="SPEC.yaml", help="Model spec (paper listing format)."),
     devices: int = typer.Option(None, "--devices", help="N_dev (default: the spec's search.num_devices)."),
     top: int = typer.Option(10, "--top", help="How many ranked plans to show."),
-    max_tp: int = typer.Option(8, "--max-tp"),
-    max_pp: int = typer.Option(None, "--max-pp"),
-    max_ep: int = typer.Option(None, "--max-ep"),
-    max_cp: int = typer.Option(None, "--max-cp"),
+    max_tp: int = typer.Option(8, "--max-tp", help="Largest tensor-parallel degree TP to try (8: one node's NVLink)."),
+    max_pp: int = typer.Option(None, "--max-pp", help="Largest pipeline degree PP to try (default: every divisor of N_dev)."),
+    max_ep: int = typer.Option(None, "--max-ep", help="Largest expert-parallel degree EP to try (default: every divisor of N_dev)."),
+    max_cp: int = typer.Option(None, "--max-cp", help="Largest context-parallel degree CP to try (default: every divisor of N_dev)."),
     mbs: str = typer.Option("1,2,4", "--mbs", help="Micro-batch sizes to try."),
     vpp: str = typer.Option("1", "--vpp", help="Virtual pipeline degrees to try."),
     ckpt: str = typer.Option(CKPT_ALL, "--ckpt", help="Checkpointing modes to try."),
-    mem_fraction: float = typer.Option(1.0, "--mem-fraction", help="Usable fraction of HBM per device."),
+    mem_fraction: float = MemFractionOpt,
     profile: str = ProfileOpt,
     db: str = DbOpt,
     extrapolate: str = ExtrapOpt,
@@ -196,8 +251,7 @@ def layouts(
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     modes = specs.parse_ckpt_modes(ckpt)
-    if not (0 < mem_fraction <= 1.0):
-        raise SpecError("--mem-fraction", mem_fraction, "a fraction in (0, 1]")
+    check_mem_fraction(mem_fraction)
     if top <= 0:
         raise SpecError("--top", top, "a positive integer")
     c = PlanConstraints(mbs=int_list("--mbs", mbs), vpp=int_list("--vpp", vpp), ckpt=modes, mem_fraction=mem_fraction,

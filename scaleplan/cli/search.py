@@ -15,6 +15,7 @@ from scaleplan.cli._common import (
     ExtrapOpt,
     JsonOpt,
     LawOpt,
+    MemFractionOpt,
     db_url,
     float_list,
     int_list,
@@ -69,8 +70,7 @@ def search(
     workers: int = typer.Option(D.workers, "--workers", help="Processes for the per-geometry plan search (0: the usable CPUs)."),
     csv: Path = typer.Option(None, "--csv", help="Write the full feasible frontier (every feasible candidate) here."),
     plot: Path = typer.Option(None, "--plot", help="PNG: loss vs C_model by G (or optimal loss vs budget in a sweep)."),
-    mem_fraction: float = typer.Option(D.mem_fraction, "--mem-fraction", help="Usable fraction of HBM per device "
-                                       "(default 0.95: headroom for allocator fragmentation and transient buffers; README)."),
+    mem_fraction: float = MemFractionOpt,
     calibration: str = CalibrationOpt,
     emit: str = EmitOpt,
     emit_spec: Path = EmitSpecOpt,

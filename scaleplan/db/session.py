@@ -95,13 +95,12 @@ def get_engine(url: str | None = None) -> Engine:
         raise SpecError("--db", mask_url(url), f"cannot use this URL ({first}); use sqlite:///FILE or "
                         f"postgresql+psycopg://user@host/db{extra}") from None
     event.listen(eng, "connect", _sqlite_pragmas)
-    path = make_url(url).database  # the file's folder is made only for a URL SQLAlchemy accepted
-    if path and path != ":memory:":
-        try:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:  # under a file, a read-only or a permission-denied folder
-            raise SpecError("--db", mask_url(url), f"a file in a folder that exists or can be created "
-                            f"({e.strerror or type(e).__name__}: {Path(path).parent})") from None
+    path = make_url(url).database
+    # a --db in a folder that does not exist is a typo far more often than a wish for a new folder: refuse it
+    # rather than create it silently (default_url makes its own user-data folder)
+    if path and path != ":memory:" and not Path(path).expanduser().parent.is_dir():
+        raise SpecError("--db", mask_url(url), f"a file in an existing folder ({Path(path).parent} is not a "
+                        "folder; create it first)")
     return eng
 
 

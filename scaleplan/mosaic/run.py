@@ -12,13 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import SpecError
-
-# default --mem-fraction of the search (README "From a plan to a run"): the memory model counts weights,
-# gradients, optimizer states, activations and the profile's fixed reserve (5 GB: context, NCCL); 5% of HBM
-# (9 GB of a B200's 179 GB) is left for the caching allocator's reserved-over-allocated overhead, which the
-# estimator puts at up to 10% in MoE training (estimator/memory.py DEFAULT_ALLOCATOR_FRACTION) and transient
-# all-to-all buffers. Plans at 175-177 of 179 GB (issue 16.3) had no such headroom.
-SEARCH_MEM_FRACTION = 0.95
+from scaleplan.units import MEM_FRACTION  # the headroom of estimate, layouts and search alike (units.py)
 
 
 @dataclass(frozen=True)
@@ -62,7 +56,7 @@ class SearchRequest:
     extrapolate: str = "compose"
     law_name: str | None = None
     workers: int = 0
-    mem_fraction: float = SEARCH_MEM_FRACTION
+    mem_fraction: float = MEM_FRACTION
     calibration_id: int | None = None
     use_calibration: bool = True
     db_url: str | None = None
