@@ -113,3 +113,35 @@ def all_holdouts(frames, peak: float) -> list[Holdout]:
     """The hold-outs of every table kind the recorded B200 data can test."""
     return [grouped(frames, peak), grouped(frames, peak, 64, "num_gemms"), gemm(frames, peak), sdpa(frames, peak),
             collectives(frames, peak)]
+
+
+def group_sizes(frames, peak: float, gpus_per_node: int = 8) -> Holdout:
+    """Collectives at the largest measured group size hidden and predicted from the smaller ones the way the
+    estimator extrapolates to more ranks than measured (comm.CommModel._collective): busbw invariance (the
+    per-link bytes S factor(n) kept), an inter-node all-to-all by its inter-node bytes per rank
+    S (n - m) / n (m = ``gpus_per_node``). One doubling of the group on the recorded tables (16 -> 32 inter-node);
+    a search extrapolating further compounds it. ``cut`` is the hidden group size's ratio to the largest kept."""
+    from scaleplan.estimator.analytic import bus_factor
+
+    df = frames["collectives"]
+    pred, meas, ratio = [], [], []
+    for (coll, lay, inter), fam in df.groupby(["collective", "layout", "inter_node"]):
+        sizes = sorted(fam["group_size"].unique())
+        if len(sizes) < 2:
+            continue
+        n, n_ref = float(sizes[-1]), float(sizes[-2])
+        tab = _rebuilt(frames, "collectives", fam[fam["group_size"] < n], peak).collectives.get(
+            (str(coll), str(lay), bool(inter)))
+        hid = fam[fam["group_size"] == n].groupby("size_bytes")["t_s"].median()
+        if tab is None or hid.empty:
+            continue
+        s = hid.index.to_numpy(float)
+        if inter and coll == "all_to_all":
+            m = min(float(gpus_per_node), n_ref)
+            s_ref = s * ((n - min(gpus_per_node, n)) / n) / ((n_ref - m) / n_ref)
+        else:
+            s_ref = s * bus_factor(str(coll), n) / bus_factor(str(coll), n_ref)
+        pred.extend(tab.composed(np.full(len(s), n_ref), s_ref).tolist())
+        meas.extend(hid.to_numpy(float).tolist())
+        ratio.append(n / n_ref)
+    return _summary("collectives", "group_size", max(ratio, default=float("nan")), pred, meas)

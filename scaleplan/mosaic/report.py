@@ -26,6 +26,10 @@ def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError
     with the per-candidate columns and returns the top-level JSON per budget (same draws for all budgets)."""
     from scaleplan.mosaic.search import row_json
 
+    from scaleplan.mosaic.evidence import describe
+    from scaleplan.mosaic.law import PAPER_JOINT_LAW
+    from scaleplan.mosaic.recommend import recommend
+
     index = family_index([r.table for _, r in results])
     draws = make_draws(n, ridge, mfu.sigma, len(index), seed=seed, law=law)
     out = []
@@ -36,6 +40,8 @@ def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError
         res.table = summ["table"]
         u = uncertainty_json(summ, draws, mfu, law_source, row_json)
         u["uncertainty_inputs"]["law_ridge"] = how
+        u["uncertainty_inputs"]["evidence"] = describe()
+        u["recommendation"] = recommend(summ, draws, (law or PAPER_JOINT_LAW).vector(), index, (env.tpp_min, env.tpp_max), row_json)
         out.append(u)
     return out
 
@@ -57,15 +63,28 @@ def print_uncertainty(out: dict, console) -> None:
                   f"log-normal sigma {mfu['sigma']:.3f} from {mfu['source']}):")
     for s in v["statements"]:
         console.print(f"  {s}")
-    t = Table(title="near-ties (P(optimal) >= 5%)")
-    for c in ("L", "E", "K", "G", "S", "N_act (B)", "MFU (%)", "loss", "loss 90%", "P(opt)", "regret", "extrap"):
+    rec = out.get("recommendation")
+    if rec:
+        console.print(f"[bold]recommendation:[/bold] {rec['statement']}", highlight=False)
+    t = Table(title="near-ties (P(optimal) >= 5%, feasible at the point estimates and in most draws)")
+    for c in ("L", "E", "K", "G", "TPP", "P(TPP ok)", "MFU 90%", "loss", "loss 90%", "P(opt)", "regret"):
         t.add_column(c, justify="right")
     for r in out["near_ties"]:
-        t.add_row(str(r["n_layers"]), str(r["n_experts"]), str(r["topk"]), str(r["g"]), f"{r['s']:.3f}",
-                  f"{r['n_act'] / 1e9:.1f}", f"{100 * r['mfu']:.2f}", f"{r['loss']:.4f}",
-                  f"[{r['loss_p05']:.4f}, {r['loss_p95']:.4f}]", f"{r['p_optimal']:.0%}", f"{r['regret']:.4f}",
-                  ",".join(r["extrapolated"]) or "-")
+        t.add_row(*_tie_cells(r))
     console.print(t)
+    shots = out.get("infeasible_in_most_draws") or []
+    if shots:
+        console.print("not ties, under the TPP floor at the point estimates or in most draws (their P(optimal) comes "
+                      "from the draws whose MFU came out high): " + "; ".join(
+                          f"L{r['n_layers']} E{r['n_experts']} K{r['topk']} G{r['g']} TPP {r['tpp']:.0f}, "
+                          f"P(TPP ok) {r['p_feasible']:.0%}, P(opt) {r['p_optimal']:.0%}" for r in shots),
+                      highlight=False)
+
+
+def _tie_cells(r: dict) -> list[str]:
+    return [str(r["n_layers"]), str(r["n_experts"]), str(r["topk"]), str(r["g"]), f"{r['tpp']:.0f}",
+            f"{r['p_feasible']:.0%}", f"{100 * r['mfu_p05']:.1f}-{100 * r['mfu_p95']:.1f}", f"{r['loss']:.4f}",
+            f"[{r['loss_p05']:.4f}, {r['loss_p95']:.4f}]", f"{r['p_optimal']:.0%}", f"{r['regret']:.4f}"]
 
 
 def print_by_sparsity(bs: dict, console) -> None:

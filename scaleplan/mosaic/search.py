@@ -26,12 +26,15 @@ import numpy as np
 import pandas as pd
 
 from scaleplan.errors import SpecError
+from scaleplan.mosaic.evidence import plan_evidence
 from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries, geometry_model
 from scaleplan.mosaic.law import PAPER_JOINT_LAW, PAPER_SUPPORT, JointLaw, LawSupport
 from scaleplan.mosaic.uncertainty import candidate_fields
 from scaleplan.specs import LAYOUT_FIELDS
 
 SECONDS_PER_DAY = 86400.0
+EVIDENCE_COLUMNS = ("analytic_share", "extrapolated_share", "evidence_sigma", "extrapolated_collectives",
+                    "unmeasured_kernel_share")
 PAPER_TPP = (40.0, 150.0)
 
 
@@ -67,7 +70,7 @@ def _plan_row(est, model, n_devices: int, env: Envelope, constraints) -> dict:
     lay = res.layout
     return {"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu,
             "composed_share": res.composed_share, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_FIELDS},
-            "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic"))}
+            "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic")), **plan_evidence(res)}
 
 
 _FORK_STATE: tuple | None = None  # (est, models, n_devices, env, constraints), inherited by forked workers
@@ -97,7 +100,8 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
     inherit the estimator (its tables are loaded once, in this process). ``on_step(n)`` reports progress.
     Columns: plan_ok, tokens_per_s, mfu_plan (non-embedding N_act, eq:mfu), composed_share (fraction of
     the plan's predicted time read from lookups composed beyond the measured tables), mem_gb,
-    tp, cp, pp, ep, dp, mbs, ckpt, analytic (comma-joined analytic components).
+    tp, cp, pp, ep, dp, mbs, ckpt, analytic (comma-joined analytic components), analytic_share,
+    extrapolated_share, evidence_sigma, extrapolated_collectives (:func:`scaleplan.mosaic.evidence.plan_evidence`).
     """
     global _FORK_STATE
     from scaleplan.estimator import PlanConstraints
@@ -123,7 +127,8 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
         for mdl in models:
             rows.append(_plan_row(est, mdl, n_devices, env, constraints))
             step(1)
-    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "analytic"]
+    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "analytic",
+            *EVIDENCE_COLUMNS]
     ints = {k: "Int64" for k in LAYOUT_FIELDS if k != "ckpt"}
     return pd.DataFrame(rows, columns=cols).astype({"plan_ok": bool, **ints})
 
@@ -175,7 +180,20 @@ def row_json(r) -> dict:
             "tpp_capped": bool(r["tpp_capped"]), "tokens_per_s": float(r["tokens_per_s"]),
             "mem_per_device_gb": float(r["mem_gb"]),
             "layout": {k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_FIELDS},
-            "extrapolated": extrapolated(r), **(candidate_fields(r) if "p_optimal" in r else {})}
+            "extrapolated": extrapolated(r), **_evidence_json(r),
+            **(candidate_fields(r) if "p_optimal" in r else {})}
+
+
+def _evidence_json(r) -> dict:
+    """A row's evidence (mosaic.evidence): shares, sigma, and its own analytic / extrapolated components."""
+    if "evidence_sigma" not in r:
+        return {}
+    split = lambda v: [x for x in str(v or "").split(",") if x]  # noqa: E731
+    extra = split(r.get("extrapolated_collectives"))
+    return {"analytic_share": float(r["analytic_share"]), "extrapolated_share": float(r["extrapolated_share"]),
+            "evidence_sigma": float(r["evidence_sigma"]), "analytic_components": split(r.get("analytic")),
+            "unmeasured_kernel_share": float(r["unmeasured_kernel_share"]),
+            "extrapolated_collectives": extra}
 
 
 @dataclass

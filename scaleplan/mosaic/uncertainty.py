@@ -9,9 +9,15 @@ Each draw k has
 The best plan per candidate is searched once; per draw only D* (x f), the TPP limits and the loss change,
 so all draws are evaluated at once as [draws, candidates] arrays.
 
+Each candidate's sigma widens with the evidence of its own plan: sqrt(sigma^2 + sigma_evidence^2), where
+sigma_evidence is the share-weighted measured error of the components its plan composed, extrapolated to
+more ranks or costed analytically (:mod:`scaleplan.mosaic.evidence`): a search on no measured tables draws
+wider than one on the recorded tables.
+
 Per candidate: p_optimal (share of draws where it is the feasible argmin), loss_mean / loss_p05 / loss_p95
 (the loss at the tokens it delivers in each draw, TPP cap applied, whether or not the draw leaves it above
-the TPP floor), regret (mean over draws of its loss minus that draw's optimal loss) and p_feasible.
+the TPP floor), regret (mean over draws of its loss minus that draw's optimal loss), p_feasible (share of
+draws in which it delivers at least the TPP floor) and mfu_p05 / mfu_p95 (its MFU's 90% band).
 Source of sigma: the leave-one-out relative step-time errors e = t_pred/t_meas - 1 stored in the
 ``residuals`` of the newest kind='dispatch' calibration of the profile; the MFU error factor is
 t_pred/t_meas = 1 + e, so sigma = RMS of log(1 + e) (bias included: a calibration that is off on average is
@@ -32,7 +38,10 @@ from scaleplan.mosaic.ridge import law_matrix, ridge_samples
 #: E|f - 1| ~ sigma sqrt(2/pi), so sigma = 0.132 sqrt(pi/2) = 0.165.
 FALLBACK_SIGMA = 0.132 * math.sqrt(math.pi / 2)
 NEAR_TIE_P = 0.05
-UNCERTAINTY_COLUMNS = ("p_optimal", "loss_mean", "loss_p05", "loss_p95", "regret", "p_feasible")
+UNCERTAINTY_COLUMNS = ("p_optimal", "loss_mean", "loss_p05", "loss_p95", "regret", "p_feasible", "mfu_p05",
+                       "mfu_p95")
+#: a candidate delivering the TPP floor in fewer draws than this is "infeasible in most draws", never a tie
+MOSTLY_FEASIBLE = 0.5
 FAMILY_KEYS = ("tp", "cp", "pp", "ep")
 _RESIDUAL_KEYS = ("rel_err", "loo_rel_err", "loo", "error", "value")
 
@@ -135,6 +144,18 @@ def families(table: pd.DataFrame, index: dict[tuple, int]) -> np.ndarray:
     return np.array([index[k] if k is not None else -1 for k in _family_keys(table)], dtype=int)
 
 
+def candidate_sigma(table: pd.DataFrame, sigma: float) -> np.ndarray:
+    """Per row, the log-normal sigma of its MFU: the estimator's (``sigma``) and the evidence of its own plan
+    (column evidence_sigma, :mod:`scaleplan.mosaic.evidence`) in quadrature. [rows]"""
+    ev = table["evidence_sigma"].to_numpy(float) if "evidence_sigma" in table else np.zeros(len(table))
+    return np.sqrt(sigma ** 2 + np.nan_to_num(ev) ** 2)
+
+
+def mfu_factors(sub: pd.DataFrame, draws: Draws, fam: np.ndarray) -> np.ndarray:
+    """MFU factors [N, rows of ``sub``]: exp(sigma_c z_family), the family's draw scaled by each row's sigma."""
+    return np.exp(candidate_sigma(sub, draws.sigma)[None, :] * draws.z[:, fam])
+
+
 def evaluate(table: pd.DataFrame, draws: Draws, tpp_min: float, tpp_max: float, fam: np.ndarray):
     """Losses and feasibility of every candidate with a plan in every draw.
 
@@ -144,7 +165,7 @@ def evaluate(table: pd.DataFrame, draws: Draws, tpp_min: float, tpp_max: float, 
     idx = np.flatnonzero(table["plan_ok"].to_numpy(bool))
     sub = table.iloc[idx]
     n_act = sub["n_act"].to_numpy(float)
-    f = np.exp(draws.sigma * draws.z[:, fam[idx]])
+    f = mfu_factors(sub, draws, fam[idx])
     d_star = sub["d_star"].to_numpy(float)[None, :] * f
     feas = d_star >= tpp_min * n_act[None, :]
     d = np.minimum(d_star, tpp_max * n_act[None, :])
@@ -170,13 +191,16 @@ def summarise(table: pd.DataFrame, draws: Draws, tpp_min: float, tpp_max: float,
     arg = np.argmin(masked, axis=1)
     best = masked[np.arange(draws.n), arg]
     has = np.isfinite(best)
+    mfu = table.iloc[idx]["mfu_plan"].to_numpy(float)
+    band = mfu[None, :] * mfu_factors(table.iloc[idx], draws, families(table, index)[idx])
     cols = {"p_optimal": np.bincount(arg[has], minlength=len(idx)) / draws.n, "loss_mean": loss.mean(axis=0),
             "loss_p05": np.percentile(loss, 5, axis=0), "loss_p95": np.percentile(loss, 95, axis=0),
             "regret": (loss[has] - best[has, None]).mean(axis=0) if has.any() else np.full(len(idx), np.nan),
-            "p_feasible": feas.mean(axis=0)}
+            "p_feasible": feas.mean(axis=0), "mfu_p05": np.percentile(band, 5, axis=0),
+            "mfu_p95": np.percentile(band, 95, axis=0)}
     for k, v in cols.items():
         out.iloc[idx, out.columns.get_loc(k)] = v
-    return {"table": out, "opt": np.where(has, idx[arg], -1)}
+    return {"table": out, "opt": np.where(has, idx[arg], -1), "idx": idx, "loss": loss, "feasible": feas}
 
 
 def verdicts(table: pd.DataFrame, opt: np.ndarray, n: int) -> dict:
@@ -190,23 +214,37 @@ def verdicts(table: pd.DataFrame, opt: np.ndarray, n: int) -> dict:
     g_mode = int(g_counts.idxmax())
     s_band = [float(x) for x in np.percentile(sel["s"], [5, 95])]
     a_band = [float(x) for x in np.percentile(sel["n_act"], [5, 95])]
-    key = sel[["q", "n_experts", "topk", "g"]].astype(int).apply(tuple, axis=1)
-    top_geom, top_c = key.value_counts().index[0], int(key.value_counts().iloc[0])
+    counts = np.bincount(opt[ok])
+    mode = int(counts.argmax())  # a row is one geometry (q, E, K, G): its index names the optimum
+    m = table.iloc[mode]
+    pf = float(m.get("p_feasible", 1.0))
+    where = "" if pf >= MOSTLY_FEASIBLE else (f"; it delivers the TPP floor in only {pf:.0%} of draws, so it is "
+                                              "infeasible in most and not a recommendation")
     statements = [f"G={g_mode} in {100 * p_g[str(g_mode)]:.0f}% of draws",
                   f"S* in [{s_band[0]:.3f}, {s_band[1]:.3f}] in 90% of draws",
                   f"N_act* in [{a_band[0] / 1e9:.1f}, {a_band[1] / 1e9:.1f}] B in 90% of draws",
-                  (f"the single most frequent optimum (q={top_geom[0]} E={top_geom[1]} K={top_geom[2]} "
-                   f"G={top_geom[3]}) in {100 * top_c / n:.0f}% of draws")]
+                  (f"the single most frequent optimum (L{int(m['n_layers'])} E{int(m['n_experts'])} "
+                   f"K{int(m['topk'])} G{int(m['g'])}) in {100 * counts[mode] / n:.0f}% of draws{where}")]
     return {"p_g": p_g, "g_mode": g_mode, "p_g_mode": p_g[str(g_mode)], "s_band90": s_band,
-            "n_act_band90": a_band, "p_no_feasible": float(1 - ok.mean()), "statements": statements}
+            "n_act_band90": a_band, "p_no_feasible": float(1 - ok.mean()), "statements": statements,
+            "mode_row": mode}
 
 
 def uncertainty_json(summary: dict, draws: Draws, mfu: MfuError, law_source: str, row_json) -> dict:
-    """Top-level JSON of --samples: samples, near_ties (P(optimal) >= 5%, by P), verdicts and the inputs."""
+    """Top-level JSON of --samples: samples, near_ties (P(optimal) >= 5%, feasible at the point estimates and in
+    most draws, by P), infeasible_in_most_draws (P(optimal) >= 5% but under the TPP floor in most draws: they
+    win only the draws whose MFU came out high), most_frequent_optimum, verdicts and the inputs."""
     t = summary["table"]
-    near = t[t["p_optimal"] >= NEAR_TIE_P].sort_values("p_optimal", ascending=False, kind="stable")
+    frequent = (t["p_optimal"] >= NEAR_TIE_P).to_numpy()
+    ok = t["feasible"].to_numpy(bool) & (t["p_feasible"].fillna(0).to_numpy(float) >= MOSTLY_FEASIBLE)
+    near = t[frequent & ok].sort_values("p_optimal", ascending=False, kind="stable")
+    shots = t[frequent & ~ok].sort_values("p_optimal", ascending=False, kind="stable")
+    v = verdicts(t, summary["opt"], draws.n)
+    mode = v.pop("mode_row", None)
     return {"samples": draws.n, "near_ties": [row_json(r) for _, r in near.iterrows()],
-            "verdicts": verdicts(t, summary["opt"], draws.n),
+            "infeasible_in_most_draws": [row_json(r) for _, r in shots.iterrows()],
+            "most_frequent_optimum": None if mode is None else row_json(t.iloc[mode]),
+            "verdicts": v,
             "uncertainty_inputs": {"law": law_source, "law_coefficients": list(NAMES), "mfu_error": mfu.to_dict(),
                                    "layout_family": list(FAMILY_KEYS)}}
 
