@@ -5,8 +5,8 @@ Megatron-Core training arguments of that pair.
 * :func:`spec_document` / :func:`write_spec` build a spec (the paper's lst:perf-model-input format, see
   docs/spec.md) that ``scaleplan estimate`` and ``scaleplan validate`` accept unchanged; it is validated with
   :func:`scaleplan.specs.parse_spec` before it is written, so a written file always loads.
-* :func:`megatron_args` maps a spec and a layout to Megatron-Core ``pretrain_gpt.py`` arguments; the mapping is
-  the one table in docs/megatron.md (a test checks every flag emitted there is documented).
+* :func:`megatron_args` (scaleplan.megatron.args) maps a spec and a layout to Megatron-LM ``pretrain_gpt.py``
+  arguments; the mapping is the one table in docs/megatron.md (a test checks every flag emitted there is documented).
 
 Never imports torch (planner commands use it).
 """
@@ -16,6 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import SpecError
+from scaleplan.megatron.args import (  # noqa: F401  (Megatron-LM arguments: re-exported from their own module)
+    Budget,
+    megatron_args,
+    megatron_notes,
+    megatron_optimizer,
+    moe_layer_pattern,
+    render_megatron,
+)
 from scaleplan.specs import LAYOUT_FIELDS, Layout, ModelBlock, Spec, parse_spec
 
 
@@ -95,23 +103,6 @@ def write_spec(path: str | Path, doc: dict[str, Any], header: str = "") -> Path:
     return p
 
 
-# --------------------------------------------------------------------------------- Megatron-Core arguments
-
-_PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format", "hybrid"],
-              "fp4": ["--bf16", "--fp4-format", "e2m1"], "tf32": [], "fp32": []}
-_RECOMPUTE = {
-    "none": [],
-    "selective": ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"],
-    "super-selective": ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "layernorm",
-                        "moe_act"],
-    "full": ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
-}
-# muon -> dist_muon: Megatron-Core's layer-wise distributed optimizer (LayerWiseDistributedOptimizer), which
-# shards whole weight matrices over DP - the optimizer the estimator models (estimator.compute._optimizer).
-# Plain --optimizer muon keeps every matrix's state and Newton-Schulz step on every DP rank.
-_OPTIMIZER = {"adam": "adam", "adamw": "adam", "sgd": "sgd", "muon": "dist_muon", "scion": None}
-
-
 def check_emit(emit: str | None, optimizer: str | None = None, field: str = "optimizer.optimizer_type",
                files: dict[str, Path | None] | None = None) -> None:
     """Before any work: raises SpecError naming --emit unless it is None or 'megatron', naming ``field`` when
@@ -123,93 +114,6 @@ def check_emit(emit: str | None, optimizer: str | None = None, field: str = "opt
         raise SpecError("--emit", emit, "megatron")
     if emit == "megatron" and optimizer is not None:
         megatron_optimizer(optimizer, field)
-
-
-def megatron_optimizer(name: str, field: str = "optimizer.optimizer_type") -> str:
-    """Megatron-Core's --optimizer for ``name``. Raises SpecError naming ``field`` where it has none (Scion)."""
-    opt = _OPTIMIZER.get(name)
-    if opt is None:
-        raise SpecError(field, name, "an optimizer Megatron-Core's --optimizer offers (adam, adamw, sgd, muon)")
-    return opt
-
-
-def moe_layer_pattern(n_layers: int, first_dense: int, frequency: int) -> list[int]:
-    """Megatron-Core's --moe-layer-freq list: 1 for an MoE block, 0 for a dense one. The first ``first_dense``
-    blocks are dense, then every ``frequency``-th block is MoE (the count scaleplan.geometry uses)."""
-    return [0 if i < first_dense else int((i - first_dense + 1) % frequency == 0) for i in range(n_layers)]
-
-
-def megatron_args(spec: Spec, layout: dict[str, Any] | Layout) -> list[list[str]]:
-    """Megatron-Core ``pretrain_gpt.py`` arguments for ``spec`` under ``layout``, one flag (with its values)
-    per item. The mapping is docs/megatron.md's table. Raises SpecError for an optimizer Megatron-Core lacks."""
-    m, lo = spec.model, _layout(layout)
-    out: list[list[str]] = [
-        ["--num-layers", str(m.n_layers)], ["--hidden-size", str(m.hidden_sz)],
-        ["--ffn-hidden-size", str(m.inter_sz)], ["--num-attention-heads", str(m.n_q_heads)],
-        ["--kv-channels", str(m.head_dim)],
-    ]
-    if m.n_kv_heads != m.n_q_heads:
-        out += [["--group-query-attention"], ["--num-query-groups", str(m.n_kv_heads)]]
-    out += [["--vocab-size", str(m.vocab_sz)], ["--make-vocab-size-divisible-by", "1"],
-            ["--seq-length", str(spec.data.seqlen)], ["--max-position-embeddings", str(spec.data.seqlen)],
-            ["--normalization", "RMSNorm"], ["--disable-bias-linear"]]
-    if m.glu:
-        out.append(["--swiglu"])
-    out.append(["--position-embedding-type", "rope" if m.rotary_embeds else "learned_absolute"])
-    if not m.tie_embeddings:
-        out.append(["--untie-embeddings-and-output-weights"])
-    if not m.dropout:
-        out += [["--attention-dropout", "0.0"], ["--hidden-dropout", "0.0"]]
-    if m.attn_gate:
-        out.append(["--attention-output-gate"])
-    if _PRECISION[m.precision]:
-        out.append(_PRECISION[m.precision])
-    if m.moe is not None:
-        out += _moe_args(m)
-    out += [["--tensor-model-parallel-size", str(lo["tp"])], ["--pipeline-model-parallel-size", str(lo["pp"])],
-            ["--context-parallel-size", str(lo["cp"])], ["--expert-model-parallel-size", str(lo["ep"])],
-            ["--expert-tensor-parallel-size", str(lo["etp"])]]
-    if lo["tp"] > 1:
-        out.append(["--sequence-parallel"])
-    if lo["vpp"] > 1:
-        out.append(["--num-layers-per-virtual-pipeline-stage", str(m.n_layers // (lo["pp"] * lo["vpp"]))])
-    out += [["--micro-batch-size", str(lo["mbs"])], ["--global-batch-size", str(spec.data.gbs)]]
-    if _RECOMPUTE[lo["ckpt"]]:
-        out.append(_RECOMPUTE[lo["ckpt"]])
-    opt = megatron_optimizer(spec.optimizer.optimizer_type)
-    out.append(["--optimizer", opt])
-    if opt == "adam":  # dist_muon shards on its own and wants the distributed-optimizer options off
-        out.append(["--use-distributed-optimizer"])
-    out.append(["--cross-entropy-loss-fusion"])
-    return out
-
-
-def _moe_args(m: ModelBlock) -> list[list[str]]:
-    moe = m.moe
-    pattern = moe_layer_pattern(m.n_layers, moe.first_dense_layers, moe.moe_frequency)
-    out = [["--num-experts", str(moe.n_experts)], ["--moe-router-topk", str(moe.experts_per_token)],
-           ["--moe-ffn-hidden-size", str(moe.expert_inter_sz)],
-           ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"],
-           ["--moe-grouped-gemm"], ["--moe-token-dispatcher-type", "alltoall"], ["--moe-router-dtype", "fp32"]]
-    if moe.shared_expert_inter_sz:
-        out += [["--moe-shared-expert-intermediate-size", str(moe.shared_expert_inter_sz)],
-                ["--moe-shared-expert-overlap"]]
-    if moe.capacity_factor != 1.0:  # 1.0: balanced routing, Megatron's dropless default
-        out += [["--moe-expert-capacity-factor", f"{moe.capacity_factor:g}"], ["--moe-pad-expert-input-to-capacity"]]
-    return out
-
-
-def render_megatron(args: list[list[str]], n_devices: int, gpus_per_node: int) -> str:
-    """Shell text: a torchrun comment line and one flag per line, joined with backslashes."""
-    import shlex
-
-    nodes = max(1, n_devices // max(1, gpus_per_node))
-    head = (f"# {n_devices} GPUs = {nodes} nodes x {gpus_per_node}: torchrun --nnodes {nodes} "
-            f"--nproc-per-node {gpus_per_node} pretrain_gpt.py \\")
-    lines = [head]
-    lines += ["  " + " ".join(shlex.quote(a) for a in flag) + " \\" for flag in args]
-    lines[-1] = lines[-1].removesuffix(" \\")
-    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------ search candidates

@@ -62,10 +62,30 @@ def _estimator(spec, profile, db, extrapolate, calibration: str | None = None):
                      calibration_id=cal_id, use_calibration=use)
 
 
-def megatron_text(spec, layout, n: int, gpus_per_node: int) -> str:
-    from scaleplan.emit import megatron_args, render_megatron
+def _layout_text(lo: dict) -> str:
+    return ",".join(f"{k}={lo[k]}" for k in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"))
 
-    return render_megatron(megatron_args(spec, layout), n, gpus_per_node)
+
+def _emit_estimates(docs: list[dict], res, spec, spec_path, n: int, profile, tokens: float | None,
+                    mem_fraction: float) -> list[str]:
+    """Give every feasible estimate its ``megatron_args``; an infeasible one gets ``megatron_refused`` (the
+    estimator's reason) instead. Returns the one-line refusals."""
+    from scaleplan.megatron.args import megatron_text
+
+    refused, usable_gb, gpus_per_node = [], mem_fraction * profile.hbm_bytes / 1e9, profile.gpus_per_node
+    for i, (d, r) in enumerate(zip(docs, res), 1):
+        lay = _layout_text(d["layout"])
+        if not r.feasible:
+            why = r.reason or "infeasible"
+            if why == "memory":
+                why = f"memory: {r.mem_per_device_gb:,.0f} GB per GPU, {usable_gb:.0f} GB usable"
+            d["megatron_refused"] = why
+            refused.append(f"--layout {lay}: infeasible ({d['megatron_refused']}); no arguments emitted")
+            continue
+        cand = (f"{spec_path} under {lay} (layout {i} of {len(docs)}): predicted MFU {100 * r.mfu:.2f}%, "
+                f"{r.mem_per_device_gb:.1f} GB per GPU")
+        d["megatron_args"] = megatron_text(spec, d["layout"], n, gpus_per_node, cand, tokens)
+    return refused
 
 
 def _cell(v) -> str:
@@ -170,6 +190,8 @@ def estimate(
     calibration: str = CalibrationOpt,
     emit: str = EmitOpt,
     mem_fraction: float = MemFractionOpt,
+    tokens: float = typer.Option(None, "--tokens", help="--emit megatron: the token budget D (tokens), emitted as "
+                                 "--train-samples with the learning-rate schedule."),
     json_out: bool = JsonOpt,
 ) -> None:
     """Predict t_iter, MFU, HFU and memory of a spec under one or more layouts."""
@@ -178,6 +200,8 @@ def estimate(
 
     emit_mod.check_emit(emit)
     check_mem_fraction(mem_fraction)
+    if tokens is not None and not tokens > 0:
+        raise SpecError("--tokens", tokens, "a positive token count")
     spec = specs.load_spec(spec_path)
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
@@ -188,13 +212,18 @@ def estimate(
     geom, prov = geometry_dict(spec.model), provenance(est)
     docs = [{**r.to_dict(), "geometry": geom, "provenance": prov} for r in res]
     if emit == "megatron":
-        for d in docs:
-            d["megatron_args"] = megatron_text(spec, d["layout"], n, est.profile.gpus_per_node)
+        refused = _emit_estimates(docs, res, spec, spec_path, n, est.profile, tokens, mem_fraction)
+        if want_json(json_out):
+            print_json(docs)
+        else:
+            typer.echo("\n\n".join(d["megatron_args"] for d in docs if "megatron_args" in d))
+        for line in refused:
+            stderr.print(f"error: {line}", highlight=False, markup=False)
+        if refused:
+            raise typer.Exit(2)
+        return
     if want_json(json_out):
         print_json(docs)
-        return
-    if emit == "megatron":
-        typer.echo(docs[0]["megatron_args"])
         return
     from rich.table import Table
 
@@ -302,7 +331,12 @@ def _layouts_outputs(out: dict, spec, n: int, est, emit, emit_spec, html) -> Non
     if (emit or emit_spec) and best is None:
         raise SpecError("--emit/--emit-spec", "no feasible plan", "a spec with at least one feasible plan")
     if emit == "megatron":
-        out["megatron_args"] = megatron_text(spec, best["layout"], n, est.profile.gpus_per_node)
+        lay = _layout_text(best["layout"])
+        from scaleplan.megatron.args import megatron_text
+
+        out["megatron_args"] = megatron_text(spec, best["layout"], n, est.profile.gpus_per_node,
+                                             f"plan #1 of {out['spec_path']}: {lay}, predicted MFU "
+                                             f"{100 * best['mfu']:.2f}%, {best['mem_per_device_gb']:.1f} GB per GPU")
     if emit_spec:
         from scaleplan.emit import spec_from, write_spec
 

@@ -59,11 +59,14 @@ def add_launch_outputs(out: dict[str, Any], res0, grid, est, env0, mem_fraction:
         doc = search_spec(best, grid, gbs=env0.gbs, seqlen=env0.seqlen, optimizer=env0.optimizer,
                           node_type=est.profile.name, n_devices=res0.n_devices)
     if emit == "megatron":
-        from scaleplan.emit import megatron_args, render_megatron
+        from scaleplan.megatron.args import megatron_text
         from scaleplan.specs import parse_spec
 
-        out["megatron_args"] = render_megatron(megatron_args(parse_spec(doc), best["layout"]), res0.n_devices,
-                                               est.profile.gpus_per_node)
+        cand = (f"the search's optimum on {env0.nodes} x {est.profile.name}, {env0.days:g} days: L{best['n_layers']} "
+                f"E{best['n_experts']} K{best['topk']} G{best['g']}, D = {best['d_tokens']:.4g} tokens, predicted "
+                f"MFU {100 * best['mfu']:.2f}%, loss {best['loss']:.4f}")
+        out["megatron_args"] = megatron_text(parse_spec(doc), best["layout"], res0.n_devices,
+                                             est.profile.gpus_per_node, cand, float(best["d_tokens"]))
     if emit_spec:
         from scaleplan.emit import write_spec
 

@@ -108,7 +108,8 @@ def test_megatron_args_match_the_spec(run, spec_file):
     assert f["--micro-batch-size"] == ["2"] and f["--global-batch-size"] == ["256"]
     assert f["--recompute-granularity"] == ["full"]
     assert f["--optimizer"] == ["adam"] and "--use-distributed-optimizer" in f
-    assert out.startswith("# 32 GPUs = 4 nodes x 8")
+    assert out.startswith("# candidate: ") and "\n# 32 GPUs = 4 nodes x 8: torchrun" in out
+    assert "# token budget: not given" in out and "--train-samples" not in f
 
 
 @pytest.mark.parametrize("over", [
@@ -147,11 +148,34 @@ def test_moe_layer_pattern_counts_the_geometry_moe_blocks():
         assert len(pat) == L and sum(pat) == moe_layer_count(m) and not any(pat[:first])
 
 
-def test_megatron_refuses_scion(run, tmp_path):
+def test_megatron_names_the_nearest_optimizer_for_scion(run, tmp_path):
+    """Megatron-LM has no Scion: its nearest, muon, is emitted with a comment saying what differs."""
     p = tmp_path / "scion.yaml"
     p.write_text(yaml.safe_dump({**SPEC, "optimizer": {"optimizer_type": "scion"}}))
-    code, _, err = run("estimate", p, "--devices", "32", "--emit", "megatron")
-    assert code == 2 and "optimizer.optimizer_type" in err and len(err.strip().splitlines()) == 1
+    code, out, err = run("estimate", p, "--devices", "32", "--emit", "megatron")
+    assert code == 0, err
+    f = _flags(out)
+    assert f["--optimizer"] == ["muon"] and "--use-distributed-optimizer" in f
+    assert "# optimizer scion: Megatron-LM has no Scion; emitted its nearest, muon" in out
+    assert "emerging-optimizers" in out
+
+
+def test_estimate_emits_every_layout_and_refuses_an_infeasible_one(run, spec_file):
+    """Several --layout: each gets its own block naming it; a layout the estimator calls infeasible gets a one-line
+    refusal with its reason and exit status 2, the feasible ones are still printed."""
+    code, out, err = run("estimate", spec_file, "--devices", "32", "--layout", "tp=1,pp=1,ep=8,ckpt=full",
+                         "--layout", "tp=2,pp=2,ep=8,ckpt=full", "--layout", "tp=1,pp=1,ep=1,mbs=4,ckpt=none",
+                         "--tokens", "2e11", "--emit", "megatron")
+    blocks = out.strip().split("\n\n")
+    assert [b.splitlines()[0].split(" under ")[1].split(" (")[0] for b in blocks] == \
+        ["tp=1,cp=1,pp=1,dp=32,ep=8,etp=1,vpp=1,mbs=1,ckpt=full", "tp=2,cp=1,pp=2,dp=8,ep=8,etp=1,vpp=1,mbs=1,ckpt=full"]
+    for b, tp in zip(blocks, ("1", "2")):
+        f = _flags(b)
+        assert f["--tensor-model-parallel-size"] == [tp]
+        assert f["--train-samples"] == [str(-(-int(2e11) // (256 * 8192)) * 256)]
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and errors[0].startswith("error: --layout tp=1,cp=1,pp=1,dp=32,ep=1,")
+    assert "infeasible (memory:" in err and "GB per GPU" in err
 
 
 def test_bad_emit_value(run, spec_file):

@@ -2,7 +2,8 @@
 
 The paper's 5.4B validation sweep ran pp=1 ep=8 on B200 (../shared/validation/mfu_sweeps.csv). With
 the optimizer state replicated on every DP rank (plain ``--optimizer muon``), that layout's state alone
-overflows the device: the run could only have sharded it, as ``dist_muon`` does. The model is the
+overflows the device: the run could only have sharded it, as Megatron-LM's layer-wise distributed optimizer
+(``--optimizer muon --use-distributed-optimizer``; formerly ``dist_muon``) does. The model is the
 paper's q=8 rung (validation/models.yaml): 32 layers, d 4096, 128 experts of width 2560, top-3, one
 shared expert, the first block dense, tied embeddings.
 """
@@ -46,5 +47,7 @@ def test_replicated_muon_state_cannot_fit_the_measured_5p4b_layout():
 def test_muon_is_emitted_as_the_layer_wise_distributed_optimizer():
     spec = parse_spec({"model": Q8, "optimizer": {"optimizer_type": "muon"}, "data": {"gbs": 2048, "seqlen": 8192}})
     args = {a[0]: a[1:] for a in megatron_args(spec, {**spec.default_layout().model_dump(), "dp": 256, "ep": 8})}
-    assert args["--optimizer"] == ["dist_muon"]
-    assert "--use-distributed-optimizer" not in args  # LayerWiseDistributedOptimizer wants it off
+    # Megatron-LM >= core_v0.18: muon with --use-distributed-optimizer is the LayerWiseDistributedOptimizer
+    # (validate_args sets use_layer_wise_distributed_optimizer); dist_muon is the deprecated spelling
+    assert args["--optimizer"] == ["muon"]
+    assert "--use-distributed-optimizer" in args

@@ -1,0 +1,225 @@
+"""Megatron-LM ``pretrain_gpt.py`` arguments of a spec under a layout (docs/megatron.md is the whole mapping).
+
+:func:`megatron_args` gives the flags, :func:`megatron_notes` the comment lines that say what the flags cannot
+(runtime packages, the nearest optimizer, vocabulary padding), :class:`Budget` the token budget and the
+learning-rate schedule lengths that follow from it, :func:`render_megatron` the shell text. The arguments target
+Megatron-LM :data:`scaleplan.megatron.MEGATRON_LM_VERSION`; tests/cli/test_megatron_accepts.py checks every flag
+and choice against that version's flag table and builds megatron-core's TransformerConfig from them.
+
+Never imports torch.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from scaleplan.errors import SpecError
+from scaleplan.specs import LAYOUT_FIELDS, Layout, ModelBlock, Spec
+
+# fp8: the current-scaling ("tensorwise") recipe. Megatron-LM's default, delayed scaling, refuses the moe_act and
+# layernorm recompute that super-selective checkpointing asks for (TransformerConfig.__post_init__); tensorwise runs
+# on Hopper and Blackwell alike and allows it. The plan's fp8 GEMM tables do not depend on the recipe.
+_PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"],
+              "fp8": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
+              "fp4": ["--bf16", "--fp4-format", "e2m1"], "tf32": [], "fp32": []}
+_RECOMPUTE = {
+    "none": [],
+    "selective": ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"],
+    "super-selective": ["--recompute-granularity", "selective", "--recompute-modules", "core_attn", "layernorm",
+                        "moe_act"],
+    "full": ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"],
+}
+# optimizer -> (Megatron-LM --optimizer, with --use-distributed-optimizer). muon with the distributed optimizer is
+# Megatron-LM's layer-wise distributed optimizer (each DP rank owns whole weight matrices, runs their Newton-Schulz
+# step, all-gathers the updated parameters): the optimizer the estimator models (estimator.compute). Since
+# core_v0.18 that is spelled `--optimizer muon --use-distributed-optimizer`; `dist_muon` is deprecated.
+_OPTIMIZER = {"adam": ("adam", True), "adamw": ("adam", True), "sgd": ("sgd", False), "muon": ("muon", True),
+              "scion": ("muon", True)}
+SCION_NOTE = ("optimizer scion: Megatron-LM has no Scion; emitted its nearest, muon (the same Newton-Schulz "
+              "orthogonalised momentum step on the hidden weight matrices). What differs: Megatron-LM's muon updates "
+              "embeddings, LM head and norms with Adam (--muon-scalar-optimizer), where Scion uses its own norm "
+              "constraints (sign / column-norm steps) and no second moment; the learning-rate scales differ")
+MUON_NOTE = ("optimizer muon needs the emerging-optimizers package at run time (pip install emerging-optimizers); "
+             "Megatron-LM imports its Newton-Schulz step from there")
+# the paper's schedule (app:lr_hpo): warm-up-stable-decay, ~100M tokens of warm-up, linear decay to 0 over the last
+# 20% of the steps
+WARMUP_TOKENS = 100e6
+DECAY_FRACTION = 0.2
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A token budget D (tokens) trained at ``gbs`` sequences of ``seqlen`` tokens per step.
+
+    ``train_samples`` is D / seqlen rounded up to whole steps (a multiple of gbs); the schedule is the paper's
+    WSD (app:lr_hpo): ``warmup_samples`` ~ 100M tokens (at most the whole run), ``decay_samples`` the last 20%.
+    """
+
+    tokens: float
+    seqlen: int
+    gbs: int
+
+    @property
+    def train_iters(self) -> int:
+        return max(1, math.ceil(self.tokens / (self.seqlen * self.gbs)))
+
+    @property
+    def train_samples(self) -> int:
+        return self.train_iters * self.gbs
+
+    @property
+    def warmup_samples(self) -> int:
+        return min(self.train_samples, math.ceil(WARMUP_TOKENS / self.seqlen))
+
+    @property
+    def decay_samples(self) -> int:
+        return max(1, round(DECAY_FRACTION * self.train_samples))
+
+
+def _layout(layout: dict[str, Any] | Layout) -> dict[str, Any]:
+    d = layout.model_dump() if isinstance(layout, Layout) else dict(layout)
+    d.setdefault("etp", 1)
+    d.setdefault("vpp", 1)
+    missing = [k for k in LAYOUT_FIELDS if d.get(k) is None]
+    if missing:
+        raise SpecError("layout", d, f"all of {', '.join(LAYOUT_FIELDS)} (missing {', '.join(missing)})")
+    return {k: (str(d[k]) if k == "ckpt" else int(d[k])) for k in LAYOUT_FIELDS}
+
+
+def megatron_optimizer(name: str, field: str = "optimizer.optimizer_type") -> str:
+    """Megatron-LM's --optimizer for ``name`` (scion: its nearest, muon; see :data:`SCION_NOTE`). Raises
+    SpecError naming ``field`` for a name scaleplan does not know."""
+    if name not in _OPTIMIZER:
+        raise SpecError(field, name, f"one of {', '.join(_OPTIMIZER)}")
+    return _OPTIMIZER[name][0]
+
+
+def padded_vocab(vocab: int, tp: int) -> int:
+    """The vocabulary Megatron-LM builds with ``--make-vocab-size-divisible-by 1``: V rounded up to a multiple
+    of TP (megatron/training/tokenizer: padding to divisible_by x TP)."""
+    return -(-vocab // tp) * tp
+
+
+def moe_layer_pattern(n_layers: int, first_dense: int, frequency: int) -> list[int]:
+    """Megatron-LM's --moe-layer-freq list: 1 for an MoE block, 0 for a dense one. The first ``first_dense``
+    blocks are dense, then every ``frequency``-th block is MoE (the count scaleplan.geometry uses)."""
+    return [0 if i < first_dense else int((i - first_dense + 1) % frequency == 0) for i in range(n_layers)]
+
+
+def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | None = None) -> list[list[str]]:
+    """Megatron-LM ``pretrain_gpt.py`` arguments for ``spec`` under ``layout`` (and, given, the token budget and
+    its schedule), one flag with its values per item. The mapping is docs/megatron.md's table."""
+    m, lo = spec.model, _layout(layout)
+    out = _model_args(m, spec.data.seqlen)
+    if m.moe is not None:
+        out += _moe_args(m)
+    out += [["--tensor-model-parallel-size", str(lo["tp"])], ["--pipeline-model-parallel-size", str(lo["pp"])],
+            ["--context-parallel-size", str(lo["cp"])], ["--expert-model-parallel-size", str(lo["ep"])],
+            ["--expert-tensor-parallel-size", str(lo["etp"])]]
+    if lo["tp"] > 1:
+        out.append(["--sequence-parallel"])
+    if lo["vpp"] > 1:
+        out.append(["--num-layers-per-virtual-pipeline-stage", str(m.n_layers // (lo["pp"] * lo["vpp"]))])
+    out += [["--micro-batch-size", str(lo["mbs"])], ["--global-batch-size", str(spec.data.gbs)]]
+    if _RECOMPUTE[lo["ckpt"]]:
+        out.append(_RECOMPUTE[lo["ckpt"]])
+    opt, distributed = _OPTIMIZER[spec.optimizer.optimizer_type]
+    out.append(["--optimizer", opt])
+    if distributed:
+        out.append(["--use-distributed-optimizer"])
+    if budget is not None:
+        out += [["--train-samples", str(budget.train_samples)], ["--lr-decay-style", "WSD"],
+                ["--lr-warmup-samples", str(budget.warmup_samples)],
+                ["--lr-decay-samples", str(budget.train_samples)], ["--lr-wsd-decay-style", "linear"],
+                ["--lr-wsd-decay-samples", str(budget.decay_samples)], ["--min-lr", "0.0"]]
+    out.append(["--cross-entropy-loss-fusion"])
+    return out
+
+
+def _model_args(m: ModelBlock, seqlen: int) -> list[list[str]]:
+    out = [["--num-layers", str(m.n_layers)], ["--hidden-size", str(m.hidden_sz)],
+           ["--ffn-hidden-size", str(m.inter_sz)], ["--num-attention-heads", str(m.n_q_heads)],
+           ["--kv-channels", str(m.head_dim)]]
+    if m.n_kv_heads != m.n_q_heads:
+        out += [["--group-query-attention"], ["--num-query-groups", str(m.n_kv_heads)]]
+    out += [["--vocab-size", str(m.vocab_sz)], ["--make-vocab-size-divisible-by", "1"],
+            ["--seq-length", str(seqlen)], ["--max-position-embeddings", str(seqlen)],
+            ["--normalization", "RMSNorm"], ["--disable-bias-linear"]]
+    if m.glu:
+        out.append(["--swiglu"])
+    out.append(["--position-embedding-type", "rope" if m.rotary_embeds else "learned_absolute"])
+    if not m.tie_embeddings:
+        out.append(["--untie-embeddings-and-output-weights"])
+    if not m.dropout:
+        out += [["--attention-dropout", "0.0"], ["--hidden-dropout", "0.0"]]
+    if m.attn_gate:
+        out.append(["--attention-output-gate"])
+    if _PRECISION[m.precision]:
+        out.append(_PRECISION[m.precision])
+    return out
+
+
+def _moe_args(m: ModelBlock) -> list[list[str]]:
+    moe = m.moe
+    pattern = moe_layer_pattern(m.n_layers, moe.first_dense_layers, moe.moe_frequency)
+    out = [["--num-experts", str(moe.n_experts)], ["--moe-router-topk", str(moe.experts_per_token)],
+           ["--moe-ffn-hidden-size", str(moe.expert_inter_sz)],
+           ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"],
+           ["--moe-grouped-gemm"], ["--moe-token-dispatcher-type", "alltoall"], ["--moe-router-dtype", "fp32"]]
+    if moe.experts_per_token == 1:
+        # top-1 softmax routing: a softmax over the one selected logit is 1 with zero gradient, so Megatron-LM
+        # refuses K=1 unless the softmax runs over all experts before the top-K (TransformerConfig check)
+        out.append(["--moe-router-pre-softmax"])
+    if moe.shared_expert_inter_sz:
+        out += [["--moe-shared-expert-intermediate-size", str(moe.shared_expert_inter_sz)],
+                ["--moe-shared-expert-overlap"]]
+    if moe.capacity_factor != 1.0:  # 1.0: balanced routing, Megatron's dropless default
+        out += [["--moe-expert-capacity-factor", f"{moe.capacity_factor:g}"], ["--moe-pad-expert-input-to-capacity"]]
+    return out
+
+
+def megatron_notes(spec: Spec, layout: dict[str, Any] | Layout) -> list[str]:
+    """What the arguments cannot say, one line each: runtime packages, the optimizer stand-in, vocab padding."""
+    lo, notes = _layout(layout), []
+    opt = spec.optimizer.optimizer_type
+    if opt == "scion":
+        notes.append(SCION_NOTE)
+    if opt in ("muon", "scion"):
+        notes.append(MUON_NOTE)
+    v = spec.model.vocab_sz
+    if padded_vocab(v, lo["tp"]) != v:
+        notes.append(f"Megatron-LM pads the vocabulary {v} to {padded_vocab(v, lo['tp'])} (a multiple of TP "
+                     f"{lo['tp']}); your tokenizer keeps {v} ids")
+    return notes
+
+
+def megatron_text(spec: Spec, layout: dict[str, Any] | Layout, n_devices: int, gpus_per_node: int,
+                  candidate: str = "", tokens: float | None = None) -> str:
+    """``--emit megatron``'s text: a comment naming ``candidate``, the token budget, the notes the flags cannot
+    carry, then the arguments (with --train-samples and the schedule when ``tokens``, the budget D, is known)."""
+    budget = Budget(tokens, spec.data.seqlen, spec.data.gbs) if tokens else None
+    comments = [f"candidate: {candidate}"] if candidate else []
+    if budget is None:
+        comments.append("token budget: not given (estimate --tokens D, or the search's own --emit megatron); add "
+                        + "--train-samples and the learning-rate schedule")
+    else:
+        comments.append(f"token budget: D = {tokens:.4g} tokens = {budget.train_iters} steps of {spec.data.gbs} "
+                        f"x {spec.data.seqlen} tokens; WSD schedule (app:lr_hpo)")
+    comments += megatron_notes(spec, layout)
+    return render_megatron(megatron_args(spec, layout, budget), n_devices, gpus_per_node, comments)
+
+
+def render_megatron(args: list[list[str]], n_devices: int, gpus_per_node: int,
+                    comments: list[str] | tuple[str, ...] = ()) -> str:
+    """Shell text: ``comments`` as # lines, a torchrun comment line, then one flag per line joined with
+    backslashes."""
+    import shlex
+
+    nodes = max(1, n_devices // max(1, gpus_per_node))
+    lines = [f"# {c}" for c in comments]
+    lines.append(f"# {n_devices} GPUs = {nodes} nodes x {gpus_per_node}: torchrun --nnodes {nodes} "
+                 f"--nproc-per-node {gpus_per_node} pretrain_gpt.py \\")
+    lines += ["  " + " ".join(shlex.quote(a) for a in flag) + " \\" for flag in args]
+    lines[-1] = lines[-1].removesuffix(" \\")
+    return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""Issue 29: the arguments `--emit megatron` prints are ones Megatron-LM accepts, checked by Megatron-LM's own
+code: every flag and choice against the flag table of the targeted Megatron-LM version (tests/megatron/mlm.py),
+and megatron-core's TransformerConfig built from them (its __post_init__ runs the MoE, recompute, fp8 and
+parallelism checks), for a grid of models and layouts that includes the search's optimum (K=1), fp8, VPP, GQA with
+TP, Muon, Scion, shared experts and a dense first block.
+
+Needs the ``megatron`` test extra (the pinned megatron-core wheel; CI installs it). Stubbed, and only that, since a
+CPU machine has no Transformer Engine: its version check for fp8 with moe_act/layernorm recompute, and the presence of
+its fused RoPE kernel (Megatron-LM's default --apply-rope-fusion). Neither is a property of the plan.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from scaleplan.specs import parse_spec
+
+from .conftest import SMALL_SEARCH
+from . import mlm
+
+pytest.importorskip("megatron.core.transformer.transformer_config")
+
+
+@pytest.fixture(autouse=True)
+def _no_transformer_engine(monkeypatch):
+    """fp8 with moe_act/layernorm recompute asks for Transformer Engine >= 2.6, RoPE fusion for its fused kernel; a
+    CPU machine has neither."""
+    import megatron.core.models.common.embeddings.rope_utils as rope
+    import megatron.core.transformer.transformer_config as tc
+
+    monkeypatch.setattr(tc, "is_te_min_version", lambda *a, **k: True)
+    monkeypatch.setattr(rope, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
+
+
+@pytest.fixture(scope="module")
+def models(validation_dir):
+    """The three validation models (../shared/validation/models.yaml) by name, gbs 1024."""
+    docs = yaml.safe_load((validation_dir / "models.yaml").read_text())
+    return {k: {**v, "data": {**v["data"], "gbs": 1024}} for k, v in docs.items()}
+
+
+def _spec(doc: dict, **over):
+    d = copy.deepcopy(doc)
+    for path, v in over.items():
+        cur, keys = d, path.split(".")
+        for k in keys[:-1]:
+            cur = cur.setdefault(k, {})
+        cur[keys[-1]] = v
+    return parse_spec(d)
+
+
+def _accepts(text: str, world: int):
+    """Megatron-LM's verdict on emitted text: the TransformerConfig it builds (raises mlm.Rejected)."""
+    ns, _ = mlm.parse(mlm.argv(text))
+    mlm.validate(ns, world)
+    return ns, mlm.transformer_config(ns)
+
+
+# (name, validation model, spec overrides, devices, layout)
+GRID = [
+    ("700m scion (nearest: muon), EP 8", "moe-700m", {}, 32, "tp=1,pp=1,ep=8,ckpt=full"),
+    ("700m adamw, TP 2 + SP, PP 2, VPP 2", "moe-700m", {"optimizer.optimizer_type": "adamw"}, 32,
+     "tp=2,pp=2,ep=8,vpp=2,ckpt=full"),
+    ("700m K=1", "moe-700m", {"model.moe.experts_per_token": 1, "optimizer.optimizer_type": "adamw"}, 32,
+     "tp=1,pp=1,ep=8,ckpt=none"),
+    ("5.4B muon, GQA 8 kv heads with TP 4", "moe-5p4b", {}, 64, "tp=4,pp=2,ep=8,ckpt=selective"),
+    ("5.4B fp8 super-selective", "moe-5p4b", {"model.precision": "fp8"}, 64, "tp=1,pp=2,ep=8,ckpt=super-selective"),
+    ("18B scion, PP 4 VPP 3, EP 16", "moe-18b", {}, 256, "tp=1,pp=4,ep=16,vpp=3,ckpt=full"),
+    ("18B adamw, TP 16 > 8 kv heads", "moe-18b", {"optimizer.optimizer_type": "adamw"}, 256,
+     "tp=16,etp=4,pp=2,ep=8,ckpt=full"),
+    ("18B capacity 1.25, 3 dense blocks, MoE every 2nd", "moe-18b",
+     {"model.moe.capacity_factor": 1.25, "model.moe.first_dense_layers": 3, "model.moe.moe_frequency": 2}, 256,
+     "tp=2,pp=4,ep=8,ckpt=selective"),
+]
+
+
+@pytest.mark.parametrize("name,model,over,n,layout", GRID, ids=[g[0] for g in GRID])
+def test_megatron_accepts_the_grid(models, name, model, over, n, layout):
+    from scaleplan.cli.estimate import megatron_text
+    from scaleplan.specs import parse_layout
+
+    spec = _spec(models[model], **over)
+    lo = parse_layout(layout, spec.default_layout()).model_dump()
+    lo["dp"] = n // (lo["tp"] * lo["cp"] * lo["pp"])
+    text = megatron_text(spec, lo, n, 8, name, tokens=1e11)
+    ns, cfg = _accepts(text, n)
+    m = spec.model
+    # the config Megatron-LM builds is the planned model and layout
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.kv_channels, cfg.ffn_hidden_size) == \
+        (m.n_layers, m.hidden_sz, m.n_q_heads, m.head_dim, m.inter_sz)
+    assert (cfg.num_query_groups or cfg.num_attention_heads) == m.n_kv_heads
+    assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size) == \
+        (m.moe.n_experts, m.moe.experts_per_token, m.moe.expert_inter_sz)
+    assert cfg.moe_shared_expert_intermediate_size == (m.moe.shared_expert_inter_sz or None)
+    assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.expert_model_parallel_size) == \
+        (lo["tp"], lo["pp"], lo["ep"])
+    assert (cfg.virtual_pipeline_model_parallel_size or 1) == lo["vpp"]
+    assert cfg.attention_output_gate is m.attn_gate and cfg.gated_linear_unit is m.glu
+    pattern = ns["moe_layer_freq"]
+    assert pattern[:m.moe.first_dense_layers] == [0] * m.moe.first_dense_layers
+    # the token budget: D = 1e11 tokens in whole steps, the paper's WSD schedule
+    steps = ns["train_samples"] // spec.data.gbs
+    assert ns["train_samples"] % spec.data.gbs == 0 and (steps - 1) * spec.data.gbs * spec.data.seqlen < 1e11 <= \
+        steps * spec.data.gbs * spec.data.seqlen
+    assert ns["lr_decay_style"] == "WSD" and ns["lr_wsd_decay_samples"] == round(0.2 * ns["train_samples"])
+    if m.precision == "fp8":
+        assert cfg.fp8 == "hybrid" and cfg.fp8_recipe != "delayed"
+    if spec.optimizer.optimizer_type in ("muon", "scion"):
+        assert ns["optimizer"] == "muon" and ns["use_distributed_optimizer"]
+        assert "emerging-optimizers" in text
+
+
+def test_megatron_accepts_the_search_optimum(recorded_db, run):
+    """The search's own answer (here K=1, shared experts, a dense first block) is accepted as printed."""
+    code, out, err = run(*SMALL_SEARCH, "--db", recorded_db, "--emit", "megatron")
+    assert code == 0, err
+    ns, cfg = _accepts(out, 32)
+    assert cfg.moe_router_topk == 1 and cfg.moe_router_pre_softmax
+    assert ns["moe_layer_freq"][0] == 0 and cfg.moe_shared_expert_intermediate_size
+    assert ns["train_samples"] > 0 and "# candidate: the search's optimum" in out
+
+
+@pytest.mark.parametrize("text,why", [
+    ("--num-layers 2 --optimizer dist_muon", "deprecated"),
+    ("--num-layers 2 --moe-token-dispatcher-type all2all", "choices"),
+    ("--num-layers 2 --moe-grouped-gemms", "unknown flag"),
+    ("--num-layers 2 --swiglu 1", "no value"),
+])
+def test_the_command_line_check_refuses(text, why):
+    """The checker is not a rubber stamp: a deprecated optimizer, a wrong choice, a misspelt flag, a value given to
+    a switch are each refused."""
+    with pytest.raises(mlm.Rejected, match=why):
+        ns, _ = mlm.parse(text.split())
+        mlm.validate({**ns, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                      "context_parallel_size": 1, "micro_batch_size": 1, "global_batch_size": 8}, 8)
+
+
+def test_the_config_check_refuses_what_the_issue_found(models):
+    """Before issue 29: K=1 without --moe-router-pre-softmax, fp8's default delayed recipe with moe_act recompute.
+    megatron-core refuses both, so the grid above would fail on them."""
+    from scaleplan.emit import megatron_args, render_megatron
+
+    k1 = _spec(models["moe-700m"], **{"model.moe.experts_per_token": 1})
+    words = mlm.argv(render_megatron(megatron_args(k1, {**k1.default_layout().model_dump(), "dp": 32}), 32, 8))
+    i = words.index("--moe-router-pre-softmax")
+    ns, _ = mlm.parse(words[:i] + words[i + 1:])
+    with pytest.raises(mlm.Rejected, match="pre-softmax"):
+        mlm.transformer_config(ns)
+    fp8 = _spec(models["moe-5p4b"], **{"model.precision": "fp8"})
+    lo = {**fp8.default_layout().model_dump(), "dp": 64, "ckpt": "super-selective"}
+    words = mlm.argv(render_megatron(megatron_args(fp8, lo), 64, 8))
+    i = words.index("--fp8-recipe")
+    ns, _ = mlm.parse(words[:i] + words[i + 2:])
+    with pytest.raises(mlm.Rejected, match="Delayed scaling"):
+        mlm.transformer_config(ns)
+
+
+def test_flag_table_names_its_source():
+    import json
+
+    doc = json.loads(mlm.TABLE.read_text())
+    assert doc["version"] in doc["source"] and len(doc["flags"]) > 500
+    t = mlm.flag_table()
+    assert "dist_muon" in t["--optimizer"]["choices"] and t["--disable-bias-linear"]["dest"] == "add_bias_linear"
