@@ -78,7 +78,7 @@ GRID = [
 
 @pytest.mark.parametrize("name,model,over,n,layout", GRID, ids=[g[0] for g in GRID])
 def test_megatron_accepts_the_grid(models, name, model, over, n, layout):
-    from scaleplan.cli.estimate import megatron_text
+    from scaleplan.megatron.args import megatron_text
     from scaleplan.specs import parse_layout
 
     spec = _spec(models[model], **over)
