@@ -1,9 +1,11 @@
 """How far to trust --extrapolate compose: each table kind's rule against recorded points it never saw.
 
-For each table kind the top of the recorded B200 range is hidden, the table is rebuilt from the rest,
-and the hidden points are looked up through the composition rule (estimator/holdout.py). Prints n,
-MAPE, median composed/measured and the worst error per table (tests/estimator/test_compose.py holds
-the bounds).
+For each table kind the top (or bottom) of the recorded B200 range is hidden at its present cut and at
+one twice as deep (estimator/holdout.py DEPTHS), the table is rebuilt from the rest, and the hidden
+points are looked up through the composition rule (tables.COMPOSE_RULES, estimator/compose.py).
+Prints n, MAPE, median composed/measured and the worst error per hold-out, flags those over 10%, and
+ends with each table kind's composed-lookup uncertainty (its worst hold-out MAPE,
+holdout.rule_errors). tests/estimator/test_compose.py holds the bounds.
 
     python benchmarks/compose_accuracy.py --db URL-with-recorded-tables
 """
@@ -24,20 +26,17 @@ def main() -> None:
     a = ap.parse_args()
     frames = load_frames(a.db, a.profile)
     peak = load_profile(a.profile).peak("bf16")
-    print(f"{'table':<14}{'hidden':>22}{'n':>6}{'MAPE':>8}{'median c/m':>12}{'worst':>8}")
-    rows = holdout.all_holdouts(frames, peak)
-    # deeper cuts: the same rules asked to reach further past what they see (2-8x the work)
-    rows += [holdout.grouped(frames, peak, 1024), holdout.grouped(frames, peak, 16, "num_gemms"),
-             holdout.gemm(frames, peak, 8192), holdout.gemm(frames, peak, 2048), holdout.sdpa(frames, peak, 4096),
-             holdout.collectives(frames, peak, 1 / 16)]
-    # below the range: the smallest values hidden, composed down from what is left
-    rows += [holdout.grouped(frames, peak, 8, "num_gemms", below=True),
-             holdout.grouped(frames, peak, 512, below=True), holdout.gemm(frames, peak, 1024, below=True),
-             holdout.sdpa(frames, peak, 4096, below=True)]
-    for h in rows:
-        cut = f"{h.axis} {'<' if h.below else '>'} {h.cut:g}" if h.table != "collectives" else \
-            f"size > {h.cut:.3g} x max"
-        print(f"{h.table:<14}{cut:>22}{h.n:>6}{100 * h.mape:>7.1f}%{h.median_ratio:>12.3f}{100 * h.max_err:>7.0f}%")
+    print(f"{'table':<14}{'hidden':>22}{'n':>6}{'MAPE':>8}{'median c/m':>12}{'worst':>8}   (present cut, then twice as deep)")
+    errs: dict[str, float] = {}
+    for pair in holdout.depth_holdouts(frames, peak):
+        for h in pair:
+            cut = f"{h.axis} {'<' if h.below else '>'} {h.cut:g}" if h.table != "collectives" else \
+                f"size > {h.cut:.3g} x max"
+            flag = "" if h.mape <= 0.10 else "  > 10%"
+            print(f"{h.table:<14}{cut:>22}{h.n:>6}{100 * h.mape:>7.1f}%{h.median_ratio:>12.3f}{100 * h.max_err:>7.0f}%{flag}")
+            errs[h.table] = max(errs.get(h.table, 0.0), h.mape)
+    print("composed-lookup uncertainty per table kind (worst hold-out MAPE above; estimator.holdout.rule_errors): "
+          + ", ".join(f"{k} {100 * v:.1f}%" for k, v in errs.items()))
 
 
 if __name__ == "__main__":

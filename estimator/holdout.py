@@ -145,3 +145,38 @@ def group_sizes(frames, peak: float, gpus_per_node: int = 8) -> Holdout:
         meas.extend(hid.to_numpy(float).tolist())
         ratio.append(n / n_ref)
     return _summary("collectives", "group_size", max(ratio, default=float("nan")), pred, meas)
+
+
+# Each rule at its present cut and one twice as deep: above the range twice the octaves hidden
+# (2048 -> 1024 of 4096 tokens per expert, m 32768 -> 4096 of 262144, a quarter -> a sixteenth of the
+# largest message), below it twice the cut (one octave more hidden).
+DEPTHS = (
+    ("grouped", dict(cut=2048), dict(cut=1024)),
+    ("grouped", dict(cut=64, axis="num_gemms"), dict(cut=32, axis="num_gemms")),
+    ("gemm", dict(cut=32768), dict(cut=4096)),
+    ("sdpa", dict(cut=8192), dict(cut=4096)),
+    ("collectives", dict(frac=0.25), dict(frac=1 / 16)),
+    ("grouped", dict(cut=8, axis="num_gemms", below=True), dict(cut=16, axis="num_gemms", below=True)),
+    ("grouped", dict(cut=512, below=True), dict(cut=1024, below=True)),
+    ("gemm", dict(cut=1024, below=True), dict(cut=2048, below=True)),
+    ("sdpa", dict(cut=4096, below=True), dict(cut=8192, below=True)),
+)
+
+
+def depth_holdouts(frames, peak: float) -> list[tuple[Holdout, Holdout]]:
+    """(present cut, twice as deep) hold-out of every rule in DEPTHS."""
+    fn = {"grouped": grouped, "gemm": gemm, "sdpa": sdpa, "collectives": collectives}
+    return [(fn[k](frames, peak, **a), fn[k](frames, peak, **b)) for k, a, b in DEPTHS]
+
+
+def rule_errors(frames, peak: float) -> dict[str, float]:
+    """Each table kind's composition error as measured on hidden points: the largest MAPE (a fraction
+    of the time) over its rules' hold-outs at both depths, table kind -> error (grouped_gemm, gemm,
+    sdpa, collectives). What a composed lookup of that kind is uncertain by, e.g. for ``search
+    --samples`` (a log-normal sigma of about this size on the composed share of a plan's time)."""
+    out: dict[str, float] = {}
+    for pair in depth_holdouts(frames, peak):
+        for h in pair:
+            if h.n:
+                out[h.table] = max(out.get(h.table, 0.0), h.mape)
+    return out

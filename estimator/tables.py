@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from scaleplan.db.measurements import load_frames  # noqa: F401  (the estimator's loader, re-exported)
+from scaleplan.estimator import compose
 from scaleplan.lazy import lazy_module
 
 pd = lazy_module("pandas")  # only building tables needs it: cached tables are read without pandas
@@ -172,8 +173,11 @@ class Multilinear:
 class GridTable:
     """log-time on a regular grid of log axes; lookups report range status per axis."""
 
-    def __init__(self, name: str, axes: tuple[str, ...], grid: list[np.ndarray], values: np.ndarray):
+    def __init__(self, name: str, axes: tuple[str, ...], grid: list[np.ndarray], values: np.ndarray,
+                 ceiling=None, floor=None):
         self.name, self.axes = name, axes
+        # roofline composition (estimator/compose.py): above ``ceiling.axis``, below ``floor.axis``
+        self.ceiling, self.floor = ceiling, floor
         self.grid = [np.asarray(g, dtype=float) for g in grid]
         self.lo = np.array([g.min() for g in self.grid])
         self.hi = np.array([g.max() for g in self.grid])
@@ -228,8 +232,23 @@ class GridTable:
         code = np.where(exact, MEASURED, INTERPOLATED).astype(np.int8)
         lo = np.where(oor_axis >= 0, self.lo[np.maximum(oor_axis, 0)], np.nan)
         hi = np.where(oor_axis >= 0, self.hi[np.maximum(oor_axis, 0)], np.nan)
-        t_comp = t * grow
+        t_comp = self._roofline(cs, t * grow, outside)
         return _frozen(LookupResult(self.name, self.axes, t, code, oor_axis, oor_val, lo, hi, t_comp))
+
+    def _roofline(self, cs, t_comp, outside):
+        """The roofline rules of estimator/compose.py on the axes they own (``_times`` left those alone)."""
+        for i, upper, mask in outside:
+            if upper and self.ceiling is not None and i == self.ceiling.axis:
+                t_comp = self.ceiling.above(cs, t_comp, mask)
+            elif not upper and self.floor is not None and i == self.floor.axis:
+                at_edge = list(cs)
+                at_edge[i] = np.full(np.shape(cs[i]), self.lo[i])
+                t_comp = self.floor.below(cs, at_edge, t_comp, t_comp, mask)
+        return t_comp
+
+    def _owned(self, i: int, upper: bool) -> bool:
+        rule = self.ceiling if upper else self.floor
+        return rule is not None and rule.axis == i
 
     def _times(self, cs, clamped, outside):
         """(t at the clamped coordinates, composed / clamped time ratio): the interpolations of the clamped
@@ -242,12 +261,15 @@ class GridTable:
         exps = compose_rule(self.name)[0]
         if not self._keep:
             for i, upper, mask in outside:
-                grow = np.where(mask & upper, grow * (cs[i] / self.hi[i]) ** exps[i], grow)
+                if not self._owned(i, upper):
+                    grow = np.where(mask & upper, grow * (cs[i] / self.hi[i]) ** exps[i], grow)
             return np.full(shape, np.exp(self._const)), grow
         base = np.stack([np.log(clamped[i]).ravel() for i in self._keep], axis=-1)
         blocks, jobs = [base], []
         for i, upper, mask in outside:
             g, e = self.grid[i], exps[i]
+            if self._owned(i, upper):
+                continue
             if len(g) < 2 or i not in self._keep or e == 0:
                 if upper:
                     grow = np.where(mask, grow * (cs[i] / g[-1]) ** e, grow)
@@ -467,7 +489,8 @@ def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float) -> None:
         if len(d) < 1:
             continue
         grid, vals = fill_grid(d, ["m", "n", "k"], "t_s", work=lambda p: 2.0 * p[:, 0] * p[:, 1] * p[:, 2] / peak)
-        tab = GridTable("gemm", ("m", "n", "k"), grid, vals)
+        pts = [d[a].to_numpy(float) for a in ("m", "n", "k", "t_s")]
+        tab = GridTable("gemm", ("m", "n", "k"), grid, vals, floor=compose.gemm_floor(*pts))
         tb.by_dtype.setdefault(str(dt), {})["gemm"] = tab
         if dt == "bf16":
             tb.gemm = tab
@@ -493,6 +516,7 @@ def _build_grouped(tb: Tables, df: pd.DataFrame) -> None:
 def _build_grouped_dtype(out: dict, df: pd.DataFrame) -> None:
     """One dtype's grouped grids (every measured point is used, however few: a lookup between them
     is interpolated, outside them out of range)."""
+    built = {}
     for (h, f), g in df.groupby(["hidden", "ffn"]):
         for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
             gg = g.dropna(subset=[col])
@@ -500,11 +524,14 @@ def _build_grouped_dtype(out: dict, df: pd.DataFrame) -> None:
             if not {"fc1", "fc2"} <= set(piv.columns):
                 continue
             tot = (piv["fc1"] + piv["fc2"]).dropna().rename("t").reset_index()
-            if len(tot) < 1:
-                continue
-            grid, vals = fill_grid(tot, ["num_gemms", "tokens_per_expert"], "t")
-            out[(dirn, int(h), int(f))] = GridTable(f"grouped_gemm[{h}x{f}]", ("num_gemms", "tokens_per_expert"),
-                                                          grid, vals)
+            if len(tot) >= 1:
+                built[(dirn, int(h), int(f))] = tot
+    cols = ("num_gemms", "tokens_per_expert", "t")
+    rules = compose.grouped_rules({k: tuple(v[c].to_numpy(float) for c in cols) for k, v in built.items()})
+    for key, tot in built.items():
+        grid, vals = fill_grid(tot, ["num_gemms", "tokens_per_expert"], "t")
+        out[key] = GridTable(f"grouped_gemm[{key[1]}x{key[2]}]", ("num_gemms", "tokens_per_expert"), grid, vals,
+                             ceiling=rules[key][0], floor=rules[key][1])
 
 
 def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
@@ -720,7 +747,7 @@ def _disk_path(url: str, profile: str, peak_flops: float) -> Path | None:
     import importlib.util
 
     code = b""
-    for mod in (__name__, "scaleplan.db.measurements", "scaleplan.db.identity"):
+    for mod in (__name__, "scaleplan.estimator.compose", "scaleplan.db.measurements", "scaleplan.db.identity"):
         origin = importlib.util.find_spec(mod).origin
         code += Path(origin).read_bytes() if origin else mod.encode()
     digest = hashlib.sha256(repr((url, profile, peak_flops, state)).encode() + code).hexdigest()[:24]

@@ -1,10 +1,10 @@
 """--extrapolate compose: each table kind's rule checked against points it never saw.
 
 The recorded B200 tables are cut below their top and the hidden points composed from the rest
-(estimator/holdout.py). Tolerances: a factor-2 step beyond the edge, against run-to-run noise of
-~14% between identical layouts (validation README); clamping (the old fallback) errs by about the
-work ratio itself (~50% for a factor 2), so each bound also requires composition to beat clamping
-by a wide margin.
+(estimator/holdout.py). Tolerances: a factor-2 step beyond the edge; clamping (the old fallback)
+errs by about the work ratio itself (~50% for a factor 2), so each bound also requires composition
+to beat clamping by a wide margin. The roofline rules (estimator/compose.py) are held to 10% at
+their present cut and at one twice as deep (issue 27).
 """
 import numpy as np
 import pytest
@@ -38,6 +38,59 @@ def test_composition_below_the_range_matches_hidden_measurements(frames, which):
         else holdout.sdpa(frames, PEAK, 4096, below=True)
     assert h.n >= 20, h
     assert h.mape <= 0.15, h
+
+
+@pytest.mark.parametrize("kw,bound", [
+    (dict(cut=2048), 0.10), (dict(cut=1024), 0.10),                       # grouped above: max(t_edge, W / R_sat)
+    (dict(cut=512, below=True), 0.05), (dict(cut=1024, below=True), 0.05),  # below: max(t_fixed(ng), W / R_edge)
+])
+def test_grouped_roofline_within_10_percent_at_both_depths(frames, kw, bound):
+    h = holdout.grouped(frames, PEAK, **kw)
+    assert h.n >= 80 and h.mape <= bound, h
+
+
+def test_gemm_below_the_range_is_memory_or_edge_throughput_bound(frames):
+    # the affine rule ran the edge's compute slope down into the memory-bound regime: 51% at m < 1024
+    h = holdout.gemm(frames, PEAK, 1024, below=True)
+    assert h.n >= 500 and h.mape <= 0.10, h
+
+
+def test_rule_errors_name_each_table_kind_with_its_worst_hold_out(frames):
+    errs = holdout.rule_errors(frames, PEAK)
+    assert set(errs) == {"grouped_gemm", "gemm", "sdpa", "collectives"}
+    worst = max(h.mape for pair in holdout.depth_holdouts(frames, PEAK) for h in pair if h.table == "gemm")
+    assert errs["gemm"] == pytest.approx(worst) and 0 < errs["gemm"] < 0.5
+
+
+def test_ceiling_keeps_a_launch_bound_call_flat_until_its_work_needs_more():
+    # a call flat at 100 us (host-bound) from 1k to 2k tokens; R_sat 1 PFLOP/s, 6 h f = 6e6 FLOP per
+    # (gemm, token): at 8k tokens x 4 gemms W = 1.92e11 -> 192 us; at 4k 96 us < 100 us -> stays 100 us
+    from scaleplan.estimator.compose import Ceiling
+
+    tpe = np.array([1024.0, 2048.0])
+    tab = GridTable("grouped_gemm[1000x1000]", ("num_gemms", "tokens_per_expert"),
+                    [np.array([4.0, 8.0]), tpe], np.full((2, 2), 1e-4), ceiling=Ceiling(1, 6e6, 1e15))
+    assert float(tab.lookup(4.0, 4096.0).t_composed) == pytest.approx(1e-4, rel=1e-9)
+    assert float(tab.lookup(4.0, 8192.0).t_composed) == pytest.approx(6e6 * 4 * 8192 / 1e15, rel=1e-9)
+    # within the range nothing changes
+    assert float(tab.lookup(4.0, 2048.0).t_composed) == pytest.approx(1e-4, rel=1e-9)
+
+
+def test_memory_floor_below_the_range():
+    # edge m = 1024 at 1 PFLOP/s (n = k = 4096); below it max(t_min + B / bw, W / R_edge):
+    # m = 256: W / R_edge = 2 256 4096^2 / 1e15 = 8.6 us; B = 256 4096 2 + 4096^2 = 1.89e7 elems at
+    # 1e12 elems/s + 5 us = 23.9 us -> the memory bound wins
+    from scaleplan.estimator.compose import MemoryFloor
+
+    m = np.array([1024.0, 2048.0])
+    t = 2 * m * 4096 * 4096 / 1e15
+    tab = GridTable("gemm", ("m", "n", "k"), [m, np.array([4096.0]), np.array([4096.0])], t.reshape(2, 1, 1),
+                    floor=MemoryFloor(0, 5e-6, 1e12))
+    b = 256 * 4096 * 2 + 4096.0 ** 2
+    assert float(tab.lookup(256.0, 4096.0, 4096.0).t_composed) == pytest.approx(5e-6 + b / 1e12, rel=1e-9)
+    fast = GridTable("gemm", ("m", "n", "k"), [m, np.array([4096.0]), np.array([4096.0])], t.reshape(2, 1, 1),
+                     floor=MemoryFloor(0, 1e-9, 1e16))  # memory never binds: the edge throughput does
+    assert float(fast.lookup(512.0, 4096.0, 4096.0).t_composed) == pytest.approx(t[0] / 2, rel=1e-9)
 
 
 def test_constant_throughput_rule_is_exact_for_a_saturated_kernel():

@@ -1,0 +1,129 @@
+"""Roofline composition outside a kernel table's measured range (``--extrapolate compose``).
+
+A kernel's time is bounded below by each resource it needs: its launch and set-up (a fixed floor),
+the bytes it moves at the device's memory bandwidth, and its FLOPs at the throughput it can reach.
+Where the affine rule of tables.COMPOSE_RULES (continue the last measured interval) reads a
+transition as a trend, these bounds hold whatever regime the edge sits in (issue 27; the hold-out
+errors are in benchmarks/compose_accuracy.py):
+
+* grouped GEMM above the measured tokens per expert: ``max(t_edge, W / R_sat)``. A call with more
+  tokens per expert never takes less than one with fewer (its host and launch part is the same), and
+  its GPU part cannot run faster than the fastest grouped-GEMM throughput measured on the device
+  (``R_sat``, FLOP/s, per direction and dtype, over every shape of the table). The affine rule
+  charges the edge interval's slope, which mid-ramp is the wave fill still improving and, where the
+  edge is launch-bound, noise (hold-out: 14% / 26% at 2048 / 1024 tokens, worst 449%).
+* grouped GEMM below the measured tokens per expert: ``max(t_fixed(num_gemms), W / R_edge)``, the
+  fastest any shape ran that many GEMMs (the call's host and launch part) or the FLOPs at the edge's
+  throughput (affine rule: 15% at < 512 tokens).
+* dense GEMM below the measured m: ``max(t_min + B / BW, W / R_edge)``: the operands B = m k + k n +
+  m n at the device's best measured bandwidth BW after its fastest kernel time t_min (alpha-beta
+  in bytes), or the FLOPs W = 2 m n k at the edge's own throughput R_edge (throughput only falls
+  as m shrinks). The affine rule ran the edge's compute slope down into the memory-bound regime
+  (hold-out m < 1024: 51%).
+
+Every quantity is read off the measured table itself (no fitted coefficient).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """Above axis ``axis``: t = max(t_composed_other_axes, W / r_sat), W = ``flops_per_point`` x the
+    product of the coordinates (FLOPs), r_sat in FLOP/s. Picklable (the tables are cached on disk)."""
+
+    axis: int
+    flops_per_point: float
+    r_sat: float
+
+    def work(self, cs) -> np.ndarray:
+        return self.flops_per_point * np.prod(np.broadcast_arrays(*cs), axis=0)
+
+    def above(self, cs, t_comp: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.where(mask, np.maximum(t_comp, self.work(cs) / self.r_sat), t_comp)
+
+
+@dataclass(frozen=True)
+class MemoryFloor:
+    """Below axis ``axis`` of an (m, n, k) GEMM table: t = max(t_min + B / bw, W / R_edge), R_edge =
+    W / t at the edge coordinates (the clamped request), B and W from :func:`gemm_bytes`, :func:`gemm_work`."""
+
+    axis: int
+    t_min: float   # seconds
+    bw: float      # bytes/s (in the units of gemm_bytes)
+
+    def below(self, cs, at_edge, t_edge: np.ndarray, t_comp: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            r_edge = gemm_work(at_edge) / t_edge
+            t = np.maximum(self.t_min + gemm_bytes(cs) / self.bw, gemm_work(cs) / r_edge)
+        return np.where(mask, t, t_comp)
+
+
+@dataclass(frozen=True)
+class LaunchFloor:
+    """Below axis ``axis`` (tokens per expert) of a grouped table: t = max(t_fixed(num_gemms),
+    W / R_edge): the fixed host and launch part of a call of that many GEMMs (the fastest time any
+    shape took at that num_gemms, log-interpolated between measured counts) or the FLOPs at the
+    edge's own throughput (throughput only falls with fewer tokens)."""
+
+    axis: int
+    flops_per_point: float
+    num_gemms: tuple[float, ...]   # measured counts, increasing
+    t_fixed: tuple[float, ...]     # seconds at each
+
+    def below(self, cs, at_edge, t_edge: np.ndarray, t_comp: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        ng = np.clip(cs[0], self.num_gemms[0], self.num_gemms[-1])
+        fixed = np.exp(np.interp(np.log(ng), np.log(self.num_gemms), np.log(self.t_fixed)))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            scale = (np.asarray(cs[1], dtype=float) / np.asarray(at_edge[1], dtype=float))
+            t = np.maximum(fixed, t_edge * scale)  # W / R_edge = t_edge x (tokens / edge tokens)
+        return np.where(mask, t, t_comp)
+
+
+def gemm_work(cs) -> np.ndarray:
+    """FLOPs of an (m, n, k) GEMM: 2 m n k."""
+    return 2.0 * cs[0] * cs[1] * cs[2]
+
+
+def gemm_bytes(cs) -> np.ndarray:
+    """Elements an (m, n, k) GEMM moves at least (A m k, B k n, C m n); per-element size cancels
+    against the bandwidth measured in the same units."""
+    m, n, k = cs[0], cs[1], cs[2]
+    return m * k + k * n + m * n
+
+
+def gemm_floor(m, n, k, t) -> MemoryFloor:
+    """The MemoryFloor of a GEMM table from its measured points (arrays m, n, k, seconds t): the
+    fastest kernel time and the best elements-per-second any point reached."""
+    return MemoryFloor(0, float(np.min(t)), float(np.max(gemm_bytes([m, n, k]) / t)))
+
+
+def grouped_flops_per_point(hidden: int, ffn: int, direction: str) -> float:
+    """FLOPs per (gemm, token) of one expert MLP's grouped GEMMs (fc1 of width 2 ffn for the SwiGLU
+    gate and up, fc2): 2 x 3 h f forward, twice that backward."""
+    return 6.0 * hidden * ffn * (2.0 if direction == "bwd" else 1.0)
+
+
+def grouped_rules(points: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+                  ) -> dict[tuple[str, int, int], tuple[Ceiling, LaunchFloor]]:
+    """(Ceiling, LaunchFloor) on tokens_per_expert per grouped table, from every table's measured
+    points: (direction, hidden, ffn) -> (num_gemms, tokens_per_expert, seconds). Per direction, R_sat
+    is the fastest throughput any shape reached on the device and t_fixed(num_gemms) the fastest
+    time any shape took at that count."""
+    r_sat: dict[str, float] = {}
+    fixed: dict[str, dict[float, float]] = {}
+    for (dirn, h, f), (ng, tpe, t) in points.items():
+        r = float(np.max(grouped_flops_per_point(h, f, dirn) * ng * tpe / t))
+        r_sat[dirn] = max(r_sat.get(dirn, 0.0), r)
+        for n, tt in zip(ng.tolist(), t.tolist()):
+            fixed.setdefault(dirn, {})[n] = min(fixed.get(dirn, {}).get(n, np.inf), tt)
+    out = {}
+    for key in points:
+        fpp = grouped_flops_per_point(key[1], key[2], key[0])
+        ns = sorted(fixed[key[0]])
+        out[key] = (Ceiling(1, fpp, r_sat[key[0]]),
+                    LaunchFloor(1, fpp, tuple(ns), tuple(fixed[key[0]][n] for n in ns)))
+    return out
