@@ -49,7 +49,7 @@ class Ceiling:
 @dataclass(frozen=True)
 class MemoryFloor:
     """Below axis ``axis`` of an (m, n, k) GEMM table: t = max(t_min + B / bw, W / R_edge), R_edge =
-    W / t at the edge coordinates (the clamped request), B and W from :func:`gemm_bytes`, :func:`gemm_work`."""
+    W / t at the edge coordinates (the clamped request); B, W: :func:`gemm_bytes`, :func:`gemm_work`."""
 
     axis: int
     t_min: float   # seconds
