@@ -65,7 +65,7 @@ class MoESpec(BaseModel):
     first_dense_layers: int = Field(default=1, ge=0, le=MAX_LAYERS)
 
     @model_validator(mode="after")
-    def _k_le_e(self) -> "MoESpec":
+    def _k_le_e(self) -> MoESpec:
         if self.experts_per_token > self.n_experts:
             raise _FieldCheck("experts_per_token", self.experts_per_token,
                               f"experts_per_token={self.experts_per_token} must be <= n_experts={self.n_experts}")
@@ -101,7 +101,7 @@ class ModelBlock(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _heads(self) -> "ModelBlock":
+    def _heads(self) -> ModelBlock:
         if self.n_q_heads * self.head_dim != self.hidden_sz:
             raise _FieldCheck("head_dim", self.head_dim,
                               f"n_q_heads*head_dim = {self.n_q_heads}*{self.head_dim} = "
@@ -170,6 +170,19 @@ class ParallelismBlock(BaseModel):
     ep: int = Field(default=1, gt=0, le=MAX_DEGREE)
     etp: int | None = Field(default=None, gt=0, le=MAX_DEGREE)
     vpp: int = Field(default=1, gt=0, le=MAX_VPP)
+    # dmlc/ScalePlan's own fields, read so its configs load unchanged; Spec.ignored() says why each is not used
+    sp: bool = True
+    zero_level: int | None = Field(default=None, ge=0, le=3)
+    n_param_buckets: int | None = Field(default=None, gt=0, le=MAX_LAYERS)
+
+
+# why each reference-tool field is read but not used (Spec.ignored)
+_IGNORED = {
+    "zero_level": "the optimizer's sharding follows optimizer.optimizer_type as Megatron-LM runs it (Adam: the "
+                  "distributed optimizer, ZeRO-1 over DP; Muon/Scion: layer-wise distributed; SGD: none)",
+    "n_param_buckets": "DP gradient buckets are Megatron-LM's default size, max(40M, 1M x DP) parameters each",
+    "sp": "sequence parallelism runs whenever tp > 1 (Megatron-LM needs it with MoE and TP; the model assumes it)",
+}
 
 
 class Spec(BaseModel):
@@ -185,13 +198,33 @@ class Spec(BaseModel):
     parallelism: ParallelismBlock | None = None
 
     @model_validator(mode="after")
-    def _known_node(self) -> "Spec":
+    def _known_node(self) -> Spec:
         from scaleplan.profiles import profile_names
 
         names = profile_names()
         if self.hardware.node_type not in names:
             raise _FieldCheck("hardware.node_type", self.hardware.node_type, f"one of {', '.join(names)}")
         return self
+
+    def device_count(self) -> int | None:
+        """N_dev the spec names: search.num_devices, else tp*cp*pp*dp of its parallelism block when dp is given
+        (dmlc/ScalePlan's configs give the layout, not the count); None when it names neither."""
+        if self.search.num_devices:
+            return self.search.num_devices
+        p = self.parallelism
+        return p.tp * p.cp * p.pp * p.dp if p is not None and p.dp is not None else None
+
+    def ignored(self) -> list[str]:
+        """One line per field that is read but not used, with the reason (the reference tool's parallelism.sp,
+        zero_level, n_param_buckets)."""
+        p = self.parallelism
+        if p is None:
+            return []
+        out = [f"parallelism.{k}={getattr(p, k)} ignored: {_IGNORED[k]}" for k in ("zero_level", "n_param_buckets")
+               if getattr(p, k) is not None]
+        if not p.sp and p.tp > 1:
+            out.append(f"parallelism.sp=false ignored: {_IGNORED['sp']}")
+        return out
 
     def default_layout(self) -> Layout:
         """The layout the spec itself names (parallelism block, data.microbatch_sz, ckpt mode)."""

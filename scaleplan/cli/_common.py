@@ -255,8 +255,8 @@ def _check_profile_size(params: dict[str, Any]) -> None:
 
         sp = load_spec(spec)
         name = name or sp.hardware.node_type
-        if devices is None:  # the command falls back to the spec's search.num_devices: same bound
-            devices, field = sp.search.num_devices, "search.num_devices"
+        if devices is None:  # the command falls back to the spec's device count: same bound
+            devices, field = sp.device_count(), "search.num_devices"
     if not name or (devices is None and nodes is None):
         return
     if devices is not None and devices > max_devices(name):

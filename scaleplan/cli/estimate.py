@@ -138,11 +138,35 @@ def _row(r) -> list[str]:
 
 
 def _device_count(spec, devices: int | None) -> int:
-    """--devices, else the spec's search.num_devices. Raises SpecError when neither is positive."""
-    n = devices or spec.search.num_devices
+    """--devices, else the spec's device count (search.num_devices, or tp*cp*pp*dp of its parallelism block).
+    Raises SpecError when neither is positive."""
+    n = devices or spec.device_count()
     if not n or n <= 0:
         raise SpecError("--devices", devices, "a positive device count (or search.num_devices in the spec)")
     return n
+
+
+def _load_spec(spec_path):
+    """The spec at ``spec_path``; a note on stderr for each field read but not used (Spec.ignored)."""
+    spec = specs.load_spec(spec_path)
+    for line in spec.ignored():
+        stderr.print(f"note: {spec_path}: {line}", highlight=False, markup=False)
+    return spec
+
+
+def _check_batch(spec, lo, n: int, text: str | None) -> None:
+    """dp*mbs must divide data.gbs (whole micro-batches per step). Raises SpecError naming data.gbs with the
+    smallest model-parallel size tp*cp*pp that makes dp divide it on ``n`` devices, when there is one."""
+    mesh = lo.tp * lo.cp * lo.pp
+    dp = lo.dp or n // mesh
+    gbs = spec.data.gbs
+    if gbs % (dp * lo.mbs) == 0:
+        return
+    fit = next((m for m in range(1, n + 1) if n % m == 0 and gbs % ((n // m) * lo.mbs) == 0), None)
+    hint = (f"with {n} devices tp*cp*pp = {fit} (dp {n // fit}) fits it, e.g. --layout pp={fit}; "
+            f"`scaleplan layouts` ranks the layouts that fit") if fit else f"no layout of {n} devices fits it"
+    where = f"--layout {text}" if text else "the spec's layout"
+    raise SpecError("data.gbs", gbs, f"a multiple of dp*mbs = {dp * lo.mbs} ({where}); {hint}")
 
 
 def _origin(key: str, text: str | None, spec_path) -> str:
@@ -175,6 +199,7 @@ def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bo
             raise SpecError(_origin("dp", text, spec_path), lo.dp,
                             f"dp with tp*cp*pp*dp = {n} devices, i.e. dp={n / mesh:g}, or leave dp out to "
                             f"derive it{hint}")
+        _check_batch(spec, lo, n, text)
         out.append(lo)
     return out
 
@@ -202,7 +227,7 @@ def estimate(
     check_mem_fraction(mem_fraction)
     if tokens is not None and not tokens > 0:
         raise SpecError("--tokens", tokens, "a positive token count")
-    spec = specs.load_spec(spec_path)
+    spec = _load_spec(spec_path)
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     layouts = what_if_layouts(spec, spec_path, n, layout or [], devices is not None)
@@ -276,7 +301,7 @@ def layouts(
     from scaleplan.report.provenance import provenance
 
     emit_mod.check_emit(emit, files={"--emit-spec": emit_spec, "--html": html})
-    spec = specs.load_spec(spec_path)
+    spec = _load_spec(spec_path)
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     modes = specs.parse_ckpt_modes(ckpt)

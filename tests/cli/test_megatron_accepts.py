@@ -17,8 +17,8 @@ import yaml
 
 from scaleplan.specs import parse_spec
 
-from .conftest import SMALL_SEARCH
 from . import mlm
+from .conftest import SMALL_SEARCH
 
 pytest.importorskip("megatron.core.transformer.transformer_config")
 
