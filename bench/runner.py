@@ -29,7 +29,10 @@ from scaleplan.bench.suites import get_suite
 from scaleplan.db.session import ensure_schema, resolve_url
 from scaleplan.errors import ScaleplanError
 
-REQUIRED = {"gemm": "t_s", "collectives": "t_s", "dispatch": "wall_per_kernel_s"}
+# the value column without which an OK row is no measurement (sanitize); fwd_s for the suites not named.
+# allocator rows have no time: their measurement is the peak allocated bytes (without this entry every
+# allocator row on a GPU was stored ERROR, and validate fell back to the default overhead)
+REQUIRED = {"gemm": "t_s", "collectives": "t_s", "dispatch": "wall_per_kernel_s", "allocator": "max_allocated_bytes"}
 Event = Callable[[str, dict[str, Any]], None]
 
 # GPU name fragment -> profile, for a single GPU and for a full node of that GPU

@@ -56,3 +56,34 @@ def test_gpu_point_measures_reserved_above_allocated():
          "dtype": "bf16"}
     row = allocator.measure(p, ctx)
     assert row["max_reserved_bytes"] >= row["max_allocated_bytes"] > 0 and row["allocator_fraction"] >= 0
+
+
+def test_a_measured_allocator_row_is_stored_ok():
+    """measure_point keeps an allocator row OK: its measurement is bytes, not fwd_s (every allocator row
+    of the first H200 run was stored ERROR for want of a fwd_s, and validate then used the default 10%)."""
+    row = {"step_s": 0.02, "n_rep": 3, "max_allocated_bytes": 3_225_664_000, "max_reserved_bytes": 3_525_312_512,
+           "allocator_fraction": 3_525_312_512 / 3_225_664_000 - 1, "context_bytes": 879_558_656,
+           "predicted_allocated_bytes": 2.71e9, "note": None}
+
+    class FakeSuite:
+        NAME = allocator.NAME
+
+        @staticmethod
+        def measure(p, ctx):
+            return dict(row)
+
+    ctx = runner.make_context(torch.device("cpu"), "cpu-local", runner.TimingCfg(), 0.5)
+    p = {"layers": 4, "hidden": 1024, "experts": 16, "k": 4, "seq_len": 2048, "micro_bs": 1, "ckpt": "none",
+         "dtype": "bf16"}
+    out = runner.measure_point(FakeSuite, p, ctx)
+    assert out["status"] == "OK" and out["max_allocated_bytes"] == row["max_allocated_bytes"]
+    assert allocator.overhead_from_rows([out]) == (pytest.approx(row["allocator_fraction"]), 879_558_656)
+
+
+def test_every_suite_requires_a_column_of_its_table():
+    """The value column sanitize requires of an OK row exists in every suite's table."""
+    from scaleplan.bench.suites import SUITE_NAMES, get_suite
+
+    for name in SUITE_NAMES:
+        cols = {c.key for c in get_suite(name).TABLE.__table__.columns}
+        assert runner.REQUIRED.get(name, "fwd_s") in cols, name
