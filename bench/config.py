@@ -39,6 +39,9 @@ class TimingCfg(BaseModel):
     min_reps: int = Field(3, ge=1)
     max_time_s: float = Field(5.0, gt=0)
     flush_l2: bool = True
+    # the most seconds one point may take on a CPU (warm-up + min_reps calls, from a probe or the
+    # first call); a point above it is skipped with a one-line reason and not stored
+    cpu_point_budget_s: float = Field(20.0, gt=0)
 
 
 class SuiteConfig(BaseModel):

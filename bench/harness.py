@@ -43,12 +43,19 @@ class SkipAlign(Exception):
     """The shape violates the kernel's alignment rule (stored as SKIP_ALIGN)."""
 
 
+class OverBudget(Exception):
+    """The point would take longer than the CPU point budget (not stored: a later run with a larger
+    budget, or on a faster machine, measures it); the message is the one-line reason."""
+
+
 @dataclass
 class Timing:
     """How to time one point: warm-up calls, timed repetitions, and a per-point time budget.
 
     ``max_time_s`` caps the timed phase: when a warm-up call shows that ``reps`` repetitions would
-    exceed it, fewer are run (never fewer than ``min_reps``).
+    exceed it, fewer are run (never fewer than ``min_reps``). ``cpu_point_budget_s`` bounds a whole
+    point on a CPU (warm-up plus ``min_reps`` repetitions): a point estimated above it is skipped
+    (:func:`check_budget`), from a probe before it runs or from its first warm-up call.
     """
 
     warmup: int = 3
@@ -56,6 +63,7 @@ class Timing:
     min_reps: int = 3
     max_time_s: float = 5.0
     flush_l2: bool = True
+    cpu_point_budget_s: float = 20.0
 
 
 @dataclass
@@ -94,6 +102,44 @@ class Context:
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
+
+    @property
+    def budget_s(self) -> float | None:
+        """Seconds one point may take: the CPU point budget on a CPU, unbounded on a GPU."""
+        return None if self.is_cuda else self.timing.cpu_point_budget_s
+
+    @property
+    def calls(self) -> int:
+        """The fewest calls of a point's unit of work a measurement makes (warm-up + min_reps)."""
+        return max(1, self.timing.warmup) + self.timing.min_reps
+
+
+def check_budget(one_call_s: float, calls: int, ctx: Context, what: str = "measured") -> None:
+    """Raise OverBudget when ``calls`` calls of ``one_call_s`` seconds exceed the context's budget."""
+    budget = ctx.budget_s
+    if budget is not None and one_call_s * calls > budget:
+        raise OverBudget(f"~{one_call_s * calls:.3g} s ({calls} calls x {one_call_s:.3g} s {what}) "
+                         f"> the {budget:g} s CPU point budget")
+
+
+def probe_mm_s(m: int, n: int, k: int, dtype: str, ctx: Context, max_flop: float = 2e8) -> float:
+    """Seconds of one ``[m, k] @ [k, n]`` product in ``dtype`` on this device, from a cheap probe: the
+    product on at most ``max_flop`` FLOP worth of rows (every row when it fits), best of two after a
+    warm-up, scaled to m rows. Raises Unsupported for a dtype the device lacks."""
+    dt = torch_dtype(dtype, ctx)
+    if dtype == "fp8":
+        dt = torch.bfloat16  # the probe of an fp8 point: its bf16 twin bounds it
+    rows = int(max(1, min(m, max_flop // max(2.0 * n * k, 1.0))))
+    a, b = randn((rows, k), dt, ctx.device), randn((k, n), dt, ctx.device)
+    best = float("inf")
+    for i in range(3):
+        synchronize(ctx.device)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        synchronize(ctx.device)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best * m / rows
 
 
 def synchronize(device: torch.device) -> None:
@@ -147,15 +193,18 @@ def time_fwd_bwd(fwd: Callable[[], Any], leaves: list[Any], grad: Any, ctx: Cont
     return f, time_fn(lambda y: y.backward(grad), ctx, setup=setup)
 
 def _warmup(run, setup, ctx: Context) -> float:
-    """Run the warm-up calls; return the wall seconds of the last one (a budget estimate)."""
+    """Run the warm-up calls; return the wall seconds of the last one (a budget estimate). Raises
+    OverBudget after the first when the calls still to come would exceed the CPU point budget."""
     last = 0.0
-    for _ in range(max(1, ctx.timing.warmup)):
+    for i in range(max(1, ctx.timing.warmup)):
         state = setup()
         synchronize(ctx.device)
         t0 = time.perf_counter()
         run(state)
         synchronize(ctx.device)
         last = time.perf_counter() - t0
+        if i == 0:
+            check_budget(last, ctx.calls - 1, ctx, "the first call took")
     return last
 
 

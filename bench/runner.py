@@ -54,6 +54,7 @@ class SuiteResult:
     already_stored: int = 0
     by_status: dict[str, int] = field(default_factory=dict)
     not_measurable: int = 0
+    over_budget: int = 0
     wall_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,6 +127,9 @@ def measure_point(mod, point: dict[str, Any], ctx: h.Context) -> dict[str, Any]:
         vals = dict(mod.measure(dict(point), ctx))
         vals.setdefault("status", "OK")
     except KeyboardInterrupt:
+        raise
+    except h.OverBudget:  # not a property of the point but of this machine's budget: not stored
+        h.release_memory(ctx.device)
         raise
     except Exception as e:  # the sweep must go on: store what happened
         status, note = h.classify_error(e)
@@ -351,13 +355,39 @@ def _sweep(run_id: int, mod, scfg, ctx: h.Context, url: str, emit: Event) -> Sui
     )
     emit("suite_start", {"run_id": run_id, "suite": mod.NAME, "points": len(points), "todo": len(todo)})
     for p in todo:
-        row = measure_point(mod, p, ctx)
+        emit("point_start", {"run_id": run_id, "suite": mod.NAME, "point": p})
+        try:
+            _probe_budget(mod, p, ctx)
+            row = measure_point(mod, p, ctx)
+        except h.OverBudget as e:
+            res.over_budget += 1
+            emit("skip", {"run_id": run_id, "suite": mod.NAME, "point": p, "reason": str(e)})
+            continue
         row["run_id"] = run_id
         store.write_points(url, mod.TABLE, [row])
         res.measured += 1
         res.by_status[row["status"]] = res.by_status.get(row["status"], 0) + 1
         emit("point", {"run_id": run_id, "suite": mod.NAME, "row": row})
     return res
+
+
+def _probe_budget(mod, p: dict[str, Any], ctx: h.Context) -> None:
+    """Raise OverBudget when the suite's cheap probe (``probe_s``: seconds of one call of the point)
+    says the point would exceed the CPU point budget; a suite without a probe, or a probe that
+    fails (memory guard, unsupported dtype: the measurement then stores why), passes."""
+    probe = getattr(mod, "probe_s", None)
+    if ctx.budget_s is None or probe is None:
+        return
+    try:
+        one = probe(dict(p), ctx)
+    except KeyboardInterrupt:
+        raise
+    except Exception:
+        return
+    finally:
+        h.release_memory(ctx.device)
+    if one is not None:
+        h.check_budget(one, ctx.calls, ctx, "estimated by a probe")
 
 
 def run_under_torchrun(

@@ -35,6 +35,21 @@ def _ops_points(out, g: Geometry, ckpt: str, tokens: int) -> None:
         _add(out, "dispatch", {"mode": mode, **probe, "dtype": g.precision, "chain_len": 1})
 
 
+# the launch-bound GEMM chain of the dispatch gap t_gap (bench/suites/dispatch.py): m = 8 rows through
+# n = k = 2048 weights, 512 kernels, as the recorded GPU rows; narrower and in the model's own dtype
+# where the model is (a bf16 chain at 2048 on a CPU without bf16 units takes minutes per repetition)
+CHAIN_M, CHAIN_MAX_WIDTH, CHAIN_LEN = 8, 2048, 512
+CHAIN_DTYPES = ("fp32", "bf16", "fp16")  # dtypes a plain matmul chain runs in (fp8/fp4 need scaled GEMMs)
+
+
+def _chain_point(g: Geometry) -> dict:
+    """The dispatch-gap chain point of a model: width min(d, 2048), the model's precision (bf16 where a
+    plain matmul cannot run it)."""
+    width = int(min(g.d, CHAIN_MAX_WIDTH))
+    dtype = g.precision if g.precision in CHAIN_DTYPES else "bf16"
+    return {"mode": "gemm", "m": CHAIN_M, "n": width, "k": width, "dtype": dtype, "chain_len": CHAIN_LEN}
+
+
 def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_vocab: int | None,
                  serial_dispatch: bool = False, optimizer: str = "adamw") -> dict[str, list[dict]]:
     """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model;
@@ -86,7 +101,7 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
         if n_bias > 0 and group > 1:
             _add(out, "collectives", {"collective": "all_reduce", "group_size": int(group), "layout": "contiguous",
                                       "inter_node": bool(inter), "size_bytes": int(size), "dtype": "bf16"})
-        _add(out, "dispatch", {"mode": "gemm", "m": 8, "n": 2048, "k": 2048, "dtype": "bf16", "chain_len": 512})
+        _add(out, "dispatch", _chain_point(g))
         if serial_dispatch:
             _ops_points(out, g, CKPT_NAMES[int(pl.ckpt[i])], T)
     del table_vocab

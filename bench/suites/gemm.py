@@ -49,6 +49,13 @@ def _peak(ctx: h.Context, dtype: str) -> float | None:
         return None
 
 
+def probe_s(p: dict, ctx: h.Context) -> float:
+    """Seconds of one call of the point, from a cheap probe (:func:`harness.probe_mm_s`). Raises SkipMem
+    first, as :func:`measure` does, so a point too big for memory is stored as such, not skipped."""
+    h.check_memory(ctx, _operand_bytes(p))
+    return h.probe_mm_s(p["m"], p["n"], p["k"], p["dtype"], ctx)
+
+
 def measure(p: dict, ctx: h.Context) -> dict:
     dt = h.torch_dtype(p["dtype"], ctx)
     mm, n, k = p["m"], p["n"], p["k"]

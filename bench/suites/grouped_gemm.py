@@ -142,6 +142,13 @@ def _forward_fn(impl: str, x: torch.Tensor, n_g: int, fin: int, fout: int, rows:
     raise h.Unsupported(f"grouped gemm implementation {impl!r}")
 
 
+def probe_s(p: dict, ctx: h.Context) -> float:
+    """Seconds of one forward and one timed backward (with its untimed forward): about 4 forwards,
+    each the FLOPs of one GEMM over all the point's rows (a probe, :func:`harness.probe_mm_s`)."""
+    fin, fout = features(p["proj"], p["hidden"], p["ffn"])
+    return 4.0 * h.probe_mm_s(p["num_gemms"] * p["tokens_per_expert"], fout, fin, p["dtype"], ctx)
+
+
 def measure(p: dict, ctx: h.Context) -> dict:
     dt = h.torch_dtype(p["dtype"], ctx)
     if p["dtype"] == "fp8":

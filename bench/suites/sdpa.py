@@ -144,6 +144,13 @@ def _te_attention(p: dict, dt: torch.dtype, ctx: h.Context):
     return (lambda: attn(q, k, v)), [q, k, v], f"method=te (num_gqa_groups={hk})"
 
 
+def probe_s(p: dict, ctx: h.Context) -> float:
+    """Seconds of one forward and one timed backward (about 4 forwards); a forward is two S x S x
+    head_dim products per query head and sequence (scores, then values), probed as one GEMM."""
+    heads = p["micro_bs"] * p["n_q_heads"]
+    return 4.0 * 2 * heads * h.probe_mm_s(p["seq_len"], p["seq_len"], p["head_dim"], p["dtype"], ctx)
+
+
 def measure(p: dict, ctx: h.Context) -> dict:
     dt = h.torch_dtype(p["dtype"], ctx)
     if p["dtype"] in ("fp8", "tf32"):

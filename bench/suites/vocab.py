@@ -45,6 +45,14 @@ def expand(cfg: Config, ctx: h.Context) -> list[dict]:
     return out
 
 
+def probe_s(p: dict, ctx: h.Context) -> float | None:
+    """Seconds of one forward and one timed backward of the LM head GEMM (about 4 forwards) from a probe;
+    None for the cross-entropy (elementwise over tokens x vocab: no GEMM to probe)."""
+    if p["op"] != "lm_head_gemm":
+        return None
+    return 4.0 * h.probe_mm_s(p["tokens"], p["vocab"], p["hidden"], p["dtype"], ctx)
+
+
 def measure(p: dict, ctx: h.Context) -> dict:
     t, d, v, dev = p["tokens"], p["hidden"], p["vocab"], ctx.device
     note = None

@@ -61,6 +61,12 @@ def _exit_codes():
         sys.exit(130)
 
 
+def point_label(point: dict, width: int = 60) -> str:
+    """A point's key as one short line (``m=8 n=256 k=256 dtype=fp32``), cut at ``width`` characters."""
+    text = " ".join(f"{k}={v}" for k, v in point.items())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 class SweepProgress:
     """The on_event callback of a sweep: a rich bar with ETA per suite on stderr (points measured of
     points to measure; collectives ranks report theirs through ``suite_progress``), and one line
@@ -93,6 +99,13 @@ class SweepProgress:
             self.tasks[rid] = self.bar.add_task(f"run {rid} {info['suite']}", total=total)
             if total is not None:
                 self._say(f"run {rid} {info['suite']}: {total} of {info['points']} points to measure")
+        elif kind == "point_start" and rid in self.tasks:  # the bar names the point being measured
+            what = f"run {rid} {info['suite']} {point_label(info['point'])}"
+            self.bar.update(self.tasks[rid], description=what)
+        elif kind == "skip":
+            if rid in self.tasks:
+                self.bar.advance(self.tasks[rid])
+            self._say(f"  skipped {info['suite']} {point_label(info['point'])}: {info['reason']}")
         elif kind == "point":
             if rid in self.tasks:
                 self.bar.advance(self.tasks[rid])
@@ -102,8 +115,9 @@ class SweepProgress:
         elif kind == "suite_progress" and rid in self.tasks:
             self.bar.update(self.tasks[rid], completed=info["done"], total=info["total"])
         elif kind == "suite_done" and rid in self.tasks:  # a launched suite may have reported nothing
-            total = info.get("measured") or 0
-            self.bar.update(self.tasks[rid], completed=total, total=total)
+            total = (info.get("measured") or 0) + (info.get("over_budget") or 0)
+            self.bar.update(self.tasks[rid], completed=total, total=total,
+                            description=f"run {rid} {info['suite']}")
         elif kind == "hint":
             ids = ",".join(map(str, info["same_config"]))
             self._say(f"  note: run(s) {ids} swept the same {info['suite']} config and did not complete; "
@@ -128,7 +142,8 @@ def _print_results(results: list, wall_s: float, as_json: bool) -> None:
             str(r["points"]),
             str(r["measured"]),
             str(r["already_stored"]),
-            " ".join(f"{k}={v}" for k, v in sorted(r["by_status"].items())),
+            " ".join([f"{k}={v}" for k, v in sorted(r["by_status"].items())]
+                     + ([f"over_budget={r['over_budget']}"] if r.get("over_budget") else [])),
             f"{r['wall_s']:.1f}",
         )
     stdout.print(t)
@@ -319,7 +334,8 @@ def runs(
             r["profile"],
             r["status"] if r["source"] == "measured" else "imported",
             str(r["points"]),
-            " ".join(f"{k}={v}" for k, v in sorted(r["by_status"].items())),
+            " ".join([f"{k}={v}" for k, v in sorted(r["by_status"].items())]
+                     + ([f"over_budget={r['over_budget']}"] if r.get("over_budget") else [])),
             (r["gpu_name"] or r["device"] or "") + (" (as profile)" if r.get("as_profile") else ""),
             (r["started_at"] or "")[:16].replace("T", " "),
         )
