@@ -74,15 +74,24 @@ def _check_mode(mode: str | None) -> None:
 
 
 @app.command("add")
-def add(runs: Path = typer.Argument(..., help="CSV (or JSON) of observed runs; columns as mfu_sweeps.csv."),
+def add(runs: Path = typer.Argument(None, help="CSV (or JSON) of observed runs; columns as mfu_sweeps.csv."),
         specs: Path = typer.Option(None, "--specs", help="YAML mapping model name -> spec, for a 'model' column."),
         profile: str = typer.Option(None, "--profile", help="Store under this profile (default: each spec's node_type)."),
         mfu_flops: str = typer.Option(None, "--mfu-flops", help="The FLOP count the file's MFU column was logged in: "
                                       "6n (6 x every active parameter x tokens, the validation sweeps'), eq-mfu "
                                       "(6 N_act, non-embedding) or megatron (Megatron-LM's TFLOP/s formula). "
                                       "An MFU without it is refused unless the row has its step time."),
+        megatron_log: list[Path] = typer.Option(None, "--megatron-log", help="Megatron-LM training logs instead of "
+                                                "a runs file (repeatable): spec, layout and step time read from each "
+                                                "(docs/megatron.md)."),
+        warmup: int = typer.Option(10, "--warmup", help="--megatron-log: iterations left out as warm-up."),
+        sweep: str = typer.Option(None, "--sweep", help="--megatron-log: sweep name (default: each file's name)."),
         db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     """Store observed training runs (idempotent: rows already stored are skipped; a bad row stores nothing).
+
+    With --megatron-log, each Megatron-LM log gives one run: its argument dump the spec and layout (on
+    --profile's node type), its iteration lines the step time (median after --warmup iterations, intervals with
+    skipped or NaN iterations left out), its memory reports the peak; all files are read before any is stored.
 
     The measured step time is stored and compared: measured_t_iter_s / real_step_s_est directly,
     else an MFU (measured_mfu fraction, mfu_pct / real_mfu_pct_est percent) in the count --mfu-flops
@@ -93,6 +102,11 @@ def add(runs: Path = typer.Argument(..., help="CSV (or JSON) of observed runs; c
     from scaleplan.calibrate.flops import COUNTS
     from scaleplan.calibrate.observations import add_runs
 
+    if (runs is None) == (not megatron_log):
+        raise SpecError("RUNS", runs, "either a runs file or --megatron-log FILE (one of the two)")
+    if megatron_log:
+        _add_megatron(megatron_log, profile, warmup, sweep, db, json_out)
+        return
     if mfu_flops is not None and mfu_flops not in COUNTS:
         raise SpecError("--mfu-flops", mfu_flops, f"one of {', '.join(COUNTS)}")
     out = add_runs(db_url(db), runs, specs, profile, mfu_flops)
@@ -101,6 +115,30 @@ def add(runs: Path = typer.Argument(..., help="CSV (or JSON) of observed runs; c
     else:
         stdout.print(f"{out['file']}: {out['rows']} rows, {out['inserted']} new, {out['already_present']} "
                      f"already stored; sweeps " + ", ".join(f"{k} ({v})" for k, v in out["sweeps"].items()))
+
+
+def _add_megatron(paths: list[Path], profile: str | None, warmup: int, sweep: str | None, db: str,
+                  json_out: bool) -> None:
+    """calibrate add --megatron-log: read every log, then store them (calibrate/megatron_log.py)."""
+    from scaleplan.calibrate.megatron_log import add_megatron_logs
+    from scaleplan.profiles import profile_names
+
+    if profile is not None and profile not in profile_names():
+        raise SpecError("--profile", profile, f"one of {', '.join(profile_names())}")
+    if warmup < 0:
+        raise SpecError("--warmup", warmup, "a non-negative iteration count")
+    out = add_megatron_logs(db_url(db), paths, profile or "p6-b200.48xlarge", warmup, sweep)
+    if want_json(json_out):
+        print_json(out)
+        return
+    for r in out["runs"]:
+        lo = r["layout"]
+        stdout.print(f"{r['file']}: {r['n_devices']} GPUs tp={lo['tp']} cp={lo['cp']} pp={lo['pp']} dp={lo['dp']} "
+                     f"ep={lo['ep']} vpp={lo['vpp']} mbs={lo['mbs']} {lo['ckpt']}: step {r['step_s']:.3f} s "
+                     f"(median of iterations {r['iterations'][0]}-{r['iterations'][1]}, range "
+                     f"{r['step_spread_s'][0]:.3f}-{r['step_spread_s'][1]:.3f}), sweep {r['sweep']}", highlight=False)
+    stdout.print(f"{out['rows']} runs, {out['inserted']} new, {out['already_present']} already stored",
+                 highlight=False)
 
 
 def _print_chi(out: dict) -> None:

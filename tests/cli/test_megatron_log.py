@@ -1,0 +1,204 @@
+"""Issue 29: `scaleplan calibrate add --megatron-log FILE...` reads a Megatron-LM training log as Megatron-LM prints it.
+
+Fixtures: tests/data/megatron/5p4b_tp4_pp2_ep8.log (its header says where each part comes from: the argument block is
+Megatron-LM core_v0.19.0's own _print_args output) and logs written here with Megatron-LM's format strings:
+``_print_args`` (megatron/training/arguments.py: ``'  {} {} {}'.format(arg, '.' * (48 - len(arg)), value)``, sorted
+case-insensitively, between ``---- arguments ----`` and ``---- end of arguments ----`` lines), ``training_log``
+(megatron/training/training.py: ``' iteration {:8d}/{:8d} |'``, ``' elapsed time per iteration (ms): {:.1f} |'``,
+``' number of skipped iterations: {:3d} |'``, ...) and ``report_memory`` (megatron/training/utils).
+"""
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from . import mlm
+from .conftest import SMALL_SEARCH
+
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "megatron" / "5p4b_tp4_pp2_ep8.log"
+
+
+def _dump(ns: dict) -> str:
+    """_print_args' block of a namespace."""
+    rows = ["  {} {} {}".format(k, "." * (48 - len(k)), v) for k, v in ns.items()]
+    return ("------------------------ arguments ------------------------\n"
+            + "\n".join(sorted(rows, key=lambda x: x.lower()))
+            + "\n-------------------- end of arguments ---------------------\n")
+
+
+def _iterations(times_s: list[float], gbs: int, skipped: dict[int, int] | None = None) -> str:
+    out = []
+    for it, t in enumerate(times_s, 1):
+        s = " iteration {:8d}/{:8d} |".format(it, len(times_s))
+        s += " consumed samples: {:12d} |".format(it * gbs)
+        s += " elapsed time per iteration (ms): {:.1f} |".format(t * 1000.0)
+        s += f" learning rate: {1e-4:.6E} |"
+        s += f" global batch size: {gbs:5d} |"
+        s += " lm loss: {:.6E} |".format(10.0)
+        s += f" loss scale: {1.0:.1f} |"
+        s += " number of skipped iterations: {:3d} |".format((skipped or {}).get(it, 0))
+        s += " number of nan iterations: {:3d} |".format(0)
+        out.append(s)
+    return "\n".join(out) + "\n"
+
+
+def _log_of(emitted: str, world: int, times_s: list[float]) -> str:
+    """A log of the run `--emit megatron` describes: argparse's namespace under the flag table, the values
+    validate_args derives that the dump shows (world_size, data_parallel_size, virtual pipeline size)."""
+    ns, _ = mlm.parse(mlm.argv(emitted))
+    mlm.validate(ns, world)
+    ns.setdefault("virtual_pipeline_model_parallel_size", None)
+    ns.update(world_size=world, rank=0, data_parallel_size=world // (
+        ns["tensor_model_parallel_size"] * ns["pipeline_model_parallel_size"] * ns["context_parallel_size"]))
+    return "startup text Megatron-LM prints before the arguments\n" + _dump(ns) + _iterations(times_s,
+                                                                                                ns["global_batch_size"])
+
+
+def _stored(db: str) -> list[dict]:
+    from sqlalchemy import select
+
+    from scaleplan.db import models as m
+    from scaleplan.db import session as dbs
+
+    dbs.ensure_schema(db)
+    with dbs.session_scope(db) as s:
+        return [{c: getattr(r, c) for c in ("source", "sweep", "spec", "n_devices", "tp", "cp", "pp", "dp", "ep",
+                                            "etp", "vpp", "mbs", "ckpt", "measured_t_iter_s",
+                                            "measured_peak_mem_gb", "extra")}
+                for r in s.scalars(select(m.ObservedRun))]
+
+
+def _fixture_numbers() -> tuple[list[tuple[int, float, int]], float]:
+    """(iteration, step s, skipped) of the fixture's iteration lines and its largest 'max reserved' (MiB), read
+    with plain string splits."""
+    rows, mem = [], 0.0
+    for ln in FIXTURE.read_text().splitlines():
+        if " iteration " in ln and "elapsed time per iteration (ms):" in ln:
+            it = int(ln.split(" iteration ")[1].split("/")[0])
+            ms = float(ln.split("elapsed time per iteration (ms):")[1].split("|")[0])
+            sk = int(ln.split("number of skipped iterations:")[1].split("|")[0])
+            rows.append((it, ms / 1000, sk))
+        if "max reserved:" in ln:
+            mem = max(mem, float(ln.split("max reserved:")[1].split("|")[0]))
+    return rows, mem
+
+
+def test_fixture_log_is_one_observed_run(run, sqlite_url, validation_dir):
+    code, out, err = run("calibrate", "add", "--megatron-log", FIXTURE, "--db", sqlite_url, "--json")
+    assert code == 0, err
+    [r] = _stored(sqlite_url)
+    rows, mem_mib = _fixture_numbers()
+    kept = [t for it, t, sk in rows if it > 10 and not sk]
+    assert len(kept) == 19  # iterations 11-30 but the skipped 17
+    assert r["measured_t_iter_s"] == pytest.approx(statistics.median(kept), rel=1e-12)
+    assert r["measured_peak_mem_gb"] == pytest.approx(mem_mib * 2**20 / 1e9, rel=1e-9)
+    assert (r["n_devices"], r["tp"], r["cp"], r["pp"], r["dp"], r["ep"], r["vpp"], r["mbs"], r["ckpt"]) == \
+        (64, 4, 1, 2, 8, 8, 1, 1, "selective")
+    # the spec is the 5.4B validation model the arguments were emitted for
+    want = yaml.safe_load((validation_dir / "models.yaml").read_text())["moe-5p4b"]["model"]
+    got = r["spec"]["model"]
+    assert {k: got[k] for k in want if k != "moe"} == {k: v for k, v in want.items() if k != "moe"}
+    assert {k: got["moe"][k] for k in want["moe"]} == want["moe"]
+    assert got["moe"]["first_dense_layers"] == 1 and r["spec"]["optimizer"]["optimizer_type"] == "muon"
+    prov = r["extra"]["megatron_log"]
+    import hashlib
+
+    assert prov["sha256"] == hashlib.sha256(FIXTURE.read_bytes()).hexdigest() and prov["file"] == FIXTURE.name
+    assert prov["iterations"] == [11, 30] and prov["step_s_min"] == min(kept) and prov["step_s_max"] == max(kept)
+    assert r["source"] == f"megatron-log:{FIXTURE.name}"
+    doc = json.loads(out)
+    assert doc["inserted"] == 1 and doc["runs"][0]["tflops_per_gpu"] > 0
+
+
+def test_round_trip_search_emit_log_calibrate(recorded_db, run, tmp_path):
+    """search --emit megatron -> a log of that run -> calibrate add --megatron-log -> the same spec and layout."""
+    spec_path = tmp_path / "opt.yaml"
+    code, emitted, err = run(*SMALL_SEARCH, "--db", recorded_db, "--emit", "megatron", "--emit-spec", spec_path)
+    assert code == 0, err
+    log = tmp_path / "run.log"
+    log.write_text(_log_of(emitted, 32, [9.0, 7.0] + [5.0 + 0.01 * i for i in range(20)]))
+    db = f"sqlite:///{tmp_path / 'obs.db'}"
+    code, _, err = run("calibrate", "add", "--megatron-log", log, "--db", db)
+    assert code == 0, err
+    [r] = _stored(db)
+    from scaleplan.specs import load_spec, parse_spec
+
+    planned, got = load_spec(spec_path), parse_spec(r["spec"])
+    assert got.model == planned.model
+    assert got.default_layout() == planned.default_layout() and got.data == planned.data
+    assert r["measured_t_iter_s"] == pytest.approx(statistics.median([5.0 + 0.01 * i for i in range(8, 20)]))
+
+
+def _truncations() -> dict[str, str]:
+    text = FIXTURE.read_text()
+    cut = text.index("  num_layers ")
+    first_iter = text.index(" [2026-08-20")  # the first iteration line
+    return {"cut inside the argument dump": text[:cut],
+            "no argument dump": text[first_iter:],
+            "no iteration after warm-up": text[:text.index(" iteration        9/")],
+            "garbled iteration line": text.replace("elapsed time per iteration (ms): ", "elapsed time per iteration "
+                                                   "(ms): x", 1)}
+
+
+@pytest.mark.parametrize("what", list(_truncations()))
+def test_bad_log_is_one_line_and_stores_nothing(run, sqlite_url, tmp_path, what):
+    bad = tmp_path / "bad.log"
+    bad.write_text(_truncations()[what])
+    # the good fixture first on the command line: nothing of it is stored either
+    code, out, err = run("calibrate", "add", "--megatron-log", FIXTURE, "--megatron-log", bad, "--db", sqlite_url)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: bad.log")
+    assert _stored(sqlite_url) == []
+
+
+def test_runs_file_or_log_not_both(run, sqlite_url):
+    code, _, err = run("calibrate", "add", "--db", sqlite_url)
+    assert code == 2 and "--megatron-log" in err
+
+
+def test_moe_layer_pattern_back_to_spec_fields():
+    from scaleplan.megatron.args import moe_layer_pattern
+    from scaleplan.megatron.log import _pattern_shape
+
+    for L, first, freq in ((16, 1, 1), (24, 3, 2), (10, 0, 3), (7, 6, 1)):
+        assert _pattern_shape(moe_layer_pattern(L, first, freq), "x") == (first, freq)
+    with pytest.raises(Exception, match="moe_layer_freq"):
+        _pattern_shape([0, 1, 0, 1, 1, 1], "x")
+
+
+def test_log_line_regexes_take_megatron_formats():
+    """The per-iteration line as Megatron-LM formats it (with and without its timestamp) parses field by field."""
+    from scaleplan.megatron.log import parse_iterations
+
+    line = _iterations([1.2345], 256, {1: 1}).strip()
+    [iv] = parse_iterations([line, " [2026-08-20 12:00:00.000000]" + line], "x")[:1]
+    assert iv.iteration == 1 and iv.step_s == pytest.approx(1.2345, abs=1e-4) and iv.bad
+    assert re.search(r"iteration\s+1/\s+1 \|", line)
+
+
+def test_calibrate_fit_uses_the_logged_runs(recorded_db, run, tmp_path):
+    """The run read from the fixture log is what `calibrate fit --sweep` fits: one observation, and its step-time
+    error before the fit is the estimator's own for the stored spec and layout."""
+    import shutil
+
+    db_file = tmp_path / "rec.db"
+    shutil.copy(recorded_db.removeprefix("sqlite:///"), db_file)
+    db = f"sqlite:///{db_file}"
+    code, _, err = run("calibrate", "add", "--megatron-log", FIXTURE, "--db", db)
+    assert code == 0, err
+    [r] = _stored(db)
+    spec_path = tmp_path / "logged.yaml"
+    spec_path.write_text(yaml.safe_dump(r["spec"]))
+    code, out, err = run("estimate", spec_path, "--db", db, "--calibration", "none", "--json")
+    assert code == 0, err
+    t_est = json.loads(out)[0]["t_iter_s"]
+    code, out, err = run("calibrate", "fit", "--sweep", FIXTURE.stem, "--db", db, "--json")
+    assert code == 0, err
+    fit = json.loads(out)
+    assert fit["n_obs"] == 1
+    assert fit["step_time_mape"]["before"] == pytest.approx(abs(t_est - r["measured_t_iter_s"])
+                                                            / r["measured_t_iter_s"], rel=1e-6)
