@@ -34,15 +34,15 @@ def _dump(ns: dict) -> str:
 def _iterations(times_s: list[float], gbs: int, skipped: dict[int, int] | None = None) -> str:
     out = []
     for it, t in enumerate(times_s, 1):
-        s = " iteration {:8d}/{:8d} |".format(it, len(times_s))
-        s += " consumed samples: {:12d} |".format(it * gbs)
-        s += " elapsed time per iteration (ms): {:.1f} |".format(t * 1000.0)
+        s = f" iteration {it:8d}/{len(times_s):8d} |"
+        s += f" consumed samples: {it * gbs:12d} |"
+        s += f" elapsed time per iteration (ms): {t * 1000.0:.1f} |"
         s += f" learning rate: {1e-4:.6E} |"
         s += f" global batch size: {gbs:5d} |"
-        s += " lm loss: {:.6E} |".format(10.0)
+        s += f" lm loss: {10.0:.6E} |"
         s += f" loss scale: {1.0:.1f} |"
-        s += " number of skipped iterations: {:3d} |".format((skipped or {}).get(it, 0))
-        s += " number of nan iterations: {:3d} |".format(0)
+        s += f" number of skipped iterations: {(skipped or {}).get(it, 0):3d} |"
+        s += f" number of nan iterations: {0:3d} |"
         out.append(s)
     return "\n".join(out) + "\n"
 
@@ -150,7 +150,7 @@ def test_bad_log_is_one_line_and_stores_nothing(run, sqlite_url, tmp_path, what)
     bad = tmp_path / "bad.log"
     bad.write_text(_truncations()[what])
     # the good fixture first on the command line: nothing of it is stored either
-    code, out, err = run("calibrate", "add", "--megatron-log", FIXTURE, "--megatron-log", bad, "--db", sqlite_url)
+    code, _, err = run("calibrate", "add", "--megatron-log", FIXTURE, "--megatron-log", bad, "--db", sqlite_url)
     assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: bad.log")
     assert _stored(sqlite_url) == []
 
