@@ -75,6 +75,11 @@ def search(
     emit: str = EmitOpt,
     emit_spec: Path = EmitSpecOpt,
     html: Path = HtmlOpt,
+    extend_edges: bool = typer.Option(D.extend_edges, "--extend-edges/--no-extend-edges", help="When the optimum "
+                                      "sits on the smallest or largest searched q, E, K, G or mbs, add one more "
+                                      "value there and search again (once; the output says which)."),
+    wide: bool = typer.Option(False, "--wide", help="Every column of the candidate table (default: the columns that "
+                              "decide, fitting 80-120 columns)."),
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:
@@ -87,7 +92,7 @@ def search(
     elif emit == "megatron":
         typer.echo(report.out["megatron_args"])
     else:
-        _human(report)
+        _human(report, wide)
 
 
 def _request(p: dict):
@@ -107,7 +112,8 @@ def _request(p: dict):
 # options that go into the SearchRequest unchanged (same name, already a number, a path or None)
 _PASSED_AS_IS = ("goodput", "gbs", "seqlen", "s_min", "s_max", "tpp_min", "tpp_max", "vocab", "kv_heads", "top",
                  "samples", "seed", "by_sparsity", "prescription", "s_step", "compare_measured", "optimizer",
-                 "extrapolate", "law_name", "workers", "csv", "plot", "mem_fraction", "emit", "emit_spec", "html")
+                 "extrapolate", "law_name", "workers", "csv", "plot", "mem_fraction", "emit", "emit_spec", "html",
+                 "extend_edges")
 
 
 def _unc_cells(r) -> tuple[str, str]:
@@ -117,60 +123,129 @@ def _unc_cells(r) -> tuple[str, str]:
     return f"{r['p_optimal']:.0%}", f"[{r['loss_p05']:.4f}, {r['loss_p95']:.4f}]"
 
 
-def _wide():
-    """A console at least 150 columns wide, so the result table is never truncated when piped."""
+def _console(width: int):
+    """A console of at least ``width`` columns, so a table is never squeezed or cut when piped (rich's 80)."""
     from rich.console import Console
 
-    return Console(width=max(stdout.width, 190), soft_wrap=True)
+    return Console(width=max(stdout.width, width), soft_wrap=True)
 
 
-def _human(report) -> None:
-    """The report as text: header, candidate table, the --samples / --by-sparsity / --compare-measured views,
-    the sweep, the files written, then the launchable outputs."""
+def _wide():
+    return _console(190)
+
+
+def _human(report, wide: bool = False) -> None:
+    """The report as text: header, candidate table with each row's status, the recommendation, the edges, the
+    --samples / --by-sparsity / --compare-measured views, the sweep, the files written, the launchable outputs."""
+    from scaleplan.mosaic.edges import edge_lines
+    from scaleplan.mosaic.report import shown_rows
+
     out, env0, res0 = report.out, report.envelope, report.result
-    if out["analytic_components"]:
-        stderr.print(f"[yellow]analytic (no measured table) components:[/yellow] {', '.join(out['analytic_components'])}")
     stdout.print(f"{out['profile']}: {env0.nodes} nodes ({res0.n_devices} devices), {env0.days:g} days, "
                  f"C_peak = {res0.c_peak:.3g} FLOP; {out['n_candidates']} realizable geometries, "
                  f"{out['n_feasible']} feasible ({out['n_no_plan']} without a feasible plan, "
                  f"{out['n_below_tpp_min']} below the TPP floor); {out['elapsed_s']:.1f} s; law: {out['law']}")
     if out["best"] is None:
         stdout.print("[red]no feasible configuration[/red] in this envelope")
-    _wide().print(_top_table(out["top"]))
-    _print_views(out)
+    rows = shown_rows(out)
+    floor = out["envelope"]["tpp_min"] if "envelope" in out else env0.tpp_min
+    if wide:
+        _console(250).print(_wide_table(rows))
+    else:
+        _console(120).print(_narrow_table(rows, floor))
+    rec = out.get("recommendation")
+    if rec:
+        stdout.print(f"[bold]recommendation:[/bold] {rec['statement']}", highlight=False)
+    for line in edge_lines(out.get("edges") or {}):
+        stdout.print(f"[yellow]edge:[/yellow] {line}", highlight=False)
+    _print_views(out, wide)
     if "sweep" in out:
         _wide().print(_sweep_table(out))
     if report.request.csv:
         stderr.print(f"wrote the feasible frontier to {report.request.csv}")
     if report.request.plot:
         stderr.print(f"wrote {report.request.plot}")
+    _analytic_note(out, rec)
     _print_launch(out)
 
 
-def _top_table(top: list[dict]):
+def _analytic_note(out: dict, rec: dict | None) -> None:
+    """The shown plan's own analytic components (not every candidate's), and to run `scaleplan bench`."""
+    r = (rec or {}).get("recommended") or out.get("best")
+    if not r or not r.get("analytic_components"):
+        return
+    extra = set(r.get("extrapolated_collectives") or [])
+    own = [c for c in r["analytic_components"] if c not in extra]
+    parts = ([f"no measured table: {', '.join(own)}"] if own else []) + (
+        [f"collectives extrapolated to more ranks than measured: {', '.join(sorted(extra))}"] if extra else [])
+    stderr.print(f"[yellow]L{r['n_layers']} E{r['n_experts']} K{r['topk']} G{r['g']}'s plan, analytic parts[/yellow] "
+                 f"({100 * (r.get('analytic_share', 0) + r.get('extrapolated_share', 0)):.0f}% of its step time): "
+                 f"{'; '.join(parts)} - run `scaleplan bench` (or `scaleplan bench plan --search s.json --run`) "
+                 "to measure them", highlight=False)
+
+
+def _layout_cell(lay: dict) -> str:
+    """Degrees above 1 (tp, cp, pp, ep), the micro-batch, ckpt abbreviated (--wide has every field)."""
+    parts = [f"{k}{lay[k]}" for k in ("tp", "cp", "pp", "ep") if int(lay[k]) > 1] + [f"mb{lay['mbs']}"]
+    ck = {"none": "", "selective": "sel", "super-selective": "ssel", "full": "full"}.get(lay["ckpt"], lay["ckpt"])
+    return " ".join(parts + ([ck] if ck else []))
+
+
+def _narrow_table(rows: list[tuple[dict, str]], floor: float):
+    """The columns that decide: model, TPP and how often it clears the floor, MFU with its 90% band, loss with
+    its 90% band, P(optimal), layout, status. About 110 columns."""
+    from rich import box
     from rich.table import Table
 
-    cols = ("L", "E", "K", "G", "N_act (B)", "N_tot (B)", "S", "TPP", "D (T)", "MFU (%)", "Loss", "pp", "ep",
-            "mb", "cp", "tp", "ckpt", "composed", "extrap", "P(opt)", "loss 90%")
-    t = Table(title="optimum and top candidates (MFU: non-embedding N_act, eq:mfu)")
-    for c in cols:
-        t.add_column(c, justify="right")
-    for i, r in enumerate(top):
-        lay = r["layout"]
-        t.add_row(str(r["n_layers"]), str(r["n_experts"]), str(r["topk"]), str(r["g"]), f"{r['n_act'] / 1e9:.1f}",
-                  f"{r['n_tot'] / 1e9:.1f}", f"{r['s']:.3f}", f"{r['tpp']:.0f}", f"{r['d_tokens'] / 1e12:.2f}",
-                  f"{100 * r['mfu']:.2f}", f"[bold]{r['loss']:.4f}[/bold]" if i == 0 else f"{r['loss']:.4f}",
-                  str(lay["pp"]), str(lay["ep"]), str(lay["mbs"]), str(lay["cp"]), str(lay["tp"]), lay["ckpt"],
-                  f"{r['composed_share']:.0%}", ",".join(r["extrapolated"]) or "-", *_unc_cells(r))
+    t = Table(title=f"candidates (P(TPP): share of draws with TPP >= the floor {floor:g}; MFU: non-embedding N_act; "
+                    "--wide: every column)",
+              box=box.SIMPLE_HEAD, pad_edge=False)
+    for c in ("model", "TPP", "P(TPP)", "MFU % (90%)", "loss", "loss 90%", "P(opt)", "layout", "status"):
+        t.add_column(c, justify="left" if c in ("model", "layout", "status") else "right",
+                     no_wrap=c != "status")
+    for i, (r, status) in enumerate(rows):
+        has = r.get("p_optimal") is not None
+        mfu = f"{100 * r['mfu']:.1f}" + (f" ({100 * r['mfu_p05']:.0f}-{100 * r['mfu_p95']:.0f})" if has else "")
+        loss = f"{r['loss']:.4f}"
+        t.add_row(f"L{r['n_layers']} E{r['n_experts']} K{r['topk']} G{r['g']}",
+                  f"{r['tpp']:.0f}",
+                  f"{r['p_feasible']:.0%}" if has else "-", mfu,
+                  f"[bold]{loss}[/bold]" if "recommended" in status else loss,
+                  f"{r['loss_p05']:.3f}-{r['loss_p95']:.3f}" if has else "-",
+                  f"{r['p_optimal']:.0%}" if has else "-", _layout_cell(r["layout"]), status)
     return t
 
 
-def _print_views(out: dict) -> None:
+def _wide_table(rows: list[tuple[dict, str]]):
+    from rich.table import Table
+
+    cols = ("L", "E", "K", "G", "N_act (B)", "N_tot (B)", "S", "TPP", "P(TPP ok)", "D (T)", "MFU (%)", "MFU 90%",
+            "Loss", "pp", "ep", "mb", "cp", "tp", "ckpt", "composed", "analytic", "extrap", "P(opt)", "loss 90%",
+            "status")
+    t = Table(title="candidates, every column (MFU: non-embedding N_act, eq:mfu)")
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r, status in rows:
+        lay = r["layout"]
+        has = r.get("p_optimal") is not None
+        t.add_row(str(r["n_layers"]), str(r["n_experts"]), str(r["topk"]), str(r["g"]), f"{r['n_act'] / 1e9:.1f}",
+                  f"{r['n_tot'] / 1e9:.1f}", f"{r['s']:.3f}", f"{r['tpp']:.0f}",
+                  f"{r['p_feasible']:.0%}" if has else "-", f"{r['d_tokens'] / 1e12:.2f}", f"{100 * r['mfu']:.2f}",
+                  f"{100 * r['mfu_p05']:.1f}-{100 * r['mfu_p95']:.1f}" if has else "-",
+                  f"[bold]{r['loss']:.4f}[/bold]" if "recommended" in status else f"{r['loss']:.4f}",
+                  str(lay["pp"]), str(lay["ep"]), str(lay["mbs"]), str(lay["cp"]), str(lay["tp"]), lay["ckpt"],
+                  f"{r['composed_share']:.0%}",
+                  f"{r.get('analytic_share', 0) + r.get('extrapolated_share', 0):.0%}",
+                  ",".join(r["extrapolated"]) or "-", *_unc_cells(r), status)
+    return t
+
+
+def _print_views(out: dict, wide: bool = False) -> None:
     """The --samples, --by-sparsity and --compare-measured sections, when present."""
     from scaleplan.mosaic import report as views
 
     if "samples" in out:
-        views.print_uncertainty(out, _wide())
+        views.print_uncertainty(out, _wide(), wide)
     if "by_sparsity" in out:
         views.print_by_sparsity(out, _wide())
     if "measured_only" in out:

@@ -46,6 +46,46 @@ def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError
     return out
 
 
+def _key(r: dict) -> tuple:
+    return (r["q"], r["n_experts"], r["topk"], r["g"])
+
+
+def shown_rows(out: dict) -> list[tuple[dict, str]]:
+    """The candidates a search shows, each with its status: the top by point loss, then every candidate the
+    summary names that is not among them (the recommendation, its ties, the near-ties, those infeasible in most
+    draws, the most frequent optimum), so every name in the summary is a row of the table.
+    Status: recommended, point optimum, tie, near-tie, mostly infeasible (under the TPP floor at the point
+    estimates or in most draws), most frequent (the draws' most frequent optimum); comma-joined, "" for others."""
+    rec = out.get("recommendation") or {}
+    tags: dict[tuple, list[str]] = {}
+    named: list[dict] = []
+
+    def tag(r, label):
+        if r is None:
+            return
+        tags.setdefault(_key(r), []).append(label)
+        named.append(r)
+
+    tag(rec.get("recommended"), "recommended")
+    if out.get("best") and rec.get("recommended") and _key(out["best"]) != _key(rec["recommended"]):
+        tag(out["best"], "point optimum")
+    for r in rec.get("ties") or []:
+        tag(r, "tie")
+    ties = {_key(r) for r in rec.get("ties") or []}
+    for r in out.get("near_ties") or []:
+        if _key(r) not in ties and "recommended" not in tags.get(_key(r), []):
+            tag(r, "near-tie")
+    for r in out.get("infeasible_in_most_draws") or []:
+        tag(r, "mostly infeasible")
+    tag(out.get("most_frequent_optimum"), "most frequent")
+    rows, seen = [], set()
+    for r in [*(out.get("top") or []), *named]:
+        if _key(r) not in seen:
+            seen.add(_key(r))
+            rows.append((r, ", ".join(dict.fromkeys(tags.get(_key(r), [])))))
+    return rows
+
+
 def sweep_fields(unc: dict, best: dict | None) -> dict:
     """The sweep row's share of the uncertainty: P(G*) per G, P(G* = the point optimum's G), S* band."""
     v = unc["verdicts"]
@@ -53,8 +93,9 @@ def sweep_fields(unc: dict, best: dict | None) -> dict:
     return {"p_g": p_g, "p_g_star": p_g.get(str(best["g"]), 0.0) if best else None, "s_band90": v.get("s_band90")}
 
 
-def print_uncertainty(out: dict, console) -> None:
-    """Near-ties and verdicts as text (after the candidate table)."""
+def print_uncertainty(out: dict, console, wide: bool = False) -> None:
+    """Verdicts as text (after the candidate table, whose status column marks the near-ties); with ``wide`` the
+    near-ties' own table too."""
     from rich.table import Table
 
     v = out["verdicts"]
@@ -63,15 +104,13 @@ def print_uncertainty(out: dict, console) -> None:
                   f"log-normal sigma {mfu['sigma']:.3f} from {mfu['source']}):")
     for s in v["statements"]:
         console.print(f"  {s}")
-    rec = out.get("recommendation")
-    if rec:
-        console.print(f"[bold]recommendation:[/bold] {rec['statement']}", highlight=False)
-    t = Table(title="near-ties (P(optimal) >= 5%, feasible at the point estimates and in most draws)")
-    for c in ("L", "E", "K", "G", "TPP", "P(TPP ok)", "MFU 90%", "loss", "loss 90%", "P(opt)", "regret"):
-        t.add_column(c, justify="right")
-    for r in out["near_ties"]:
-        t.add_row(*_tie_cells(r))
-    console.print(t)
+    if wide:
+        t = Table(title="near-ties (P(optimal) >= 5%, feasible at the point estimates and in most draws)")
+        for c in ("L", "E", "K", "G", "TPP", "P(TPP ok)", "MFU 90%", "loss", "loss 90%", "P(opt)", "regret"):
+            t.add_column(c, justify="right")
+        for r in out["near_ties"]:
+            t.add_row(*_tie_cells(r))
+        console.print(t)
     shots = out.get("infeasible_in_most_draws") or []
     if shots:
         console.print("not ties, under the TPP floor at the point estimates or in most draws (their P(optimal) comes "

@@ -66,6 +66,7 @@ class SearchRequest:
     emit_spec: Path | None = None
     html: Path | None = None
     progress: bool = True
+    extend_edges: bool = True
 
 
 @dataclass
@@ -149,10 +150,14 @@ def run_search(r: SearchRequest) -> SearchReport:
                         "(K <= E, d_ff divisible by G, S >= --s-min)")
     envs = [Envelope(nodes=n, days=d, goodput=r.goodput, gbs=r.gbs, seqlen=r.seqlen, optimizer=r.optimizer,
                      tpp_min=r.tpp_min, tpp_max=r.tpp_max) for n in r.nodes for d in r.days]
-    report = SearchReport(r, {}, [(e, m.run(e)) for e in envs])
+    from scaleplan.mosaic.edges import search_edges
+
+    m, results, edges = search_edges(m, [(e, m.run(e)) for e in envs], r.extend_edges, r.mem_fraction)
+    report = SearchReport(r, {}, results)
     report.out = _document(report, m, est, loaded)
+    report.out["edges"] = edges
     _write_files(report)
-    add_launch_outputs(report.out, report.result, grid, est, report.envelope, r.mem_fraction, r.emit,
+    add_launch_outputs(report.out, report.result, m.grid, est, report.envelope, r.mem_fraction, r.emit,
                        r.emit_spec, r.html)
     return report
 

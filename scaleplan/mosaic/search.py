@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -266,7 +266,9 @@ class Mosaic:
             self._plans[key] = self._run_plans(key[0], env)
         return self._plans[key]
 
-    def _run_plans(self, n_dev: int, env: Envelope) -> pd.DataFrame:
+    def _run_plans(self, n_dev: int, env: Envelope, geoms: pd.DataFrame | None = None,
+                   constraints=None) -> pd.DataFrame:
+        """plan_table over ``geoms`` (default: the grid's) under ``constraints`` (default: the Mosaic's)."""
         from threadpoolctl import threadpool_limits
 
         from scaleplan.progress import transient_bar as bar
@@ -274,9 +276,32 @@ class Mosaic:
         # the plan search is many small array operations: a threaded BLAS only adds wake-up overhead
         with threadpool_limits(limits=1, user_api="blas"), \
                 bar(disable=not (self.progress and sys.stderr.isatty())) as p:
-            task = p.add_task(f"best plans on {n_dev} devices", total=len(self.geoms))
-            return plan_table(self.est, self.geoms, self.grid, n_dev, env, self.constraints,
+            geoms = self.geoms if geoms is None else geoms
+            task = p.add_task(f"best plans on {n_dev} devices", total=len(geoms))
+            return plan_table(self.est, geoms, self.grid, n_dev, env, constraints or self.constraints,
                               on_step=lambda n: p.advance(task, n), workers=self.workers)
+
+    def extended(self, grid: LadderGrid, constraints, envs: list[Envelope]) -> Mosaic:
+        """A Mosaic over ``grid`` and ``constraints`` (a superset of this one's: more axis values, more
+        micro-batch sizes) whose plans for ``envs`` reuse this one's: only the new geometries, and the added
+        micro-batch sizes on every geometry, are planned (:func:`scaleplan.mosaic.edges.merged_plans`)."""
+        from scaleplan.mosaic.edges import merged_plans
+
+        from scaleplan.estimator import PlanConstraints
+
+        base = self.constraints or PlanConstraints()
+        m = Mosaic(self.est, grid, self.law, constraints, self.progress, self.workers, self.support)
+        added = tuple(sorted(set(constraints.mbs) - set(base.mbs)))
+        for env in envs:
+            n_dev = env.nodes * self.gpus_per_node
+            extra = None
+            if added:
+                only_new = replace(base, mbs=added)
+                extra = lambda g, e=env, n=n_dev, c=only_new: m._run_plans(n, e, g, c)  # noqa: E731
+            m._plans[m.plan_key(env.nodes, env)] = merged_plans(
+                self.geoms, self.plans(env.nodes, env), m.geoms,
+                lambda g, e=env, n=n_dev: m._run_plans(n, e, g, base), extra)
+        return m
 
     def run(self, env: Envelope) -> SearchResult:
         """Enumerate, plan, eliminate D and score: the exact optimum of eq:hw-minlp over the grid."""

@@ -247,11 +247,41 @@ def _search_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, 
     figs += [f for f in (frontier_figure(d.get("frontier") or [], best),
                          sparsity_figure(d.get("by_sparsity") or [], d.get("s_max")),
                          sweep_figure(d.get("sweep") or [], d.get("sweep_axis", "budget"))) if f]
-    top = d.get("top") or []
-    cols = ("#", *RESULT_COLS, "P(optimal)", "mem GB", *(c for c, _ in GEOM_COLS[1:4]))
-    rows = [[str(i + 1), *result_row(r), _num(r.get("p_optimal"), "{:.0%}"), _num(r.get("mem_per_device_gb"), "{:.1f}"),
-             *geometry_row(r.get("geometry"))[1:4]] for i, r in enumerate(top)]
-    tables.append(_table("Top candidates (click a column to sort)", cols, rows, sortable=True))
+    _verdict_tables(d, tables)
+    from scaleplan.mosaic.report import shown_rows
+
+    cols = ("#", *RESULT_COLS, "P(TPP >= floor)", "MFU 90% (%)", "loss 90%", "P(optimal)", "status", "mem GB",
+            *(c for c, _ in GEOM_COLS[1:4]))
+    rows = [[str(i + 1), *result_row(r), _num(r.get("p_feasible"), "{:.0%}"), _band(r, "mfu", 100, "{:.1f}"),
+             _band(r, "loss", 1, "{:.4f}"), _num(r.get("p_optimal"), "{:.0%}"), status,
+             _num(r.get("mem_per_device_gb"), "{:.1f}"), *geometry_row(r.get("geometry"))[1:4]]
+            for i, (r, status) in enumerate(shown_rows(d))]
+    floor = (d.get("envelope") or {}).get("tpp_min")
+    tables.append(_table("Top candidates and every candidate the summary names (click a column to sort)", cols, rows,
+                         sortable=True, note=f"TPP floor {_num(floor)}; status: recommended, tie, near-tie (P(optimal) "
+                         ">= 5%), mostly infeasible (under the TPP floor at the point estimates or in most draws), "
+                         "most frequent (the draws' most frequent optimum)"))
+
+
+def _band(r: dict[str, Any], key: str, scale: float, fmt: str) -> str:
+    lo, hi = r.get(f"{key}_p05"), r.get(f"{key}_p95")
+    return "-" if lo is None or hi is None else f"{fmt.format(scale * lo)}-{fmt.format(scale * hi)}"
+
+
+def _verdict_tables(d: dict[str, Any], tables: list[dict[str, Any]]) -> None:
+    """The recommendation, the edges and the --samples verdicts, one sentence per row."""
+    from scaleplan.mosaic.edges import edge_lines
+
+    rec = d.get("recommendation")
+    if rec:
+        tables.append(_table("Recommendation", ("which model to train, and why",), [[rec["statement"]]]))
+    lines = edge_lines(d.get("edges") or {})
+    if lines:
+        tables.append(_table("Edges of the searched grid", ("edge",), [[x] for x in lines]))
+    v = d.get("verdicts")
+    if v:
+        tables.append(_table(f"Verdicts over {d.get('samples')} draws", ("statement",),
+                             [[x] for x in v.get("statements", [])]))
 
 
 def _layouts_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, Any]]) -> None:

@@ -21,7 +21,40 @@ def test_analytic_only_search_is_wider_and_says_it_is_a_guess(recorded_db, sqlit
     assert guess["best"]["evidence_sigma"] > measured["best"]["evidence_sigma"]
 
 
-def test_recommended_row_shows_why(recorded_db, run):
+def test_recommended_row_shows_why(recorded_db, run, run_json):
+    doc = run_json(*SAMPLED, "--db", recorded_db)
     code, out, err = run(*SAMPLED, "--db", recorded_db)
     assert code == 0, err
-    assert "recommendation: train L" in out
+    lines = out.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("candidates ("))
+    end = next(i for i, x in enumerate(lines) if x.startswith("recommendation: train L"))
+    table = lines[start:end]
+    assert max(len(x.rstrip()) for x in table) <= 120  # fits a 120-column terminal, piped or not
+    head = next(x for x in table if "model" in x)
+    assert all(c in head for c in ("TPP", "P(TPP)", "MFU % (90%)", "loss 90%", "P(opt)", "status"))
+    name = lambda r: f"L{r['n_layers']} E{r['n_experts']} K{r['topk']} G{r['g']}"  # noqa: E731
+    rec = doc["recommendation"]["recommended"]
+    row = next(x for x in table if x.strip().startswith(name(rec) + " "))
+    assert "recommended" in row and f"{rec['tpp']:.0f}" in row and f"{rec['p_feasible']:.0%}" in row
+    mf = doc["most_frequent_optimum"]
+    assert any(x.strip().startswith(name(mf) + " ") for x in table)  # the summary's optimum is a row
+    for r in doc["near_ties"]:
+        assert r["p_feasible"] >= 0.5 and any(x.strip().startswith(name(r) + " ") for x in table)
+    code, wide, _ = run(*SAMPLED, "--db", recorded_db, "--wide")
+    assert code == 0 and "N_tot (B)" in wide and "composed" in wide
+
+
+def test_edge_optimum_is_reported_and_extended(recorded_db, run_json, run):
+    """On 4 nodes the small grid's optimum uses mbs 4, the top of the default 1,2,4 (issue 26.2)."""
+    out = run_json(*SMALL_SEARCH, "--db", recorded_db)
+    e = out["edges"]
+    before = e["before"]
+    assert before["layout"]["mbs"] == 4 and {"axis": "mbs", "extend_with": 8}.items() <= next(
+        x for x in e["found"] if x["axis"] == "mbs").items()
+    assert "mbs" in e["extended"] and out["best"]["loss"] <= before["loss"]
+    off = run_json(*SMALL_SEARCH, "--no-extend-edges", "--db", recorded_db)
+    assert off["edges"]["extended"] == [] and off["best"]["layout"] == before["layout"]
+    assert off["best"]["loss"] == before["loss"]
+    code, text, _ = run(*SMALL_SEARCH, "--db", recorded_db)
+    assert code == 0 and "edge: the optimum's mbs = 4 is the largest searched; one more step: --mbs with 8" in text
+    assert "edge: extended" in text

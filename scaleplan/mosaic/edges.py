@@ -1,0 +1,183 @@
+"""Edges found, not hidden (issue 26.2): does the optimum sit on the boundary of a searched axis?
+
+An optimum at the smallest or largest searched value of an axis may only be the best of what was searched.
+Grid axes (q, E, K, G) and the micro-batch size are extended once by one step beyond that edge (the step is the
+spacing of the two outermost values; G and mbs double or halve) and the search rerun; only the new geometries
+and the new micro-batch size are planned, the rest of the plans are reused. Policy limits (the TPP cap and
+floor, the memory fraction) are reported with the flag that moves them, never moved silently. An axis the
+user gave a single value is their choice, not an edge.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import pandas as pd
+
+#: grid axis -> (LadderGrid field, flag, optimum's JSON key)
+GRID_AXES = {"q": ("q", "--q", "q"), "E": ("experts", "--experts", "n_experts"), "K": ("topk", "--topk", "topk"),
+             "G": ("g", "--g", "g")}
+GEOM_KEY = ["q", "n_experts", "topk", "g"]
+#: the optimum "uses the memory" when its plan needs at least this share of the --mem-fraction cap
+MEM_EDGE = 0.98
+
+
+@dataclass(frozen=True)
+class Edge:
+    """The optimum at ``side`` ("smallest", "largest", "cap", "floor") of ``axis``, moved by ``flag``;
+    ``extend_with``: the value one more step adds (None for a policy limit or an axis that cannot go further)."""
+
+    axis: str
+    flag: str
+    value: float
+    side: str
+    extend_with: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"axis": self.axis, "flag": self.flag, "value": self.value, "side": self.side,
+                "extend_with": self.extend_with, "text": self.text()}
+
+    def text(self) -> str:
+        if self.side in ("smallest", "largest"):
+            return (f"the optimum's {self.axis} = {self.value:g} is the {self.side} searched; one more step: "
+                    f"{self.flag} with {self.extend_with}")
+        if self.axis == "TPP cap":
+            return (f"the optimum could train on more tokens than the TPP cap {self.value:g} allows: raise "
+                    f"{self.flag} (the law's data support ends at TPP 70; beyond is extrapolation)")
+        if self.axis == "TPP floor":
+            return f"the optimum sits at the TPP floor {self.value:g}: {self.flag} decides whether it is allowed"
+        return (f"the optimum's plan needs {self.value:.0%} of the memory cap: {self.flag} (one headroom rule for "
+                "estimate, layouts and search) decides which plans fit")
+
+
+def _step(values: tuple[int, ...], side: str, doubling: bool) -> int | None:
+    """One step beyond the ``side`` edge of sorted ``values`` (None when it would leave the positive integers)."""
+    v = sorted(values)
+    if doubling:
+        nxt = v[-1] * 2 if side == "largest" else v[0] // 2
+    else:
+        nxt = v[-1] + (v[-1] - v[-2]) if side == "largest" else v[0] - (v[1] - v[0])
+    return nxt if nxt >= 1 and nxt not in v else None
+
+
+def _axis_edge(axis: str, flag: str, values: tuple[int, ...], value: int, doubling: bool) -> Edge | None:
+    if len(set(values)) < 2:
+        return None
+    for side, end in (("smallest", min(values)), ("largest", max(values))):
+        nxt = _step(tuple(values), side, doubling)
+        if value == end and nxt is not None:  # K = 1, G = 1, mbs = 1: the end of the space, not of the search
+            return Edge(axis, flag, float(value), side, nxt)
+    return None
+
+
+def find_edges(best: dict | None, grid, mbs: tuple[int, ...], tpp: tuple[float, float], mem_fraction: float,
+               hbm_gb: float) -> list[Edge]:
+    """The edges the optimum ``best`` (a search JSON row) sits on. ``tpp``: (tpp_min, tpp_max)."""
+    if not best:
+        return []
+    out = [_axis_edge(name, flag, getattr(grid, field), int(best[key]), name == "G")
+           for name, (field, flag, key) in GRID_AXES.items()]
+    out.append(_axis_edge("mbs", "--mbs", tuple(mbs), int(best["layout"]["mbs"]), True))
+    if best.get("tpp_capped"):
+        out.append(Edge("TPP cap", "--tpp-max", tpp[1], "cap"))
+    elif best["tpp"] <= 1.02 * tpp[0]:
+        out.append(Edge("TPP floor", "--tpp-min", tpp[0], "floor"))
+    use = best["mem_per_device_gb"] / (mem_fraction * hbm_gb)
+    if use >= MEM_EDGE:
+        out.append(Edge("memory", "--mem-fraction", use, "cap"))
+    return [e for e in out if e is not None]
+
+
+def extended(grid, mbs: tuple[int, ...], edges: list[Edge]):
+    """(grid, mbs) with each extendable edge's value added; the axes extended (names)."""
+    axes = []
+    for e in edges:
+        if e.extend_with is None:
+            continue
+        if e.axis == "mbs":
+            mbs = tuple(sorted({*mbs, e.extend_with}))
+        else:
+            field = GRID_AXES[e.axis][0]
+            grid = replace(grid, **{field: tuple(sorted({*getattr(grid, field), e.extend_with}))})
+        axes.append(e.axis)
+    return grid, mbs, axes
+
+
+def merged_plans(old_geoms: pd.DataFrame, old_plans: pd.DataFrame, new_geoms: pd.DataFrame,
+                 plan_new, plan_extra=None) -> pd.DataFrame:
+    """Plans aligned with ``new_geoms``: the old plan of every geometry searched before, ``plan_new(geoms)`` for
+    the others, and where ``plan_extra(geoms)`` (the added micro-batch size on every geometry) gives more
+    tokens/s, that plan instead. Both callables return :func:`scaleplan.mosaic.search.plan_table` frames."""
+    old = old_plans.set_axis(pd.MultiIndex.from_frame(old_geoms[GEOM_KEY].astype(int)))
+    keys = pd.MultiIndex.from_frame(new_geoms[GEOM_KEY].astype(int))
+    seen = keys.isin(old.index)
+    parts = [old.loc[keys[seen]]]
+    if (~seen).any():
+        parts.append(plan_new(new_geoms[~seen].reset_index(drop=True)).set_axis(keys[~seen]))
+    plans = pd.concat(parts).reindex(keys).reset_index(drop=True).astype(old_plans.dtypes.to_dict())
+    if plan_extra is None:
+        return plans
+    extra = plan_extra(new_geoms.reset_index(drop=True))
+    better = extra["plan_ok"].to_numpy(bool) & (
+        ~plans["plan_ok"].to_numpy(bool) | (extra["tokens_per_s"].to_numpy(float) >
+                                            plans["tokens_per_s"].fillna(0).to_numpy(float)))
+    rows = [extra.iloc[i] if better[i] else plans.iloc[i] for i in range(len(plans))]
+    return pd.DataFrame(rows, columns=plans.columns).reset_index(drop=True).astype(old_plans.dtypes.to_dict())
+
+
+def search_edges(m, results: list, extend: bool, mem_fraction: float) -> tuple:
+    """Find the first budget's edges and, with ``extend``, rerun every budget once with them extended.
+
+    ``m``: the Mosaic that produced ``results`` ([(Envelope, SearchResult)]). Returns (mosaic, results, info):
+    the extended ones when extended, and the JSON ``edges`` object: {"found": [Edge dicts], "extended": axes,
+    "before" / "after": the optimum before and after (rows), "changed": bool, "still": the extended optimum's edges} (no "before"
+    when nothing was extended)."""
+    from scaleplan.estimator import PlanConstraints
+    from scaleplan.mosaic.search import row_json
+
+    env0, res0 = results[0]
+    if res0.best is None:
+        return m, results, {"found": [], "extended": []}
+    base = m.constraints or PlanConstraints()
+    hbm_gb = m.est.profile.hbm_bytes / 1e9
+    tpp = (env0.tpp_min, env0.tpp_max)
+    before = row_json(res0.best)
+    found = find_edges(before, m.grid, tuple(base.mbs), tpp, mem_fraction, hbm_gb)
+    info = {"found": [e.to_dict() for e in found], "extended": []}
+    grid2, mbs2, axes = extended(m.grid, tuple(base.mbs), found)
+    if not extend or not axes:
+        return m, results, info
+    t0 = time.perf_counter()
+    m2 = m.extended(grid2, replace(base, mbs=mbs2), [e for e, _ in results])
+    results2 = [(e, m2.run(e)) for e, _ in results]
+    spent = time.perf_counter() - t0
+    for (_, old), (_, new) in zip(results, results2):
+        new.elapsed_s = old.elapsed_s + spent / len(results2)  # the first pass and the extension
+    after = results2[0][1].best
+    after_row = None if after is None else row_json(after)
+    key = ("q", "n_experts", "topk", "g")
+    changed = after_row is not None and (any(after_row[k] != before[k] for k in key) or
+                                         after_row["layout"] != before["layout"])
+    still = find_edges(after_row, grid2, mbs2, tpp, mem_fraction, hbm_gb)
+    info.update(extended=axes, before=before, after=after_row, changed=bool(changed),
+                still=[e.to_dict() for e in still if e.axis in axes])
+    return m2, results2, info
+
+
+def edge_lines(info: dict) -> list[str]:
+    """The edges object as sentences for the terminal and the report."""
+    lines = [e["text"] for e in info.get("found", [])]
+    if info.get("extended"):
+        b = info["before"]
+        was = f"L{b['n_layers']} E{b['n_experts']} K{b['topk']} G{b['g']} mbs {b['layout']['mbs']} loss {b['loss']:.4f}"
+        a = info.get("after")
+        now = "" if a is None else (f"L{a['n_layers']} E{a['n_experts']} K{a['topk']} G{a['g']} mbs "
+                                    f"{a['layout']['mbs']} loss {a['loss']:.4f}")
+        lines.append(f"extended {', '.join(info['extended'])} once and searched again: " +
+                     (f"the optimum moved to {now} (it was {was})" if info["changed"] else f"the optimum stays ({was})"))
+        for e in info.get("still", []):
+            lines.append(f"still at the {e['side']} {e['axis']} after extending: pass {e['flag']} with values beyond "
+                         f"{e['value']:g} to go further")
+    elif any(e["extend_with"] is not None for e in info.get("found", [])):
+        lines.append("not extended (--no-extend-edges): pass the flags above with one more value to check")
+    return lines
