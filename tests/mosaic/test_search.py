@@ -106,7 +106,8 @@ def _cli(*args, env=None):
                           capture_output=True, text=True, check=False)
 
 
-SMALL_FLAGS = ["--q", "8", "--experts", "32,128", "--topk", "1,2", "--g", "2,4"]
+# the grid as given (--no-extend-edges: the edge extension, tested in test_edges.py, would add values to it)
+SMALL_FLAGS = ["--q", "8", "--experts", "32,128", "--topk", "1,2", "--g", "2,4", "--no-extend-edges"]
 
 
 def test_cli_search_json_on_recorded_tables(recorded_db, tmp_path):
