@@ -56,3 +56,16 @@ def tiny_preset(suites: dict | None = None, **extra) -> dict:
 @pytest.fixture()
 def tiny():
     return tiny_preset
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Suites measured in the test process run on one torch intra-op thread, as the tiny presets ask
+    (cpu_threads 1): on a shared 2-core machine two OpenMP threads spin at every tiny op's barrier
+    while another process holds a core, and a probe of a few thousand ops took minutes instead of
+    seconds. Restored after the test."""
+    torch = pytest.importorskip("torch")
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
