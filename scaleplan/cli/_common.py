@@ -269,12 +269,19 @@ def _check_profile_size(params: dict[str, Any]) -> None:
 
 
 def _debug_option():
-    """A ``--debug`` flag for a leaf command (sets STATE.debug; the command never sees it)."""
-    from typer.main import _get_params_name_from_function
+    """A ``--debug`` flag for a leaf command (sets STATE.debug; the command never sees it).
 
-    def _f(debug: bool = typer.Option(False, "--debug", help="Show tracebacks.", is_eager=True)) -> None: ...
+    Built the way typer builds a parameter from a signature, through the one typer function that does it
+    in every release scaleplan supports: ``_get_param`` (typer >= 0.2x) or ``get_click_param``, which
+    returns (param, convertor), before it (the private ``_get_params_name_from_function`` used here
+    earlier does not exist in the typer of a CUDA image, where every command failed to start)."""
+    import typer.main as tm
+    from typer.models import ParamMeta
 
-    (opt,), _ = _get_params_name_from_function(_f)
+    meta = ParamMeta(name="debug", annotation=bool,
+                     default=typer.Option(False, "--debug", help="Show tracebacks.", is_eager=True))
+    make = getattr(tm, "_get_param", None)
+    opt = make(meta) if make is not None else tm.get_click_param(meta)[0]
     opt.expose_value = False
     opt.callback = _set_debug
     return opt
