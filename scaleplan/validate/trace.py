@@ -13,8 +13,9 @@ backward node (same ``sequence_nr``). Its time is then attributed by the first m
 ``ncclDevKernel_*``, ``flash_fwd_*``) alike. Time:
   * on CPU: each op's self CPU time (its children excluded, so nothing counts twice); view-like ops
     that move no data (:data:`HOST_ONLY_OPS`) count as host time;
-  * on CUDA: each op's self device time (kernels it launched); device work no op claims is
-    classified by kernel name alone (NCCL kernels launched by the communication threads).
+  * on CUDA: each op's self device time (kernels it launched); device work no op holds is
+    classified by kernel name alone (NCCL kernels launched by the communication threads); the
+    profiler's mirror of each record_function scope on the GPU timeline is not device work.
 ``host gaps/idle`` = step wall time minus everything attributed: Python, dispatch, autograd-engine
 work between ops, and on a GPU the device's idle time.
 
@@ -103,6 +104,24 @@ def _device_annotation(evt) -> bool:
     return bool(getattr(evt, "is_user_annotation", False)) or evt.name.startswith((SCOPE_PREFIX, "ProfilerStep"))
 
 
+def _unclaimed_device_s(events) -> dict[str, float]:
+    """Seconds per kernel name of the device work that no CPU op's ``kernels`` holds (kernels the profiler
+    linked to their launching op are counted through that op's self device time). Per name: every device
+    event's duration minus the durations CPU ops hold under that name. Not by ``linked_correlation_id``:
+    FunctionEvent has no such field in torch 2.11, so every kernel of an H200 trace read as unlinked and
+    was counted a second time (the grouped GEMM kernel as a dense GEMM beside aten::_grouped_mm)."""
+    held: dict[str, float] = defaultdict(float)
+    ran: dict[str, float] = defaultdict(float)
+    for e in events:
+        if "cuda" in str(getattr(e, "device_type", "")).lower():
+            if not _device_annotation(e):
+                ran[e.name] += e.time_range.elapsed_us()
+        else:
+            for k in getattr(e, "kernels", ()) or ():
+                held[k.name] += k.duration
+    return {n: (t - held.get(n, 0.0)) * 1e-6 for n, t in ran.items() if t - held.get(n, 0.0) > 1e-3}
+
+
 def attribute(events, wall_s: float, device: str, steps: int = 1) -> dict[str, Any]:
     """Seconds per component and step from profiler ``events`` (FunctionEvents of ``steps`` steps
     whose summed wall time is ``wall_s``). Returns {"components_s": {...}, "top_ops": {component:
@@ -138,15 +157,12 @@ def attribute(events, wall_s: float, device: str, steps: int = 1) -> dict[str, A
         comp_s[comp] += t
         by_op[(comp, e.name)] += t
         claimed += t
-    if cuda:  # device work no CPU op claimed (e.g. NCCL kernels): by kernel name
-        for e in events:
-            if "cuda" in str(getattr(e, "device_type", "")).lower() and not getattr(e, "linked_correlation_id", 0) \
-                    and not _device_annotation(e):
-                t = e.time_range.elapsed_us() * 1e-6
-                comp = classify(e.name, None)
-                comp_s[comp] += t
-                by_op[(comp, e.name)] += t
-                claimed += t
+    if cuda:  # device work no CPU op launched (e.g. NCCL kernels): by kernel name
+        for name, t in _unclaimed_device_s(events).items():
+            comp = classify(name, None)
+            comp_s[comp] += t
+            by_op[(comp, name)] += t
+            claimed += t
     comp_s["host gaps/idle"] += max(wall_s - claimed, 0.0)
     out = {c: comp_s.get(c, 0.0) / steps for c in COMPONENTS}
     top: dict[str, list] = defaultdict(list)

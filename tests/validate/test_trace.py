@@ -119,27 +119,34 @@ def test_predicted_components_sum_the_estimators_breakdown():
 
 
 class _Evt:
-    """The FunctionEvent fields attribute() reads, for a CUDA trace written by hand."""
+    """The FunctionEvent fields attribute() reads, for a CUDA trace written by hand; ``kernels`` are the
+    (name, microseconds) the profiler attached to a CPU op; no linked_correlation_id (torch 2.11 has none)."""
 
-    def __init__(self, name, device, self_us=0.0, span_us=0.0, linked=0, annotation=False, parent=None):
+    def __init__(self, name, device, self_us=0.0, span_us=0.0, annotation=False, parent=None, kernels=()):
         self.name, self.device_type, self.sequence_nr, self.cpu_parent = name, device, -1, parent
         self.self_device_time_total, self.self_cpu_time_total = self_us, self_us
-        self.linked_correlation_id, self.is_user_annotation = linked, annotation
+        self.is_user_annotation = annotation
+        self.kernels = [type("K", (), {"name": n, "duration": d})() for n, d in kernels]
         self.time_range = type("R", (), {"elapsed_us": staticmethod(lambda: span_us)})()
 
 
-def test_cuda_scopes_on_the_gpu_timeline_are_not_counted_as_device_work():
-    """On CUDA the profiler mirrors every record_function scope (sp::router, ProfilerStep#n) as a device
-    event spanning the kernels inside it; those kernels are already counted (via their launching op or,
-    unlinked, by name), so a scope counts nothing. An H200 trace had element-wise at 0.51 s of a 0.63 s
-    step from such spans, and host gaps/idle at 0."""
+def test_cuda_device_time_is_counted_once():
+    """On CUDA each kernel counts once: through the op that launched it (its self device time), or, when
+    no op holds it (NCCL on the communication threads), by its name; the profiler's mirror of every
+    record_function scope on the GPU timeline (sp::router, ProfilerStep#n) counts nothing. An H200
+    trace (torch 2.11) counted scopes' spans and every kernel a second time: element-wise 0.51 s, the
+    grouped GEMM kernel as a dense GEMM beside aten::_grouped_mm, host gaps/idle 0 of a 0.63 s step."""
     scope = _Evt("sp::router", "DeviceType.CPU")
-    topk = _Evt("aten::topk", "DeviceType.CPU", self_us=300.0, parent=scope)  # its kernels: 300 us
-    nccl = _Evt("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "DeviceType.CUDA", span_us=200.0)  # unlinked kernel
-    mirrored = [_Evt("sp::router", "DeviceType.CUDA", span_us=5000.0, annotation=True),
-                _Evt("ProfilerStep#3", "DeviceType.CUDA", span_us=9000.0)]  # an older build: no flag, by name
-    got = vtrace.attribute([scope, topk, nccl, *mirrored], wall_s=0.01, device="cuda")["components_s"]
+    topk = _Evt("aten::topk", "DeviceType.CPU", self_us=300.0, parent=scope, kernels=[("topk_kernel", 300.0)])
+    gmm = _Evt("aten::_grouped_mm", "DeviceType.CPU", self_us=900.0, kernels=[("cutlass_GroupProblemShape", 900.0)])
+    device = [_Evt("topk_kernel", "DeviceType.CUDA", span_us=300.0),
+              _Evt("cutlass_GroupProblemShape", "DeviceType.CUDA", span_us=900.0),
+              _Evt("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "DeviceType.CUDA", span_us=200.0),  # no op holds it
+              _Evt("sp::router", "DeviceType.CUDA", span_us=5000.0, annotation=True),
+              _Evt("ProfilerStep#3", "DeviceType.CUDA", span_us=9000.0)]  # an older build: no flag, by name
+    got = vtrace.attribute([scope, topk, gmm, *device], wall_s=0.01, device="cuda")["components_s"]
     assert got["router/permute"] == pytest.approx(300e-6)
+    assert got["expert GEMMs"] == pytest.approx(900e-6)
+    assert got["dense GEMMs"] == 0.0 and got["element-wise"] == 0.0
     assert got["collectives"] == pytest.approx(200e-6)
-    assert got["element-wise"] == 0.0
-    assert got["host gaps/idle"] == pytest.approx(0.01 - 500e-6)
+    assert got["host gaps/idle"] == pytest.approx(0.01 - 1400e-6)
