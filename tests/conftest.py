@@ -12,6 +12,20 @@ RECORDED = SHARED / "recorded" / "dmlc-scaleplan"
 VALIDATION = SHARED / "validation"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """The compiled-table and ridge-sample caches ($SCALEPLAN_CACHE) of this test session in its own
+    temporary folder, for the session's processes and their children: a run neither reads what an
+    earlier run or the user left in ~/.cache/scaleplan nor leaves hundreds of files there."""
+    prev = os.environ.get("SCALEPLAN_CACHE")
+    os.environ["SCALEPLAN_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if prev is None:
+        os.environ.pop("SCALEPLAN_CACHE", None)
+    else:
+        os.environ["SCALEPLAN_CACHE"] = prev
+
+
 @pytest.fixture(scope="session")
 def recorded_dir() -> Path:
     if not RECORDED.is_dir():
