@@ -116,7 +116,7 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
         # (flash kernels return it in [b, s, heads, hd] layout), so that one buffer stays in every mode
         "sdpa_out": ((a_sd if cast else a) * T * nq * hd, "core" if back else ""), "sdpa_lse": (4.0 * T * nq, "core"),
         "sdpa_out_cast": (a * T * nq * hd if (cast and g.gate) else 0.0, "core"),  # the gate's input
-        "gate_sigmoid": (a * T * nq if g.gate else 0.0, "core"),
+        "gate_sigmoid": (a * T * g.gate, "core"),  # one sigmoid per gate column (head or channel)
         "out_proj_in": (a * T * nq * hd if back else 0.0, ""),
         "norm2_in": (a * T * h, ""),
         # the FFN input is saved by a GEMM that reads it: the dense fc1, the shared expert or an fp32

@@ -36,7 +36,7 @@ def rank_shapes(g: Geometry, tp, cp, ep, etp, mbs, seqlen: int) -> RankShapes:
     b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
     T = seqlen * mbs / cp
     kv_loc = np.maximum(g.nkv / tp, 1.0)
-    n_qkv = (g.nq * g.hd + (g.nq if g.gate else 0)) / tp + 2 * kv_loc * g.hd
+    n_qkv = (g.nq * g.hd + g.gate) / tp + 2 * kv_loc * g.hd
     E_loc = g.E / ep if g.is_moe else np.ones_like(tp)
     # the capacity factor sizes the routed token budget and the all-to-all (paper sec:performance-model,
     # "model.moe"): each expert's buffer holds cf x its balanced share (dropped or padded rows)

@@ -29,11 +29,20 @@ HEAD_DIM = 128
 FFN_MULT = 2.5
 
 
+def gate_columns(n_heads, head_dim, gate=True):
+    """Output columns of the attention output gate (spec ``model.attn_gate``): 0 without a gate, n_heads for the
+    paper's head-wise gate (true), n_heads * head_dim for Megatron-LM's element-wise gate ("element")."""
+    if gate == "element":
+        return n_heads * head_dim
+    return n_heads if gate else 0
+
+
 def attention_params(d, n_heads, n_kv_heads, head_dim, gate=True):
-    """Q, K, V, O projections plus the head-wise output gate (d x n_heads) and two norms."""
+    """Q, K, V, O projections (at the attention width n_heads * head_dim, which may differ from d), the output
+    gate (d x :func:`gate_columns`) and two norms."""
     qo = 2 * d * n_heads * head_dim
     kv = 2 * d * n_kv_heads * head_dim
-    return qo + kv + (d * n_heads if gate else 0) + 2 * d
+    return qo + kv + d * gate_columns(n_heads, head_dim, gate) + 2 * d
 
 
 def swiglu_params(d, width):

@@ -89,7 +89,9 @@ class ModelBlock(BaseModel):
     rotary_embeds: bool = True
     dropout: bool = False
     tie_embeddings: bool = False
-    attn_gate: bool = True
+    # the attention output gate: true = the paper's head-wise gate (one sigmoid per head, a d x n_q_heads
+    # projection), "element" = Megatron-LM's --attention-output-gate (one per channel, d x n_q_heads*head_dim)
+    attn_gate: bool | Literal["element"] = True
     moe: MoESpec | None = None
 
     @model_validator(mode="before")
@@ -102,10 +104,8 @@ class ModelBlock(BaseModel):
 
     @model_validator(mode="after")
     def _heads(self) -> ModelBlock:
-        if self.n_q_heads * self.head_dim != self.hidden_sz:
-            raise _FieldCheck("head_dim", self.head_dim,
-                              f"n_q_heads*head_dim = {self.n_q_heads}*{self.head_dim} = "
-                              f"{self.n_q_heads * self.head_dim} must equal hidden_sz={self.hidden_sz}")
+        # n_q_heads * head_dim may differ from hidden_sz (Megatron-LM's --kv-channels: Qwen3-30B-A3B 32 x 128 on
+        # d 2048, GPT-OSS-120B 64 x 64 on d 2880); the projections are costed at their own widths
         if self.n_q_heads % self.n_kv_heads:
             raise _FieldCheck("n_kv_heads", self.n_kv_heads,
                               f"n_kv_heads={self.n_kv_heads} must divide n_q_heads={self.n_q_heads}")

@@ -44,3 +44,30 @@ def test_embedding_counts_tied_and_untied():
     assert spec_param_counts(m).embedding == 2 * m.vocab_sz * m.hidden_sz
     tied = m.model_copy(update={"tie_embeddings": True})
     assert spec_param_counts(tied).embedding == m.vocab_sz * m.hidden_sz
+
+
+def test_attention_wider_than_the_residual_stream_and_both_gates():
+    """GPT-OSS-120B's attention: 64 x 64 heads (4096 wide) on d 2880, 8 KV heads. Q and O are d x 4096, K and V
+    d x 512; the paper's head-wise gate is d x 64, Megatron-LM's element-wise gate d x 4096; two norms of d."""
+    from scaleplan.geometry import attention_params
+
+    d, qw, kvw = 2880, 64 * 64, 8 * 64
+    base = 2 * d * qw + 2 * d * kvw + 2 * d
+    assert attention_params(d, 64, 8, 64, gate=False) == base
+    assert attention_params(d, 64, 8, 64, gate=True) == base + d * 64
+    assert attention_params(d, 64, 8, 64, gate="element") == base + d * qw
+
+
+def test_estimator_qkv_gemm_carries_the_gate_columns():
+    """The QKV GEMM's output per TP rank: query width + gate columns over TP, plus the local K and V."""
+    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.shapes import rank_shapes
+    from scaleplan.specs import ModelBlock
+
+    m = dict(n_layers=2, hidden_sz=2880, inter_sz=2880, n_q_heads=64, n_kv_heads=8, head_dim=64, vocab_sz=1000)
+    for gate, cols in ((False, 0), (True, 64), ("element", 4096)):
+        g = geometry(ModelBlock(**m, attn_gate=gate))
+        assert g.gate == cols
+        one = np.ones(1)
+        sh = rank_shapes(g, 8 * one, one, one, one, one, 4096)
+        assert float(sh.n_qkv[0]) == (4096 + cols) / 8 + 2 * 1 * 64  # 8 kv heads over TP 8: one per rank

@@ -47,7 +47,7 @@ def test_validation_models_yaml_loads(validation_dir):
 
 
 @pytest.mark.parametrize("path,value,field,hint", [
-    ("model.head_dim", 64, "model.head_dim", "must equal hidden_sz"),
+    ("model.head_dim", 0, "model.head_dim", "greater than 0"),
     ("model.n_kv_heads", 7, "model", "must divide n_q_heads"),
     ("model.moe.experts_per_token", 129, "model.moe", "<= n_experts"),
     ("model.n_layers", 0, "model.n_layers", "greater than 0"),

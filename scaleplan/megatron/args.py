@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scaleplan.errors import SpecError
+from scaleplan.estimator.geom import VOCAB_DIVISOR, padded_vocab
 from scaleplan.specs import LAYOUT_FIELDS, Layout, ModelBlock, Spec
 
 # fp8: the current-scaling ("tensorwise") recipe. Megatron-LM's default, delayed scaling, refuses the moe_act and
@@ -42,6 +43,10 @@ SCION_NOTE = ("optimizer scion: Megatron-LM has no Scion; emitted its nearest, m
               "constraints (sign / column-norm steps) and no second moment; the learning-rate scales differ")
 MUON_NOTE = ("optimizer muon needs the emerging-optimizers package at run time (pip install emerging-optimizers); "
              "Megatron-LM imports its Newton-Schulz step from there")
+GATE_NOTE = ("model.attn_gate: the paper's head-wise gate ({head:,} parameters per block) has no Megatron-LM "
+             "equivalent, so no gate is emitted: the nearest model to what was costed (the gate is ~0.1% of its "
+             "FLOPs). Megatron-LM's --attention-output-gate is element-wise ({element:,} per block): set "
+             "model.attn_gate: element to cost and emit it")
 # the paper's schedule (app:lr_hpo): warm-up-stable-decay, ~100M tokens of warm-up, linear decay to 0 over the last
 # 20% of the steps
 WARMUP_TOKENS = 100e6
@@ -95,12 +100,6 @@ def megatron_optimizer(name: str, field: str = "optimizer.optimizer_type") -> st
     return _OPTIMIZER[name][0]
 
 
-def padded_vocab(vocab: int, tp: int) -> int:
-    """The vocabulary Megatron-LM builds with ``--make-vocab-size-divisible-by 1``: V rounded up to a multiple
-    of TP (megatron/training/tokenizer: padding to divisible_by x TP)."""
-    return -(-vocab // tp) * tp
-
-
 def moe_layer_pattern(n_layers: int, first_dense: int, frequency: int) -> list[int]:
     """Megatron-LM's --moe-layer-freq list: 1 for an MoE block, 0 for a dense one. The first ``first_dense``
     blocks are dense, then every ``frequency``-th block is MoE (the count scaleplan.geometry uses)."""
@@ -143,7 +142,7 @@ def _model_args(m: ModelBlock, seqlen: int) -> list[list[str]]:
            ["--kv-channels", str(m.head_dim)]]
     if m.n_kv_heads != m.n_q_heads:
         out += [["--group-query-attention"], ["--num-query-groups", str(m.n_kv_heads)]]
-    out += [["--vocab-size", str(m.vocab_sz)], ["--make-vocab-size-divisible-by", "1"],
+    out += [["--vocab-size", str(m.vocab_sz)], ["--make-vocab-size-divisible-by", str(VOCAB_DIVISOR)],
             ["--seq-length", str(seqlen)], ["--max-position-embeddings", str(seqlen)],
             ["--normalization", "RMSNorm"], ["--disable-bias-linear"]]
     if m.glu:
@@ -153,7 +152,7 @@ def _model_args(m: ModelBlock, seqlen: int) -> list[list[str]]:
         out.append(["--untie-embeddings-and-output-weights"])
     if not m.dropout:
         out += [["--attention-dropout", "0.0"], ["--hidden-dropout", "0.0"]]
-    if m.attn_gate:
+    if m.attn_gate == "element":  # Megatron-LM's only gate; the paper's head-wise gate has none (megatron_notes)
         out.append(["--attention-output-gate"])
     if _PRECISION[m.precision]:
         out.append(_PRECISION[m.precision])
@@ -187,10 +186,14 @@ def megatron_notes(spec: Spec, layout: dict[str, Any] | Layout) -> list[str]:
         notes.append(SCION_NOTE)
     if opt in ("muon", "scion"):
         notes.append(MUON_NOTE)
+    m = spec.model
+    if m.attn_gate is True:
+        notes.append(GATE_NOTE.format(head=m.hidden_sz * m.n_q_heads, element=m.hidden_sz * m.n_q_heads * m.head_dim))
     v = spec.model.vocab_sz
-    if padded_vocab(v, lo["tp"]) != v:
-        notes.append(f"Megatron-LM pads the vocabulary {v} to {padded_vocab(v, lo['tp'])} (a multiple of TP "
-                     f"{lo['tp']}); your tokenizer keeps {v} ids")
+    padded = int(padded_vocab(v, lo["tp"]))
+    if padded != v:  # the LM head's time and logits are costed on the padded vocabulary (estimator.geom)
+        notes.append(f"Megatron-LM pads the vocabulary {v} to {padded} (a multiple of {VOCAB_DIVISOR} x TP "
+                     f"{lo['tp']}), the size the plan's LM head is costed at; your tokenizer keeps {v} ids")
     return notes
 
 

@@ -184,7 +184,7 @@ def _model(a: dict[str, Any], where: str) -> dict[str, Any]:
          "rotary_embeds": a.get("position_embedding_type") == "rope",
          "dropout": float(a.get("hidden_dropout") or 0.0) > 0.0,
          "tie_embeddings": not a.get("untie_embeddings_and_output_weights"),
-         "attn_gate": bool(a.get("attention_output_gate"))}
+         "attn_gate": "element" if a.get("attention_output_gate") else False}
     if a.get("num_experts"):
         first, freq = _pattern_shape(_megatron_pattern(a), where)
         m["moe"] = {"n_experts": int(a["num_experts"]), "experts_per_token": int(a["moe_router_topk"]),

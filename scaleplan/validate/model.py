@@ -76,15 +76,18 @@ class Attention(nn.Module):
         super().__init__()
         self.nh, self.nkv, self.hd = m.n_q_heads, m.n_kv_heads, m.head_dim
         self.qkv = nn.Linear(m.hidden_sz, (self.nh + 2 * self.nkv) * self.hd, bias=False)
-        self.gate = nn.Linear(m.hidden_sz, self.nh, bias=False) if m.attn_gate else None
+        # head-wise gate (true): one sigmoid per head; element-wise ("element", Megatron-LM's): one per channel
+        self.gate_w = self.hd if m.attn_gate == "element" else 1
+        self.gate = nn.Linear(m.hidden_sz, self.nh * self.gate_w, bias=False) if m.attn_gate else None
         self.out = nn.Linear(self.nh * self.hd, m.hidden_sz, bias=False)
         self.rope, self.recompute_core = m.rotary_embeds, recompute_core
         self.sdpa_precision = m.sdpa_precision  # SDPA's inputs are cast to it (and its output back)
 
     def _core(self, q, k, v, x):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.nkv != self.nh).to(x.dtype)
-        if self.gate is not None:  # head-wise sigmoid gate on each head's SDPA output
-            o = o * torch.sigmoid(self.gate(x)).transpose(1, 2).unsqueeze(-1)
+        if self.gate is not None:  # sigmoid gate on each head's (or channel's) SDPA output
+            B, S, _ = x.shape
+            o = o * torch.sigmoid(self.gate(x)).view(B, S, self.nh, self.gate_w).transpose(1, 2)
         return o
 
     def forward(self, x: torch.Tensor, cos, sin) -> torch.Tensor:

@@ -70,6 +70,19 @@ GRID = [
     ("18B scion, PP 4 VPP 3, EP 16", "moe-18b", {}, 256, "tp=1,pp=4,ep=16,vpp=3,ckpt=full"),
     ("18B adamw, TP 16 > 8 kv heads", "moe-18b", {"optimizer.optimizer_type": "adamw"}, 256,
      "tp=16,etp=4,pp=2,ep=8,ckpt=full"),
+    ("5.4B Megatron-LM's element-wise gate", "moe-5p4b", {"model.attn_gate": "element"}, 64,
+     "tp=2,pp=2,ep=8,ckpt=full"),
+    ("Qwen3-30B-A3B shape: 32 x 128 heads on d 2048 (--kv-channels)", "moe-700m",
+     {"model.n_layers": 48, "model.n_q_heads": 32, "model.n_kv_heads": 4, "model.head_dim": 128,
+      "model.inter_sz": 6144, "model.moe.n_experts": 128, "model.moe.experts_per_token": 8,
+      "model.moe.expert_inter_sz": 768, "model.moe.shared_expert_inter_sz": 0, "model.moe.first_dense_layers": 0,
+      "model.vocab_sz": 151936, "optimizer.optimizer_type": "adamw"}, 64, "tp=4,pp=2,ep=8,ckpt=selective"),
+    ("GPT-OSS-120B shape: 64 x 64 heads on d 2880, element gate", "moe-700m",
+     {"model.n_layers": 36, "model.hidden_sz": 2880, "model.n_q_heads": 64, "model.n_kv_heads": 8,
+      "model.head_dim": 64, "model.inter_sz": 2880, "model.moe.n_experts": 128, "model.moe.experts_per_token": 4,
+      "model.moe.expert_inter_sz": 2880, "model.moe.shared_expert_inter_sz": 0, "model.moe.first_dense_layers": 0,
+      "model.vocab_sz": 201088, "model.attn_gate": "element", "optimizer.optimizer_type": "adamw"}, 128,
+     "tp=8,pp=4,ep=4,ckpt=full"),
     ("18B capacity 1.25, 3 dense blocks, MoE every 2nd", "moe-18b",
      {"model.moe.capacity_factor": 1.25, "model.moe.first_dense_layers": 3, "model.moe.moe_frequency": 2}, 256,
      "tp=2,pp=4,ep=8,ckpt=selective"),
@@ -97,7 +110,16 @@ def test_megatron_accepts_the_grid(models, name, model, over, n, layout):
     assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size, cfg.expert_model_parallel_size) == \
         (lo["tp"], lo["pp"], lo["ep"])
     assert (cfg.virtual_pipeline_model_parallel_size or 1) == lo["vpp"]
-    assert cfg.attention_output_gate is m.attn_gate and cfg.gated_linear_unit is m.glu
+    # Megatron-LM's gate is element-wise: emitted for attn_gate "element" only (docs/megatron.md)
+    assert cfg.attention_output_gate is (m.attn_gate == "element") and cfg.gated_linear_unit is m.glu
+    # the vocabulary Megatron-LM builds (tokenizer padding: up to a multiple of divisible-by x TP, one row at a
+    # time) is the one the plan's LM head is costed at
+    built = m.vocab_sz
+    while built % (ns["make_vocab_size_divisible_by"] * lo["tp"]):
+        built += 1
+    from scaleplan.estimator.geom import padded_vocab
+
+    assert built == padded_vocab(m.vocab_sz, lo["tp"])
     pattern = ns["moe_layer_freq"]
     assert pattern[:m.moe.first_dense_layers] == [0] * m.moe.first_dense_layers
     # the token budget: D = 1e11 tokens in whole steps, the paper's WSD schedule
@@ -164,3 +186,32 @@ def test_flag_table_names_its_source():
     assert doc["version"] in doc["source"] and len(doc["flags"]) > 500
     t = mlm.flag_table()
     assert "dist_muon" in t["--optimizer"]["choices"] and t["--disable-bias-linear"]["dest"] == "add_bias_linear"
+
+
+def test_planner_tp_rule_is_megatrons():
+    """The planner keeps a TP exactly when megatron-core's TransformerConfig accepts it: TP divides the query heads,
+    and divides or is a multiple of the KV heads (with TP > KV heads Megatron-LM's attention all-gathers the QKV
+    output over TP: supported, so the issue's 'TP divides the KV heads' would refuse layouts Megatron runs)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
+    from scaleplan.specs import ModelBlock
+
+    for nkv in (1, 2, 4, 8, 16, 32):
+        g = geometry(ModelBlock(n_layers=2, hidden_sz=4096, inter_sz=8192, n_q_heads=32, n_kv_heads=nkv,
+                                head_dim=128, vocab_sz=1024))
+        c = PlanConstraints(tp=(1, 2, 4, 8, 16, 32, 64), cp=(1,), pp=(1,), ep=(1,), mbs=(1,), ckpt=("full",),
+                            max_tp=64)
+        plans, _, _ = enumerate_plans(g, 64, 64, c)
+        planner = set(int(t) for t in plans.tp)
+        megatron = set()
+        for tp in (1, 2, 4, 8, 16, 32, 64):
+            try:
+                TransformerConfig(num_layers=2, hidden_size=4096, num_attention_heads=32, num_query_groups=nkv,
+                                  tensor_model_parallel_size=tp)
+                megatron.add(tp)
+            except (ValueError, AssertionError):
+                pass
+        assert planner == megatron, (nkv, planner, megatron)
+        assert 64 not in megatron  # 32 query heads over 64 ranks: refused by both

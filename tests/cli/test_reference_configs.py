@@ -21,6 +21,8 @@ CONFIGS = [
     ("llama3_70b.yaml", 8 * 2 * 1 * 64, ("zero_level=1", "n_param_buckets=5")),
     ("moe_s4_search_e32_nc16-5120.yaml", 8 * 4 * 1 * 4, ("zero_level=1", "n_param_buckets=8")),
     ("qwen3_235b.yaml", 8 * 2 * 1 * 32, ("zero_level=1", "n_param_buckets=8")),
+    # attention wider than the residual stream: 64 x 64 heads on d 2880 (Megatron-LM's --kv-channels)
+    ("gpt_oss_120b.yaml", 1 * 6 * 1 * 128, ("zero_level=1", "n_param_buckets=5")),
 ]
 
 
