@@ -134,12 +134,18 @@ def test_megatron_accepts_the_grid(models, name, model, over, n, layout):
         assert "emerging-optimizers" in text
 
 
-def test_megatron_accepts_the_search_optimum(recorded_db, run):
-    """The search's own answer (here K=1, shared experts, a dense first block) is accepted as printed."""
-    code, out, err = run(*SMALL_SEARCH, "--db", recorded_db, "--emit", "megatron")
+@pytest.mark.parametrize("topk", ["1,2", "1"], ids=["optimum", "optimum at K=1"])
+def test_megatron_accepts_the_search_optimum(recorded_db, run, topk):
+    """The search's own answer (shared experts, a dense first block; K=1 when the grid holds only top-1) is
+    accepted as printed."""
+    argv = list(SMALL_SEARCH)
+    argv[argv.index("--topk") + 1] = topk
+    code, out, err = run(*argv, "--db", recorded_db, "--emit", "megatron")
     assert code == 0, err
     ns, cfg = _accepts(out, 32)
-    assert cfg.moe_router_topk == 1 and cfg.moe_router_pre_softmax
+    assert cfg.moe_router_pre_softmax is (cfg.moe_router_topk == 1)
+    if topk == "1":
+        assert cfg.moe_router_topk == 1
     assert ns["moe_layer_freq"][0] == 0 and cfg.moe_shared_expert_intermediate_size
     assert ns["train_samples"] > 0 and "# candidate: the search's optimum" in out
 
