@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scaleplan.geometry import attention_params, gate_columns, moe_layer_count, spec_param_counts, swiglu_params
+from scaleplan.geometry import (
+    attention_params,
+    gate_columns,
+    moe_layer_count,
+    spec_param_counts,
+    swiglu_params,
+)
 from scaleplan.specs import ModelBlock
 
 # Megatron pads the vocabulary so the embedding splits evenly over TP ranks:
@@ -81,7 +87,8 @@ def geometry(m: ModelBlock) -> Geometry:
     shared = float(swiglu_params(m.hidden_sz, dsh)) if dsh else 0.0
     return Geometry(
         L=m.n_layers, d=m.hidden_sz, nq=m.n_q_heads, nkv=m.n_kv_heads, hd=m.head_dim, dff=m.inter_sz,
-        vocab=m.vocab_sz, tie=m.tie_embeddings, glu=m.glu, gate=int(gate_columns(m.n_q_heads, m.head_dim, m.attn_gate)), E=E, K=K, dexp=dexp, dsh=dsh,
+        vocab=m.vocab_sz, tie=m.tie_embeddings, glu=m.glu,
+        gate=int(gate_columns(m.n_q_heads, m.head_dim, m.attn_gate)), E=E, K=K, dexp=dexp, dsh=dsh,
         n_dense=m.n_layers - n_moe, n_moe=n_moe, precision=m.precision,
         n_act=pc.n_act, n_tot=pc.n_tot, embedding=pc.embedding, attn_params=attn, dense_mlp_params=dense_mlp,
         moe_dense_params=float(E * m.hidden_sz) + shared,

@@ -62,6 +62,7 @@ def test_estimator_qkv_gemm_carries_the_gate_columns():
     """The QKV GEMM's output per TP rank: query width + gate columns over TP, plus the local K and V."""
     from scaleplan.estimator.geom import geometry
     from scaleplan.estimator.shapes import rank_shapes
+
     from scaleplan.specs import ModelBlock
 
     m = dict(n_layers=2, hidden_sz=2880, inter_sz=2880, n_q_heads=64, n_kv_heads=8, head_dim=64, vocab_sz=1000)

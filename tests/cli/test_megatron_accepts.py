@@ -199,9 +199,9 @@ def test_planner_tp_rule_is_megatrons():
     and divides or is a multiple of the KV heads (with TP > KV heads Megatron-LM's attention all-gathers the QKV
     output over TP: supported, so the issue's 'TP divides the KV heads' would refuse layouts Megatron runs)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
-
     from scaleplan.estimator.geom import geometry
     from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
+
     from scaleplan.specs import ModelBlock
 
     for nkv in (1, 2, 4, 8, 16, 32):
@@ -210,7 +210,7 @@ def test_planner_tp_rule_is_megatrons():
         c = PlanConstraints(tp=(1, 2, 4, 8, 16, 32, 64), cp=(1,), pp=(1,), ep=(1,), mbs=(1,), ckpt=("full",),
                             max_tp=64)
         plans, _, _ = enumerate_plans(g, 64, 64, c)
-        planner = set(int(t) for t in plans.tp)
+        planner = {int(t) for t in plans.tp}
         megatron = set()
         for tp in (1, 2, 4, 8, 16, 32, 64):
             try:
