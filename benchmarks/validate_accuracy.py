@@ -125,15 +125,15 @@ def memory_check(name: str, path: Path) -> dict:
     from scaleplan.estimator.geom import geometry
     from scaleplan.estimator.plans import plans_from_layouts
 
+    from scaleplan.reference.model import build_model
+    from scaleplan.reference.optim import MasterAdamW, torch_dtype
     from scaleplan.specs import Layout, load_spec
     from scaleplan.validate.memory import saved_activation_bytes, state_bytes
-    from scaleplan.validate.model import build_model
-    from scaleplan.validate.runner import MasterAdamW, _dtype
 
     *_, mbs, ckpt, dp = CONFIGS[name]
     sp = load_spec(path)
     torch.manual_seed(0)
-    model = build_model(sp.model, ckpt, "cpu", _dtype(sp.model.precision))
+    model = build_model(sp.model, ckpt, "cpu", torch_dtype(sp.model.precision))
     tok = torch.randint(0, sp.model.vocab_sz, (mbs, sp.data.seqlen))
     lab = torch.randint(0, sp.model.vocab_sz, (mbs, sp.data.seqlen))
     saved = sum(saved_activation_bytes(model, tok, lab).values())
@@ -390,9 +390,9 @@ def profile_components(name: str, path: Path, url: str, threads: int) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from scaleplan.reference.model import build_model
+    from scaleplan.reference.optim import MasterAdamW
     from scaleplan.specs import load_spec
-    from scaleplan.validate.model import build_model
-    from scaleplan.validate.runner import MasterAdamW
 
     *_, mbs, ckpt, dp = CONFIGS[name]
     spec = load_spec(path)

@@ -29,7 +29,7 @@ T_HOST_DEFAULT_S = 0.0    # fixed per-micro-batch host time; only a measured/cal
 # expert (3), all-to-all (2) - about 20 per forward; the grouped GEMMs are costed per expert.
 COSTED_KERNELS_PER_FWD = 20.0
 # The software stack whose host dispatch a prediction is for: "megatron" (the kernel-count law above
-# on a GPU) or "reference" (scaleplan's own reference model, scaleplan/validate/model.py: its op
+# on a GPU) or "reference" (scaleplan's own reference model, scaleplan/reference/model.py: its op
 # counts and host seconds per op measured by the dispatch suite's ops:* modes, on CPU and GPU).
 STACKS = ("megatron", "reference")
 

@@ -85,7 +85,7 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
     recompute drops (SDPA output and log-sum-exp, head-gate sigmoid), 'fine' for those
     super-selective also drops (norm statistics, SwiGLU activation outputs), '' for the rest.
 
-    What the reference model (scaleplan.validate.model; Megatron's structure) saves, checked per
+    What the reference model (scaleplan.reference.model; Megatron's structure) saves, checked per
     layer against torch's saved tensors (tests/validate/test_memory.py). s: sequence length per
     device, b: micro-batch, a: bytes per activation element, T = s b tokens. Attention: the norm
     input, the QKV GEMM input, the fused QKV output (V is a view of it, so the whole buffer stays),
@@ -205,7 +205,7 @@ class ModelState:
 
 MEGATRON = ModelState("megatron", grad_bytes=4.0, master_grad=False, shard_optimizer=True, ddp_buckets=False)
 REFERENCE_DDP = ModelState("reference-ddp", grad_bytes=None, master_grad=True, shard_optimizer=False,
-                           ddp_buckets=True, router_fp32=True)  # scaleplan.validate.runner: DDP + MasterAdamW
+                           ddp_buckets=True, router_fp32=True)  # scaleplan.validate.runner: DDP + reference.optim.MasterAdamW
 MOMENT_BYTES = {k: v - 4.0 for k, v in OPT_STATE_BYTES.items()}  # the optimizer state without the fp32 master
 # Allocator overhead when no bench measurement exists (bench suite 'allocator' measures both):
 DEFAULT_ALLOCATOR_FRACTION = 0.10  # reserved / max allocated - 1 of the caching allocator in MoE training

@@ -1,7 +1,7 @@
 """Allocator overhead: what the caching allocator reserves beyond what the training step allocates
 (issue 14; the memory model's 'allocator' and 'context' terms, estimator/memory.py).
 
-Each point trains the reference model of ``scaleplan validate`` (scaleplan.validate.model; one
+Each point trains the reference model of ``scaleplan validate`` (scaleplan.reference.model; one
 process, AdamW on fp32 masters) for ``steps`` optimizer steps after ``warmup`` and reads
 ``torch.cuda.max_memory_allocated`` and ``torch.cuda.max_memory_reserved`` over those steps
 (peaks reset after the warm-up, so the first-step allocations settle first).
@@ -92,13 +92,13 @@ def train_steps(spec_d: dict, ckpt: str, device: torch.device, steps: int, warmu
                 on_warm=None) -> list[float]:
     """Warm-up + timed steps of the reference model (forward, backward, AdamW, bias update) on
     ``device``; ``on_warm()`` runs between warm-up and timed steps. Returns the timed steps' seconds."""
+    from scaleplan.reference.model import build_model
+    from scaleplan.reference.optim import MasterAdamW, torch_dtype
     from scaleplan.specs import parse_spec
-    from scaleplan.validate.model import build_model
-    from scaleplan.validate.runner import MasterAdamW, _dtype
 
     sp = parse_spec(spec_d)
     torch.manual_seed(0)
-    model = build_model(sp.model, ckpt, device, _dtype(sp.model.precision))
+    model = build_model(sp.model, ckpt, device, torch_dtype(sp.model.precision))
     opt = MasterAdamW(model.parameters())
     g = torch.Generator().manual_seed(0)
     shape = (sp.data.microbatch_sz, sp.data.seqlen)

@@ -26,7 +26,7 @@ The per-kernel gap t_gap is wall - active.
 ``ops:<part>[:<ckpt>]`` (serial-dispatch profiles, e.g. cpu-local, where the host issues every op
 on the cores that compute it, and GPUs, where the estimator's reference stack uses them for
 ``scaleplan validate``): host seconds of the reference training model
-(:mod:`scaleplan.validate.model`) for one part, stored in ``wall_per_kernel_s`` with chain_len = 1:
+(:mod:`scaleplan.reference.model`) for one part, stored in ``wall_per_kernel_s`` with chain_len = 1:
 ``moe`` / ``dense`` per layer and micro-batch (forward + backward + the recompute of ``ckpt``),
 ``microbatch`` per micro-batch outside the layers (embedding, final norm, LM head, loss),
 ``step_moe`` / ``step_dense`` / ``step`` optimizer-step ops per MoE layer, per dense layer and fixed.

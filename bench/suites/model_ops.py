@@ -114,8 +114,8 @@ def _probe(tokens, hidden, experts, layers, moe, ckpt, precision, dtype_name, de
     """(ops of one fwd+bwd, ops of one optimizer step, median wall s of fwd+bwd, of the step,
     median seconds of the uncosted ops' kernels in a fwd+bwd, in a step). On CUDA the walls are
     host issue times (:func:`issue_walls`) and the uncosted compute is 0 (costed on the GPU)."""
-    from scaleplan.validate.model import build_model
-    from scaleplan.validate.runner import MasterAdamW
+    from scaleplan.reference.model import build_model
+    from scaleplan.reference.optim import MasterAdamW
 
     dt = getattr(torch, dtype_name)
     dev = torch.device(device)

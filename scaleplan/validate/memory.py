@@ -1,7 +1,7 @@
 """What the reference model really stores: parameter-state bytes and the activations saved for backward.
 
 * :func:`state_bytes`: bytes of the weights, gradients, fp32 master copies, master gradients and
-  AdamW moments of a model after one optimizer step of :class:`scaleplan.validate.runner.MasterAdamW`
+  AdamW moments of a model after one optimizer step of :class:`scaleplan.reference.optim.MasterAdamW`
   (the tensors themselves, counted by storage).
 * :func:`saved_activation_bytes`: bytes of the tensors autograd saves for the backward pass in one
   forward, captured with ``torch.autograd.graph.saved_tensors_hooks`` and attributed to the stage

@@ -33,9 +33,6 @@ from scaleplan.specs import Layout, Spec
 from scaleplan.validate.load import machine_busy_s
 
 RUNNABLE_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-LR = 1e-4
-WEIGHT_DECAY = 0.1
-ADAM_EPS = 1e-14  # app:lr_hpo
 
 
 @dataclass
@@ -130,46 +127,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _dtype(precision: str):
-    import torch
-
-    return {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-
-
-class MasterAdamW:
-    """AdamW on fp32 master copies of low-precision parameters (fp32 parameters are stepped directly)."""
-
-    def __init__(self, params):
-        import torch
-
-        self.params = [p for p in params if p.requires_grad]
-        self.masters = [p.detach().float().clone() if p.dtype != torch.float32 else p for p in self.params]
-        for m in self.masters:
-            m.requires_grad_(True)
-        kw = {"lr": LR, "betas": (0.9, 0.999), "eps": ADAM_EPS, "weight_decay": WEIGHT_DECAY}
-        try:  # one fused kernel per dtype/device group, as production stacks run Adam
-            self.opt = torch.optim.AdamW(self.masters, fused=True, **kw)
-        except (RuntimeError, ValueError, TypeError):
-            self.opt = torch.optim.AdamW(self.masters, foreach=True, **kw)
-
-    def zero_grad(self) -> None:
-        for p, m in zip(self.params, self.masters):
-            p.grad = None
-            m.grad = None
-
-    def step(self) -> None:
-        import torch
-
-        with torch.no_grad():
-            for p, m in zip(self.params, self.masters):
-                if m is not p:
-                    m.grad = None if p.grad is None else p.grad.float()
-            self.opt.step()
-            for p, m in zip(self.params, self.masters):
-                if m is not p:
-                    p.copy_(m)
-
-
 def default_threads(nproc: int) -> int:
     """torch threads per process when ``--threads`` is not given: the CPUs shared by the processes."""
     return max(1, (os.cpu_count() or 1) // nproc)
@@ -179,9 +136,10 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from scaleplan.reference.grouped import select_impl
+    from scaleplan.reference.model import build_model
+    from scaleplan.reference.optim import MasterAdamW, torch_dtype
     from scaleplan.specs import parse_spec
-    from scaleplan.validate.grouped import select_impl
-    from scaleplan.validate.model import build_model
 
     spec, layout = parse_spec(cfg.spec), Layout(**cfg.layout)
     n_mb = check_layout(spec, layout, world)
@@ -194,7 +152,7 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
         torch.backends.cuda.matmul.allow_tf32 = spec.model.precision == "tf32"
         torch.cuda.reset_peak_memory_stats(device)
     rss0 = reset_peak_rss()
-    dtype = _dtype(spec.model.precision)
+    dtype = torch_dtype(spec.model.precision)
     torch.manual_seed(cfg.seed)  # same initial weights on every rank
     model = build_model(spec.model, layout.ckpt, device, dtype)
     impl = select_impl(device, dtype)
@@ -263,7 +221,7 @@ TRACE_STEPS = 2  # profiled steps after the timed ones (their times are not in t
 
 
 def _region(name: str):
-    from scaleplan.validate.model import _scope
+    from scaleplan.reference.model import _scope
 
     return _scope(name)
 
@@ -275,7 +233,7 @@ def _traced_steps(one_step, cfg: "RunConfig", rank: int, device) -> dict | None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from scaleplan.validate import model as vmodel
+    from scaleplan.reference import model as vmodel
     from scaleplan.validate import trace as vtrace
 
     cuda = device.type == "cuda"

@@ -6,7 +6,7 @@ https://ui.perfetto.dev or ``tensorboard --logdir DIR``), and its events are att
 components below, printed beside the estimator's prediction for the same components.
 
 Attribution. Every profiled op event is given a *region* from the model's ``sp::<region>``
-``record_function`` scopes (scaleplan.validate.model, switched on only while tracing): its own
+``record_function`` scopes (scaleplan.reference.model, switched on only while tracing): its own
 ancestor scope, else, for autograd backward work, the scope of the forward op that created the
 backward node (same ``sequence_nr``). Its time is then attributed by the first matching rule of
 :data:`RULES`, which match CPU op names (``aten::mm``) and CUDA kernel names (``sm90_xmma_gemm_*``,

@@ -14,10 +14,10 @@ from scaleplan.estimator import memory as mm
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.plans import plans_from_layouts
 
+from scaleplan.reference.model import build_model, moe_block_flags
+from scaleplan.reference.optim import MasterAdamW
 from scaleplan.specs import Layout, parse_spec
 from scaleplan.validate.memory import saved_activation_bytes, state_bytes
-from scaleplan.validate.model import build_model, moe_block_flags
-from scaleplan.validate.runner import MasterAdamW
 
 MODEL = {"n_layers": 3, "hidden_sz": 64, "inter_sz": 160, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 16,
          "vocab_sz": 512, "moe": {"n_experts": 8, "experts_per_token": 2, "expert_inter_sz": 40,

@@ -7,10 +7,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.profiler import ProfilerActivity, profile
 
+from scaleplan.reference import model as vmodel
+from scaleplan.reference.optim import MasterAdamW
 from scaleplan.specs import parse_spec
-from scaleplan.validate import model as vmodel
 from scaleplan.validate import trace as vtrace
-from scaleplan.validate.runner import MasterAdamW
 
 # (name, region) -> component, written from what each op or kernel computes
 CASES = [

@@ -6,9 +6,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from scaleplan.geometry import moe_layer_count, spec_param_counts
+from scaleplan.reference.grouped import grouped_linear
+from scaleplan.reference.model import build_model, moe_block_flags
 from scaleplan.specs import parse_spec
-from scaleplan.validate.grouped import grouped_linear
-from scaleplan.validate.model import build_model, moe_block_flags
 
 MODEL = {"n_layers": 3, "hidden_sz": 64, "inter_sz": 160, "n_q_heads": 4, "n_kv_heads": 2, "head_dim": 16,
          "vocab_sz": 512, "precision": "fp32",
@@ -64,7 +64,7 @@ def test_loss_starts_near_log_vocab():
 @pytest.mark.parametrize("impl,n_rows,d_in", [("torch_grouped_mm", 16, 8), ("torch_grouped_mm", 10, 6),
                                               ("loop", 10, 6)])
 def test_grouped_linear_matches_per_expert_matmul_incl_empty_groups(impl, n_rows, d_in):
-    from scaleplan.validate.grouped import select_impl
+    from scaleplan.reference.grouped import select_impl
 
     if impl == "torch_grouped_mm" and select_impl("cpu", torch.float32) != impl:
         pytest.skip("torch.nn.functional.grouped_mm not usable on this CPU build")

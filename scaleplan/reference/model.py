@@ -7,8 +7,8 @@ the spec says so); next-token cross-entropy on fp32 logits.
     each head's SDPA output before the output projection;
   * FFN: the first ``moe.first_dense_layers`` blocks carry a dense SwiGLU of width ``inter_sz``;
     after them every ``moe_frequency``-th block is an MoE layer (the others dense): the router of
-    :mod:`scaleplan.validate.router`, E routed SwiGLU experts of width ``expert_inter_sz`` computed
-    with the grouped GEMM of :mod:`scaleplan.validate.grouped`, plus one always-on shared expert of
+    :mod:`scaleplan.reference.router`, E routed SwiGLU experts of width ``expert_inter_sz`` computed
+    with the grouped GEMM of :mod:`scaleplan.reference.grouped`, plus one always-on shared expert of
     width ``shared_expert_inter_sz`` (eq:moe-output);
   * norms: LayerNorm with gain 1 and no bias, so the parameter count equals
     :func:`scaleplan.geometry.spec_param_counts` exactly;
@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from scaleplan.reference.grouped import grouped_linear, select_impl
+from scaleplan.reference.router import Router
 from scaleplan.specs import ModelBlock
-from scaleplan.validate.grouped import grouped_linear, select_impl
-from scaleplan.validate.router import Router
 
 INIT_STD = 0.006
 ROPE_BASE = 10_000.0

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scaleplan.validate import grouped
-from scaleplan.validate.grouped import grouped_linear, pad_plan, row_alignment, select_impl
+from scaleplan.reference import grouped
+from scaleplan.reference.grouped import grouped_linear, pad_plan, row_alignment, select_impl
 
 pytestmark = pytest.mark.skipif(select_impl("cpu", torch.float32) != "torch_grouped_mm",
                                 reason="torch.nn.functional.grouped_mm not usable on this CPU build")

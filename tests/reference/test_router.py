@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from scipy import stats
 
-from scaleplan.validate.router import (
+from scaleplan.reference.router import (
     bias_update,
     proposal_size,
     route,
