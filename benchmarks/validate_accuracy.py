@@ -91,7 +91,7 @@ def measure_tables(specs: dict[str, Path], url: str) -> None:
     res = bplan.run_lookups(merged, next(iter(specs.values())), url, profile="cpu-local", device="cpu")
     print(f"bench: {[(r.suite, r.status, r.measured, r.not_measurable) for r in res]} "
           f"in {time.perf_counter() - t0:.0f} s", flush=True)
-    from scaleplan.cli.validate import forget_cached_tables
+    from scaleplan.validate.loop import forget_cached_tables
 
     forget_cached_tables()  # lookups() cached the tables as they were before measuring
 

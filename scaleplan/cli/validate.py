@@ -19,10 +19,6 @@ from scaleplan.cli._common import (
     stdout,
     want_json,
 )
-from scaleplan.errors import SpecError
-
-BENCH_HINT = ("measure this machine's tables first: `scaleplan bench plan {spec} --devices {n} --run "
-              "--profile {profile}`")
 
 
 def _fmt(x, spec: str) -> str:
@@ -73,18 +69,6 @@ def _print_memory_and_load(rows: list[dict], device: str) -> None:
             stdout.print(f"[yellow]warning[/yellow] {tag}: {w}", highlight=False)
 
 
-def _components(res, pred: dict | None) -> dict | None:
-    """Measured (--trace) beside predicted time per component (scaleplan.validate.trace), or None."""
-    tr = res.extra.get("trace")
-    if not tr:
-        return None
-    from scaleplan.validate import trace as vtrace
-
-    predicted = vtrace.predicted_components((pred or {}).get("breakdown_s"))
-    return {"trace_path": tr["path"], "steps": tr["steps"], "step_wall_s": tr["step_wall_s"],
-            "rows": vtrace.component_table(tr["components_s"], predicted), "top_ops": tr["top_ops"]}
-
-
 def _print_components(rows: list[dict]) -> None:
     from rich.table import Table
 
@@ -103,41 +87,6 @@ def _print_components(rows: list[dict]) -> None:
         stdout.print(t)
         stdout.print(f"trace: {comp['trace_path']} (open in https://ui.perfetto.dev or tensorboard --logdir)",
                      highlight=False)
-
-
-def _measure_tables(spec: Path, layouts, nproc: int, profile: str, url, device: str, threads: int | None) -> None:
-    """bench plan --run for exactly the lookups of these layouts (CPU: with the per-process thread count)."""
-    import torch
-
-    from scaleplan.bench import plan as bplan
-    from scaleplan.validate.runner import default_threads
-
-    if device == "cpu":
-        torch.set_num_threads(threads or default_threads(nproc))
-    lay = [",".join(f"{k}={v}" for k, v in x.model_dump().items() if v is not None) for x in layouts]
-    # the reference stack: on a GPU profile too, the host rows ops:* of the model validate trains
-    points, _ = bplan.lookups(spec, nproc, lay, profile, url, stack="reference")
-    stderr.print(f"measuring {sum(len(v) for v in points.values())} table points for {profile}", highlight=False)
-    from scaleplan.cli.bench import SweepProgress
-
-    with SweepProgress() as on_event:  # a bar with ETA per suite, as `bench plan --run`
-        bplan.run_lookups(points, spec, url, profile=profile, device=device, on_event=on_event)
-    forget_cached_tables()
-
-
-def _gpu_name() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0)
-
-
-def forget_cached_tables() -> None:
-    """The estimator caches a profile's tables per process; drop them after new measurements."""
-    from scaleplan.estimator import tables
-
-    clear = getattr(getattr(tables, "cached_tables", None), "cache_clear", None)
-    if clear:
-        clear()
 
 
 def validate(
@@ -167,61 +116,18 @@ def validate(
 ) -> None:
     """Run forward+backward+AdamW steps per layout, measure step time, MFU and peak memory, store them,
     and print them beside the estimator's prediction."""
-    from scaleplan.profiles import load_profile
-    from scaleplan.specs import load_spec, parse_layout
-    from scaleplan.validate import compare
-    from scaleplan.validate import memory as vmem
-    from scaleplan.validate.rows import extend_row
-    from scaleplan.validate.runner import RunConfig, check_layout, run_layout
+    from scaleplan.cli.bench import SweepProgress
+    from scaleplan.validate.loop import ValidateRequest, run_validation
 
-    if device not in ("cpu", "cuda"):
-        raise SpecError("--device", device, "cpu or cuda")
-    if nproc < 1:
-        raise SpecError("--nproc", nproc, "a positive integer")
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise SpecError("--device", "cuda", "no CUDA device is visible here; use --device cpu")
     check_extrapolate(extrapolate)
-    if html is not None and not Path(html).resolve().parent.is_dir():  # before minutes of training steps
-        raise SpecError("--html", str(html), "a file in an existing directory")
-    sp = load_spec(spec)
-    base = sp.default_layout()
-    layouts = [parse_layout(s, base) for s in layout] if layout else [base]
-    for lay in layouts:
-        check_layout(sp, lay, nproc)  # refuse before running anything
-    layouts = [lay.model_copy(update={"dp": nproc}) for lay in layouts]
-    url = db_url(db)
-    profile = profile or compare.default_profile(device, nproc)
-    peak = load_profile(profile).peak(sp.model.precision)
-    if bench:
-        _measure_tables(spec, layouts, nproc, profile, url, device, threads)
-    preds, reason = compare.predict(sp, layouts, nproc, profile, url, extrapolate)
-    overhead = vmem.measured_allocator_overhead(url, _gpu_name()) if device == "cuda" else None
-    rows = []
-    for i, lay in enumerate(layouts):
-        stderr.print(f"[{i + 1}/{len(layouts)}] {spec.name}: dp={nproc} mbs={lay.mbs} ckpt={lay.ckpt}, "
-                     f"{warmup}+{steps} steps on {device}", highlight=False)
-        cfg = RunConfig(spec=sp.model_dump(mode="json"), layout=lay.model_dump(), steps=steps, warmup=warmup,
-                        device=device, nproc=nproc, threads=threads, trace_dir=str(trace) if trace else None,
-                        trace_tag=f"dp{nproc}_mbs{lay.mbs}_{lay.ckpt}")
-        res = run_layout(cfg)
-        m = compare.mfu(sp, res.t_iter_s, nproc, peak)
-        oid = compare.store_observation(url, sp, spec.stem, lay, nproc, profile, res, m, preds[i], sweep,
-                                        steps, warmup, device) if store else None
-        mem_pred = vmem.predict_reference_memory(sp, lay, device, overhead)
-        rows.append(extend_row(compare.comparison_row(lay, nproc, res, m, preds[i], oid), res, mem_pred,
-                               _components(res, preds[i])))
+    req = ValidateRequest(spec=spec, layouts=tuple(layout or ()), steps=steps, warmup=warmup, device=device,
+                          nproc=nproc, profile=profile, threads=threads, sweep=sweep, extrapolate=extrapolate,
+                          store=store, bench=bench, trace=trace, html=html, db_url=db_url(db))
+    report = run_validation(req, say=lambda line: stderr.print(line, highlight=False),
+                            bench_progress=SweepProgress)
     if html:
-        from scaleplan.report.html import write_report
-
-        write_report(html, "validate", {"rows": [dict(r, predicted_breakdown_s=(p or {}).get("breakdown_s"))
-                                                 for r, p in zip(rows, preds)], "spec_path": str(spec),
-                                        "profile": profile, "device": device, "spec": sp.model_dump(mode="json")})
         stderr.print(f"wrote the report {html}", highlight=False)
     if want_json(json_out):
-        print_json(rows)
+        print_json(report.rows)
     else:
-        hint = BENCH_HINT.format(spec=spec, n=nproc, profile=profile)
-        _print_table(rows, profile, reason, hint, device)
+        _print_table(report.rows, report.profile, report.reason, report.hint, device)
