@@ -1,7 +1,8 @@
 """The Estimator: MFU(.) and Mem(.) of execution plans (paper sec:performance-model).
 
-See /work/estimator_api.md for the contract. Tables are loaded once per (database URL, profile)
-and cached; every evaluation is vectorised over plans (``model.TimeModel``).
+The contract is :class:`Estimator`'s docstring (docs/architecture.md: where each piece lives). Tables
+are loaded once per (database URL, profile) and cached; every evaluation is vectorised over plans
+(``model.TimeModel``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-from scaleplan.estimator.dispatch import STACKS
+from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
 from scaleplan.estimator.geom import Geometry, geometry
 from scaleplan.estimator.memory import ALLOCATED, RESERVE_BYTES, memory_breakdown
 from scaleplan.estimator.model import CKPT_CODES, ChiCoefficients, DispatchLaw, Evaluation, Plans, TimeModel
@@ -162,31 +163,13 @@ class Estimator:
 
     # -- calibration ---------------------------------------------------------------------------
     def _calibration(self, cal_id, use) -> tuple[DispatchLaw, ChiCoefficients]:
-        # precedence: module defaults < the profile's trace-derived law < measured dispatch rows of
-        # this profile (the isolated-chain gap only where the profile has no block-level gap) <
-        # a 'dispatch' calibration row
-        law = DispatchLaw()
-        pd_ = self.profile.dispatch
-        if pd_ is not None:
-            law = DispatchLaw(pd_.kappa0, pd_.kappa1, pd_.t_gap_s, pd_.t_host_s, f"profile ({pd_.source})",
-                              pd_.t_ep_host_s)
-        elif self.tables.t_gap_s:
-            law.t_gap_s, law.source = self.tables.t_gap_s, "dispatch table"
-        if self.tables.t_host_s:
-            law.t_host_s = self.tables.t_host_s
+        """The dispatch law (precedence: :func:`dispatch.law_in_force`) and chi_sys in force; sets the
+        runtime scales a 'dispatch' calibration carries."""
+        rows = self._calibration_rows(cal_id) if use else {}
+        law, scales = law_in_force(self.profile.dispatch, self.tables.t_gap_s, self.tables.t_host_s,
+                                   rows.get("dispatch"))
+        self.host_scale, self.kernel_scale, self.ep_host_scale = (scales[k] for k in RUNTIME_SCALES)
         chi = ChiCoefficients()
-        if not use:
-            return law, chi
-        rows = self._calibration_rows(cal_id)
-        d = rows.get("dispatch")
-        if d is not None:
-            co = d.coefficients
-            law = DispatchLaw(float(co.get("kappa0", law.kappa0)), float(co.get("kappa1", law.kappa1)),
-                              float(co.get("t_gap_s", law.t_gap_s)), float(co.get("t_host_s", law.t_host_s)),
-                              f"calibration {d.id}", float(co.get("t_ep_host_s", law.t_ep_host_s)))
-            self.host_scale = float(co.get("host_scale", 1.0))
-            self.kernel_scale = float(co.get("kernel_scale", 1.0))
-            self.ep_host_scale = float(co.get("ep_host_scale", 1.0))
         c = rows.get("chi_sys")
         if c is not None:
             co = c.coefficients

@@ -1,7 +1,6 @@
 """The CPU dispatch law (sec:iteration-time-model): t_disp = L_stage kappa(E_loc) t_gap + t_host,
-plus the per-MoE-layer host cost of the EP token path. Constants and the law; the precedence of
-its sources (defaults < profile < measured dispatch rows < calibration) is in
-:meth:`scaleplan.estimator.api.Estimator._calibration`. The law counts Megatron-Core's kernels: on a
+plus the per-MoE-layer host cost of the EP token path. Constants, the law, and the precedence of
+its sources (defaults < profile < measured dispatch rows < calibration): :func:`law_in_force`. The law counts Megatron-Core's kernels: on a
 serial-dispatch (CPU) profile, and for ``stack="reference"`` (scaleplan's own reference model) on any
 profile, the measured host seconds of that model's ops (dispatch rows ``ops:*``) take precedence
 over the whole law for each checkpoint mode they cover
@@ -48,6 +47,37 @@ class DispatchLaw:
     t_host_s: float = T_HOST_DEFAULT_S
     source: str = "default"
     t_ep_host_s: float = 0.0
+
+
+RUNTIME_SCALES = ("host_scale", "kernel_scale", "ep_host_scale")  # carried by a 'dispatch' calibration
+
+
+def law_in_force(profile_law, table_t_gap_s: float | None, table_t_host_s: float | None,
+                 calibration=None) -> tuple[DispatchLaw, dict[str, float]]:
+    """The dispatch law a prediction uses, and the runtime scales (:data:`RUNTIME_SCALES`, 1 unless set).
+
+    Precedence, lowest first: the module defaults; the profile's trace-derived law (``profile_law``, a
+    profile's ``dispatch`` block or None); the profile's measured dispatch rows (their isolated-chain gap
+    ``table_t_gap_s`` only where the profile has no block-level gap; their ``table_t_host_s`` always);
+    a 'dispatch' calibration row (``calibration``: .id and .coefficients; each coefficient it carries
+    replaces the one below, and it carries the runtime scales). Explicit scales given to the Estimator
+    override the calibration's (applied by the caller). Seconds."""
+    law = DispatchLaw()
+    if profile_law is not None:
+        p = profile_law
+        law = DispatchLaw(p.kappa0, p.kappa1, p.t_gap_s, p.t_host_s, f"profile ({p.source})", p.t_ep_host_s)
+    elif table_t_gap_s:
+        law.t_gap_s, law.source = table_t_gap_s, "dispatch table"
+    if table_t_host_s:
+        law.t_host_s = table_t_host_s
+    scales = dict.fromkeys(RUNTIME_SCALES, 1.0)
+    if calibration is None:
+        return law, scales
+    co = calibration.coefficients
+    law = DispatchLaw(float(co.get("kappa0", law.kappa0)), float(co.get("kappa1", law.kappa1)),
+                      float(co.get("t_gap_s", law.t_gap_s)), float(co.get("t_host_s", law.t_host_s)),
+                      f"calibration {calibration.id}", float(co.get("t_ep_host_s", law.t_ep_host_s)))
+    return law, {k: float(co.get(k, 1.0)) for k in RUNTIME_SCALES}
 
 
 def dispatch_time(law: DispatchLaw, L_stage, E_loc, ckc, n_moe_stage, ep):
