@@ -1,8 +1,7 @@
-"""The runtime calibration (calibrate/joint.py) and eq:desync's placement features."""
+"""The runtime calibration (calibrate/joint.py)."""
 import numpy as np
 import pytest
 from scaleplan.calibrate.joint import IDENTITY, fit_joint
-from scaleplan.estimator.model import desync_features
 
 from scaleplan.errors import ScaleplanError
 
@@ -72,15 +71,3 @@ def test_level_and_host_scale_are_not_both_fitted_when_every_run_is_dispatch_bou
 def test_refuses_non_positive_times():
     with pytest.raises(ScaleplanError):
         fit_joint(_synthetic(np.ones(2), np.ones(2), np.zeros(2)), np.array([1.0, 0.0]))
-
-
-def test_desync_features_follow_megatron_rank_order():
-    # 8 GPUs per node. pp neighbours are tp*cp*dp ranks apart:
-    ep_nodes, hops, deep = desync_features(1, 1, 4, 64, 8, 8)   # 256 GPUs: every stage on its own nodes
-    assert (ep_nodes, hops, deep) == (1, 3, False)
-    ep_nodes, hops, deep = desync_features(2, 1, 4, 2, 2, 8)    # stride 4: two stages per node
-    assert (ep_nodes, hops, deep) == (1, 1, False)
-    ep_nodes, hops, deep = desync_features(1, 1, 8, 1, 1, 8)    # 8 stages on one node
-    assert (ep_nodes, hops, deep) == (1, 0, True)
-    ep_nodes, hops, deep = desync_features(1, 1, 1, 256, 16, 8)  # EP 16 spans two nodes
-    assert (ep_nodes, hops, deep) == (2, 0, False)
