@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scaleplan.calibrate import store
 from scaleplan.calibrate.chi_sys import TERMS, features, fit_chi
 from scaleplan.calibrate.dispatch import fit_dispatch, load_dispatch_rows
 from scaleplan.calibrate.evaluate import (
@@ -19,6 +18,7 @@ from scaleplan.calibrate.report import parity_plot, run_rows, sweep_report
 from scaleplan.calibrate.run_scales import BOUNDS, absolute_times, fit_run_scales
 from scaleplan.calibrate.run_scales import PARAMS as RUN_SCALES  # kept by a benchmark refit
 
+from scaleplan.db import calibrations as store  # every calibration row is read and written there
 from scaleplan.errors import ScaleplanError
 
 DEFAULT_PROFILE = "p6-b200.48xlarge"

@@ -294,7 +294,7 @@ def list_(profile: str = typer.Option(None, "--profile", help="Only this profile
     """Stored calibrations (all versions) and observed runs per sweep."""
     from sqlalchemy import func, select
 
-    from scaleplan.calibrate.store import as_dict, list_calibrations
+    from scaleplan.db.calibrations import as_dict, list_calibrations
     from scaleplan.db import models as m
     from scaleplan.db import session as dbs
 

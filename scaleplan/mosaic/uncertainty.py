@@ -79,22 +79,14 @@ def mfu_error(db_url: str | None, profile: str) -> MfuError:
     fallback = MfuError(FALLBACK_SIGMA, "fallback: paper sec:mfu-pred MAPE 13.2% as a log-normal sigma")
     if db_url is None:
         return fallback
-    from sqlalchemy import inspect
+    from scaleplan.db.calibrations import calibrations_in_force
 
-    from scaleplan.calibrate.store import newest
-    from scaleplan.db.session import get_engine, session_scope
-
-    if not inspect(get_engine(db_url)).has_table("calibration"):
+    row = calibrations_in_force(db_url, profile).get("dispatch")
+    sigma = None if row is None else sigma_from_residuals(row.residuals)
+    if sigma is None:
         return fallback
-    with session_scope(db_url) as s:
-        row = newest(s, profile, "dispatch")
-        if row is None:
-            return fallback
-        sigma = sigma_from_residuals(row.residuals)
-        if sigma is None:
-            return fallback
-        return MfuError(sigma, f"calibration {row.id} (dispatch v{row.version}) leave-one-out residuals",
-                        len(row.residuals))
+    return MfuError(sigma, f"calibration {row.id} (dispatch v{row.version}) leave-one-out residuals",
+                    len(row.residuals))
 
 
 @dataclass

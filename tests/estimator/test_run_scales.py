@@ -62,7 +62,7 @@ def test_gpu_law_host_terms_scale():
 
 
 def test_stored_dispatch_row_host_scale_is_applied(sqlite_url):
-    from scaleplan.calibrate.store import store_calibration
+    from scaleplan.db.calibrations import store_calibration
 
     from scaleplan.db.session import session_scope
 
