@@ -86,8 +86,12 @@ def search(
     """MOSAIC: the loss-optimal MoE geometry, tokens and layout for a cluster and window (exact enumeration)."""
     from scaleplan.mosaic.run import run_search
 
-    report = run_search(_request(ctx.params))
-    if want_json(json_out):
+    _print(run_search(_request(ctx.params)), want_json(json_out), emit, wide)
+
+
+def _print(report, as_json: bool, emit: str | None, wide: bool) -> None:
+    """The report: its JSON document, Megatron-Core's arguments (--emit megatron) or the tables."""
+    if as_json:
         print_json(report.out)
     elif emit == "megatron":
         typer.echo(report.out["megatron_args"])
