@@ -237,22 +237,31 @@ def estimate(
     geom, prov = geometry_dict(spec.model), provenance(est)
     docs = [{**r.to_dict(), "geometry": geom, "provenance": prov} for r in res]
     if emit == "megatron":
-        refused = _emit_estimates(docs, res, spec, spec_path, n, est.profile, tokens, mem_fraction)
-        if want_json(json_out):
-            print_json(docs)
-        else:
-            typer.echo("\n\n".join(d["megatron_args"] for d in docs if "megatron_args" in d))
-        for line in refused:
-            stderr.print(f"error: {line}", highlight=False, markup=False)
-        if refused:
-            raise typer.Exit(2)
-        return
-    if want_json(json_out):
+        _print_megatron(docs, _emit_estimates(docs, res, spec, spec_path, n, est.profile, tokens, mem_fraction),
+                        want_json(json_out))
+    elif want_json(json_out):
         print_json(docs)
-        return
+    else:
+        _print_estimates(res, f"{spec_path} on {n} x {est.profile.name}", spec, spec_path, geom, prov)
+
+
+def _print_megatron(docs: list[dict], refused: list[str], as_json: bool) -> None:
+    """--emit megatron: the arguments of every estimate (or the JSON); exit 2 after naming any refused."""
+    if as_json:
+        print_json(docs)
+    else:
+        typer.echo("\n\n".join(d["megatron_args"] for d in docs if "megatron_args" in d))
+    for line in refused:
+        stderr.print(f"error: {line}", highlight=False, markup=False)
+    if refused:
+        raise typer.Exit(2)
+
+
+def _print_estimates(res, title: str, spec, spec_path, geom: dict, prov: dict) -> None:
+    """The estimates as tables: one row per layout, then each layout's breakdown, memory and warnings."""
     from rich.table import Table
 
-    t = Table(title=f"{spec_path} on {n} x {est.profile.name}")
+    t = Table(title=title)
     for c in ("layout", "MFU %", "HFU %", "t_iter s", "mem GB", "chi_sys", "fits"):
         t.add_column(c)
     for r in res:
@@ -317,13 +326,17 @@ def layouts(
     _layouts_outputs(out, spec, n, est, emit, emit_spec, html)
     if want_json(json_out):
         print_json(out)
-        return
-    if emit == "megatron" and out["best"] is not None:
+    elif emit == "megatron" and out["best"] is not None:
         typer.echo(out["megatron_args"])
-        return
+    else:
+        _print_layouts(out, res, f"{spec_path} on {n} x {est.profile.name}", spec_path)
+
+
+def _print_layouts(out: dict, res, title: str, spec_path) -> None:
+    """The ranked plans as a table, the infeasible counts, the geometry, provenance and files written."""
     from rich.table import Table
 
-    t = Table(title=f"{spec_path} on {n} x {est.profile.name}: {res.n_feasible} feasible of {res.n_plans} plans")
+    t = Table(title=f"{title}: {res.n_feasible} feasible of {res.n_plans} plans")
     for col in ("#", "layout", "MFU %", "HFU %", "t_iter s", "mem GB", "chi_sys", "fits"):
         t.add_column(col)
     for i, r in enumerate(res.ranked, 1):
