@@ -58,6 +58,28 @@ PRIOR_SD = {"host_scale": 0.15, "ep_host_scale": 0.3, "c_a2a": 0.5, "c_pp": 0.05
 _H = 0.05  # finite-difference step (log host_scale; the chi coefficients themselves)
 
 
+# what a term at its bound means, in words (the fit's note): the lower bound of an eq:desync term is "off"
+_AT_LOWER = {
+    "c_a2a": "the runs ask for no extra cross-node all-to-all cost: the estimator's all-to-all time alone already "
+             "matches them (or over-predicts), so this eq:desync term is off",
+    "c_pp": "the runs ask for no extra cost per pipeline hop across nodes: this eq:desync term is off",
+    "c_level": "the runs ask for the largest step-time reduction allowed: the estimator over-predicts all of them",
+}
+_AT_UPPER = "the fit wanted more than its range allows: this term alone does not explain the gap (a missing cost)"
+
+
+def bound_note(name: str, value: float, lower: bool) -> str:
+    """The fit's note for a term that ended on its bound: the value and what it means for the runs."""
+    lo, hi = BOUNDS[name]
+    if lower and name in _AT_LOWER:
+        why = _AT_LOWER[name]
+    elif lower:
+        why = "the fit wanted less than its range allows: the estimator over-predicts what this term scales"
+    else:
+        why = _AT_UPPER
+    return f"{name} sits at its {'lower' if lower else 'upper'} bound ({value:.4g}, range [{lo:g}, {hi:g}]): {why}"
+
+
 @dataclass
 class JointFit:
     """Fitted values (identity where not fitted), which were free, why the others were not, and the
@@ -133,7 +155,7 @@ def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarr
 
     sol = least_squares(fun, np.clip(x0, lo + 1e-9, hi - 1e-9), bounds=(lo, hi))
     p = _from_x(sol.x, free)
-    notes = [f"{n} sits at its bound {p[n]:.4g}" for n, v, a, b in zip(free, sol.x, lo, hi)
+    notes = [bound_note(n, p[n], v - a < b - v) for n, v, a, b in zip(free, sol.x, lo, hi)
              if min(v - a, b - v) < 1e-6 * (b - a)]
     return JointFit(p, free, why, resid(sol.x), r0, notes)
 

@@ -59,13 +59,15 @@ def _reference(rows: list[Observed], meas: np.ndarray, normalized: bool) -> dict
 
 def sweep_report(obs: Sequence[Observed], preds: Sequence[Prediction], bases: dict[str, SweepBasis],
                  coeffs: dict[str, float], mode: str, fixed: dict[str, float] | None = None,
-                 prior: dict[str, float] | None = None
+                 prior: dict[str, float] | None = None, preds_before: Sequence[Prediction] | None = None
                  ) -> tuple[list[dict[str, Any]], dict[str, dict[str, np.ndarray]]]:
-    """Per-sweep metrics (the report's "sweeps" list) and the arrays behind them (for the parity plot)."""
+    """Per-sweep metrics (the report's "sweeps" list) and the arrays behind them (for the parity plot).
+    ``preds_before``: the uncalibrated predictions "before" reads (default: ``preds`` at chi_sys = 1)."""
     if len(obs) != len(preds):
         raise ValueError(f"obs and preds must align: {len(obs)} vs {len(preds)}")
-    pairs = [(o, p) for o, p in zip(obs, preds) if o.sweep in bases]
-    obs, preds = [o for o, _ in pairs], [p for _, p in pairs]
+    preds_before = preds if preds_before is None else preds_before
+    keep = [i for i, o in enumerate(obs) if o.sweep in bases]
+    obs, preds, preds_before = ([x[i] for i in keep] for x in (obs, preds, preds_before))
     sweeps = list(dict.fromkeys(o.sweep for o in obs))
     after_all = _pred_after(coeffs, obs, preds, bases)
     out, arrays = [], {}
@@ -75,7 +77,7 @@ def sweep_report(obs: Sequence[Observed], preds: Sequence[Prediction], bases: di
         prs = [p for p, k in zip(preds, idx) if k]
         basis = bases[s]
         meas = np.array([measured_mfu(o, p, basis.quantity) for o, p in zip(rows, prs)])
-        before = np.array([p.mfu_analytic for p in prs])
+        before = np.array([p.mfu_analytic for p, k in zip(preds_before, idx) if k])
         after = after_all[idx]
         if len(sweeps) > 1:
             loso, cv = _held_out(obs, preds, bases, mode, fixed, prior, idx), "loso"
@@ -111,6 +113,17 @@ def sweep_report(obs: Sequence[Observed], preds: Sequence[Prediction], bases: di
     return out, arrays
 
 
+def pooled(arrays: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Step-time MAPE over every run of every sweep (ratio-only sweeps on their rescaled level), before and after:
+    the figures `calibrate fit` prints for the same runs ("step-time MAPE before -> after (in-sample)")."""
+    if not arrays:
+        return {"n": 0, "mape_before": None, "mape_after": None}
+    meas = np.concatenate([a["measured"] for a in arrays.values()])
+    return {"n": int(meas.size),
+            **{f"mape_{k}": M.step_time_mape(np.concatenate([a[k] for a in arrays.values()]), meas)
+               for k in ("before", "after")}}
+
+
 def run_rows(arrays: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Per-run MFU (fractions; ratio-only sweeps on the measured scale): measured, before, after, LOSO, reference."""
     out = []
@@ -135,8 +148,12 @@ def parity_plot(arrays: dict[str, dict[str, np.ndarray]], path: str, title: str 
     for i, (s, a) in enumerate(arrays.items()):
         c = f"C{i % 10}"
         label = s + (" (ratios, rescaled)" if bool(a["normalized"]) else "")
-        ax.scatter(a["measured"] * 100, a["after"] * 100, color=c, label=label, s=28, zorder=3)
-        ax.scatter(a["measured"] * 100, a["before"] * 100, facecolors="none", edgecolors=c, s=28, zorder=2)
+        # the hollow (uncalibrated) rings are drawn larger and on top, so a filled point at the same place
+        # shows inside its ring instead of hiding it
+        ax.scatter(a["measured"] * 100, a["after"] * 100, color=c, label=f"{label} calibrated", s=22, zorder=2,
+                   alpha=0.8)
+        ax.scatter(a["measured"] * 100, a["before"] * 100, facecolors="none", edgecolors=c, s=70, linewidths=1.4,
+                   zorder=3, label=f"{label} uncalibrated")
         vals = np.concatenate([a["measured"], a["after"], a["before"]]) * 100
         lo, hi = min(lo, vals.min()), max(hi, vals.max())
     pad = 0.05 * (hi - lo if hi > lo else 1.0)
@@ -145,7 +162,7 @@ def parity_plot(arrays: dict[str, dict[str, np.ndarray]], path: str, title: str 
     ax.set_xlim(lim)
     ax.set_ylim(lim)
     ax.set_xlabel("measured MFU (%)")
-    ax.set_ylabel("predicted MFU (%)  (filled: calibrated, hollow: chi_sys = 1)")
+    ax.set_ylabel("predicted MFU (%)  (filled: calibrated, rings: uncalibrated)")
     ax.set_title(title or "MFU parity")
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -14,7 +14,7 @@ from scaleplan.calibrate.evaluate import (
     observed_from_db,
     usable,
 )
-from scaleplan.calibrate.report import parity_plot, run_rows, sweep_report
+from scaleplan.calibrate.report import parity_plot, pooled, run_rows, sweep_report
 from scaleplan.calibrate.run_scales import BOUNDS, absolute_times, fit_run_scales
 from scaleplan.calibrate.run_scales import PARAMS as RUN_SCALES  # kept by a benchmark refit
 
@@ -239,13 +239,23 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
     fixed = inputs.get("fixed") or None
     prior = inputs.get("prior") or None
     obs = _observations(url, profile, sweeps)
+    # "before" is the uncalibrated estimator (the profile's dispatch law, chi_sys = 1), as `calibrate fit` prints it
+    before_fn = _stack_predictor(profile, url, extrapolate, use_calibration=False) if predictor is None else None
     predictor = predictor or _stack_predictor(profile, url, extrapolate)
     obs, preds, skipped = usable(obs, predictor(obs))
+    preds_before = before_fn(obs) if before_fn else None
+    if preds_before is not None and any(p is None for p in preds_before):
+        preds_before = None
     bases = bases_for(obs, mode)
-    rows, arrays = sweep_report(obs, preds, bases, coeffs, mode, fixed, prior)
+    rows, arrays = sweep_report(obs, preds, bases, coeffs, mode, fixed, prior, preds_before)
+    runtime_loso = inputs.get("loso") if inputs.get("runtime") else None
+    for r in rows:  # a runtime fit's held-out figure is the one it printed: every term refitted without the sweep
+        if runtime_loso and r["sweep"] in runtime_loso:
+            r["loso_mape"], r["cv"] = float(runtime_loso[r["sweep"]]["mape_loso"]), "runtime fit, leave-one-sweep-out"
     out = {"calibration_id": info["id"] if info else None, "coefficients": coeffs, "sweeps": rows,
            "profile": profile, "mode": mode, "version": info["version"] if info else None,
-           "n_obs": int(sum(r["n"] for r in rows)), "skipped": skipped, "runs": run_rows(arrays)}
+           "n_obs": int(sum(r["n"] for r in rows)), "skipped": skipped, "runs": run_rows(arrays),
+           "all_runs": pooled(arrays), "cv_error": info.get("cv_error") if info else None}
     if plot:
         out["plot"] = parity_plot(arrays, plot, title=f"{profile}: MFU parity"
                                   + (f" (calibration {info['id']})" if info else " (chi_sys = 1)"))

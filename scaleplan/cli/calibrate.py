@@ -273,8 +273,8 @@ def report(profile: str = ProfileOpt,
     stdout.print(f"calibration {out['calibration_id']} ({out['profile']}, mode {out['mode']}): "
                  + "  ".join(f"{k}={v:.4g}" for k, v in out["coefficients"].items()))
     w = max([len(r["sweep"]) for r in out["sweeps"]] + [5])
-    stdout.print("step-time MAPE before/after calibration and leave-one-sweep-out; ref = the CSV's reference estimator",
-                 highlight=False)
+    stdout.print("step-time MAPE: before = uncalibrated (the profile's dispatch law, chi_sys = 1), after = this "
+                 "calibration, LOSO = refitted without the sweep; ref = the CSV's reference estimator", highlight=False)
     stdout.print(f"{'sweep':<{w}} {'n':>3} {'scale':<5} {'before':>7} {'after':>7} {'LOSO':>7} {'rho':>5} "
                  f"{'top5':>5} {'best@2':>6} {'ref':>7} {'ref@2':>5}", highlight=False)
     for r in out["sweeps"]:
@@ -284,6 +284,12 @@ def report(profile: str = ProfileOpt,
                      f"{r['spearman']:>5.2f} {r['topk_overlap']['after']['5']:>5.0%} "
                      f"{'yes' if r['top1_in_top2'] else 'no':>6} {_pct(r['reference_mape']):>7} "
                      f"{'-' if ref_top is None else ('yes' if ref_top else 'no'):>5}", highlight=False)
+    a = out.get("all_runs") or {}
+    if a.get("n"):
+        cv = "" if out.get("cv_error") is None else (f"; held-out (cv) {out['cv_error']:.1%}, the figure `calibrate "
+                                                      "list` shows and `search --samples` draws from")
+        stdout.print(f"all {a['n']} runs: step-time MAPE {_pct(a['mape_before'])} uncalibrated -> "
+                     f"{_pct(a['mape_after'])} calibrated (in-sample){cv}", highlight=False)
     if out.get("plot"):
         stderr.print(f"parity plot: {out['plot']}")
 
@@ -317,8 +323,11 @@ def list_(profile: str = typer.Option(None, "--profile", help="Only this profile
         coeffs = "  ".join(f"{k}={v:.4g}" for k, v in c["coefficients"].items())
         t.add_row(str(c["id"]), c["profile"], c["kind"], str(c["version"]), coeffs, str(c["n_obs"]),
                   _pct(c["cv_error"]), (c["created_at"] or "")[:19])
-    stdout.print(t)
+    from rich.console import Console
+
+    wide = Console(width=max(stdout.width, 220), soft_wrap=True)  # rich's 80 columns when piped cut every cell
+    wide.print(t)
     t2 = Table("profile", "sweep", "source", "runs")
     for o in obs:
         t2.add_row(o["profile"], o["sweep"] or "-", o["source"], str(o["n"]))
-    stdout.print(t2)
+    wide.print(t2)

@@ -27,6 +27,7 @@ class CalibrationRow:
     coefficients: dict[str, Any]
     created_at: dt.datetime | None
     residuals: list | None = None  # the fit's residuals (the search's MFU error reads a 'dispatch' row's)
+    cv_error: float | None = None  # the fit's held-out MAPE (what `calibrate list` shows)
 
 
 def calibrations_in_force(url: str | None, profile: str, cal_id: int | None = None) -> dict[str, CalibrationRow]:
@@ -43,7 +44,7 @@ def calibrations_in_force(url: str | None, profile: str, cal_id: int | None = No
     eng = get_engine(resolve_url(url))
     if "calibration" not in sa.inspect(eng).get_table_names():
         return {}
-    cols = "id, profile, kind, version, coefficients, created_at, residuals"
+    cols = "id, profile, kind, version, coefficients, created_at, residuals, cv_error"
     typed = {"coefficients": sa.JSON, "created_at": sa.DateTime(timezone=True),  # by name, not position
              "residuals": sa.JSON}
     out: dict[str, CalibrationRow] = {}

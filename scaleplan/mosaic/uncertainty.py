@@ -85,8 +85,9 @@ def mfu_error(db_url: str | None, profile: str) -> MfuError:
     sigma = None if row is None else sigma_from_residuals(row.residuals)
     if sigma is None:
         return fallback
-    return MfuError(sigma, f"calibration {row.id} (dispatch v{row.version}) leave-one-out residuals",
-                    len(row.residuals))
+    cv = "" if row.cv_error is None else f", cv MAPE {row.cv_error:.1%} as `calibrate fit` and `list` print it"
+    return MfuError(sigma, f"calibration {row.id} (dispatch v{row.version}): its {len(row.residuals)} held-out "
+                           f"step-time errors{cv}", len(row.residuals))
 
 
 @dataclass

@@ -141,9 +141,12 @@ def sweep_figure(sweep: list[dict[str, Any]], axis: str) -> str | None:
     return _fig_html(fig, "sweep")
 
 
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
+
+
 def parity_figure(runs: list[dict[str, Any]]) -> str | None:
     """Calibration parity: predicted vs measured MFU per observed run, one colour per sweep (filled: calibrated,
-    hollow: chi_sys = 1)."""
+    rings: uncalibrated, larger and drawn after so a filled point at the same place shows inside its ring)."""
     if not runs:
         return None
     import plotly.graph_objects as go
@@ -153,11 +156,15 @@ def parity_figure(runs: list[dict[str, Any]]) -> str | None:
         pts = [r for r in runs if r["sweep"] == sweep]
         text = [f"{sweep} run {r['id']}<br>{html.escape(str(r['layout']))}<br>measured {100 * r['measured']:.2f}%"
                 f", before {100 * r['before']:.2f}%, after {100 * r['after']:.2f}%" for r in pts]
+        color = _COLORS[len(fig.data) // 2 % len(_COLORS)]
         fig.add_trace(go.Scatter(x=[100 * r["measured"] for r in pts], y=[100 * r["after"] for r in pts],
-                                 mode="markers", name=f"{sweep} (calibrated)", text=text, hoverinfo="text"))
+                                 mode="markers", name=f"{sweep} (calibrated)", text=text, hoverinfo="text",
+                                 marker={"size": 7, "color": color, "opacity": 0.8}))
+        # the uncalibrated rings larger and drawn after (on top): a calibrated point at the same place sits inside
         fig.add_trace(go.Scatter(x=[100 * r["measured"] for r in pts], y=[100 * r["before"] for r in pts],
-                                 mode="markers", name=f"{sweep} (chi_sys = 1)", text=text, hoverinfo="text",
-                                 marker={"symbol": "circle-open"}))
+                                 mode="markers", name=f"{sweep} (uncalibrated)", text=text, hoverinfo="text",
+                                 marker={"symbol": "circle-open", "size": 13, "color": color,
+                                         "line": {"width": 2}}))
     vals = [100 * r[k] for r in runs for k in ("measured", "after", "before")]
     lo, hi = min(vals), max(vals)
     fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", line={"dash": "dash",
@@ -309,7 +316,14 @@ def _calibrate_sections(d: dict[str, Any], figs: list[str], tables: list[dict[st
     cols = ("sweep", "n", "MAPE before", "MAPE after", "LOSO MAPE", "Spearman")
     rows = [[r["sweep"], str(r["n"]), _num(r.get("mape_before"), "{:.1%}"), _num(r.get("mape_after"), "{:.1%}"),
              _num(r.get("loso_mape"), "{:.1%}"), _num(r.get("spearman"), "{:.2f}")] for r in d.get("sweeps") or []]
-    tables.append(_table("Per-sweep accuracy", cols, rows, sortable=True))
+    a = d.get("all_runs") or {}
+    note = "before: uncalibrated (the profile's dispatch law, chi_sys = 1); after: this calibration; LOSO: refitted " \
+        "without the sweep"
+    if a.get("n"):
+        note += (f". All {a['n']} runs: step-time MAPE {_num(a.get('mape_before'), '{:.1%}')} -> "
+                 f"{_num(a.get('mape_after'), '{:.1%}')} (in-sample), held-out (cv) {_num(d.get('cv_error'), '{:.1%}')}"
+                 " - the figures `calibrate fit` and `calibrate list` print")
+    tables.append(_table("Per-sweep accuracy", cols, rows, sortable=True, note=note))
 
 
 def _validate_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, Any]]) -> None:
