@@ -58,3 +58,16 @@ def test_edge_optimum_is_reported_and_extended(recorded_db, run_json, run):
     code, text, _ = run(*SMALL_SEARCH, "--db", recorded_db)
     assert code == 0 and "edge: the optimum's mbs = 4 is the largest searched; one more step: --mbs with 8" in text
     assert "edge: extended" in text
+
+
+def test_html_report_carries_the_recommendation_verdicts_and_edges(recorded_db, run_json, tmp_path):
+    import html as h
+
+    page = tmp_path / "plan.html"
+    out = run_json(*SAMPLED, "--db", recorded_db, "--html", page)
+    text = h.unescape(page.read_text())
+    assert "Recommendation" in text and out["recommendation"]["statement"] in text
+    assert "Verdicts over 100 draws" in text and all(s in text for s in out["verdicts"]["statements"])
+    assert "Edges of the searched grid" in text and out["edges"]["found"][0]["text"] in text
+    for col in ("P(TPP &gt;= floor)", "MFU 90% (%)", "loss 90%", "status"):
+        assert h.unescape(col) in text
