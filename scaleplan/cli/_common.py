@@ -199,6 +199,7 @@ def _bounds() -> dict[str, Bound]:
         "nproc": _b("int", 1, 1024), "threads": _b("int", 1, 4096), "size": _b("int", 1, 65_536),
         "n_tot": _b("float", 0, 1e16, True, "a parameter count in (0, 1e16]"),
         "d": _b("float", 0, 1e18, True, "a token count in (0, 1e18]"),
+        "tokens": _b("float", 0, 1e18, True, "a token count in (0, 1e18]"),
         "budget": _b("floats", 0, 1e32, True, "FLOP budgets in (0, 1e32]"),
         "points": _b("int", 2, 10_000), "bootstrap": _b("int", 0, 100_000), "starts": _b("int", 1, 100_000),
         "restarts": _b("int", 0, 100_000), "seed": _b("int", 0, 2**32 - 1),
