@@ -123,7 +123,7 @@ def memory_check(name: str, path: Path) -> dict:
     import torch
     from scaleplan.estimator import memory as mm
     from scaleplan.estimator.geom import geometry
-    from scaleplan.estimator.plans import plans_from_layouts
+    from scaleplan.estimator.layout import ParallelLayout
 
     from scaleplan.reference.model import build_model
     from scaleplan.reference.optim import MasterAdamW, torch_dtype
@@ -141,7 +141,7 @@ def memory_check(name: str, path: Path) -> dict:
     model(tok, lab).backward()
     opt.step()
     real = state_bytes(model, opt)
-    mem = mm.memory_breakdown(geometry(sp.model), plans_from_layouts([Layout(mbs=mbs, ckpt=ckpt, dp=1)], 1),
+    mem = mm.memory_breakdown(geometry(sp.model), ParallelLayout.from_specs([Layout(mbs=mbs, ckpt=ckpt, dp=1)], 1),
                               mbs, sp.data.seqlen, "adamw", state=mm.REFERENCE_DDP, rope=sp.model.rotary_embeds)
     g = {k: float(np.asarray(v)[0]) for k, v in mem.items()}
     full_peak = 0.0

@@ -58,6 +58,8 @@ import yaml
 from sqlalchemy import select
 
 from scaleplan.errors import ScaleplanError, SpecError
+from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.layout import LayoutContext, ParallelLayout
 from scaleplan.specs import CKPT_MODES, Layout, Spec, load_spec, parse_spec
 
 REQUIRED = ("n_devices", "gbs", "seqlen", "tp", "cp", "pp", "ep", "dp", "mbs")
@@ -275,13 +277,11 @@ def row_to_observation(rec: dict[str, Any], where: str, specs: dict[str, Spec], 
     ckpt = str(rec.get("ckpt") or spec.performance.activation_checkpointing_type)
     if ckpt not in CKPT_MODES:
         raise row.err("ckpt", ckpt, f"one of {', '.join(CKPT_MODES)}")
-    prod = vals["tp"] * vals["cp"] * vals["pp"] * vals["dp"]
-    if prod != vals["n_devices"]:
-        raise row.err("dp", vals["dp"], f"tp*cp*pp*dp = {prod} must equal n_devices = {vals['n_devices']}")
-    if vals["dp"] % vals["ep"]:
-        raise row.err("ep", vals["ep"], f"a divisor of dp = {vals['dp']} (EP repartitions DP)")
-    if vals["gbs"] % (vals["dp"] * vals["mbs"]):
-        raise row.err("gbs", vals["gbs"], f"a multiple of dp*mbs = {vals['dp'] * vals['mbs']}")
+    lay = ParallelLayout.of(**{f: vals[f] for f in ("tp", "cp", "pp", "dp", "ep", "mbs")}, etp=etp, vpp=vpp, ckpt=ckpt)
+    bad = lay.violation(LayoutContext(geometry(spec.model), vals["n_devices"], vals["gbs"], vals["seqlen"]))
+    if bad is not None:  # the estimator's own rules: a row it could not estimate is refused here
+        col, value, allowed = bad
+        raise row.err("dp" if col == "mesh" else col, value, allowed)
     prof = profile or spec.hardware.node_type
     t_iter, mfu, count, norm = _measurement(row, spec, vals, prof, mfu_flops)
     ref = row.float_("reference_mfu", hi=1.0)
@@ -298,8 +298,7 @@ def row_to_observation(rec: dict[str, Any], where: str, specs: dict[str, Spec], 
     spec_d = spec.model_dump(mode="json")
     spec_d["data"].update(gbs=vals["gbs"], seqlen=vals["seqlen"], microbatch_sz=vals["mbs"])
     spec_d["performance"]["activation_checkpointing_type"] = ckpt
-    layout = Layout(tp=vals["tp"], cp=vals["cp"], pp=vals["pp"], dp=vals["dp"], ep=vals["ep"], etp=etp,
-                    vpp=vpp, mbs=vals["mbs"], ckpt=ckpt).model_dump()
+    layout = lay.row(0)
     return Observation(sweep=str(rec.get("sweep") or default_sweep), model_name=model_name, spec=spec_d,
                        profile=prof, n_devices=vals["n_devices"], gbs=vals["gbs"],
                        seqlen=vals["seqlen"], layout=layout, measured_t_iter_s=t_iter, measured_mfu=mfu,

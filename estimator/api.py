@@ -16,8 +16,9 @@ import numpy as np
 from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
 from scaleplan.estimator.geom import Geometry, geometry
 from scaleplan.estimator.memory import ALLOCATED, RESERVE_BYTES, memory_breakdown
-from scaleplan.estimator.model import CKPT_CODES, ChiCoefficients, DispatchLaw, Evaluation, Plans, TimeModel
-from scaleplan.estimator.plans import PlanConstraints, enumerate_plans, plans_from_layouts
+from scaleplan.estimator.layout import LayoutContext, ParallelLayout
+from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
+from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
 from scaleplan.estimator.tables import (
     ANALYTIC,
     EXTRAPOLATE_MODES,
@@ -230,9 +231,8 @@ class Estimator:
         _check_positive(n_devices=n_devices, gbs=spec.data.gbs, seqlen=spec.data.seqlen)
         layouts = layouts or [spec.default_layout()]
         g = geometry(spec.model)
-        for lo in layouts:
-            self._validate_layout(g, lo, n_devices, spec.data.gbs, spec.data.seqlen)
-        plans = plans_from_layouts(layouts, n_devices)
+        plans = ParallelLayout.from_specs(layouts, n_devices)
+        plans.validate(LayoutContext(g, n_devices, spec.data.gbs, spec.data.seqlen))
         ev = self.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type)
         if self.extrapolate == "error":
             bad = np.nonzero(ev.oor.reason != None)[0]
@@ -319,30 +319,11 @@ class Estimator:
         from scaleplan.estimator.lookups import table_points
 
         layouts = layouts or [spec.default_layout()]
-        return table_points(geometry(spec.model), plans_from_layouts(layouts, n_devices), spec.data.gbs,
+        return table_points(geometry(spec.model), ParallelLayout.from_specs(layouts, n_devices), spec.data.gbs,
                             spec.data.seqlen, self.profile.gpus_per_node, self.tables.vocab_size,
                             self.model.measured_host, spec.optimizer.optimizer_type)
 
     # -- helpers -------------------------------------------------------------------------------
-    def _validate_layout(self, g: Geometry, lo: Layout, n: int, gbs: int, seqlen: int) -> None:
-        dp = lo.dp if lo.dp is not None else n // (lo.tp * lo.cp * lo.pp)
-        if lo.tp * lo.cp * lo.pp * dp != n:
-            raise SpecError("layout", f"tp*cp*pp*dp={lo.tp}*{lo.cp}*{lo.pp}*{dp}", f"must equal --devices {n}")
-        checks = [
-            (dp % lo.ep == 0, "ep", lo.ep, f"must divide dp={dp} (eq:mesh-moe)"),
-            (g.E % lo.ep == 0 if g.is_moe else lo.ep == 1, "ep", lo.ep, f"must divide n_experts={g.E}"),
-            (gbs % (dp * lo.mbs) == 0, "mbs", lo.mbs, f"dp*mbs must divide gbs={gbs} (integral n_mb)"),
-            (g.L % (lo.pp * lo.vpp) == 0, "pp", lo.pp, f"pp*vpp must divide n_layers={g.L}"),
-            (g.nq % lo.tp == 0, "tp", lo.tp, f"must divide n_q_heads={g.nq}"),
-            (g.nkv % lo.tp == 0 or lo.tp % g.nkv == 0, "tp", lo.tp, f"must divide or be a multiple of n_kv_heads={g.nkv}"),
-            (lo.tp % lo.etp == 0 and g.dexp % lo.etp == 0, "etp", lo.etp, "must divide tp and expert_inter_sz"),
-            (lo.cp == 1 or seqlen % (2 * lo.cp) == 0, "cp", lo.cp, f"2*cp must divide seqlen={seqlen}"),
-            (lo.vpp == 1 or lo.pp > 1, "vpp", lo.vpp, "interleaving needs pp > 1"),
-        ]
-        for ok, field_, val, msg in checks:
-            if not ok:
-                raise SpecError(f"layout {field_}", val, msg)
-
     def _result(self, g: Geometry, ev: Evaluation, mem, i: int, tokens: int, cap: float,
                 frac: float) -> EstimateResult:
         bd = {k: float(v[i]) for k, v in ev.components.items()}
@@ -367,7 +348,7 @@ class Estimator:
         if reason == "memory":
             warnings.append(f"needs {tot:.1f} GB > {frac * cap / GB:.1f} GB per device")
         return EstimateResult(
-            layout=ev.plans.layout(i), mfu=float(ev.mfu[i]), mfu_validation=float(ev.mfu_validation[i]),
+            layout=ev.plans.row(i), mfu=float(ev.mfu[i]), mfu_validation=float(ev.mfu_validation[i]),
             hfu=float(ev.hfu[i]), t_iter_s=float(ev.t_iter[i]), t_analytic_s=float(ev.t_analytic[i]),
             chi_sys=float(ev.chi[i]),
             chi_inputs={"t_a2a_s": float(ev.t_a2a[i]), "ep_nodes": int(ev.ep_nodes[i]),
@@ -381,11 +362,10 @@ class Estimator:
 
 
 __all__ = [
-    "CKPT_CODES",
     "EstimateResult",
     "Estimator",
     "LayoutsResult",
+    "ParallelLayout",
     "PlanConstraints",
-    "Plans",
     "ScaleplanError",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder, _arr, distinct
 from scaleplan.estimator.tables import ANALYTIC, LookupResult
 
@@ -47,7 +48,7 @@ def dp_stages(pp) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(np.ones(pp.shape, bool), np.zeros(pp.shape)), (pp > 2, np.ones(pp.shape)), (pp > 1, pp - 1)]
 
 
-def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int, s=0.0):
+def dp_buckets(g: Geometry, lay: ParallelLayout, gpn: int, s=0.0):
     """The distributed optimizer's two gradient groups on pipeline stage ``s`` (an index, arrays
     broadcast), as ``[(params, group, layout, inter_node, n_buckets)]`` (parameters per rank).
 
@@ -56,9 +57,11 @@ def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int, s=0.0):
     tied embeddings a copy, whose gradient is reduced as well).
     Dense grads (attention, dense and shared MLPs, router, embedding or LM head): over the DP x CP
     group of contiguous ranks. Expert grads: over EDP = TP CP DP / (EP ETP) strided ranks, which
-    leave the node once TP CP EP fills it. Megatron buckets max(40M, 1M x group) parameters.
+    leave the node once TP CP EP fills it (:meth:`ParallelLayout.spans_nodes`). Megatron buckets
+    max(40M, 1M x group) parameters.
     """
-    pp, s = np.asarray(pp, dtype=float), np.asarray(s, dtype=float)
+    tp, cp, dp, ep, etp = lay.tp, lay.cp, lay.dp, lay.ep, lay.etp
+    pp, s = lay.pp.astype(float), np.asarray(s, dtype=float)
     L_stage = g.L / pp
     nd = np.clip(g.n_dense - s * L_stage, 0, L_stage)  # dense blocks on the stage
     n_vocab = (s == 0) * np.where((pp == 1) & (not g.tie), 2.0, 1.0) + ((s == pp - 1) & (pp > 1))
@@ -66,35 +69,21 @@ def dp_buckets(g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int, s=0.0):
                + n_vocab * g.vocab * g.d) / tp
     exp_p = (L_stage - nd) * g.expert_params / (ep * etp)
     out = []
-    # expert-DP ranks are TP x CP x EP apart: a group of n spans (n - 1) strides and leaves the node once
-    # that span does (a 256-rank group at stride 1 spans 32 nodes; `stride >= gpn` alone called it intra)
-    edp, stride = tp * cp * dp / (ep * etp), tp * cp * ep
-    for params, group, layout, inter in ((dense_p, dp * cp, "contiguous", tp * cp * dp > gpn),
-                                         (exp_p, edp, "strided", stride * (edp - 1) + 1 > gpn)):
+    for params, group, layout, inter in ((dense_p, dp * cp, "contiguous", lay.spans_nodes("dp_cp", gpn)),
+                                         (exp_p, lay.edp, "strided", lay.spans_nodes("edp", gpn))):
         nb = np.maximum(np.ceil(params / np.maximum(DDP_BUCKET_PARAMS, 1e6 * group)), 1)
         out.append((params, group, layout, inter, nb))
     return out
 
 
-def expert_dp_rails(tp, cp, ep, etp, dp, gpn: int):
-    """Ranks per node of one expert-DP group (arrays): its ranks are TP CP EP apart, so a node holds
-    gpn / (TP CP EP) of them (1 once the stride fills a node), at most the group. Each of them drives
-    its own NIC rail, and NCCL reduces inside the node over NVLink first, so an inter-node strided group
-    with m ranks per node moves its bytes over m rails: the one-rank-per-node table's time / m, never
-    faster than the contiguous table (m = gpn: whole nodes)."""
-    stride = np.asarray(tp * cp * ep, dtype=float)
-    edp = np.asarray(tp * cp * dp / (ep * etp), dtype=float)
-    return np.minimum(np.maximum(np.floor(gpn / stride), 1.0), np.maximum(edp, 1.0))
-
-
-def bias_sync(g: Geometry, tp, cp, pp, dp, gpn: int):
+def bias_sync(g: Geometry, lay: ParallelLayout, gpn: int):
     """The loss-free balancing bias update (eq:bias-update): Megatron-Core stacks the fp32 token counts
     per expert of every MoE layer on the stage and all-reduces them once per step over the TP x CP x DP
     group (``_update_router_expert_bias`` in finalize_model_grads): (1 all-reduce where the stage has
     MoE layers, group, inter_node, bytes = MoE layers on the stage x E x 4)."""
-    n_layers = np.ceil(g.n_moe / np.asarray(pp, dtype=float))  # 0 for a dense model
-    group = tp * cp * dp
-    return np.minimum(n_layers, 1.0), group, group > gpn, 4 * g.E * n_layers
+    n_layers = np.ceil(g.n_moe / lay.pp)  # 0 for a dense model
+    _, group = lay.group("tp_cp_dp")
+    return np.minimum(n_layers, 1.0), group, lay.spans_nodes("tp_cp_dp", gpn), 4 * g.E * n_layers
 
 
 
@@ -117,8 +106,10 @@ class CommModel:
         S (n - 1) / n instead and under-count a 128-rank all-to-all by (120/128) / (24/32) = 1.25x
         against a 32-rank measurement on 8-GPU nodes.
 
-        A strided group with ``rails`` > 1 ranks per node (:func:`expert_dp_rails`) takes the strided
-        table's time / rails, bounded below by the contiguous table's time for the same group.
+        A strided group with ``rails`` > 1 ranks per node (:meth:`ParallelLayout.ranks_per_node`) takes
+        the strided table's time / rails, bounded below by the contiguous table's time for the same
+        group: each of those ranks drives its own NIC rail, and NCCL reduces inside the node over NVLink
+        first, so an inter-node strided group with m ranks per node moves its bytes over m rails.
         """
         if rails is not None and layout == "strided":
             t1 = self._collective(rec, comp, coll, n, size, inter, layout, active, per_node, small_analytic)
@@ -180,7 +171,7 @@ class CommModel:
         return out
 
     # -- the model -----------------------------------------------------------------------------
-    def _dp_comm(self, rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer="adamw"):
+    def _dp_comm(self, rec, g, lay, w_fwd, w_bwd, optimizer="adamw"):
         """Exposed data-parallel traffic per iteration (seconds, shape (P,)): the most any pipeline
         stage leaves exposed (:func:`dp_stages`); groups and buckets: :func:`dp_buckets`.
 
@@ -201,22 +192,21 @@ class CommModel:
         """
         # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
         # for the k stages at once (k U elements); the overlap windows are per plan
-        P = len(pl)
-        deg = np.stack([np.broadcast_to(np.asarray(x, dtype=float), (P,)) for x in (tp, cp, pp, dp, ep, etp)])
-        first, inv = distinct(*deg)
-        stages = dp_stages(deg[2, first])
+        P = len(lay)
+        first, inv = distinct(lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
+        stages = dp_stages(lay.pp[first])
         k, U = len(stages), len(first)
         idx = np.arange(k)[:, None] * U + inv[None, :]  # (k, P): plan p's stage-j element
-        tp, cp, pp, dp, ep, etp = np.tile(deg[:, first], k)
+        lay_s = lay.take(np.tile(first, k))  # each distinct degree tuple once per stage
         present, s = (np.concatenate(col) for col in zip(*stages))
-        drain = s[idx] / np.asarray(pl.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
+        drain = s[idx] / np.asarray(lay.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
         sub = Recorder(k * U, rec.mode)
         tail, fill = np.zeros((k, P)), np.zeros((k, P))  # after the stage's last backward; before its first forward
         ortho = optimizer in ORTHO_OPTIMIZERS
         colls = dp_collectives(optimizer)
-        for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, self.gpn, s):
+        for params, group, layout, inter, nb in dp_buckets(g, lay_s, self.gpn, s):
             act = (group > 1) & (params > 0) & present
-            rails = expert_dp_rails(tp, cp, ep, etp, dp, self.gpn) if layout == "strided" else None
+            rails = lay_s.ranks_per_node("edp", self.gpn) if layout == "strided" else None
             t = [nb * self._collective(sub, "dp_comm", coll, group, params / nb * nbytes, inter, layout, act,
                                        rails=rails) for coll, nbytes in colls]
             # gradient side, parameter side (none for plain DDP), per plan and stage
@@ -231,11 +221,11 @@ class CommModel:
             tail, fill = np.maximum(tail - drain * w_bwd, 0.0), np.maximum(fill - drain * w_fwd, 0.0)
         return (tail + fill).max(axis=0)  # an absent stage looked nothing up: 0
 
-    def _bias_sync(self, rec, g, tp, cp, pp, dp):
+    def _bias_sync(self, rec, g, lay):
         """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs
         between the backward and the optimizer step. A few kB: below a GPU table's measured sizes this
         is the analytic latency-bound ring time (labelled analytic)."""
-        n_layers, group, inter, size = bias_sync(g, tp, cp, pp, dp, self.gpn)
+        n_layers, group, inter, size = bias_sync(g, lay, self.gpn)
         act = (n_layers > 0) & (group > 1)
         return n_layers * self._collective(rec, "bias_sync", "all_reduce", group, size, inter, "contiguous", act,
                                            small_analytic=True)

@@ -220,7 +220,7 @@ class ComputeModel:
             rec.mark("vocab", ANALYTIC)
             return t_first, f + ce, b + ce
 
-    def _optimizer(self, rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm):
+    def _optimizer(self, rec, g, lay, optimizer, peak, hbm):
         """Optimizer step of one rank (seconds, shape (P,)): bandwidth / FLOP roofline.
 
         adam/adamw: read fp32 master, m, v and the grad, write master, m, v and the bf16 param
@@ -239,10 +239,11 @@ class ComputeModel:
         (tests/estimator/test_muon_sharding.py). ``scaleplan emit`` writes ``dist_muon``.
         """
         rec.mark("optimizer", ANALYTIC)
+        tp, cp, pp, dp, ep, etp = lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp
         L_stage = g.L / pp
         ortho = optimizer in ORTHO_OPTIMIZERS
         dense_rep = dp * cp                                    # ranks sharing one dense shard's step
-        exp_rep = np.maximum(tp * cp * dp / (ep * etp), 1)
+        exp_rep = lay.edp
         if optimizer in REPLICATED_OPTIMIZERS:  # plain DDP: every DP rank steps its whole state
             dense_rep, exp_rep = np.ones_like(dense_rep), np.ones_like(exp_rep)
         dense = (L_stage * g.attn_params + g.n_dense * g.dense_mlp_params / pp

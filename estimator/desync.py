@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scaleplan.estimator.layout import ParallelLayout
 
 
 @dataclass
@@ -21,21 +22,20 @@ class ChiCoefficients:
     c_level: float = 0.0
 
 
-def desync_features(tp, cp, pp, dp, ep, gpn: int):
-    """eq:desync's placement features from Megatron-Core's default rank order (tp fastest, then cp,
-    then ep inside dp, pp outermost), arrays over plans:
+def desync_features(lay: ParallelLayout, gpn: int):
+    """eq:desync's placement features from Megatron-Core's default rank order
+    (:class:`~scaleplan.estimator.layout.ParallelLayout`), arrays over plans:
 
-    * ep_nodes: nodes one EP group spans; EP ranks are TP CP apart: ceil(EP TP CP / gpn);
+    * ep_nodes: nodes one EP group spans (its ranks are TP CP apart);
     * pp_hops: inter-node hops along the pipeline. Consecutive stages are TP CP DP ranks apart, so
       once TP CP DP fills a node every stage boundary leaves the node (PP - 1 hops); otherwise the
       pipeline covers ceil(PP TP CP DP / gpn) nodes. (eq:desync's N_node^PP - 1 = ceil(PP/gpn) - 1
       assumes stages are adjacent ranks, which Megatron's order never makes them unless TP CP DP = 1.)
     * deep: a pipeline of >= gpn stages inside one node (only when TP CP DP = 1).
     """
-    tp, cp, pp, dp, ep = (np.asarray(x, dtype=float) for x in (tp, cp, pp, dp, ep))
-    stride = tp * cp * dp
-    ep_nodes = np.ceil(ep * tp * cp / gpn)
-    pp_nodes = np.where(stride >= gpn, pp, np.ceil(pp * stride / gpn))
+    pp = lay.pp
+    ep_nodes = lay.nodes("ep", gpn)
+    pp_nodes = lay.nodes("pp", gpn)
     pp_hops = np.where(pp > 1, pp_nodes - 1, 0.0)
     deep = (pp >= gpn) & (pp_nodes == 1) & (pp > 1)
     return ep_nodes, pp_hops, deep

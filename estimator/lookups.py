@@ -6,11 +6,10 @@ collectives from the same group/bucket helpers, so the two cannot drift apart.
 """
 from __future__ import annotations
 
+from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.geom import Geometry
-from scaleplan.estimator.model import Plans
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.shapes import rank_shapes
-
-from scaleplan.specs import LAYOUT_FIELDS
 
 
 def _add(out: dict[str, list[dict]], suite: str, row: dict) -> None:
@@ -50,18 +49,18 @@ def _chain_point(g: Geometry) -> dict:
     return {"mode": "gemm", "m": CHAIN_M, "n": width, "k": width, "dtype": dtype, "chain_len": CHAIN_LEN}
 
 
-def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_vocab: int | None,
+def table_points(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, gpn: int, table_vocab: int | None,
                  serial_dispatch: bool = False, optimizer: str = "adamw") -> dict[str, list[dict]]:
     """Points per suite; ``serial_dispatch`` adds the host-dispatch rows (``ops:*``) of the model;
     ``optimizer`` picks the DP collectives (muon/scion all-reduce + all-gather, sgd all-reduce, else
     reduce-scatter + all-gather)."""
     from scaleplan.estimator.comm import bias_sync
-    from scaleplan.estimator.compute import CKPT_NAMES
 
     out: dict[str, list[dict]] = {}
     dt = g.precision
     for i in range(len(pl)):
-        tp, cp, pp, dp, ep, etp, vpp, mbs = (int(getattr(pl, f)[i]) for f in LAYOUT_FIELDS[:-1])
+        lay = pl.take([i])
+        tp, cp, ep, etp, mbs = (int(getattr(lay, f)[0]) for f in ("tp", "cp", "ep", "etp", "mbs"))
         sh = rank_shapes(g, tp, cp, ep, etp, mbs, seqlen)
         T, kv_loc, b_el = int(round(float(sh.T))), int(round(float(sh.kv_loc))), sh.b_el
         _gemm3(out, T, float(sh.n_qkv), g.d, dt)
@@ -79,7 +78,8 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
         for coll in ("all_gather", "reduce_scatter"):
             if tp > 1:
                 _add(out, "collectives", {"collective": coll, "group_size": tp, "layout": "contiguous",
-                                          "inter_node": tp > gpn, "size_bytes": T * g.d * b_el, "dtype": dt})
+                                          "inter_node": bool(lay.spans_nodes("tp", gpn)[0]),
+                                          "size_bytes": T * g.d * b_el, "dtype": dt})
         if g.is_moe:
             tile = int(round(float(sh.tile)))
             _add(out, "router", {"variant": "topk", "num_tokens": int(round(float(sh.Tsp))), "num_experts": g.E, "k": g.K,
@@ -94,35 +94,36 @@ def table_points(g: Geometry, pl: Plans, gbs: int, seqlen: int, gpn: int, table_
                 _gemm3(out, T, g.d, g.dsh // tp, dt)
             if ep > 1:
                 _add(out, "collectives", {"collective": "all_to_all", "group_size": ep, "layout": "contiguous",
-                                          "inter_node": tp * cp * ep > gpn,
+                                          "inter_node": bool(lay.spans_nodes("ep", gpn)[0]),
                                           "size_bytes": int(round(float(sh.a2a_bytes))), "dtype": dt})
-        _dp_points(out, g, tp, cp, pp, dp, ep, etp, gpn, optimizer)
-        n_bias, group, inter, size = bias_sync(g, tp, cp, pp, dp, gpn)
+        _dp_points(out, g, lay, gpn, optimizer)
+        n_bias, group, inter, size = (float(x[0]) for x in bias_sync(g, lay, gpn))
         if n_bias > 0 and group > 1:
             _add(out, "collectives", {"collective": "all_reduce", "group_size": int(group), "layout": "contiguous",
                                       "inter_node": bool(inter), "size_bytes": int(size), "dtype": "bf16"})
         _add(out, "dispatch", _chain_point(g))
         if serial_dispatch:
-            _ops_points(out, g, CKPT_NAMES[int(pl.ckpt[i])], T)
+            _ops_points(out, g, CkptMode(int(pl.ckpt[i])).spec_name, T)
     del table_vocab
     return out
 
 
-def _dp_points(out: dict, g: Geometry, tp, cp, pp, dp, ep, etp, gpn: int, optimizer: str) -> None:
-    """The DP collectives of every pipeline stage the layout has (:func:`comm.dp_buckets`)."""
-    from scaleplan.estimator.comm import dp_buckets, dp_collectives, dp_stages, expert_dp_rails
+def _dp_points(out: dict, g: Geometry, lay: ParallelLayout, gpn: int, optimizer: str) -> None:
+    """The DP collectives of every pipeline stage of the one-plan layout ``lay`` (:func:`comm.dp_buckets`)."""
+    from scaleplan.estimator.comm import dp_buckets, dp_collectives, dp_stages
 
-    for present, s in dp_stages(pp):
-        if not present:
+    for present, s in dp_stages(lay.pp):
+        if not present[0]:
             continue
-        for params, group, layout, inter, nb in dp_buckets(g, tp, cp, pp, dp, ep, etp, gpn, s):
+        for params, group, layout, inter, nb in dp_buckets(g, lay, gpn, s):
+            params, group, inter, nb = float(params[0]), float(group[0]), bool(inter[0]), float(nb[0])
             if group <= 1 or params <= 0:
                 continue
             # a strided group with several ranks per node is also bounded by the contiguous table
-            rails = expert_dp_rails(tp, cp, ep, etp, dp, gpn) if layout == "strided" else 1
+            rails = float(lay.ranks_per_node("edp", gpn)[0]) if layout == "strided" else 1
             layouts = (layout, "contiguous") if (inter and rails > 1) else (layout,)
             for coll, nbytes in dp_collectives(optimizer):
-                for lay in layouts:
-                    _add(out, "collectives", {"collective": coll, "group_size": int(group), "layout": lay,
+                for tab_layout in layouts:
+                    _add(out, "collectives", {"collective": coll, "group_size": int(group), "layout": tab_layout,
                                               "inter_node": bool(inter), "size_bytes": int(params / nb * nbytes),
                                               "dtype": "bf16"})

@@ -260,7 +260,7 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     exp_first = n_moe0 * g.expert_params / (ep * etp)
     exp_last = n_moe_last * g.expert_params / (ep * etp)
     emb = V_loc * g.d
-    edp = np.maximum(tp * cp * dp / (ep * etp), 1)
+    edp = pl.edp
     pb = state_bytes_per_param(state, g.precision, optimizer)
     opt_b = pb["master"] + pb["moments"]
     # Megatron's distributed optimizer shards the state except for optimizers it refuses (plain DDP)

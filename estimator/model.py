@@ -92,6 +92,7 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
     dispatch_time,
 )
 from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.pipeline import (  # noqa: F401
     StagePeriods,
     bubble_fraction,
@@ -103,44 +104,14 @@ from scaleplan.estimator.shapes import RankShapes, rank_shapes
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
 from scaleplan.profiles import ClusterProfile
-from scaleplan.specs import LAYOUT_FIELDS
 from scaleplan.units import BYTES_PER_ELEMENT
-
-
-@dataclass
-class Plans:
-    """Execution plans as parallel integer arrays (one element per plan): the array form of
-    :class:`scaleplan.specs.Layout`, its fields in the same order (specs.LAYOUT_FIELDS)."""
-
-    tp: np.ndarray
-    cp: np.ndarray
-    pp: np.ndarray
-    dp: np.ndarray
-    ep: np.ndarray
-    etp: np.ndarray
-    vpp: np.ndarray
-    mbs: np.ndarray
-    ckpt: np.ndarray  # codes, CKPT_CODES
-
-    def __len__(self) -> int:
-        return len(self.tp)
-
-    def take(self, idx) -> Plans:
-        return Plans(*(getattr(self, f)[idx] for f in LAYOUT_FIELDS))
-
-    def layout(self, i: int) -> dict:
-        """Plan ``i`` as a Layout's fields (ckpt by name)."""
-        out = {f: int(getattr(self, f)[i]) for f in LAYOUT_FIELDS}
-        out["ckpt"] = CKPT_NAMES[out["ckpt"]]
-        return out
-
 
 
 @dataclass
 class Evaluation:
     """Per-plan results (arrays of length P)."""
 
-    plans: Plans
+    plans: ParallelLayout
     n_mb: np.ndarray
     components: dict[str, np.ndarray]   # seconds per iteration, summing to t_analytic
     sources: dict[str, np.ndarray]      # int8 source codes per component
@@ -159,14 +130,6 @@ class Evaluation:
     warnings: list[str] = field(default_factory=list)
     notes: dict[str, np.ndarray] = field(default_factory=dict)  # message -> bool mask over plans
     composed_share: np.ndarray | None = None  # fraction of t_analytic from composed lookups
-
-
-@dataclass
-class _PlanVars(Plans):
-    """One :meth:`TimeModel.evaluate` call's plans with the degrees as float arrays (ckpt keeps its
-    CKPT_CODES) and n_mb = G / (DP B_micro)."""
-
-    n_mb: np.ndarray = None
 
 
 @dataclass
@@ -236,13 +199,13 @@ class TimeModel(ComputeModel, CommModel):
         self.t_kernel_min = tables.t_kernel_min_s or an.KERNEL_FLOOR_S
 
     # -- kernels -------------------------------------------------------------------------------
-    def _kernels(self, g: Geometry, kp: Plans, seqlen: int, rec: Recorder) -> dict[str, np.ndarray]:
+    def _kernels(self, g: Geometry, lay: ParallelLayout, seqlen: int, rec: Recorder) -> dict[str, np.ndarray]:
         """Per-layer, per-micro-batch forward/backward times that depend only on (TP, CP, EP, ETP,
         B_micro): evaluated once per distinct tuple and broadcast to the plans sharing it."""
         prof = self.prof
         peak = prof.peak(g.precision)
         hbm = prof.hbm_bandwidth
-        tp, cp, ep, etp, mbs = (getattr(kp, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
+        tp, cp, ep, etp, mbs = (getattr(lay, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
         sh = rank_shapes(g, tp, cp, ep, etp, mbs, seqlen)  # the same shapes bench plan measures
         b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
         P = len(tp)
@@ -255,12 +218,12 @@ class TimeModel(ComputeModel, CommModel):
         act_dense = an.memory_time(b_el * T * g.dff / tp * 3, hbm)
         k["dense_f"], k["dense_b"] = dm_f1 + dm_f2 + act_dense, dm_b1 + dm_b2 + 2 * act_dense
         if g.is_moe:
-            k.update(self._moe_kernels(rec, g, sh, tp, cp, ep, etp, peak, hbm))
+            k.update(self._moe_kernels(rec, g, sh, lay, peak, hbm))
         else:
             k.update(dict.fromkeys(_MOE_KERNELS, np.zeros(P)), E_loc=np.ones(P))
 
         # TP (sequence parallel): 2 all-gathers + 2 reduce-scatters of the full [T, d] per pass
-        tp_inter = tp > self.gpn
+        tp_inter = lay.spans_nodes("tp", self.gpn)
         tp_one = self._collective(rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
             self._collective(rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
         k["tp_f"] = k["tp_b"] = 2 * tp_one
@@ -271,7 +234,7 @@ class TimeModel(ComputeModel, CommModel):
 
         # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
         kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el
-        cp_inter = tp * cp > self.gpn
+        cp_inter = lay.spans_nodes("cp", self.gpn)
         # TE's ring attention exchanges K/V blocks peer to peer while it computes on the previous
         # block: only the part of the exchange longer than the attention itself is exposed
         sd_f, sd_b = k["sd_f"], k["sd_b"]
@@ -302,11 +265,12 @@ class TimeModel(ComputeModel, CommModel):
             ew_f, ew_b = ew_f + gate, ew_b + 2 * gate
         return {"attn_f": attn_f, "attn_b": attn_b, "sd_f": sd_f, "sd_b": sd_b, "ew_f": ew_f, "ew_b": ew_b}
 
-    def _moe_kernels(self, rec: Recorder, g: Geometry, sh: RankShapes, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray,
-                     etp: np.ndarray, peak: float, hbm: float) -> dict[str, np.ndarray]:
+    def _moe_kernels(self, rec: Recorder, g: Geometry, sh: RankShapes, lay: ParallelLayout, peak: float,
+                     hbm: float) -> dict[str, np.ndarray]:
         """The MoE block per layer and micro-batch, forward and backward (seconds; _MOE_KERNELS and
         E_loc): router + top-k, permute, routed experts, shared expert, EP all-to-all."""
         b_el, T, Tsp = sh.b_el, sh.T, sh.Tsp
+        tp, ep, etp = (getattr(lay, f).astype(float) for f in ("tp", "ep", "etp"))
         w1 = 2 if g.glu else 1
         sh_f = sh_b = np.zeros(len(tp))
         E_loc, R, tile = sh.E_loc, sh.R, sh.tile    # balanced routing; EP tile correction
@@ -331,36 +295,34 @@ class TimeModel(ComputeModel, CommModel):
             s2f, s2b = self._gemm(rec, "shared_expert", T, g.d, g.dsh / tp, peak)
             s_act = an.memory_time(b_el * T * g.dsh / tp * 3, hbm)
             sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
-        # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes
-        span = tp * cp * ep
-        # EP ranks are TP*CP apart: gpn / (TP CP) of them share a node
-        a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, span > self.gpn,
-                                   active=ep > 1, per_node=np.maximum(self.gpn / (tp * cp), 1.0))
+        # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes; the EP ranks on one
+        # node exchange over NVLink (ParallelLayout.ranks_per_node)
+        a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, lay.spans_nodes("ep", self.gpn),
+                                   active=ep > 1, per_node=lay.ranks_per_node("ep", self.gpn))
         return {"moe_f": rg_f + tk_f + perm + ex_f, "moe_b": rg_b + tk_b + perm + ex_b,
                 "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": E_loc,
                 "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm, "ex_f": ex_f, "ex_b": ex_b}
 
-    def evaluate(self, g: Geometry, pl: Plans, gbs: int, seqlen: int, optimizer: str) -> Evaluation:
-        """Evaluate every plan of ``pl``; see the module docstring for the terms. Arrays of length P."""
-        P = len(pl)
+    def evaluate(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int, optimizer: str) -> Evaluation:
+        """Evaluate every plan of ``lay``; see the module docstring for the terms. Arrays of length P."""
+        P = len(lay)
         rec = Recorder(P, self.mode)
         self.tb = self._tb_base.view(g.precision)  # the spec's precision's GEMM/grouped/vocab rows
-        v = _PlanVars(*(getattr(pl, f).astype(float) for f in LAYOUT_FIELDS[:-1]), pl.ckpt)
-        v.n_mb = gbs / (v.dp * v.mbs)
-        tp, cp, pp, dp, ep, ckc, n_mb = v.tp, v.cp, v.pp, v.dp, v.ep, v.ckpt, v.n_mb
-        k = self._kernels_by_plan(g, pl, seqlen, rec)
-        s = self._stages(g, k, v, rec)
-        t_disp, t_step_host, st, t_bubble, t_vocab = self._pipeline_terms(g, k, s, v, seqlen, rec)
-        t_pp = self._pp_p2p(rec, g, k, v)
-        t_dp, t_opt = self._dp_and_optimizer(rec, g, pl, k, s, v, t_disp, t_step_host, optimizer)
+        n_mb = lay.n_mb(gbs)
+        ckc = lay.ckpt
+        k = self._kernels_by_plan(g, lay, seqlen, rec)
+        s = self._stages(g, k, lay, rec)
+        t_disp, t_step_host, st, t_bubble, t_vocab = self._pipeline_terms(g, k, s, lay, n_mb, seqlen, rec)
+        t_pp = self._pp_p2p(rec, g, k, lay, n_mb)
+        t_dp, t_opt = self._dp_and_optimizer(rec, g, lay, k, s, t_disp, t_step_host, optimizer)
 
-        comps = self._compute_components(g, k, s, v)
+        comps = self._compute_components(g, k, s, lay, n_mb)
         comps["dispatch_floor"] = n_mb * (st.period_disp - s.t_cmp)
         comps["bubble"] = t_bubble
         comps["vocab"] = t_vocab
         comps["pp_p2p"] = t_pp
         comps["dp_comm"] = t_dp
-        comps["bias_sync"] = self._bias_sync(rec, g, tp, cp, pp, dp)
+        comps["bias_sync"] = self._bias_sync(rec, g, lay)
         comps["optimizer"] = t_opt
         if not self.serial:
             rec.mark("dispatch_floor", 0)
@@ -370,19 +332,19 @@ class TimeModel(ComputeModel, CommModel):
         composed_share = sum(np.where(rec.src.get(name, 0) == COMPOSED, t, 0.0) for name, t in comps.items()) / t_an
 
         # eq:desync, with the placement features of Megatron's rank order (desync_features)
-        ep_nodes, pp_hops, deep = desync_features(tp, cp, pp, dp, ep, self.gpn)
+        ep_nodes, pp_hops, deep = desync_features(lay, self.gpn)
         pp_nodes = pp_hops + 1
         rc = np.where(ckc == 3, 1.0, 0.0)
         t_a2a_wire = n_mb * s.n_m * (k.a2a_f * (1 + rc) + k.a2a_b) if g.is_moe else np.zeros(P)
         chi = chi_sys(self.chi_c, t_a2a_wire, t_an, ep_nodes, pp_hops, deep)
         t_iter = chi * t_an
-        mfu, mfu_val, hfu = self._utilization(g, v, gbs, seqlen, t_iter)
-        return Evaluation(pl, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
+        mfu, mfu_val, hfu = self._utilization(g, lay, gbs, seqlen, t_iter)
+        return Evaluation(lay, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
                           pp_nodes.astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
                           rec.notes, composed_share)
 
     # -- evaluate's steps, in the order it runs them ---------------------------------------------
-    def _kernels_by_plan(self, g: Geometry, pl: Plans, seqlen: int, rec: Recorder) -> SimpleNamespace:
+    def _kernels_by_plan(self, g: Geometry, pl: ParallelLayout, seqlen: int, rec: Recorder) -> SimpleNamespace:
         """:meth:`_kernels` for every plan of ``pl``, as attributes (arrays of length P)."""
         # kernel times depend on (TP, CP, EP, ETP, B_micro) only: evaluate each distinct tuple once
         first, inv = distinct(pl.tp, pl.cp, pl.ep, pl.etp, pl.mbs)
@@ -411,10 +373,10 @@ class TimeModel(ComputeModel, CommModel):
             rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
         return fw
 
-    def _stages(self, g: Geometry, k: SimpleNamespace, v: _PlanVars, rec: Recorder) -> _Stages:
+    def _stages(self, g: Geometry, k: SimpleNamespace, lay: ParallelLayout, rec: Recorder) -> _Stages:
         """Per-layer totals (fwd, bwd, recompute, framework kernels) and each pipeline stage's
         compute per micro-batch, with the all-to-all wire time the shared expert leaves exposed."""
-        pp, ckc = v.pp, v.ckpt
+        pp, ckc = lay.pp, lay.ckpt
         moe = g.is_moe
         # per-layer totals (shared expert overlapped with the routed all-to-all: max of the two)
         common_f = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f
@@ -449,12 +411,12 @@ class TimeModel(ComputeModel, CommModel):
         return _Stages(common_f, common_b, den_lf, den_lb, fw, L_stage, nd0, t_stage0, t_other, a2a0, a2a_o,
                        t_cmp, n_m)
 
-    def _pipeline_terms(self, g: Geometry, k: SimpleNamespace, s: _Stages, v: _PlanVars, seqlen: int,
-                        rec: Recorder) -> tuple[np.ndarray, np.ndarray, StagePeriods, np.ndarray, np.ndarray]:
+    def _pipeline_terms(self, g: Geometry, k: SimpleNamespace, s: _Stages, lay: ParallelLayout, n_mb: np.ndarray,
+                        seqlen: int, rec: Recorder) -> tuple[np.ndarray, np.ndarray, StagePeriods, np.ndarray, np.ndarray]:
         """Host dispatch and the 1F1B pipeline (module docstring). Returns t_disp (seconds per stage and
         micro-batch), t_step_host (the optimizer step's host seconds), the stage periods, and the
         iteration's t_bubble and t_vocab (seconds)."""
-        pp, vpp, ep, cp, mbs, ckc, n_mb = v.pp, v.vpp, v.ep, v.cp, v.mbs, v.ckpt, v.n_mb
+        pp, vpp, ep, cp, mbs, ckc = lay.pp, lay.vpp, lay.ep, lay.cp, lay.mbs, lay.ckpt
         moe = g.is_moe
         L_stage = s.L_stage
         # CPU dispatch per stage and micro-batch (kernels x gap + host); the GPU of each stage runs
@@ -472,13 +434,15 @@ class TimeModel(ComputeModel, CommModel):
         t_vocab = t_pipe - n_mb * st.period_disp - t_bubble
         return t_disp, t_step_host, st, t_bubble, t_vocab
 
-    def _pp_p2p(self, rec: Recorder, g: Geometry, k: SimpleNamespace, v: _PlanVars) -> np.ndarray:
+    def _pp_p2p(self, rec: Recorder, g: Geometry, k: SimpleNamespace, lay: ParallelLayout,
+                n_mb: np.ndarray) -> np.ndarray:
         """PP send/recv seconds per iteration (0 where PP = 1)."""
-        tp, cp, pp, dp, vpp, n_mb = v.tp, v.cp, v.pp, v.dp, v.vpp, v.n_mb
+        pp, vpp = lay.pp, lay.vpp
         prof = self.prof
         b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
-        # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); neighbours are TP*CP*DP ranks apart
-        p2p_inter = tp * cp * dp >= self.gpn
+        # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); charged at the inter-node cost
+        # where every stage boundary leaves the node (one stage per node: ParallelLayout)
+        p2p_inter = lay.ranks_per_node("pp", self.gpn) <= 1
         p2p_bytes = k.Tsp * g.d * b_el
         p2p_bw = np.where(p2p_inter, prof.scaleout_bandwidth, prof.scaleup_bandwidth)
         t_p2p = np.where(p2p_inter, P2P_LAT_INTER_S, P2P_LAT_INTRA_S) + p2p_bytes / np.maximum(p2p_bw, 1.0)
@@ -486,11 +450,10 @@ class TimeModel(ComputeModel, CommModel):
         # a micro-batch crosses each of this rank's VPP chunk boundaries once forward, once backward
         return np.where(pp > 1, 2 * (vpp * n_mb + pp - 1) * t_p2p, 0.0)
 
-    def _dp_and_optimizer(self, rec: Recorder, g: Geometry, pl: Plans, k: SimpleNamespace, s: _Stages,
-                          v: _PlanVars, t_disp: np.ndarray, t_step_host: np.ndarray,
-                          optimizer: str) -> tuple[np.ndarray, np.ndarray]:
+    def _dp_and_optimizer(self, rec: Recorder, g: Geometry, lay: ParallelLayout, k: SimpleNamespace, s: _Stages,
+                          t_disp: np.ndarray, t_step_host: np.ndarray, optimizer: str) -> tuple[np.ndarray, np.ndarray]:
         """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration."""
-        tp, cp, pp, dp, ep, etp, ckc = v.tp, v.cp, v.pp, v.dp, v.ep, v.etp, v.ckpt
+        ckc = lay.ckpt
         moe = g.is_moe
         L_stage = s.L_stage
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
@@ -503,18 +466,19 @@ class TimeModel(ComputeModel, CommModel):
         share_f = 1.0 / KERNEL_UNITS[ckc]
         w_bwd = np.maximum(L_stage * (s.common_b + k.moe_b + k.sh_b if moe else s.den_lb), (1 - share_f) * t_disp)
         w_fwd = np.maximum(L_stage * (s.common_f + k.moe_f + k.sh_f if moe else s.den_lf), share_f * t_disp)
-        t_dp = self._dp_comm(rec, g, pl, tp, cp, pp, dp, ep, etp, w_fwd, w_bwd, optimizer)
+        t_dp = self._dp_comm(rec, g, lay, w_fwd, w_bwd, optimizer)
         peak, hbm = self.prof.peak(g.precision), self.prof.hbm_bandwidth
-        t_opt = self.kernel_scale * self._optimizer(rec, g, tp, cp, pp, dp, ep, etp, optimizer, peak, hbm)
+        t_opt = self.kernel_scale * self._optimizer(rec, g, lay, optimizer, peak, hbm)
         # a CPU runs the step's ops on the host: they add; a GPU's host issues them while the device
         # runs the earlier ones: the slower of the two
         t_opt = t_opt + t_step_host if self.serial else np.maximum(t_opt, t_step_host)
         return t_dp, t_opt
 
-    def _compute_components(self, g: Geometry, k: SimpleNamespace, s: _Stages, v: _PlanVars) -> dict[str, np.ndarray]:
+    def _compute_components(self, g: Geometry, k: SimpleNamespace, s: _Stages, lay: ParallelLayout,
+                            n_mb: np.ndarray) -> dict[str, np.ndarray]:
         """The slowest stage's compute per iteration split by component (seconds; the same keys for
         every model), scaled so the split sums to n_mb t_cmp."""
-        ckc, n_mb = v.ckpt, v.n_mb
+        ckc = lay.ckpt
         L_stage = s.L_stage
         comps = {
             "attn_proj": n_mb * L_stage * (k.attn_f + k.attn_b + np.where(ckc == 3, k.attn_f, 0.0)),
@@ -547,12 +511,12 @@ class TimeModel(ComputeModel, CommModel):
             comps[name] = comps[name] * scale
         return comps
 
-    def _utilization(self, g: Geometry, v: _PlanVars, gbs: int, seqlen: int,
+    def _utilization(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int,
                      t_iter: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """eq:mfu's MFU, MFU in the validation sweeps' FLOP count, and HFU (fractions of peak)."""
-        tp, cp, pp, dp, ckc = v.tp, v.cp, v.pp, v.dp, v.ckpt
+        ckc = lay.ckpt
         tokens = gbs * seqlen
-        denom = t_iter * self.prof.peak(g.precision) * (tp * cp * pp * dp)
+        denom = t_iter * self.prof.peak(g.precision) * lay.n_devices
         # eq:mfu: N(Z) = N_act, the non-embedding parameters active per token (the paper's N_act of
         # tab:scale-ladder and C_model = 6 N_act D); recomputation earns no credit (HFU adds it)
         mfu = 6.0 * g.n_act * tokens / denom

@@ -24,7 +24,8 @@ from scaleplan.megatron.args import (  # noqa: F401  (Megatron-LM arguments: re-
     moe_layer_pattern,
     render_megatron,
 )
-from scaleplan.specs import LAYOUT_FIELDS, Layout, ModelBlock, Spec, parse_spec
+from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+from scaleplan.specs import Layout, ModelBlock, Spec, parse_spec
 
 
 def geometry_dict(m: ModelBlock) -> dict[str, Any]:
@@ -130,7 +131,7 @@ def ladder_model_of(row: dict[str, Any], grid) -> ModelBlock:
 
 def add_geometry(row: dict[str, Any] | None, grid) -> None:
     """Give a search candidate row its full ``geometry`` (its layout is complete: the search writes every
-    field of :data:`scaleplan.specs.LAYOUT_FIELDS`)."""
+    field of :data:`scaleplan.estimator.layout.FIELDS`)."""
     if not row:
         return
     row["geometry"] = geometry_dict(ladder_model_of(row, grid))

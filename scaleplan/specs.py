@@ -290,9 +290,8 @@ def load_spec(path: str | Path) -> Spec:
     return parse_spec(data, source=str(path))
 
 
-# The one list of a layout's fields, in the order every array-of-plans type uses (estimator.model.Plans)
-LAYOUT_FIELDS: tuple[str, ...] = tuple(Layout.model_fields)
-_LAYOUT_KEYS = set(LAYOUT_FIELDS)
+# a layout's fields are the schema's (their order and the array form: estimator.layout.ParallelLayout)
+_LAYOUT_KEYS = set(Layout.model_fields)
 
 
 def parse_layout(text: str, base: Layout | None = None) -> Layout:

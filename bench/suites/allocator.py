@@ -77,12 +77,12 @@ def predicted_allocated(spec_d: dict, ckpt: str) -> float:
     """The memory model's peak allocated bytes of the reference runner for one process."""
     from scaleplan.estimator import memory as mm
     from scaleplan.estimator.geom import geometry
-    from scaleplan.estimator.plans import plans_from_layouts
+    from scaleplan.estimator.layout import ParallelLayout
 
     from scaleplan.specs import Layout, parse_spec
 
     sp = parse_spec(spec_d)
-    pl = plans_from_layouts([Layout(dp=1, mbs=sp.data.microbatch_sz, ckpt=ckpt)], 1)
+    pl = ParallelLayout.from_specs([Layout(dp=1, mbs=sp.data.microbatch_sz, ckpt=ckpt)], 1)
     mem = mm.memory_breakdown(geometry(sp.model), pl, sp.data.gbs, sp.data.seqlen, "adamw",
                               state=mm.REFERENCE_DDP, rope=sp.model.rotary_embeds)
     return float(mm.reference_peak_allocated(mem, 1)[0])

@@ -135,9 +135,9 @@ def print_provenance(p: dict) -> None:
 
 
 def _row(r) -> list[str]:
-    lo = r.layout
-    return [f"tp={lo['tp']} cp={lo['cp']} pp={lo['pp']} dp={lo['dp']} ep={lo['ep']} etp={lo['etp']} "
-            f"vpp={lo['vpp']} mbs={lo['mbs']} {lo['ckpt']}",
+    from scaleplan.estimator.layout import layout_text
+
+    return [layout_text(r.layout),
             f"{100 * r.mfu:.2f}", f"{100 * r.hfu:.2f}", f"{r.t_iter_s:.3f}", f"{r.mem_per_device_gb:.1f}",
             f"{r.chi_sys:.3f}", "yes" if r.feasible else (r.reason or "no")]
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from scaleplan.errors import SpecError
 from scaleplan.estimator.geom import VOCAB_DIVISOR, padded_vocab
-from scaleplan.specs import LAYOUT_FIELDS, Layout, ModelBlock, Spec
+from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+from scaleplan.specs import Layout, ModelBlock, Spec
 
 # fp8: the current-scaling ("tensorwise") recipe. Megatron-LM's default, delayed scaling, refuses the moe_act and
 # layernorm recompute that super-selective checkpointing asks for (TransformerConfig.__post_init__); tensorwise runs

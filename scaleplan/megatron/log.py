@@ -47,7 +47,7 @@ class MegatronRun:
     file: str
     sha256: str
     spec: Any                      # scaleplan.specs.Spec
-    layout: dict[str, Any]         # scaleplan.specs.LAYOUT_FIELDS
+    layout: dict[str, Any]         # scaleplan.estimator.layout.FIELDS
     n_devices: int
     step_s: float                  # median elapsed time per iteration after warm-up
     step_spread_s: tuple[float, float]  # (min, max) of the intervals the median is over

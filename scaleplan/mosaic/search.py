@@ -30,7 +30,7 @@ from scaleplan.mosaic.evidence import plan_evidence
 from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries, geometry_model
 from scaleplan.mosaic.law import PAPER_JOINT_LAW, PAPER_SUPPORT, JointLaw, LawSupport
 from scaleplan.mosaic.uncertainty import candidate_fields
-from scaleplan.specs import LAYOUT_FIELDS
+from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 
 SECONDS_PER_DAY = 86400.0
 EVIDENCE_COLUMNS = ("analytic_share", "extrapolated_share", "evidence_sigma", "extrapolated_collectives",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import SpecError
-from scaleplan.specs import LAYOUT_FIELDS
+from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 
 
 def read_search(path: Path) -> dict:

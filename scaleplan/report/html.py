@@ -19,7 +19,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from scaleplan.specs import LAYOUT_FIELDS
+from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+from scaleplan.estimator.layout import layout_text
 
 KINDS = ("search", "layouts", "calibrate", "validate")
 # the paper's result-table columns (tab:results), as `scaleplan search` prints them
@@ -41,7 +42,7 @@ def _num(x: Any, fmt: str = "{:.4g}") -> str:
 def _layout_text(lay: dict[str, Any] | None) -> str:
     if not lay:
         return "-"
-    return " ".join(f"{k}={lay[k]}" for k in LAYOUT_FIELDS if k != "ckpt" and k in lay) + f" {lay.get('ckpt', '')}"
+    return layout_text(lay)
 
 
 def result_row(r: dict[str, Any]) -> list[str]:

@@ -103,14 +103,14 @@ def predict_reference_memory(spec, layout, device: str, overhead: tuple[float, f
 
     from scaleplan.estimator import memory as mm
     from scaleplan.estimator.geom import geometry
-    from scaleplan.estimator.plans import plans_from_layouts
+    from scaleplan.estimator.layout import ParallelLayout
 
     if overhead is None:
         overhead = ((mm.DEFAULT_ALLOCATOR_FRACTION, mm.DEFAULT_CONTEXT_BYTES, "default") if device == "cuda"
                     else (0.0, 0.0, "none on CPU"))
     frac, ctx, source = overhead
     dp = layout.dp or 1
-    pl = plans_from_layouts([layout], dp)
+    pl = ParallelLayout.from_specs([layout], dp)
     mem = mm.memory_breakdown(geometry(spec.model), pl, spec.data.gbs, spec.data.seqlen, "adamw",
                               state=mm.REFERENCE_DDP, allocator_fraction=frac, context_bytes=ctx,
                               rope=spec.model.rotary_embeds)

@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import ScaleplanError, SpecError
+from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.layout import LayoutContext, ParallelLayout
 from scaleplan.specs import Layout, Spec
 from scaleplan.validate.load import machine_busy_s
 
@@ -84,9 +86,9 @@ def check_layout(spec: Spec, layout: Layout, nproc: int) -> int:
         raise SpecError("model.dropout", True, "false: the reference model has no dropout layers "
                         "(the estimator costs Megatron's dropout for a prediction)")
     gbs = spec.data.gbs
-    if gbs % (nproc * layout.mbs):
-        raise SpecError("data.gbs", gbs, f"a multiple of dp*mbs = {nproc}*{layout.mbs}")
-    return gbs // (nproc * layout.mbs)
+    lay = ParallelLayout.from_specs([layout.model_copy(update={"dp": nproc})], nproc)
+    lay.validate(LayoutContext(geometry(spec.model), nproc, gbs, spec.data.seqlen))  # the estimator's rules
+    return int(lay.n_mb(gbs)[0])
 
 
 def _max_rss_bytes() -> float:

@@ -7,7 +7,7 @@ import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.comm import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_buckets
 from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder
 
 from scaleplan.specs import Layout, parse_spec
@@ -31,7 +31,7 @@ def _last_buckets() -> float:
     tm.tb = est.tables.view("bf16")
     g = geometry(spec.model)
     total = 0.0
-    for params, group, layout, inter, nb in dp_buckets(g, 1, 1, 1, 32, 8, 1, 8):
+    for params, group, layout, inter, nb in dp_buckets(g, ParallelLayout.of(dp=32, ep=8), 8):
         rec = Recorder(1, "compose")
         per = np.atleast_1d(params / nb)
         act = np.atleast_1d(group > 1)
@@ -69,7 +69,7 @@ def test_pipeline_stages_hold_every_parameter_once(pp, tie):
     g = geometry(spec.model)
     total = 0.0
     for present, s in dp_stages(pp):
-        total += sum(float(p) for p, *_ in dp_buckets(g, 1, 1, pp, 1, 1, 1, 8, s)) if present else 0.0
+        total += sum(float(np.sum(p)) for p, *_ in dp_buckets(g, ParallelLayout.of(pp=pp), 8, s)) if present else 0.0
     expect = g.n_tot + g.embedding + (g.vocab * g.d if tie and pp > 1 else 0)
     assert total == pytest.approx(expect, rel=2 * g.L * g.d / g.n_tot)
     assert total <= expect
@@ -86,8 +86,9 @@ def _pp2_model(optimizer: str):
 def _group_times(g, tm, s: int, ep: int, grad_coll: str):
     """Per DP group of stage s (PP=2, DP=16): (gradient collective s, parameter all-gather s, buckets)."""
     out = []
-    for params, group, layout, inter, nb in dp_buckets(g, 1, 1, 2, 16, ep, 1, 8, s):
-        per, grp, it = np.atleast_1d(params / nb), np.atleast_1d(float(group)), np.atleast_1d(inter)
+    for params, group, layout, inter, nb in dp_buckets(g, ParallelLayout.of(pp=2, dp=16, ep=ep), 8, s):
+        params, group, inter, nb = (np.ravel(x)[0] for x in (params, group, inter, nb))
+        per, grp, it = np.atleast_1d(params / nb), np.atleast_1d(group).astype(float), np.atleast_1d(inter)
         t = [nb * tm._collective(Recorder(1, "compose"), "dp_comm", coll, grp, per * nbytes, it, layout, grp > 1)[0]
              for coll, nbytes in ((grad_coll, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))]
         out.append((float(t[0]), float(t[1]), float(nb)))
@@ -95,10 +96,9 @@ def _group_times(g, tm, s: int, ep: int, grad_coll: str):
 
 
 def _exposed(g, tm, ep: int, vpp: int, window: float, optimizer: str) -> float:
-    pl = plans_from_layouts([Layout(pp=2, vpp=vpp, ep=ep, dp=16, mbs=1, ckpt="full")], 32)
+    pl = ParallelLayout.from_specs([Layout(pp=2, vpp=vpp, ep=ep, dp=16, mbs=1, ckpt="full")], 32)
     a = lambda x: np.atleast_1d(np.asarray(x, dtype=float))  # noqa: E731
-    return float(tm._dp_comm(Recorder(1, "compose"), g, pl, a(1), a(1), a(2), a(16), a(ep), a(1), a(window),
-                             a(window), optimizer)[0])
+    return float(tm._dp_comm(Recorder(1, "compose"), g, pl, a(window), a(window), optimizer)[0])
 
 
 @pytest.mark.parametrize("vpp", [1, 2])

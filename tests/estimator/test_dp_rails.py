@@ -2,16 +2,19 @@
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
-from scaleplan.estimator.comm import expert_dp_rails
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder
 
 
 def test_ranks_per_node_follow_the_stride():
     # 8 GPUs per node; expert-DP ranks are TP*CP*EP apart
-    assert expert_dp_rails(1, 1, 8, 1, 32, 8) == 1   # stride 8: one rank per node
-    assert expert_dp_rails(1, 1, 4, 1, 32, 8) == 2   # stride 4: two per node
-    assert expert_dp_rails(1, 1, 1, 1, 32, 8) == 8   # stride 1: whole nodes
-    assert expert_dp_rails(1, 1, 1, 1, 4, 8) == 4    # a 4-rank group holds at most 4 per node
+    def rails(ep, dp):
+        return float(ParallelLayout.of(ep=ep, dp=dp).ranks_per_node("edp", 8)[0])
+
+    assert rails(8, 32) == 1   # stride 8: one rank per node
+    assert rails(4, 32) == 2   # stride 4: two per node
+    assert rails(1, 32) == 8   # stride 1: whole nodes
+    assert rails(1, 4) == 4    # a 4-rank group holds at most 4 per node
 
 
 @pytest.mark.recorded

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder
 
 from scaleplan.specs import Layout, parse_spec
@@ -13,7 +13,7 @@ from .conftest import grouped_frame, moe_spec
 
 def _expert_fwd(est, spec, layouts, n=32):
     g = geometry(spec.model)
-    pl = plans_from_layouts(layouts, n)
+    pl = ParallelLayout.from_specs(layouts, n)
     rec = Recorder(len(pl), "error")
     k = est.model._kernels(g, pl, spec.data.seqlen, rec)
     return k["ex_f"], rec

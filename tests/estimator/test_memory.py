@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.memory import dense_block_bytes, dense_layer_activation_bytes, memory_breakdown
-from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.estimator.layout import ParallelLayout
 
 from scaleplan.specs import Layout, ModelBlock
 
@@ -24,7 +24,7 @@ def _params_by_hand() -> float:
 def test_model_state_is_megatron_18_bytes_sharded(dp):
     # Megatron theoretical_memory_usage, distributed optimizer: 6 + 12/DP bytes per parameter
     g = geometry(_dense_block())
-    pl = plans_from_layouts([Layout(tp=1, pp=1, dp=dp, mbs=1, ckpt="full")], dp)
+    pl = ParallelLayout.from_specs([Layout(tp=1, pp=1, dp=dp, mbs=1, ckpt="full")], dp)
     m = memory_breakdown(g, pl, gbs=dp * 4, seqlen=2048, optimizer="adam")
     state = float(m["weights"][0] + m["grads"][0] + m["optimizer"][0])
     expect = _params_by_hand() * (6 + 12 / dp)
@@ -43,7 +43,7 @@ def test_flash_drops_the_score_term_and_full_recompute_keeps_layer_inputs():
     assert dense_layer_activation_bytes(s, b, h, a, 4 * h, flash=True) == pytest.approx(s * b * h * 34)
     g = geometry(_dense_block())
     lays = [Layout(pp=1, dp=8, mbs=1, ckpt=c) for c in ("none", "full")]
-    m = memory_breakdown(g, plans_from_layouts(lays, 8), gbs=64, seqlen=s, optimizer="adam")
+    m = memory_breakdown(g, ParallelLayout.from_specs(lays, 8), gbs=64, seqlen=s, optimizer="adam")
     none, full = m["activations"]
     one_layer = float(dense_block_bytes(s, b, g, 1, 0))
     outside = none - L * one_layer  # token ids, RoPE tables, final norm, LM head input, log-softmax
@@ -58,7 +58,7 @@ def test_expert_optimizer_state_shards_over_edp():
 
     g = geometry(ladder_model(4, 128, 3, 4))
     lays = [Layout(pp=2, dp=16, ep=e, mbs=1) for e in (1, 8)]
-    m = memory_breakdown(g, plans_from_layouts(lays, 32), gbs=256, seqlen=8192, optimizer="adamw")
+    m = memory_breakdown(g, ParallelLayout.from_specs(lays, 32), gbs=256, seqlen=8192, optimizer="adamw")
     # experts are sharded over EP for weights/grads; their optimizer state over EDP = DP/EP, so
     # per-device expert optimizer bytes are the same for EP=1 and EP=8 (12 B x experts / DP)
     w1, w8 = m["weights"]
@@ -73,7 +73,7 @@ def test_sgd_state_is_not_sharded_megatron_runs_it_under_plain_ddp():
     # Megatron-Core's distributed optimizer takes the Adam family only: SGD's fp32 master + momentum
     # (8 bytes/param) stay whole on every DP rank, while Adam's 12 bytes shard over DP
     g = geometry(_dense_block())
-    pl = plans_from_layouts([Layout(tp=1, pp=1, dp=8, mbs=1, ckpt="full")], 8)
+    pl = ParallelLayout.from_specs([Layout(tp=1, pp=1, dp=8, mbs=1, ckpt="full")], 8)
     sgd = memory_breakdown(g, pl, gbs=32, seqlen=2048, optimizer="sgd")
     adam = memory_breakdown(g, pl, gbs=32, seqlen=2048, optimizer="adam")
     assert float(sgd["optimizer"][0]) == pytest.approx(8.0 * _params_by_hand(), rel=1e-5)
@@ -88,7 +88,7 @@ def test_dp_collectives_follow_the_optimizer_megatron_runs(optimizer, expect):
     from scaleplan.estimator.lookups import table_points
 
     g = geometry(_dense_block())
-    pl = plans_from_layouts([Layout(tp=1, pp=1, dp=16, mbs=1, ckpt="full")], 16)
+    pl = ParallelLayout.from_specs([Layout(tp=1, pp=1, dp=16, mbs=1, ckpt="full")], 16)
     pts = table_points(g, pl, gbs=64, seqlen=2048, gpn=8, table_vocab=None, optimizer=optimizer)
     dp_colls = {p["collective"] for p in pts["collectives"] if p["group_size"] == 16}
     assert dp_colls == expect

@@ -14,7 +14,7 @@ import pytest
 from scaleplan.emit import megatron_args
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.memory import MEGATRON, allocated_reserved, memory_breakdown
-from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.profiles import load_profile
 from scaleplan.specs import Layout, ModelBlock, parse_spec
 
@@ -34,7 +34,7 @@ def _local_params_by_hand(ep: int) -> float:
 def test_replicated_muon_state_cannot_fit_the_measured_5p4b_layout():
     hbm = load_profile("p6-b200.48xlarge").hbm_bytes
     g = geometry(ModelBlock(**Q8))
-    pl = plans_from_layouts([Layout(tp=1, cp=1, pp=1, dp=256, ep=8, mbs=1, ckpt="full")], 256)
+    pl = ParallelLayout.from_specs([Layout(tp=1, cp=1, pp=1, dp=256, ep=8, mbs=1, ckpt="full")], 256)
     sharded = memory_breakdown(g, pl, 2048, 8192, "muon", state=MEGATRON)
     replicated = memory_breakdown(g, pl, 2048, 8192, "muon", state=replace(MEGATRON, shard_optimizer=False))
     n = _local_params_by_hand(8)

@@ -146,11 +146,11 @@ def test_all_to_all_adds_outside_the_dispatch_max():
 
 
 def test_dispatch_law_charges_the_ep_host_term_per_moe_layer_only_under_ep():
-    from scaleplan.estimator.compute import CKPT_CODES
+    from scaleplan.estimator.ckpt import CkptMode
     from scaleplan.estimator.dispatch import dispatch_time
 
     law = DispatchLaw(kappa0=600.0, kappa1=5.0, t_gap_s=20e-6, t_host_s=10e-3, t_ep_host_s=2e-3)
-    full = np.array(CKPT_CODES["full"])
+    full = np.array(CkptMode.FULL.value)
     # 4 MoE layers, EP=8 (16 local experts): 4 (600 + 80) 20 us + 4 x 2 ms + 10 ms
     t8 = dispatch_time(law, 4, 16, full, 4, np.array(8))
     assert float(t8) == pytest.approx(4 * 680 * 20e-6 + 8e-3 + 10e-3)

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.geom import geometry, padded_vocab
-from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder
 from scaleplan.estimator.tables import GridTable
 
@@ -107,7 +107,7 @@ def test_single_valued_vocab_axis_maps_to_logit_count(vocab, tp, logit_ratio):
     est = Estimator.from_frames("p6-b200.48xlarge", {"vocab": _vocab_frame()})
     spec = parse_spec(moe_spec(model={**moe_spec()["model"], "vocab_sz": vocab}))
     g = geometry(spec.model)
-    pl = plans_from_layouts([Layout(tp=tp, pp=2, ep=8)], 32)
+    pl = ParallelLayout.from_specs([Layout(tp=tp, pp=2, ep=8)], 32)
     rec = Recorder(1, "error")
     k = est.model._kernels(g, pl, spec.data.seqlen, rec)
     expect = 2 * 1e-9 * 8192 * logit_ratio * (2048 + 1000) * 2 / 2  # (gemm + ce) x (fwd + bwd)

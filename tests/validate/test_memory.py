@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from scaleplan.estimator import memory as mm
 from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.plans import plans_from_layouts
+from scaleplan.estimator.layout import ParallelLayout
 
 from scaleplan.reference.model import build_model, moe_block_flags
 from scaleplan.reference.optim import MasterAdamW
@@ -43,7 +43,7 @@ def _stepped(spec, precision):
 
 def _predict(spec, dp=1, ckpt="none", **kw):
     g = geometry(spec.model)
-    pl = plans_from_layouts([Layout(dp=dp, mbs=B, ckpt=ckpt)], dp)
+    pl = ParallelLayout.from_specs([Layout(dp=dp, mbs=B, ckpt=ckpt)], dp)
     m = mm.memory_breakdown(g, pl, gbs=dp * B, seqlen=S, optimizer="adamw", state=mm.REFERENCE_DDP,
                             rope=spec.model.rotary_embeds, **kw)
     return {k: float(v[0]) for k, v in m.items()}

@@ -1,0 +1,75 @@
+"""Activation checkpointing modes (paper A_ckpt) and what each recomputes.
+
+One place answers "what does this mode re-run in the backward" for the time model, the memory model
+and the dispatch law; arrays of modes are int codes (the enum's values), one per plan.
+
+* none: nothing is recomputed; every activation is kept.
+* selective (Megatron-Core ``--recompute-granularity selective``, core attention): the SDPA forward
+  is re-run; its output and log-sum-exp are not kept.
+* super-selective: also the element-wise work (norms, SwiGLU activation, and under MoE the
+  permutation) is re-run; their outputs are not kept.
+* full (``--recompute-granularity full --recompute-method uniform``): the whole block forward is re-run
+  from the block input, the only activation kept.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+from scaleplan.errors import SpecError
+from scaleplan.specs import CKPT_MODES
+
+
+class CkptMode(IntEnum):
+    """A checkpointing mode; its value is the code stored in plan arrays (:class:`ParallelLayout`)."""
+
+    NONE = 0
+    SELECTIVE = 1
+    SUPER_SELECTIVE = 2
+    FULL = 3
+
+    @property
+    def spec_name(self) -> str:
+        """The spelling of specs and the CLI ("none", "selective", "super-selective", "full")."""
+        return CKPT_MODES[self.value]
+
+    @classmethod
+    def parse(cls, name: str) -> CkptMode:
+        """The mode a spec spells ``name``. Raises SpecError for an unknown name."""
+        if name not in CKPT_MODES:
+            raise SpecError("ckpt", name, f"one of {', '.join(CKPT_MODES)}")
+        return cls(CKPT_MODES.index(name))
+
+
+# Share of a layer's kernels issued per mode, in forward-pass units: forward 1, backward 2, full
+# recompute +1 forward; selective re-runs attention only, super-selective also norms/activations
+# (the dispatch law's and the framework kernels' unit, :mod:`scaleplan.estimator.dispatch`).
+_KERNEL_UNITS = np.array([3.0, 3.1, 3.3, 4.0])
+assert len(_KERNEL_UNITS) == len(CkptMode) == len(CKPT_MODES)
+
+
+def kernel_units(codes) -> np.ndarray:
+    """Kernels issued per layer and micro-batch in forward-pass units (arrays of mode codes)."""
+    return _KERNEL_UNITS[np.asarray(codes, dtype=np.int64)]
+
+
+def recomputes_block(codes) -> np.ndarray:
+    """1.0 where the whole block forward is re-run (full), else 0.0 (float arrays, a multiplier)."""
+    return np.where(np.asarray(codes) == CkptMode.FULL, 1.0, 0.0)
+
+
+def recomputes_sdpa(codes) -> np.ndarray:
+    """1.0 where the SDPA forward is re-run (every mode but none), else 0.0."""
+    return np.where(np.asarray(codes) >= CkptMode.SELECTIVE, 1.0, 0.0)
+
+
+def recomputes_pointwise(codes) -> np.ndarray:
+    """1.0 where the element-wise work (norms, activations, MoE permutation) is re-run
+    (super-selective and full), else 0.0."""
+    return np.where(np.asarray(codes) >= CkptMode.SUPER_SELECTIVE, 1.0, 0.0)
+
+
+def codes(names) -> np.ndarray:
+    """Mode codes (int64 array) of spec spellings."""
+    return np.array([CkptMode.parse(n).value for n in names], dtype=np.int64)

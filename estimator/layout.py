@@ -1,0 +1,300 @@
+"""The parallel layout of execution plans: one type for one plan or a whole plan set.
+
+:class:`ParallelLayout` holds the degrees of P plans as int64 columns (tp, cp, pp, dp, ep, etp, vpp,
+mbs, ckpt; ckpt as :class:`~scaleplan.estimator.ckpt.CkptMode` codes), in the spirit of torchtitan's
+``ParallelDims``: built once (from the user's :class:`scaleplan.specs.Layout` or by enumeration),
+validated once (:meth:`ParallelLayout.reasons`, the rules of :data:`RULES`), and the one place that
+answers derived questions (DP, EDP, n_mb, layers per stage, virtual stages) and placement questions
+(which group leaves the node, ranks per node on an axis: the rails a strided group drives).
+
+**Rank order.** Megatron-Core numbers the ranks of its dense groups in the order "tp-cp-ep-dp-pp"
+(``parallel_state.RankGenerator``; TP fastest), EP carved out of DP: a TP group is TP contiguous
+ranks, CP ranks are TP apart, the DP x CP gradient group is CP DP ranks TP apart, EP ranks are TP CP
+apart, expert-DP ranks TP CP EP apart, pipeline neighbours TP CP DP apart. Megatron-Core >= 0.10 builds
+its expert groups with a second generator (order etp-ep-edp-pp, CP folded into EDP): that puts EP ranks
+ETP apart, which is the same placement whenever ETP = TP and CP = 1; :data:`GROUPS` keeps the placement
+of the estimator's calibrations (EP inside the dense DP group) and is the one place to change it.
+
+Groups are aligned blocks of the rank space, so a group of n ranks s apart holds
+min(max(floor(gpn / s), 1), n) ranks per node and leaves the node when n exceeds that
+(:meth:`ParallelLayout.ranks_per_node`, :meth:`ParallelLayout.spans_nodes`).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+
+import numpy as np
+from scaleplan.estimator.ckpt import CkptMode
+from scaleplan.estimator.geom import Geometry
+
+from scaleplan.errors import SpecError
+from scaleplan.specs import Layout
+
+# group -> (stride between its ranks, its size) in Megatron-Core's rank order (module docstring)
+GROUPS: dict[str, Callable[[ParallelLayout], tuple[np.ndarray, np.ndarray]]] = {
+    "tp": lambda lo: (np.ones_like(lo.tp), lo.tp),
+    "cp": lambda lo: (lo.tp, lo.cp),
+    "dp_cp": lambda lo: (lo.tp, lo.cp * lo.dp),         # the dense gradient group
+    "ep": lambda lo: (lo.tp * lo.cp, lo.ep),
+    "edp": lambda lo: (lo.tp * lo.cp * lo.ep, lo.edp),  # the expert gradient group
+    "pp": lambda lo: (lo.tp * lo.cp * lo.dp, lo.pp),
+    "tp_cp_dp": lambda lo: (np.ones_like(lo.tp), lo.tp * lo.cp * lo.dp),  # one pipeline stage
+}
+
+
+@dataclass(frozen=True, eq=False)
+class ParallelLayout:
+    """P execution plans P_l = (TP, CP, PP, DP, EP, ETP, VPP, B_micro, A_ckpt) as int64 arrays of
+    shape (P,), in the field order of :class:`scaleplan.specs.Layout`; ``ckpt`` holds CkptMode codes.
+    Build with :meth:`of`, :meth:`from_specs` or :func:`enumerate_grid`; never mutated."""
+
+    tp: np.ndarray
+    cp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    vpp: np.ndarray
+    mbs: np.ndarray
+    ckpt: np.ndarray
+
+    @classmethod
+    def of(cls, tp=1, cp=1, pp=1, dp=1, ep=1, etp=1, vpp=1, mbs=1, ckpt="full") -> ParallelLayout:
+        """Plans from scalars or arrays (broadcast together); ``ckpt`` by spec name(s) or code(s)."""
+        ck = np.asarray(ckpt)
+        if ck.dtype.kind in "US":
+            ck = np.vectorize(lambda n: CkptMode.parse(str(n)).value, otypes=[np.int64])(ck)
+        cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (tp, cp, pp, dp, ep, etp, vpp, mbs, ck)))
+        return cls(*(np.array(c, dtype=np.int64).reshape(-1) for c in cols))
+
+    @classmethod
+    def from_specs(cls, layouts: Iterable[Layout], n_devices: int) -> ParallelLayout:
+        """The user's layouts (specs.Layout); DP derived as N / (TP CP PP) where a layout omits it."""
+        rows = [[getattr(lo, f) for f in FIELDS[:-1]] + [CkptMode.parse(lo.ckpt).value] for lo in layouts]
+        for r in rows:
+            if r[3] is None:
+                r[3] = n_devices // max(r[0] * r[1] * r[2], 1)
+        a = np.array(rows, dtype=np.int64).reshape(-1, len(FIELDS))
+        return cls(*a.T.copy())
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    def take(self, idx) -> ParallelLayout:
+        """The plans at ``idx`` (indices or a mask)."""
+        return ParallelLayout(*(getattr(self, f)[idx] for f in FIELDS))
+
+    def row(self, i: int) -> dict:
+        """Plan ``i`` as a Layout's fields, ckpt by name (the JSON form of results)."""
+        out = {f: int(getattr(self, f)[i]) for f in FIELDS}
+        out["ckpt"] = CkptMode(out["ckpt"]).spec_name
+        return out
+
+    def spec(self, i: int) -> Layout:
+        """Plan ``i`` as the user-input schema."""
+        return Layout(**self.row(i))
+
+    def readonly(self) -> ParallelLayout:
+        """Mark the columns read-only (a cached plan set is shared between callers)."""
+        for f in FIELDS:
+            getattr(self, f).flags.writeable = False
+        return self
+
+    # -- derived quantities ----------------------------------------------------------------------
+    @property
+    def n_devices(self) -> np.ndarray:
+        """N_dev = TP CP PP DP."""
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def edp(self) -> np.ndarray:
+        """Expert data parallelism EDP = TP CP DP / (EP ETP) (eq:mesh-moe; integral for a valid plan)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
+    def n_mb(self, gbs: int) -> np.ndarray:
+        """Micro-batches per step, G / (DP B_micro) (float; integral for a valid plan)."""
+        return gbs / (self.dp * self.mbs)
+
+    def layers_per_stage(self, n_layers: int) -> np.ndarray:
+        """L / PP (float): the blocks of one pipeline stage (its VPP chunks together)."""
+        return n_layers / self.pp
+
+    @property
+    def virtual_stages(self) -> np.ndarray:
+        """PP VPP: the model chunks of the interleaved schedule."""
+        return self.pp * self.vpp
+
+    # -- placement -------------------------------------------------------------------------------
+    def group(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(stride between ranks, ranks) of group ``name`` (:data:`GROUPS`), arrays over plans."""
+        return GROUPS[name](self)
+
+    def ranks_per_node(self, name: str, gpn: int) -> np.ndarray:
+        """Ranks of one ``name`` group on one node (float arrays): the NIC rails it drives once it
+        leaves the node."""
+        stride, size = self.group(name)
+        return np.minimum(np.maximum(np.floor(gpn / stride), 1.0), np.maximum(size, 1.0))
+
+    def nodes(self, name: str, gpn: int) -> np.ndarray:
+        """Nodes one ``name`` group spans (float arrays)."""
+        return np.ceil(self.group(name)[1] / self.ranks_per_node(name, gpn))
+
+    def spans_nodes(self, name: str, gpn: int) -> np.ndarray:
+        """Whether one ``name`` group leaves the node (bool arrays)."""
+        return self.group(name)[1] > self.ranks_per_node(name, gpn)
+
+    # -- validity --------------------------------------------------------------------------------
+    def reasons(self, ctx: LayoutContext) -> np.ndarray:
+        """The first rule of :data:`RULES` each plan breaks (object array: the rule's name, None
+        where the plan is structurally valid)."""
+        out = np.full(len(self), None, dtype=object)
+        for r in RULES:
+            bad = ~np.broadcast_to(np.asarray(r.check(self, ctx), dtype=bool), out.shape)
+            out[bad & (out == None)] = r.name  # noqa: E711  (object array)
+        return out
+
+    def violation(self, ctx: LayoutContext) -> tuple[str, object, str] | None:
+        """The first rule the first invalid plan breaks as (field, value, what is allowed), the parts of
+        a one-line error (field "mesh": the product TP CP PP DP); None when every plan is valid."""
+        why = self.reasons(ctx)
+        bad = np.nonzero(why != None)[0]  # noqa: E711  (object array)
+        if not len(bad):
+            return None
+        row, r = self.row(int(bad[0])), next(r for r in RULES if r.name == why[bad[0]])
+        mesh = "{tp}*{cp}*{pp}*{dp}".format(**row)
+        facts = dict(row, n_devices=ctx.n_devices, gbs=ctx.gbs, seqlen=ctx.seqlen, n_experts=ctx.g.E, n_layers=ctx.g.L,
+                     n_q_heads=ctx.g.nq, n_kv_heads=ctx.g.nkv, expert_inter_sz=ctx.g.dexp)
+        return r.field, (mesh if r.field == "mesh" else row[r.field]), r.allowed.format(**facts)
+
+    def validate(self, ctx: LayoutContext) -> None:
+        """Raise SpecError("layout <field>", value, allowed) for :meth:`violation` (a user's layout)."""
+        v = self.violation(ctx)
+        if v is not None:
+            field, value, allowed = v
+            raise SpecError("layout" if field == "mesh" else f"layout {field}", value, allowed)
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelLayout))
+assert FIELDS == tuple(Layout.model_fields), "ParallelLayout's columns are specs.Layout's fields, in order"
+
+
+def layout_text(row: dict) -> str:
+    """One plan's fields (a :meth:`ParallelLayout.row` dict, fields it lacks left out) as one line:
+    ``tp=1 cp=1 pp=2 dp=16 ep=8 etp=1 vpp=1 mbs=1 full``."""
+    return " ".join(f"{k}={row[k]}" for k in FIELDS if k != "ckpt" and k in row) + f" {row.get('ckpt', '')}"
+
+
+@dataclass(frozen=True)
+class LayoutContext:
+    """What the validity rules read beside the layout: the model and the run (seqlen None: no CP rule)."""
+
+    g: Geometry
+    n_devices: int
+    gbs: int
+    seqlen: int | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One structural rule: ``name`` counts the plans it refuses, ``field`` and ``allowed`` (a format
+    string over the plan's fields and the context's facts) make the one-line error."""
+
+    name: str
+    field: str
+    allowed: str
+    check: Callable[[ParallelLayout, LayoutContext], np.ndarray]
+
+
+RULES: list[Rule] = []  # in the order a plan's first failing rule is reported
+
+
+def rule(name: str, field: str, allowed: str):
+    """Register a validity rule (a function (layout, context) -> bool array, True where valid):
+    adding a rule is one decorated function."""
+    def deco(check):
+        RULES.append(Rule(name, field, allowed, check))
+        return check
+    return deco
+
+
+@rule("mesh_not_dividing_devices", "mesh", "tp*cp*pp*dp must equal --devices {n_devices}")
+def _mesh(lo, c):
+    return lo.n_devices == c.n_devices
+
+
+@rule("ep_not_dividing_dp", "ep", "must divide dp={dp} (eq:mesh-moe)")
+def _ep_in_dp(lo, c):
+    return lo.dp % lo.ep == 0
+
+
+@rule("experts_not_divisible_by_ep", "ep", "must divide n_experts={n_experts}")
+def _experts(lo, c):
+    return (c.g.E % lo.ep == 0) if c.g.is_moe else lo.ep == 1
+
+
+@rule("gbs_not_divisible", "mbs", "dp*mbs must divide gbs={gbs} (integral n_mb)")
+def _gbs(lo, c):
+    return c.gbs % (lo.dp * lo.mbs) == 0
+
+
+@rule("layers_not_divisible_by_pp_vpp", "pp", "pp*vpp must divide n_layers={n_layers}")
+def _layers(lo, c):
+    return c.g.L % lo.virtual_stages == 0
+
+
+@rule("vpp_needs_pp", "vpp", "interleaving needs pp > 1")
+def _vpp(lo, c):
+    return (lo.vpp == 1) | (lo.pp > 1)
+
+
+@rule("heads_not_divisible_by_tp", "tp", "must divide n_q_heads={n_q_heads}")
+def _heads(lo, c):
+    return c.g.nq % lo.tp == 0
+
+
+# TP | n_kv, or n_kv | TP with the KV heads replicated over TP / n_kv ranks (kv_loc = max(n_kv/TP, 1))
+@rule("kv_heads_vs_tp", "tp", "must divide or be a multiple of n_kv_heads={n_kv_heads}")
+def _kv_heads(lo, c):
+    return (c.g.nkv % lo.tp == 0) | (lo.tp % c.g.nkv == 0)
+
+
+@rule("etp_not_dividing_tp", "etp", "must divide tp and expert_inter_sz={expert_inter_sz}")
+def _etp(lo, c):
+    return (lo.tp % lo.etp == 0) & (c.g.dexp % lo.etp == 0)
+
+
+# Megatron's load-balanced causal CP cuts the sequence into 2 CP chunks
+@rule("cp_not_dividing_seq", "cp", "2*cp must divide seqlen={seqlen}")
+def _cp(lo, c):
+    return True if c.seqlen is None else (lo.cp == 1) | (c.seqlen % (2 * lo.cp) == 0)
+
+
+def enumerate_grid(axes: dict[str, Iterable[int]], ctx: LayoutContext) -> tuple[ParallelLayout, dict[str, int], int]:
+    """Every combination of the candidate values ``axes`` (keys: the fields but dp; ckpt by code), DP
+    derived as N / (TP CP PP) -> (the valid plans, counts of the others by their first failing rule,
+    the number of combinations). The mesh rule runs first on the (TP, CP, PP) product alone, so the
+    full product stays small."""
+    names = [f for f in FIELDS if f != "dp"]
+    ax = [np.asarray(list(axes[f]), dtype=np.int64) for f in names]
+    total = int(np.prod([len(a) for a in ax]))
+    if total == 0:
+        return ParallelLayout(*(np.zeros(0, dtype=np.int64) for _ in FIELDS)), {}, 0
+    t3 = np.stack(np.meshgrid(*ax[:3], indexing="ij"), -1).reshape(-1, 3)
+    mesh_ok = ctx.n_devices % t3.prod(axis=1) == 0
+    counts: dict[str, int] = {}
+    n_bad_mesh = int((~mesh_ok).sum()) * (total // max(len(t3), 1))
+    if n_bad_mesh:
+        counts[RULES[0].name] = n_bad_mesh
+    t3 = t3[mesh_ok]
+    rest = np.stack(np.meshgrid(*ax[3:], indexing="ij"), -1).reshape(-1, len(ax) - 3)
+    grid = np.concatenate([np.repeat(t3, len(rest), axis=0), np.tile(rest, (len(t3), 1))], axis=1)
+    tp, cp, pp = grid[:, 0], grid[:, 1], grid[:, 2]
+    lay = ParallelLayout(tp, cp, pp, ctx.n_devices // (tp * cp * pp), *grid[:, 3:].T)
+    why = lay.reasons(ctx)
+    bad = why != None  # noqa: E711  (object array)
+    for r in RULES[1:]:
+        n = int((why == r.name).sum())
+        if n:
+            counts[r.name] = n
+    return lay.take(np.nonzero(~bad)[0]), counts, total

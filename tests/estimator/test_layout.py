@@ -1,0 +1,88 @@
+"""ParallelLayout (estimator/layout.py): validity rules, derived degrees, placement in Megatron-Core's rank order."""
+import numpy as np
+import pytest
+from scaleplan.estimator.ckpt import CkptMode
+from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.layout import RULES, LayoutContext, ParallelLayout, enumerate_grid, layout_text, rule
+
+from scaleplan.errors import SpecError
+from scaleplan.specs import Layout, parse_spec
+from tests.estimator.conftest import moe_spec
+
+
+def _ctx(n=32, gbs=64, seqlen=4096):
+    return LayoutContext(geometry(parse_spec(moe_spec()).model), n, gbs, seqlen)
+
+
+def test_from_specs_derives_dp_and_round_trips_the_schema():
+    lay = ParallelLayout.from_specs([Layout(tp=2, pp=2, ep=8, mbs=2, ckpt="selective")], 32)
+    assert int(lay.dp[0]) == 8 and int(lay.ckpt[0]) == CkptMode.SELECTIVE
+    assert lay.row(0) == {"tp": 2, "cp": 1, "pp": 2, "dp": 8, "ep": 8, "etp": 1, "vpp": 1, "mbs": 2,
+                          "ckpt": "selective"}
+    assert lay.spec(0) == Layout(tp=2, pp=2, dp=8, ep=8, mbs=2, ckpt="selective")
+    assert layout_text(lay.row(0)) == "tp=2 cp=1 pp=2 dp=8 ep=8 etp=1 vpp=1 mbs=2 selective"
+
+
+def test_derived_degrees():
+    lay = ParallelLayout.of(tp=2, cp=2, pp=4, dp=8, ep=4, etp=2, vpp=2, mbs=2)
+    assert int(lay.n_devices[0]) == 128
+    assert int(lay.edp[0]) == 2 * 2 * 8 // (4 * 2)   # eq:mesh-moe: TP CP DP = EP ETP EDP
+    assert float(lay.n_mb(64)[0]) == 64 / (8 * 2)
+    assert float(lay.layers_per_stage(16)[0]) == 4.0 and int(lay.virtual_stages[0]) == 8
+
+
+def test_each_plan_reports_its_first_broken_rule():
+    ok = dict(tp=1, cp=1, pp=2, dp=16, ep=8, mbs=1)
+    cases = [({}, None), ({"dp": 8}, "mesh_not_dividing_devices"), ({"ep": 32}, "ep_not_dividing_dp"),
+             ({"mbs": 3}, "gbs_not_divisible"), ({"pp": 32, "dp": 1, "ep": 1}, "layers_not_divisible_by_pp_vpp"),
+             ({"pp": 1, "dp": 32, "vpp": 2}, "vpp_needs_pp"), ({"tp": 32, "dp": 1, "pp": 1, "ep": 1},
+                                                                "heads_not_divisible_by_tp")]
+    for change, want in cases:
+        lay = ParallelLayout.of(**{**ok, **change})
+        assert lay.reasons(_ctx())[0] == want, change
+
+
+def test_a_users_layout_gets_a_one_line_error_naming_the_field():
+    lay = ParallelLayout.from_specs([Layout(pp=2, ep=32, dp=16)], 32)
+    with pytest.raises(SpecError) as e:
+        lay.validate(_ctx())
+    assert "layout ep" in str(e.value) and "dp=16" in str(e.value)
+    with pytest.raises(SpecError) as e:
+        ParallelLayout.of(tp=2, dp=2).validate(_ctx())
+    assert "2*1*1*2" in str(e.value) and "32" in str(e.value)
+
+
+def test_adding_a_rule_is_one_function(monkeypatch):
+    monkeypatch.setattr("scaleplan.estimator.layout.RULES", list(RULES))
+
+    @rule("no_tp_4", "tp", "anything but 4")
+    def _no_tp_4(lo, c):
+        return lo.tp != 4
+
+    lay = ParallelLayout.of(tp=[1, 4], dp=[32, 8], ep=8)
+    assert list(lay.reasons(_ctx())) == [None, "no_tp_4"]
+
+
+def test_enumeration_counts_every_combination_once():
+    axes = {"tp": [1, 2, 3], "cp": [1], "pp": [1, 2], "ep": [1, 8], "etp": [1], "vpp": [1], "mbs": [1, 3],
+            "ckpt": [3]}
+    valid, counts, total = enumerate_grid(axes, _ctx())
+    assert total == 3 * 2 * 2 * 2
+    assert total == len(valid) + sum(counts.values())
+    assert counts["mesh_not_dividing_devices"] == 2 * 2 * 2  # tp = 3 divides no 32-GPU mesh
+    assert set(valid.mbs.tolist()) == {1} and (valid.reasons(_ctx()) == None).all()  # noqa: E711
+
+
+def test_placement_follows_megatron_rank_order():
+    gpn = 8
+    # TP is contiguous: it leaves a node only beyond 8
+    assert list(ParallelLayout.of(tp=[8, 16], dp=1).spans_nodes("tp", gpn)) == [False, True]
+    # EP ranks are TP CP apart: EP 4 at TP 2 fills one node, EP 8 needs two
+    lay = ParallelLayout.of(tp=2, ep=[4, 8], dp=8)
+    assert list(lay.nodes("ep", gpn)) == [1, 2] and list(lay.ranks_per_node("ep", gpn)) == [4, 4]
+    # expert-DP ranks are TP CP EP apart: stride 8 puts one per node, stride 4 two, stride 1 whole nodes
+    rails = ParallelLayout.of(ep=[8, 4, 1, 1], dp=[32, 32, 32, 4]).ranks_per_node("edp", gpn)
+    assert list(rails) == [1, 2, 8, 4]
+    # pipeline neighbours are TP CP DP ranks apart: at 8 every boundary leaves the node, at 4 every other
+    pp = ParallelLayout.of(pp=4, dp=[8, 4], tp=[1, 1])
+    assert list(pp.nodes("pp", gpn)) == [4, 2] and list(pp.ranks_per_node("pp", gpn)) == [1, 2]
