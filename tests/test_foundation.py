@@ -157,7 +157,7 @@ def test_bad_specs_real_processes_no_traceback(tmp_path):
     assert len(BAD_SPECS) >= 12
     exe = Path(sys.executable).with_name("scaleplan")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-c", "from scaleplan.cli import main; main()"]
-    for name in ("bad_yaml", "heads_times_head_dim", "unknown_field"):
+    for name in ("bad_yaml", "head_dim_zero", "unknown_field"):
         p = next(b for b in BAD_SPECS if b.stem == name)
         r = subprocess.run([*cmd, "estimate", str(p), "--devices", "8", "--db", str(tmp_path / "e.db")],
                            capture_output=True, text=True, timeout=budget(120))
