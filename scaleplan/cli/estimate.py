@@ -62,11 +62,6 @@ def _estimator(spec, profile, db, extrapolate, calibration: str | None = None):
                      calibration_id=cal_id, use_calibration=use)
 
 
-# the largest token budget --tokens takes: 1e17 tokens, far beyond any training run, small enough that every
-# sample count formed from it stays exact
-MAX_TOKENS = 1e17
-
-
 def _layout_text(lo: dict) -> str:
     return ",".join(f"{k}={lo[k]}" for k in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"))
 
@@ -230,8 +225,6 @@ def estimate(
 
     emit_mod.check_emit(emit)
     check_mem_fraction(mem_fraction)
-    if tokens is not None and not 0 < tokens <= MAX_TOKENS:
-        raise SpecError("--tokens", tokens, f"a token count in (0, {MAX_TOKENS:.0e}]")
     spec = _load_spec(spec_path)
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
