@@ -141,6 +141,9 @@ def print_json(obj: Any) -> None:
 # one-line SpecError before the command does any work. Keys are "command.param" or "param".
 # The caps are physical (README "Input bounds"): see scaleplan.specs and scaleplan.profiles.
 MAX_DAYS = 3650.0  # a ten-year training window; C_peak and every token count stay finite floats
+# the largest token budget --tokens takes: 1e17 tokens, far beyond any training run, small enough that every
+# sample count formed from it stays exact
+MAX_TOKENS = 1e17
 _BIG = 2**63 - 1   # database ids
 Bound = tuple[str, float, float, bool, bool, str]
 
@@ -199,7 +202,7 @@ def _bounds() -> dict[str, Bound]:
         "nproc": _b("int", 1, 1024), "threads": _b("int", 1, 4096), "size": _b("int", 1, 65_536),
         "n_tot": _b("float", 0, 1e16, True, "a parameter count in (0, 1e16]"),
         "d": _b("float", 0, 1e18, True, "a token count in (0, 1e18]"),
-        "tokens": _b("float", 0, 1e18, True, "a token count in (0, 1e18]"),
+        "tokens": _b("float", 0, MAX_TOKENS, True, f"a token count in (0, {MAX_TOKENS:.0e}]"),
         "budget": _b("floats", 0, 1e32, True, "FLOP budgets in (0, 1e32]"),
         "points": _b("int", 2, 10_000), "bootstrap": _b("int", 0, 100_000), "starts": _b("int", 1, 100_000),
         "restarts": _b("int", 0, 100_000), "seed": _b("int", 0, 2**32 - 1),
