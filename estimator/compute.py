@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.comm import ORTHO_OPTIMIZERS, REPLICATED_OPTIMIZERS
+from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.geom import Geometry, padded_vocab
 from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED, LookupResult
 
-CKPT_CODES = {"none": 0, "selective": 1, "super-selective": 2, "full": 3}
-CKPT_NAMES = {v: k for k, v in CKPT_CODES.items()}
 
 
 class ComputeModel:
@@ -146,8 +145,8 @@ class ComputeModel:
         def part(name, ck):
             return tb.host_time(name, ck, prec, T, g.d, E)
 
-        for code, ck in CKPT_NAMES.items():
-            sel = ckc == code
+        for mode in CkptMode:
+            sel, ck = ckc == mode, mode.spec_name
             if not sel.any():
                 continue
             den, mb, mo = part("dense", ck), part("microbatch", ck), part("moe", ck) if g.is_moe else 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scaleplan.estimator.ckpt import CkptMode, kernel_units
 
 # Kernel-count law kappa(E_loc) = kappa0 + kappa1 E_loc per transformer layer and micro-batch
 # (forward + backward + full recompute). Defaults: GPU kernel counts read from rank-0 profiler
@@ -20,7 +21,7 @@ KAPPA0_DEFAULT = 642.0
 KAPPA1_DEFAULT = 7.29
 # Share of those kernels issued per checkpoint mode, in forward-pass units: forward 1, backward 2,
 # full recompute +1 forward; selective re-runs attention only, super-selective also norms/activations.
-KERNEL_UNITS = np.array([3.0, 3.1, 3.3, 4.0])
+KERNEL_UNITS = kernel_units(list(CkptMode))  # per mode code: estimator/ckpt.py
 T_GAP_DEFAULT_S = 15e-6   # launch-bound torch eager op on a modern host (dispatch table when present)
 T_HOST_DEFAULT_S = 0.0    # fixed per-micro-batch host time; only a measured/calibrated value is used
 # Kernels per layer-micro-batch (forward units) whose time the model costs one by one: QKV, O, SDPA,
@@ -83,7 +84,7 @@ def law_in_force(profile_law, table_t_gap_s: float | None, table_t_host_s: float
 def dispatch_time(law: DispatchLaw, L_stage, E_loc, ckc, n_moe_stage, ep):
     """Host seconds to launch one micro-batch of one stage (arrays over plans): L_stage kappa(E_loc)
     t_gap + n_moe_stage [EP > 1] t_ep_host + t_host, in the checkpoint mode's kernel units."""
-    units = KERNEL_UNITS[ckc] / 4.0
+    units = kernel_units(ckc) / 4.0
     kappa = (law.kappa0 + law.kappa1 * E_loc) * units
     t_ep_host = np.where(ep > 1, n_moe_stage * law.t_ep_host_s * units, 0.0)
     return L_stage * kappa * law.t_gap_s + t_ep_host + law.t_host_s

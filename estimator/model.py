@@ -78,13 +78,13 @@ from scaleplan.estimator.comm import (  # noqa: F401  (re-exported: the model's 
     bias_sync,
     dp_buckets,
 )
-from scaleplan.estimator.compute import CKPT_CODES, CKPT_NAMES, ComputeModel  # noqa: F401
+from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block, recomputes_pointwise, recomputes_sdpa
+from scaleplan.estimator.compute import ComputeModel
 from scaleplan.estimator.desync import ChiCoefficients, chi_sys, desync_features  # noqa: F401
 from scaleplan.estimator.dispatch import (  # noqa: F401
     COSTED_KERNELS_PER_FWD,
     KAPPA0_DEFAULT,
     KAPPA1_DEFAULT,
-    KERNEL_UNITS,
     STACKS,
     T_GAP_DEFAULT_S,
     T_HOST_DEFAULT_S,
@@ -334,7 +334,7 @@ class TimeModel(ComputeModel, CommModel):
         # eq:desync, with the placement features of Megatron's rank order (desync_features)
         ep_nodes, pp_hops, deep = desync_features(lay, self.gpn)
         pp_nodes = pp_hops + 1
-        rc = np.where(ckc == 3, 1.0, 0.0)
+        rc = recomputes_block(ckc)
         t_a2a_wire = n_mb * s.n_m * (k.a2a_f * (1 + rc) + k.a2a_b) if g.is_moe else np.zeros(P)
         chi = chi_sys(self.chi_c, t_a2a_wire, t_an, ep_nodes, pp_hops, deep)
         t_iter = chi * t_an
@@ -368,7 +368,7 @@ class TimeModel(ComputeModel, CommModel):
             fw = np.zeros(P)
             rec.mark("framework_kernels", np.zeros(P, np.int8))
         else:
-            n_fw = KERNEL_UNITS[ckc] * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
+            n_fw = kernel_units(ckc) * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
             fw = n_fw * self.t_kernel_min * self.kernel_scale
             rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
         return fw
@@ -385,9 +385,10 @@ class TimeModel(ComputeModel, CommModel):
         moe_lb = common_b + k.moe_b + np.maximum(k.sh_b, k.a2a_b)
         den_lf = common_f + k.dense_f
         den_lb = common_b + k.dense_b
-        rc_moe = np.select([ckc == 3, ckc == 2, ckc == 1],
+        FULL, SUPER, SEL = CkptMode.FULL, CkptMode.SUPER_SELECTIVE, CkptMode.SELECTIVE
+        rc_moe = np.select([ckc == FULL, ckc == SUPER, ckc == SEL],
                            [moe_lf, k.sd_f + k.ew_f + (k.perm if moe else 0.0), k.sd_f], 0.0)
-        rc_den = np.select([ckc == 3, ckc == 2, ckc == 1], [den_lf, k.sd_f + k.ew_f, k.sd_f], 0.0)
+        rc_den = np.select([ckc == FULL, ckc == SUPER, ckc == SEL], [den_lf, k.sd_f + k.ew_f, k.sd_f], 0.0)
         fw = self._framework_kernels(rec, ckc)
         t_moe_layer = moe_lf + moe_lb + rc_moe + fw
         t_den_layer = den_lf + den_lb + rc_den + fw
@@ -395,7 +396,7 @@ class TimeModel(ComputeModel, CommModel):
         L_stage = g.L / pp
         nd0 = np.minimum(g.n_dense, L_stage)  # dense blocks sit on the first stage
         # the all-to-all wire time the shared expert does not cover, per MoE layer (fwd, bwd, recompute)
-        rc1 = np.where(ckc == 3, 1.0, 0.0)
+        rc1 = recomputes_block(ckc)
         a2a_x = (np.maximum(k.sh_f, k.a2a_f) - k.sh_f) * (1 + rc1) + np.maximum(k.sh_b, k.a2a_b) - k.sh_b
         if moe:
             t_stage0 = nd0 * t_den_layer + (L_stage - nd0) * t_moe_layer
@@ -463,7 +464,7 @@ class TimeModel(ComputeModel, CommModel):
         # The window is the wall time of that pass, not its GPU time alone: a dispatch-bound pass lasts as
         # long as the host takes to issue it (its share of t_disp, in the checkpoint mode's kernel units:
         # forward 1, backward with its recompute the rest), and the NCCL stream runs meanwhile
-        share_f = 1.0 / KERNEL_UNITS[ckc]
+        share_f = 1.0 / kernel_units(ckc)
         w_bwd = np.maximum(L_stage * (s.common_b + k.moe_b + k.sh_b if moe else s.den_lb), (1 - share_f) * t_disp)
         w_fwd = np.maximum(L_stage * (s.common_f + k.moe_f + k.sh_f if moe else s.den_lf), share_f * t_disp)
         t_dp = self._dp_comm(rec, g, lay, w_fwd, w_bwd, optimizer)
@@ -481,17 +482,17 @@ class TimeModel(ComputeModel, CommModel):
         ckc = lay.ckpt
         L_stage = s.L_stage
         comps = {
-            "attn_proj": n_mb * L_stage * (k.attn_f + k.attn_b + np.where(ckc == 3, k.attn_f, 0.0)),
-            "sdpa": n_mb * L_stage * (k.sd_f + k.sd_b + np.where(ckc >= 1, k.sd_f, 0.0)),
+            "attn_proj": n_mb * L_stage * (k.attn_f + k.attn_b + recomputes_block(ckc) * k.attn_f),
+            "sdpa": n_mb * L_stage * (k.sd_f + k.sd_b + recomputes_sdpa(ckc) * k.sd_f),
         }
         # the remaining compute of the slowest stage, attributed by component (fwd + bwd + recompute)
-        rc = np.where(ckc == 3, 1.0, 0.0)
+        rc = recomputes_block(ckc)
         if g.is_moe:
             n_m = s.n_m
             n_d = L_stage - n_m
             comps["experts"] = n_mb * n_m * (k.ex_f * (1 + rc) + k.ex_b)
             comps["router"] = n_mb * n_m * ((k.rg_f + k.tk_f) * (1 + rc) + k.rg_b + k.tk_b)
-            comps["permute"] = n_mb * n_m * k.perm * (2 + np.where(ckc >= 2, 1.0, 0.0))
+            comps["permute"] = n_mb * n_m * k.perm * (2 + recomputes_pointwise(ckc))
             comps["shared_expert"] = n_mb * n_m * (k.sh_f * (1 + rc) + k.sh_b)
             comps["ep_a2a"] = n_mb * n_m * (np.maximum(k.a2a_f - k.sh_f, 0) * (1 + rc)
                                             + np.maximum(k.a2a_b - k.sh_b, 0))
@@ -500,7 +501,7 @@ class TimeModel(ComputeModel, CommModel):
             for name in ("experts", "router", "permute", "shared_expert", "ep_a2a"):
                 comps[name] = np.zeros(len(ckc))
             comps["dense_mlp"] = n_mb * L_stage * (k.dense_f * (1 + rc) + k.dense_b)
-        comps["elementwise"] = n_mb * L_stage * (k.ew_f * (1 + np.where(ckc >= 2, 1.0, 0.0)) + k.ew_b)
+        comps["elementwise"] = n_mb * L_stage * (k.ew_f * (1 + recomputes_pointwise(ckc)) + k.ew_b)
         comps["framework_kernels"] = n_mb * L_stage * s.fw
         comps["tp_comm"] = n_mb * L_stage * (k.tp_f * (1 + rc) + k.tp_b)
         comps["cp_comm"] = n_mb * L_stage * (k.cp_f * (1 + rc) + k.cp_b)
@@ -524,6 +525,6 @@ class TimeModel(ComputeModel, CommModel):
         # HFU: add the recomputed forward FLOPs (full: the transformer blocks' 2 N_act per token;
         # selective / super-selective: the causal attention-score FLOPs)
         attn_score = 2.0 * seqlen * g.nq * g.hd * g.L  # per token, causal fwd QK^T + PV
-        rec_flops = np.select([ckc == 3, ckc >= 1], [2.0 * g.n_act + attn_score, attn_score], 0.0) * tokens
+        rec_flops = (recomputes_block(ckc) * 2.0 * g.n_act + recomputes_sdpa(ckc) * attn_score) * tokens
         hfu = (6.0 * g.n_act * tokens + rec_flops) / denom
         return mfu, mfu_val, hfu
