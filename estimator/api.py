@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
 from scaleplan.estimator.geom import Geometry, geometry
-from scaleplan.estimator.memory import ALLOCATED, RESERVE_BYTES, memory_breakdown
+from scaleplan.estimator.memory import RESERVE_BYTES, allocated_reserved, memory_breakdown
 from scaleplan.estimator.layout import LayoutContext, ParallelLayout
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
@@ -331,7 +331,7 @@ class Estimator:
                for k in ev.components}
         memb = {k: float(v[i]) / GB for k, v in mem.items()}
         tot = sum(memb.values())
-        alloc_gb = sum(v for k, v in memb.items() if k in ALLOCATED)
+        alloc_gb, reserved_gb, _ = (float(x) / GB for x in allocated_reserved({k: v[i] for k, v in mem.items()}))
         reason = ev.oor.reason[i]
         if reason is None and tot * GB > frac * cap:
             reason = "memory"
@@ -358,7 +358,7 @@ class Estimator:
             n_act=float(g.n_act), n_tot=float(g.n_tot), breakdown_s=bd, sources=src,
             feasible=reason is None, reason=reason, warnings=warnings, n_clamped=int(ev.n_clamped[i]),
             composed_share=float(ev.composed_share[i]) if ev.composed_share is not None else 0.0,
-            mem_allocated_gb=alloc_gb, mem_reserved_gb=alloc_gb + memb.get("allocator", 0.0) + memb.get("reserve", 0.0))
+            mem_allocated_gb=alloc_gb, mem_reserved_gb=reserved_gb)
 
 
 __all__ = [

@@ -7,70 +7,29 @@ import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.optimizer import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_collectives, optimizer  # noqa: F401
+from scaleplan.estimator.params import dp_stages, stage_params  # noqa: F401  (dp_stages: re-exported)
 from scaleplan.estimator.recorder import Recorder, _arr, distinct
 from scaleplan.estimator.tables import ANALYTIC, LookupResult
 
 # Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
 DDP_BUCKET_PARAMS = 40_000_000
-# NeMo's bf16-mixed plugin (the paper's stack) sets grad_reduce_in_fp32=True: gradients are
-# reduce-scattered in fp32; the distributed optimizer all-gathers bf16 parameters
-GRAD_BYTES_COMM, PARAM_BYTES_COMM = 4, 2
 P2P_LAT_INTRA_S, P2P_LAT_INTER_S = 10e-6, 25e-6
-# optimizers that orthogonalise whole weight matrices (Newton-Schulz): Megatron-Core's layer-wise
-# distributed optimizer (dist_muon), DDP all-reduce of the gradients, the owners' parameters all-gathered
-ORTHO_OPTIMIZERS = ("muon", "scion")
-# optimizers Megatron-Core's distributed optimizer refuses (it supports the Adam family only:
-# megatron/core/optimizer/distrib_optimizer.py, NVIDIA/Megatron-LM#1287): plain DDP, every DP rank
-# keeps the whole optimizer state and steps it; the gradients are all-reduced, nothing is gathered
-REPLICATED_OPTIMIZERS = ("sgd",)
-
-
-def dp_collectives(optimizer: str) -> tuple[tuple[str, int], ...]:
-    """The DP collectives of one step as (collective, bytes per parameter), gradient side first: ZeRO-1
-    (Adam family) reduce-scatters fp32 grads and all-gathers bf16 params; the layer-wise optimizer
-    (:data:`ORTHO_OPTIMIZERS`) all-reduces the grads, then the owners' params are gathered; plain DDP
-    (:data:`REPLICATED_OPTIMIZERS`) all-reduces the grads alone. Read by the model and by bench plan."""
-    if optimizer in REPLICATED_OPTIMIZERS:
-        return (("all_reduce", GRAD_BYTES_COMM),)
-    red = "all_reduce" if optimizer in ORTHO_OPTIMIZERS else "reduce_scatter"
-    return ((red, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))
-
-
-def dp_stages(pp) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The pipeline stages whose DP traffic can be the exposed part of a step, as (present, s) per
-    stage (arrays over plans): the first stage (s = 0), the first middle one (s = 1, PP > 2: the middle
-    stage with the shortest drain) and the last (s = PP - 1, PP > 1). After a stage's last backward the
-    1F1B drain still runs s backward passes of the stages before it (the first stage finishes the step
-    last): what the stage's DP traffic has left then hides behind them; a ZeRO-1 parameter all-gather
-    behind as many forward passes of the next step's fill. With VPP-way interleaving each of those
-    passes is one chunk, 1/VPP of a stage's."""
-    pp = np.asarray(pp, dtype=float)
-    return [(np.ones(pp.shape, bool), np.zeros(pp.shape)), (pp > 2, np.ones(pp.shape)), (pp > 1, pp - 1)]
-
-
 def dp_buckets(g: Geometry, lay: ParallelLayout, gpn: int, s=0.0):
     """The distributed optimizer's two gradient groups on pipeline stage ``s`` (an index, arrays
     broadcast), as ``[(params, group, layout, inter_node, n_buckets)]`` (parameters per rank).
 
-    Stage s holds blocks [s L/PP, (s+1) L/PP), the dense ones (the first n_dense) among them; stage 0
-    also the input embedding (with one stage, an untied LM head too), stage PP - 1 the LM head (with
-    tied embeddings a copy, whose gradient is reduced as well).
-    Dense grads (attention, dense and shared MLPs, router, embedding or LM head): over the DP x CP
+    The stage's parameters are :func:`params.stage_params`'s (embedding, LM head and final norm where
+    Megatron-Core puts them, the padded vocabulary).
+    Dense grads (attention, dense and shared MLPs, router, embedding or LM head, final norm): over the DP x CP
     group of contiguous ranks. Expert grads: over EDP = TP CP DP / (EP ETP) strided ranks, which
     leave the node once TP CP EP fills it (:meth:`ParallelLayout.spans_nodes`). Megatron buckets
     max(40M, 1M x group) parameters.
     """
-    tp, cp, dp, ep, etp = lay.tp, lay.cp, lay.dp, lay.ep, lay.etp
-    pp, s = lay.pp.astype(float), np.asarray(s, dtype=float)
-    L_stage = g.L / pp
-    nd = np.clip(g.n_dense - s * L_stage, 0, L_stage)  # dense blocks on the stage
-    n_vocab = (s == 0) * np.where((pp == 1) & (not g.tie), 2.0, 1.0) + ((s == pp - 1) & (pp > 1))
-    dense_p = (L_stage * g.attn_params + nd * g.dense_mlp_params + (L_stage - nd) * g.moe_dense_params
-               + n_vocab * g.vocab * g.d) / tp
-    exp_p = (L_stage - nd) * g.expert_params / (ep * etp)
+    p = stage_params(g, lay, s)
     out = []
-    for params, group, layout, inter in ((dense_p, dp * cp, "contiguous", lay.spans_nodes("dp_cp", gpn)),
-                                         (exp_p, lay.edp, "strided", lay.spans_nodes("edp", gpn))):
+    for params, group, layout, inter in ((p.dense, lay.dp * lay.cp, "contiguous", lay.spans_nodes("dp_cp", gpn)),
+                                         (p.experts, lay.edp, "strided", lay.spans_nodes("edp", gpn))):
         nb = np.maximum(np.ceil(params / np.maximum(DDP_BUCKET_PARAMS, 1e6 * group)), 1)
         out.append((params, group, layout, inter, nb))
     return out
@@ -171,18 +130,18 @@ class CommModel:
         return out
 
     # -- the model -----------------------------------------------------------------------------
-    def _dp_comm(self, rec, g, lay, w_fwd, w_bwd, optimizer="adamw"):
+    def _dp_comm(self, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw"):
         """Exposed data-parallel traffic per iteration (seconds, shape (P,)): the most any pipeline
         stage leaves exposed (:func:`dp_stages`); groups and buckets: :func:`dp_buckets`.
 
         adam/adamw/sgd run Megatron's distributed optimizer (ZeRO-1): a bucketed fp32 gradient
         reduce-scatter overlapped with the stage's last backward and a bf16 parameter all-gather
         overlapped with the next first forward; the last bucket of each is always exposed.
-        muon/scion (:data:`ORTHO_OPTIMIZERS`) run Megatron-Core's layer-wise distributed optimizer: DDP
+        muon/scion (:class:`~scaleplan.estimator.optimizer.Optimizer`) run Megatron-Core's layer-wise distributed optimizer: DDP
         all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
         reduce-scatter), and after the step the owners broadcast the updated bf16 parameters, which
         nothing overlaps.
-        sgd (:data:`REPLICATED_OPTIMIZERS`) runs plain DDP: the bucketed all-reduce alone.
+        sgd (not sharded) runs plain DDP: the bucketed all-reduce alone.
         On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
         ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of one forward /
         backward pass of a stage, which a dispatch-bound pass sets by its host issue time. What a stage's
@@ -202,8 +161,8 @@ class CommModel:
         drain = s[idx] / np.asarray(lay.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
         sub = Recorder(k * U, rec.mode)
         tail, fill = np.zeros((k, P)), np.zeros((k, P))  # after the stage's last backward; before its first forward
-        ortho = optimizer in ORTHO_OPTIMIZERS
-        colls = dp_collectives(optimizer)
+        opt = optimizer(optimizer_name)
+        ortho, colls = opt.sharded and opt.orthogonalises, opt.dp_collectives
         for params, group, layout, inter, nb in dp_buckets(g, lay_s, self.gpn, s):
             act = (group > 1) & (params > 0) & present
             rails = lay_s.ranks_per_node("edp", self.gpn) if layout == "strided" else None

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 from scaleplan.estimator import analytic as an
-from scaleplan.estimator.comm import ORTHO_OPTIMIZERS, REPLICATED_OPTIMIZERS
 from scaleplan.estimator.ckpt import CkptMode
-from scaleplan.estimator.geom import Geometry, padded_vocab
+from scaleplan.estimator.geom import Geometry, vocab_shard
 from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED, LookupResult
 
 
@@ -201,7 +200,7 @@ class ComputeModel:
         to the logit count, so a TP-sharded padded vocab V_loc = pad(V, TP)/TP is looked up at the
         logit-equivalent token count T V_loc / V_t (in range or reported out of range like any axis).
         """
-        V_loc = padded_vocab(g.vocab, tp.astype(np.int64)) / tp
+        V_loc = vocab_shard(g.vocab, tp)
         t_first = an.memory_time(b_el * T * g.d * 2 + 4.0 * T * g.d * 2, hbm)  # gather fwd, fp32 scatter-add bwd
         if self.tb.vocab and self.tb.vocab_size:
             teq = T * V_loc / self.tb.vocab_size
@@ -218,45 +217,3 @@ class ComputeModel:
             ce = an.memory_time(4.0 * T * V_loc * 3, hbm)
             rec.mark("vocab", ANALYTIC)
             return t_first, f + ce, b + ce
-
-    def _optimizer(self, rec, g, lay, optimizer, peak, hbm):
-        """Optimizer step of one rank (seconds, shape (P,)): bandwidth / FLOP roofline.
-
-        adam/adamw: read fp32 master, m, v and the grad, write master, m, v and the bf16 param
-        (30 bytes/param), on this rank's distributed-optimizer shard (1/(DP CP) of the dense and
-        1/EDP of the expert parameters). sgd (momentum): 18 bytes/param on the whole local state (plain
-        DDP: Megatron-Core's distributed optimizer takes the Adam family only, :data:`REPLICATED_OPTIMIZERS`).
-        muon/scion: momentum update (18 bytes/param) plus 5 Newton-Schulz iterations per weight
-        matrix, ~5 (4 m^2 n + 2 m^3) FLOPs for an m x n matrix (m <= n), at half the GEMM peak.
-        Megatron-Core runs them under its layer-wise distributed optimizer
-        (``--optimizer dist_muon``, ``LayerWiseDistributedOptimizer``: each DP rank owns whole weight
-        matrices, orthogonalises only those and all-gathers the updated parameters), so the step is
-        sharded over DP like Adam's, at matrix granularity. Why not plain ``--optimizer muon``, which
-        replicates the state and the step on every DP rank (and which the paper's estimator charges,
-        0.18-0.72 s on the 5.4B sweep): its measured pp=1 ep=8 layout would then need ~19e9 local
-        parameters x 14 bytes, beyond a B200, so those runs sharded the state
-        (tests/estimator/test_muon_sharding.py). ``scaleplan emit`` writes ``dist_muon``.
-        """
-        rec.mark("optimizer", ANALYTIC)
-        tp, cp, pp, dp, ep, etp = lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp
-        L_stage = g.L / pp
-        ortho = optimizer in ORTHO_OPTIMIZERS
-        dense_rep = dp * cp                                    # ranks sharing one dense shard's step
-        exp_rep = lay.edp
-        if optimizer in REPLICATED_OPTIMIZERS:  # plain DDP: every DP rank steps its whole state
-            dense_rep, exp_rep = np.ones_like(dense_rep), np.ones_like(exp_rep)
-        dense = (L_stage * g.attn_params + g.n_dense * g.dense_mlp_params / pp
-                 + (g.n_moe / pp) * g.moe_dense_params + g.vocab * g.d) / (tp * dense_rep)
-        experts = (g.n_moe / pp) * g.expert_params / (ep * etp) / exp_rep
-        per = {"adam": 30.0, "adamw": 30.0, "sgd": 18.0, "muon": 18.0, "scion": 18.0}.get(optimizer, 30.0)
-        t = an.memory_time(per * (dense + experts), hbm)
-        if ortho:
-            def ns(m, n):
-                m, n = min(m, n), max(m, n)
-                return 5.0 * (4.0 * m * m * n + 2.0 * m ** 3)
-            attn = ns(g.d, g.nq * g.hd) * 2 + ns(g.d, g.nkv * g.hd) * 2
-            exp_m = ns(g.d, g.dexp) * 3
-            fl_dense = L_stage * attn / (tp * dense_rep)   # the DP rank's share of the matrices
-            fl_exp = (g.n_moe / pp) * g.E * exp_m / (ep * etp * exp_rep)
-            t = t + (fl_dense + fl_exp) / (0.5 * peak)
-        return t

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from scaleplan.geometry import (
     attention_params,
     gate_columns,
@@ -25,6 +26,13 @@ def padded_vocab(vocab, tp=1):
     """Megatron's padded vocabulary size (works on numpy arrays of TP)."""
     mult = VOCAB_DIVISOR * tp
     return -(-vocab // mult) * mult
+
+
+def vocab_shard(vocab, tp):
+    """V_loc: the rows of the padded vocabulary one TP rank holds, pad(V, TP) / TP (float arrays of TP):
+    its share of the embedding and the LM head, and the logits it computes."""
+    tp = np.asarray(tp)
+    return padded_vocab(vocab, tp.astype(np.int64)) / tp
 
 
 @dataclass(frozen=True)

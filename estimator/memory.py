@@ -5,7 +5,7 @@ precision with the distributed optimizer: weights in the model dtype (2 bytes/pa
 main grads (4), fp32 master weights + optimizer moments sharded over the data-parallel group (dense
 params over DP x CP, expert params over EDP): for Adam 12 bytes/param, so the unsharded total is
 Megatron's 18 bytes/param (theoretical_memory_usage: 6 + 12/DP); SGD, which that optimizer refuses,
-keeps its state whole (comm.REPLICATED_OPTIMIZERS). :data:`REFERENCE_DDP`: what
+keeps its state whole (:mod:`~scaleplan.estimator.optimizer`). :data:`REFERENCE_DDP`: what
 ``scaleplan validate``'s runner keeps (DDP + AdamW on fp32 masters): grads in the model dtype, plus
 DDP's bucket copy at DP > 1, fp32 master weights and master grads, unsharded moments, fp32 router
 weights. Both are checked exactly against the reference model's tensors (tests/validate/test_memory.py).
@@ -33,11 +33,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scaleplan.estimator.comm import REPLICATED_OPTIMIZERS
-from scaleplan.estimator.geom import Geometry, padded_vocab
+from scaleplan.estimator.ckpt import CkptMode
+from scaleplan.estimator.geom import Geometry, vocab_shard
+from scaleplan.estimator.optimizer import optimizer as opt_spec
+from scaleplan.estimator.params import stage_params
 from scaleplan.units import BYTES_PER_ELEMENT
 
-OPT_STATE_BYTES = {"adam": 12.0, "adamw": 12.0, "muon": 8.0, "scion": 8.0, "sgd": 8.0}
 WEIGHT_BYTES, GRAD_BYTES = 2.0, 4.0
 RESERVE_BYTES = 5e9  # legacy fixed reserve (the estimator now uses the allocator and context terms)
 
@@ -61,7 +62,6 @@ def dense_layer_activation_bytes(s, b, h, a, ffn, *, kv_heads=None, head_dim=Non
     return (attn + mlp + norms) / tp
 
 
-NONE, SELECTIVE, SUPER_SELECTIVE, FULL = 0, 1, 2, 3  # checkpoint mode codes (plans.ckpt)
 
 
 # the dtype activations of a precision are stored in (fp8/fp4 GEMMs keep bf16 activations; tf32 is fp32)
@@ -155,12 +155,11 @@ def block_activation_bytes(s, b, g: Geometry, tp, etp, is_moe: bool, mode_code, 
     selective drops the 'core' terms, super-selective also the 'fine' ones, full keeps the block
     input only."""
     terms = block_activation_terms(s, b, g, tp, etp, is_moe, a, rope)
-    keep = {NONE: ("", "core", "fine"), SELECTIVE: ("", "fine"), SUPER_SELECTIVE: ("",)}
-    by_mode = [sum(v for v, f in terms.values() if f in kinds) for kinds in keep.values()]
-    inp = a * s * b * g.d / tp
+    keep = {CkptMode.NONE: ("", "core", "fine"), CkptMode.SELECTIVE: ("", "fine"), CkptMode.SUPER_SELECTIVE: ("",)}
+    by_mode = {m: sum(v for v, f in terms.values() if f in kinds) for m, kinds in keep.items()}
+    by_mode[CkptMode.FULL] = a * s * b * g.d / tp  # the block input only
     mode = np.asarray(mode_code)
-    return np.select([mode == FULL, mode == SUPER_SELECTIVE, mode == SELECTIVE], [inp, by_mode[2], by_mode[1]],
-                     by_mode[0])
+    return np.select([mode == m for m in CkptMode], [by_mode[m] for m in CkptMode])
 
 
 def moe_layer_activation_bytes(s, b, g: Geometry, tp, etp, mode_code, a: float = 2.0, rope: bool = True):
@@ -178,7 +177,7 @@ def outside_blocks_saved_bytes(s, b, g: Geometry, tp, a: float, first: bool, las
     backward) and RoPE tables on the first stage; the final norm's input and statistics, the LM
     head input, the fp32 log-softmax and int64 labels on the last stage."""
     T = s * b
-    V_loc = padded_vocab(g.vocab, np.asarray(tp).astype(np.int64)) / tp
+    V_loc = vocab_shard(g.vocab, tp)
     head = a * T * g.d * 2 / tp + 8.0 * T / tp + 4.0 * T * V_loc + 8.0 * T
     emb = 8.0 * T + a * s * g.hd  # cos and sin tables, S x hd/2 each
     return np.where(first, emb, 0.0) + np.where(last, head, 0.0)
@@ -206,7 +205,6 @@ class ModelState:
 MEGATRON = ModelState("megatron", grad_bytes=4.0, master_grad=False, shard_optimizer=True, ddp_buckets=False)
 REFERENCE_DDP = ModelState("reference-ddp", grad_bytes=None, master_grad=True, shard_optimizer=False,
                            ddp_buckets=True, router_fp32=True)  # scaleplan.validate.runner: DDP + reference.optim.MasterAdamW
-MOMENT_BYTES = {k: v - 4.0 for k, v in OPT_STATE_BYTES.items()}  # the optimizer state without the fp32 master
 # Allocator overhead when no bench measurement exists (bench suite 'allocator' measures both):
 DEFAULT_ALLOCATOR_FRACTION = 0.10  # reserved / max allocated - 1 of the caching allocator in MoE training
 DEFAULT_CONTEXT_BYTES = 1.0e9  # per GPU process outside torch's allocator: CUDA context, NCCL, cuBLAS handles
@@ -218,8 +216,21 @@ def state_bytes_per_param(state: ModelState, precision: str, optimizer: str) -> 
     wb = act_bytes(precision)
     low = wb < 4.0
     return {"weights": wb, "grads": wb if state.grad_bytes is None else state.grad_bytes,
-            "master": 4.0 if low else 0.0, "moments": MOMENT_BYTES.get(optimizer, 8.0),
+            "master": 4.0 if low else 0.0, "moments": opt_spec(optimizer).moment_bytes,
             "master_grads": 4.0 if (low and state.master_grad) else 0.0}
+
+
+def _layer_activations(g: Geometry, pl, s, a: float, rope: bool):
+    """(one dense block's, one MoE block's saved bytes, the extra peak of a full recompute) per device
+    and micro-batch, arrays over plans: full recompute still materialises one layer's full
+    activations during its backward."""
+    tp, etp, mbs, ck = pl.tp.astype(float), pl.etp.astype(float), pl.mbs.astype(float), pl.ckpt
+    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope) if g.is_moe else 0.0
+    act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope)
+    zero = np.zeros_like(ck)
+    whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope) if g.is_moe else 0.0,
+                       dense_block_bytes(s, mbs, g, tp, zero, a, rope))
+    return act_den, act_moe, np.where(ck == CkptMode.FULL, whole, 0.0)
 
 
 def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
@@ -239,65 +250,34 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     :func:`allocated_reserved` splits the result. ``state``: how the stack stores the model state
     (:data:`MEGATRON`, :data:`REFERENCE_DDP`). ``rope``: RoPE keeps rotated Q and K copies.
     """
-    tp, cp, pp, dp, ep, etp, vpp, mbs = (getattr(pl, f).astype(float) for f in
-                                         ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs"))
-    ck = pl.ckpt
+    tp, cp, pp, dp, vpp, mbs = (getattr(pl, f).astype(float) for f in ("tp", "cp", "pp", "dp", "vpp", "mbs"))
     a = act_bytes(g.precision)
-    n_mb = gbs / (dp * mbs)
-    s = seqlen / cp
-    L_stage = g.L / pp
-    V_loc = padded_vocab(g.vocab, tp.astype(np.int64)) / tp
-    nd0 = np.minimum(g.n_dense, L_stage)
-    n_moe0 = L_stage - nd0
-    per_layer_dense = g.attn_params / tp
-    dense_first = L_stage * per_layer_dense + nd0 * g.dense_mlp_params / tp + n_moe0 * g.moe_dense_params / tp
-    # the last stage of a pipeline holds MoE blocks only (the dense ones lead the model); with
-    # pp = 1 it is the first stage. It also holds the final norm (g.d gains, replicated over TP).
-    nd_last = np.where(pp > 1, 0.0 if g.is_moe else L_stage, nd0)
-    n_moe_last = L_stage - nd_last
-    dense_last = L_stage * per_layer_dense + nd_last * g.dense_mlp_params / tp + n_moe_last * g.moe_dense_params / tp \
-        + g.d
-    exp_first = n_moe0 * g.expert_params / (ep * etp)
-    exp_last = n_moe_last * g.expert_params / (ep * etp)
-    emb = V_loc * g.d
-    edp = pl.edp
+    n_mb, s = gbs / (dp * mbs), seqlen / cp
     pb = state_bytes_per_param(state, g.precision, optimizer)
     opt_b = pb["master"] + pb["moments"]
     # Megatron's distributed optimizer shards the state except for optimizers it refuses (plain DDP)
-    sharded = state.shard_optimizer and optimizer not in REPLICATED_OPTIMIZERS
+    sharded = state.shard_optimizer and opt_spec(optimizer).sharded
 
-    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope) if g.is_moe else 0.0
-    act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope)
-    # full recompute still materialises one layer's full activations during its backward
-    zero = np.zeros_like(ck)
-    peak_layer = np.where(ck == FULL, np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope)
-                                                 if g.is_moe else 0.0,
-                                                 dense_block_bytes(s, mbs, g, tp, zero, a, rope)), 0.0)
+    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope)
     inflight = np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
-    act_first = inflight * (nd0 * act_den + n_moe0 * act_moe) + peak_layer
-    last_layers = nd_last * act_den + n_moe_last * act_moe
-    act_last = np.where(pp > 1, 1.0, inflight) * last_layers + peak_layer
-
-    logits = 4.0 * s * mbs * V_loc  # fp32 logits in the forward, their gradient in the backward
+    logits = 4.0 * s * mbs * vocab_shard(g.vocab, pl.tp)  # fp32 logits forward, their gradient backward
     out = {}
-    for name, dense, exp, act, has_head, has_emb in (
-            ("first", dense_first, exp_first, act_first, pp == 1, True),
-            ("last", dense_last, exp_last, act_last, True, pp == 1)):
-        emb_p = emb * (np.where(has_emb, 1.0, 0.0) + np.where(has_head & ((not g.tie) | (pp > 1)), 1.0, 0.0))
-        dense_all = dense + emb_p
-        n_p = dense_all + exp
-        shard = (dense_all / (dp * cp) + exp / edp) if sharded else n_p
-        outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, has_emb, has_head)
+    for name, st in (("first", stage_params(g, pl, 0.0)), ("last", stage_params(g, pl, pl.pp - 1))):
+        # the first stage keeps min(PP, n_mb) micro-batches in flight, the last one
+        act = np.where(st.has_embedding, inflight, 1.0) * (st.n_dense * act_den + st.n_moe * act_moe) + peak_layer
+        n_p = st.total
+        shard = (st.dense / (dp * cp) + st.experts / pl.edp) if sharded else n_p
+        outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, st.has_embedding, st.has_head)
         # fp32 router weights in a low-precision model: 4-byte weights and grads, no master copy
-        n_r = (n_moe0 if name == "first" else n_moe_last) * g.E * g.d * float(state.router_fp32 and g.is_moe)
+        n_r = st.router * float(state.router_fp32 and g.is_moe)
         lift = 4.0 - pb["weights"]
         grads = pb["grads"] * n_p + lift * n_r
         out[name] = {
             "weights": pb["weights"] * n_p + lift * n_r,
             "grads": grads,
             "optimizer": opt_b * shard - pb["master"] * n_r,
-            "activations": act + outside * np.where(has_head, 1.0, inflight),
-            "logits": np.where(has_head, logits, 0.0),
+            "activations": act + outside * np.where(st.has_head, 1.0, inflight),
+            "logits": np.where(st.has_head, logits, 0.0),
         }
         if state.ddp_buckets:
             out[name]["ddp_buckets"] = np.where(dp > 1, grads, 0.0)

@@ -69,11 +69,8 @@ import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.comm import (  # noqa: F401  (re-exported: the model's public names)
     DDP_BUCKET_PARAMS,
-    GRAD_BYTES_COMM,
-    ORTHO_OPTIMIZERS,
     P2P_LAT_INTER_S,
     P2P_LAT_INTRA_S,
-    PARAM_BYTES_COMM,
     CommModel,
     bias_sync,
     dp_buckets,
@@ -93,6 +90,8 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
 )
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.optimizer import optimizer as optimizer_spec
+from scaleplan.estimator.optimizer import slowest_step
 from scaleplan.estimator.pipeline import (  # noqa: F401
     StagePeriods,
     bubble_fraction,
@@ -469,7 +468,8 @@ class TimeModel(ComputeModel, CommModel):
         w_fwd = np.maximum(L_stage * (s.common_f + k.moe_f + k.sh_f if moe else s.den_lf), share_f * t_disp)
         t_dp = self._dp_comm(rec, g, lay, w_fwd, w_bwd, optimizer)
         peak, hbm = self.prof.peak(g.precision), self.prof.hbm_bandwidth
-        t_opt = self.kernel_scale * self._optimizer(rec, g, lay, optimizer, peak, hbm)
+        rec.mark("optimizer", ANALYTIC)
+        t_opt = self.kernel_scale * slowest_step(optimizer_spec(optimizer), g, lay, peak, hbm)
         # a CPU runs the step's ops on the host: they add; a GPU's host issues them while the device
         # runs the earlier ones: the slower of the two
         t_opt = t_opt + t_step_host if self.serial else np.maximum(t_opt, t_step_host)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scaleplan.estimator.geom import Geometry, padded_vocab
+from scaleplan.estimator.geom import Geometry, vocab_shard
 
 from scaleplan.units import BYTES_PER_ELEMENT
 
@@ -42,6 +42,6 @@ def rank_shapes(g: Geometry, tp, cp, ep, etp, mbs, seqlen: int) -> RankShapes:
     # "model.moe"): each expert's buffer holds cf x its balanced share (dropped or padded rows)
     R = T * g.K * etp * g.capacity_factor / tp if g.is_moe else np.zeros_like(T)
     tile = R * ep / g.E if g.is_moe else np.zeros_like(T)
-    V_loc = padded_vocab(g.vocab, tp.astype(np.int64)) / tp
+    V_loc = vocab_shard(g.vocab, tp)
     return RankShapes(T=T, Tsp=T / tp, kv_loc=kv_loc, n_qkv=n_qkv, n_attn_out=g.nq * g.hd / tp, E_loc=E_loc,
                       R=R, tile=tile, ffn_loc=g.dexp / etp, V_loc=V_loc, a2a_bytes=R * g.d * b_el, b_el=b_el)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.comm import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_buckets
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.geom import geometry, padded_vocab
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder
 
@@ -70,7 +70,9 @@ def test_pipeline_stages_hold_every_parameter_once(pp, tie):
     total = 0.0
     for present, s in dp_stages(pp):
         total += sum(float(np.sum(p)) for p, *_ in dp_buckets(g, ParallelLayout.of(pp=pp), 8, s)) if present else 0.0
-    expect = g.n_tot + g.embedding + (g.vocab * g.d if tie and pp > 1 else 0)
+    n_mats = (1 if tie else 2) + (1 if tie and pp > 1 else 0)  # embedding, LM head, the head's tied copy
+    pad = (padded_vocab(g.vocab) - g.vocab) * g.d  # Megatron's padded rows (params.stage_params), per matrix
+    expect = g.n_tot + g.embedding + (g.vocab * g.d if tie and pp > 1 else 0) + n_mats * pad + g.d  # + final norm
     assert total == pytest.approx(expect, rel=2 * g.L * g.d / g.n_tot)
     assert total <= expect
 

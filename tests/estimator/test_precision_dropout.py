@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator import memory as mm
+from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.compute import ComputeModel
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.recorder import Recorder
@@ -86,14 +87,14 @@ def test_dropout_adds_the_mask_bytes_to_each_residual_add():
     np.testing.assert_allclose(b1 - b0, 2 * np.maximum(5 * T * d / hbm, an.KERNEL_FLOOR_S), rtol=1e-12)
 
 
-@pytest.mark.parametrize("mode", [mm.NONE, mm.SELECTIVE, mm.SUPER_SELECTIVE, mm.FULL])
+@pytest.mark.parametrize("mode", [CkptMode.NONE, CkptMode.SELECTIVE, CkptMode.SUPER_SELECTIVE, CkptMode.FULL])
 def test_dropout_keeps_two_one_byte_masks_per_block(mode):
     s, b, tp = 4096, 2, 2
     g0, g1 = _geom(), _geom(dropout=True)
     for is_moe in (False, True):
         a0 = mm.block_activation_bytes(s, b, g0, tp, 1, is_moe, np.array(mode), 2.0)
         a1 = mm.block_activation_bytes(s, b, g1, tp, 1, is_moe, np.array(mode), 2.0)
-        want = 0.0 if mode == mm.FULL else 2 * s * b * g0.d / tp  # full keeps the block input only
+        want = 0.0 if mode == CkptMode.FULL else 2 * s * b * g0.d / tp  # full keeps the block input only
         assert float(a1 - a0) == pytest.approx(want)
 
 
