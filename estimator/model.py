@@ -63,7 +63,6 @@ Units: seconds, bytes, FLOP/s. Arrays: one element per plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 from scaleplan.estimator import analytic as an
@@ -76,7 +75,7 @@ from scaleplan.estimator.comm import (  # noqa: F401  (re-exported: the model's 
     dp_buckets,
 )
 from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block, recomputes_pointwise, recomputes_sdpa
-from scaleplan.estimator.compute import ComputeModel
+from scaleplan.estimator.kernels import KernelModel, LayerKernels
 from scaleplan.estimator.desync import ChiCoefficients, chi_sys, desync_features  # noqa: F401
 from scaleplan.estimator.dispatch import (  # noqa: F401
     COSTED_KERNELS_PER_FWD,
@@ -98,8 +97,7 @@ from scaleplan.estimator.pipeline import (  # noqa: F401
     pipeline_time,
     stage_periods,
 )
-from scaleplan.estimator.recorder import OOR, Recorder, distinct
-from scaleplan.estimator.shapes import RankShapes, rank_shapes
+from scaleplan.estimator.recorder import OOR, Recorder
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
 from scaleplan.profiles import ClusterProfile
@@ -150,18 +148,7 @@ class _Stages:
     n_m: np.ndarray | float  # MoE layers on the slowest stage (0.0 for a dense model)
 
 
-# _kernels' outputs (the keys of its dict, in this order), the MoE block's among them (zero for a
-# dense model), and the device-kernel times kernel_scale multiplies (never collectives or shapes)
-_KERNEL_NAMES = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b",
-                 "a2a_f", "a2a_b", "sh_f", "sh_b", "E_loc", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b",
-                 "tp_f", "tp_b", "cp_f", "cp_b", "t_first", "t_last_f", "t_last_b", "T", "Tsp")
-_MOE_KERNELS = ("moe_f", "moe_b", "a2a_f", "a2a_b", "sh_f", "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f",
-                "ex_b")
-_DEVICE_KERNELS = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b", "sh_f",
-                   "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b", "t_first", "t_last_f", "t_last_b")
-
-
-class TimeModel(ComputeModel, CommModel):
+class TimeModel(KernelModel):
     """Evaluate eq:mfu for arrays of plans of one geometry on one profile.
 
     Args:
@@ -198,110 +185,6 @@ class TimeModel(ComputeModel, CommModel):
         self.t_kernel_min = tables.t_kernel_min_s or an.KERNEL_FLOOR_S
 
     # -- kernels -------------------------------------------------------------------------------
-    def _kernels(self, g: Geometry, lay: ParallelLayout, seqlen: int, rec: Recorder) -> dict[str, np.ndarray]:
-        """Per-layer, per-micro-batch forward/backward times that depend only on (TP, CP, EP, ETP,
-        B_micro): evaluated once per distinct tuple and broadcast to the plans sharing it."""
-        prof = self.prof
-        peak = prof.peak(g.precision)
-        hbm = prof.hbm_bandwidth
-        tp, cp, ep, etp, mbs = (getattr(lay, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
-        sh = rank_shapes(g, tp, cp, ep, etp, mbs, seqlen)  # the same shapes bench plan measures
-        b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
-        P = len(tp)
-        k = self._attention_kernels(rec, g, sh, tp, cp, mbs, seqlen, peak, hbm)
-
-        # dense MLP (first block(s)) and the MoE block
-        w1 = 2 if g.glu else 1
-        dm_f1, dm_b1 = self._gemm(rec, "dense_mlp", T, w1 * g.dff / tp, g.d, peak, active=g.n_dense > 0)
-        dm_f2, dm_b2 = self._gemm(rec, "dense_mlp", T, g.d, g.dff / tp, peak, active=g.n_dense > 0)
-        act_dense = an.memory_time(b_el * T * g.dff / tp * 3, hbm)
-        k["dense_f"], k["dense_b"] = dm_f1 + dm_f2 + act_dense, dm_b1 + dm_b2 + 2 * act_dense
-        if g.is_moe:
-            k.update(self._moe_kernels(rec, g, sh, lay, peak, hbm))
-        else:
-            k.update(dict.fromkeys(_MOE_KERNELS, np.zeros(P)), E_loc=np.ones(P))
-
-        # TP (sequence parallel): 2 all-gathers + 2 reduce-scatters of the full [T, d] per pass
-        tp_inter = lay.spans_nodes("tp", self.gpn)
-        tp_one = self._collective(rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
-            self._collective(rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
-        k["tp_f"] = k["tp_b"] = 2 * tp_one
-        k["t_first"], k["t_last_f"], k["t_last_b"] = self._vocab(rec, g, T, tp, peak, hbm, b_el)
-        ks = self.kernel_scale
-        if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
-            k.update({name: ks * k[name] for name in _DEVICE_KERNELS})
-
-        # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
-        kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el
-        cp_inter = lay.spans_nodes("cp", self.gpn)
-        # TE's ring attention exchanges K/V blocks peer to peer while it computes on the previous
-        # block: only the part of the exchange longer than the attention itself is exposed
-        sd_f, sd_b = k["sd_f"], k["sd_b"]
-        cp_f = np.maximum(self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
-        cp_b = np.maximum(cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
-                          - sd_b, 0.0)
-        k.update(cp_f=cp_f, cp_b=cp_b, T=T, Tsp=Tsp)
-        return {name: np.broadcast_to(np.asarray(k[name], dtype=float), (P,)) for name in _KERNEL_NAMES}
-
-    def _attention_kernels(self, rec: Recorder, g: Geometry, sh: RankShapes, tp: np.ndarray, cp: np.ndarray,
-                           mbs: np.ndarray, seqlen: int, peak: float, hbm: float) -> dict[str, np.ndarray]:
-        """The attention block's projections, SDPA and element-wise work, forward and backward
-        (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b; seconds per layer and micro-batch)."""
-        b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
-        # attention projections (gate folded into the QKV GEMM: same input, n_q extra columns)
-        f_qkv, b_qkv = self._gemm(rec, "attn_proj", T, sh.n_qkv, g.d, peak)
-        f_o, b_o = self._gemm(rec, "attn_proj", T, g.d, sh.n_attn_out, peak)
-        attn_f, attn_b = f_qkv + f_o, b_qkv + b_o
-
-        # SDPA on TP-sharded heads; CP: each rank computes 1/CP of the (load-balanced) causal work
-        sd_f, sd_b = self._sdpa(rec, g, seqlen, mbs, g.nq / tp, hbm)
-        sd_f, sd_b = sd_f / cp, sd_b / cp
-
-        # element-wise: 2 norms, 2 residual adds, RoPE on q/k, gate sigmoid*mul
-        ew_f, ew_b = self._elementwise(rec, g, T, Tsp, (g.nq / tp + kv_loc) * g.hd, b_el, hbm)
-        if g.gate:  # the head gate has no table: bytes through HBM
-            gate = an.memory_time(b_el * T * g.nq * g.hd / tp * 3, hbm)
-            ew_f, ew_b = ew_f + gate, ew_b + 2 * gate
-        return {"attn_f": attn_f, "attn_b": attn_b, "sd_f": sd_f, "sd_b": sd_b, "ew_f": ew_f, "ew_b": ew_b}
-
-    def _moe_kernels(self, rec: Recorder, g: Geometry, sh: RankShapes, lay: ParallelLayout, peak: float,
-                     hbm: float) -> dict[str, np.ndarray]:
-        """The MoE block per layer and micro-batch, forward and backward (seconds; _MOE_KERNELS and
-        E_loc): router + top-k, permute, routed experts, shared expert, EP all-to-all."""
-        b_el, T, Tsp = sh.b_el, sh.T, sh.Tsp
-        tp, ep, etp = (getattr(lay, f).astype(float) for f in ("tp", "ep", "etp"))
-        w1 = 2 if g.glu else 1
-        sh_f = sh_b = np.zeros(len(tp))
-        E_loc, R, tile = sh.E_loc, sh.R, sh.tile    # balanced routing; EP tile correction
-        # router GEMM (fp32 island costed as bf16 GEMM: d x E is tiny) + top-k
-        rg_f, rg_b = self._gemm(rec, "router", Tsp, g.E, g.d, peak)
-        if self.tb.topk:
-            tk_f = rec.use("router", self.tb.topk["fwd"].lookup(Tsp, g.E, g.K))
-            tk_b = rec.use("router", self.tb.topk["bwd"].lookup(Tsp, g.E, g.K)) if "bwd" in self.tb.topk \
-                else tk_f
-        else:
-            rec.mark("router", ANALYTIC)
-            tk_f = an.memory_time(4.0 * Tsp * g.E * 3, hbm)
-            tk_b = tk_f
-        perm = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)   # permute + unpermute
-        rec.mark("permute", ANALYTIC)
-        ffn_loc = sh.ffn_loc
-        ex_f, ex_b = self._experts(rec, g, E_loc, tile, etp, peak, hbm)
-        ex_act = an.memory_time(b_el * R * ffn_loc * 3, hbm)        # SwiGLU on routed rows
-        ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
-        if g.dsh:
-            s1f, s1b = self._gemm(rec, "shared_expert", T, w1 * g.dsh / tp, g.d, peak)
-            s2f, s2b = self._gemm(rec, "shared_expert", T, g.d, g.dsh / tp, peak)
-            s_act = an.memory_time(b_el * T * g.dsh / tp * 3, hbm)
-            sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
-        # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes; the EP ranks on one
-        # node exchange over NVLink (ParallelLayout.ranks_per_node)
-        a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, lay.spans_nodes("ep", self.gpn),
-                                   active=ep > 1, per_node=lay.ranks_per_node("ep", self.gpn))
-        return {"moe_f": rg_f + tk_f + perm + ex_f, "moe_b": rg_b + tk_b + perm + ex_b,
-                "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": E_loc,
-                "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm, "ex_f": ex_f, "ex_b": ex_b}
-
     def evaluate(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int, optimizer: str) -> Evaluation:
         """Evaluate every plan of ``lay``; see the module docstring for the terms. Arrays of length P."""
         P = len(lay)
@@ -309,7 +192,7 @@ class TimeModel(ComputeModel, CommModel):
         self.tb = self._tb_base.view(g.precision)  # the spec's precision's GEMM/grouped/vocab rows
         n_mb = lay.n_mb(gbs)
         ckc = lay.ckpt
-        k = self._kernels_by_plan(g, lay, seqlen, rec)
+        k = self.layer_kernels(g, lay, seqlen, rec)
         s = self._stages(g, k, lay, rec)
         t_disp, t_step_host, st, t_bubble, t_vocab = self._pipeline_terms(g, k, s, lay, n_mb, seqlen, rec)
         t_pp = self._pp_p2p(rec, g, k, lay, n_mb)
@@ -343,15 +226,6 @@ class TimeModel(ComputeModel, CommModel):
                           rec.notes, composed_share)
 
     # -- evaluate's steps, in the order it runs them ---------------------------------------------
-    def _kernels_by_plan(self, g: Geometry, pl: ParallelLayout, seqlen: int, rec: Recorder) -> SimpleNamespace:
-        """:meth:`_kernels` for every plan of ``pl``, as attributes (arrays of length P)."""
-        # kernel times depend on (TP, CP, EP, ETP, B_micro) only: evaluate each distinct tuple once
-        first, inv = distinct(pl.tp, pl.cp, pl.ep, pl.etp, pl.mbs)
-        rec_u = Recorder(len(first), self.mode)
-        K = {k: v[inv] for k, v in self._kernels(g, pl.take(first), seqlen, rec_u).items()}
-        rec.fold(rec_u, inv)
-        return SimpleNamespace(**K)
-
     def _framework_kernels(self, rec: Recorder, ckc: np.ndarray) -> np.ndarray:
         """Seconds per layer and micro-batch (fwd + bwd + recompute) of the kernels kappa0 counts
         but :meth:`_kernels` does not cost; zero where measured host rows are used."""
@@ -372,7 +246,7 @@ class TimeModel(ComputeModel, CommModel):
             rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
         return fw
 
-    def _stages(self, g: Geometry, k: SimpleNamespace, lay: ParallelLayout, rec: Recorder) -> _Stages:
+    def _stages(self, g: Geometry, k: LayerKernels, lay: ParallelLayout, rec: Recorder) -> _Stages:
         """Per-layer totals (fwd, bwd, recompute, framework kernels) and each pipeline stage's
         compute per micro-batch, with the all-to-all wire time the shared expert leaves exposed."""
         pp, ckc = lay.pp, lay.ckpt
@@ -411,7 +285,7 @@ class TimeModel(ComputeModel, CommModel):
         return _Stages(common_f, common_b, den_lf, den_lb, fw, L_stage, nd0, t_stage0, t_other, a2a0, a2a_o,
                        t_cmp, n_m)
 
-    def _pipeline_terms(self, g: Geometry, k: SimpleNamespace, s: _Stages, lay: ParallelLayout, n_mb: np.ndarray,
+    def _pipeline_terms(self, g: Geometry, k: LayerKernels, s: _Stages, lay: ParallelLayout, n_mb: np.ndarray,
                         seqlen: int, rec: Recorder) -> tuple[np.ndarray, np.ndarray, StagePeriods, np.ndarray, np.ndarray]:
         """Host dispatch and the 1F1B pipeline (module docstring). Returns t_disp (seconds per stage and
         micro-batch), t_step_host (the optimizer step's host seconds), the stage periods, and the
@@ -434,7 +308,7 @@ class TimeModel(ComputeModel, CommModel):
         t_vocab = t_pipe - n_mb * st.period_disp - t_bubble
         return t_disp, t_step_host, st, t_bubble, t_vocab
 
-    def _pp_p2p(self, rec: Recorder, g: Geometry, k: SimpleNamespace, lay: ParallelLayout,
+    def _pp_p2p(self, rec: Recorder, g: Geometry, k: LayerKernels, lay: ParallelLayout,
                 n_mb: np.ndarray) -> np.ndarray:
         """PP send/recv seconds per iteration (0 where PP = 1)."""
         pp, vpp = lay.pp, lay.vpp
@@ -450,7 +324,7 @@ class TimeModel(ComputeModel, CommModel):
         # a micro-batch crosses each of this rank's VPP chunk boundaries once forward, once backward
         return np.where(pp > 1, 2 * (vpp * n_mb + pp - 1) * t_p2p, 0.0)
 
-    def _dp_and_optimizer(self, rec: Recorder, g: Geometry, lay: ParallelLayout, k: SimpleNamespace, s: _Stages,
+    def _dp_and_optimizer(self, rec: Recorder, g: Geometry, lay: ParallelLayout, k: LayerKernels, s: _Stages,
                           t_disp: np.ndarray, t_step_host: np.ndarray, optimizer: str) -> tuple[np.ndarray, np.ndarray]:
         """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration."""
         ckc = lay.ckpt
@@ -475,7 +349,7 @@ class TimeModel(ComputeModel, CommModel):
         t_opt = t_opt + t_step_host if self.serial else np.maximum(t_opt, t_step_host)
         return t_dp, t_opt
 
-    def _compute_components(self, g: Geometry, k: SimpleNamespace, s: _Stages, lay: ParallelLayout,
+    def _compute_components(self, g: Geometry, k: LayerKernels, s: _Stages, lay: ParallelLayout,
                             n_mb: np.ndarray) -> dict[str, np.ndarray]:
         """The slowest stage's compute per iteration split by component (seconds; the same keys for
         every model), scaled so the split sums to n_mb t_cmp."""

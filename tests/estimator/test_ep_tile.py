@@ -15,8 +15,8 @@ def _expert_fwd(est, spec, layouts, n=32):
     g = geometry(spec.model)
     pl = ParallelLayout.from_specs(layouts, n)
     rec = Recorder(len(pl), "error")
-    k = est.model._kernels(g, pl, spec.data.seqlen, rec)
-    return k["ex_f"], rec
+    k = est.model.layer_kernels(g, pl, spec.data.seqlen, rec)
+    return k.ex_f, rec
 
 
 def test_work_proportional_table_gives_ep_invariant_expert_time():

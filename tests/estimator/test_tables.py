@@ -109,9 +109,9 @@ def test_single_valued_vocab_axis_maps_to_logit_count(vocab, tp, logit_ratio):
     g = geometry(spec.model)
     pl = ParallelLayout.from_specs([Layout(tp=tp, pp=2, ep=8)], 32)
     rec = Recorder(1, "error")
-    k = est.model._kernels(g, pl, spec.data.seqlen, rec)
+    k = est.model.layer_kernels(g, pl, spec.data.seqlen, rec)
     expect = 2 * 1e-9 * 8192 * logit_ratio * (2048 + 1000) * 2 / 2  # (gemm + ce) x (fwd + bwd)
-    assert float((k["t_last_f"] + k["t_last_b"])[0]) == pytest.approx(expect, rel=1e-9)
+    assert float((k.t_last_f + k.t_last_b)[0]) == pytest.approx(expect, rel=1e-9)
     assert not rec.has_oor.any()
 
 
