@@ -88,7 +88,7 @@ class KernelModel(ComputeModel, CommModel):
         peak = prof.peak(g.precision)
         hbm = prof.hbm_bandwidth
         tp, cp, ep, etp, mbs = (getattr(lay, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
-        sh = rank_shapes(g, tp, cp, ep, etp, mbs, seqlen)  # the same shapes bench plan measures
+        sh = rank_shapes(g, lay, seqlen)  # the same shapes bench plan measures
         b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
         P = len(tp)
         k = self._attention_kernels(rec, g, sh, tp, cp, mbs, seqlen, peak, hbm)

@@ -6,10 +6,17 @@ collectives from the same group/bucket helpers, so the two cannot drift apart.
 """
 from __future__ import annotations
 
+import numpy as np
+
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.shapes import rank_shapes
+
+
+def _one(x) -> float:
+    """The value of a one-plan array."""
+    return float(np.ravel(x)[0])
 
 
 def _add(out: dict[str, list[dict]], suite: str, row: dict) -> None:
@@ -61,17 +68,17 @@ def table_points(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, gpn: in
     for i in range(len(pl)):
         lay = pl.take([i])
         tp, cp, ep, etp, mbs = (int(getattr(lay, f)[0]) for f in ("tp", "cp", "ep", "etp", "mbs"))
-        sh = rank_shapes(g, tp, cp, ep, etp, mbs, seqlen)
-        T, kv_loc, b_el = int(round(float(sh.T))), int(round(float(sh.kv_loc))), sh.b_el
-        _gemm3(out, T, float(sh.n_qkv), g.d, dt)
-        _gemm3(out, T, g.d, float(sh.n_attn_out), dt)
+        sh = rank_shapes(g, lay, seqlen)
+        T, kv_loc, b_el = int(round(_one(sh.T))), int(round(_one(sh.kv_loc))), sh.b_el
+        _gemm3(out, T, _one(sh.n_qkv), g.d, dt)
+        _gemm3(out, T, g.d, _one(sh.n_attn_out), dt)
         w1 = 2 if g.glu else 1
         if g.n_dense:
             _gemm3(out, T, w1 * g.dff // tp, g.d, dt)
             _gemm3(out, T, g.d, g.dff // tp, dt)
         _add(out, "sdpa", {"seq_len": seqlen, "micro_bs": mbs, "n_q_heads": g.nq // tp, "n_kv_heads": kv_loc,
                            "head_dim": g.hd, "causal": True, "dtype": g.sdpa_precision})
-        V_loc = int(round(float(sh.V_loc)))
+        V_loc = int(round(_one(sh.V_loc)))
         for op in ("lm_head_gemm", "cross_entropy"):
             _add(out, "vocab", {"op": op, "tokens": T, "hidden": g.d, "vocab": V_loc * 1,
                                 "dtype": dt if op == "lm_head_gemm" else "fp32"})
@@ -81,21 +88,21 @@ def table_points(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, gpn: in
                                           "inter_node": bool(lay.spans_nodes("tp", gpn)[0]),
                                           "size_bytes": T * g.d * b_el, "dtype": dt})
         if g.is_moe:
-            tile = int(round(float(sh.tile)))
-            _add(out, "router", {"variant": "topk", "num_tokens": int(round(float(sh.Tsp))), "num_experts": g.E, "k": g.K,
+            tile = int(round(_one(sh.tile)))
+            _add(out, "router", {"variant": "topk", "num_tokens": int(round(_one(sh.Tsp))), "num_experts": g.E, "k": g.K,
                                  "hidden": 0, "dtype": "fp32"})
-            _gemm3(out, float(sh.Tsp), g.E, g.d, dt)
+            _gemm3(out, _one(sh.Tsp), g.E, g.d, dt)
             for proj in ("fc1", "fc2"):
                 _add(out, "grouped_gemm", {"proj": proj, "distribution": "balanced", "num_gemms": g.E // ep,
                                            "tokens_per_expert": max(tile, 1), "hidden": g.d,
-                                           "ffn": int(round(float(sh.ffn_loc))), "dtype": dt})
+                                           "ffn": int(round(_one(sh.ffn_loc))), "dtype": dt})
             if g.dsh:
                 _gemm3(out, T, w1 * g.dsh // tp, g.d, dt)
                 _gemm3(out, T, g.d, g.dsh // tp, dt)
             if ep > 1:
                 _add(out, "collectives", {"collective": "all_to_all", "group_size": ep, "layout": "contiguous",
                                           "inter_node": bool(lay.spans_nodes("ep", gpn)[0]),
-                                          "size_bytes": int(round(float(sh.a2a_bytes))), "dtype": dt})
+                                          "size_bytes": int(round(_one(sh.a2a_bytes))), "dtype": dt})
         _dp_points(out, g, lay, gpn, optimizer)
         n_bias, group, inter, size = (float(x[0]) for x in bias_sync(g, lay, gpn))
         if n_bias > 0 and group > 1:

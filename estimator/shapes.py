@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scaleplan.estimator.geom import Geometry, vocab_shard
+from scaleplan.estimator.layout import ParallelLayout
 
 from scaleplan.units import BYTES_PER_ELEMENT
 
@@ -30,9 +31,9 @@ class RankShapes:
     b_el: int            # bytes per element of the model precision (scalar)
 
 
-def rank_shapes(g: Geometry, tp, cp, ep, etp, mbs, seqlen: int) -> RankShapes:
-    """Shapes per plan for arrays (or scalars) ``tp, cp, ep, etp, mbs``; see :class:`RankShapes`."""
-    tp, cp, ep, etp, mbs = (np.asarray(x, dtype=float) for x in (tp, cp, ep, etp, mbs))
+def rank_shapes(g: Geometry, lay: ParallelLayout, seqlen: int) -> RankShapes:
+    """Shapes per plan of ``lay``; see :class:`RankShapes`."""
+    tp, cp, ep, etp, mbs = (getattr(lay, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
     b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
     T = seqlen * mbs / cp
     kv_loc = np.maximum(g.nkv / tp, 1.0)

@@ -61,7 +61,8 @@ def test_capacity_factor_sizes_the_routed_rows():
     g1 = geometry(parse_spec(base).model)
     g2 = geometry(parse_spec(moe_spec(model={**base["model"], "moe": {**base["model"]["moe"],
                                                                       "capacity_factor": 1.25}})).model)
-    s1, s2 = rank_shapes(g1, 1, 1, 8, 1, 1, 8192), rank_shapes(g2, 1, 1, 8, 1, 1, 8192)
-    assert float(s1.R) == 8192 * 3 and float(s2.R) == pytest.approx(1.25 * 8192 * 3)
-    assert float(s2.tile) == pytest.approx(1.25 * float(s1.tile)) and float(s2.a2a_bytes) == pytest.approx(
-        1.25 * float(s1.a2a_bytes))
+    lay = ParallelLayout.of(ep=8, mbs=1)
+    s1, s2 = rank_shapes(g1, lay, 8192), rank_shapes(g2, lay, 8192)
+    assert float(s1.R[0]) == 8192 * 3 and float(s2.R[0]) == pytest.approx(1.25 * 8192 * 3)
+    assert float(s2.tile[0]) == pytest.approx(1.25 * float(s1.tile[0])) and float(s2.a2a_bytes[0]) == pytest.approx(
+        1.25 * float(s1.a2a_bytes[0]))
