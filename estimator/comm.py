@@ -46,39 +46,43 @@ def bias_sync(g: Geometry, lay: ParallelLayout, gpn: int):
 
 
 
+def _warn_off_grid(rec, comp, coll, layout, inter, g_lo, g_hi, by_nic_bytes) -> None:
+    """Say once that group sizes outside a table's measured ones were mapped by an invariance."""
+    how = "inter-node bytes per rank" if by_nic_bytes else "busbw"
+    msg = (f"{comp}: {coll} group sizes outside the measured {int(g_lo)}..{int(g_hi)} "
+           f"({layout}, {'inter' if inter else 'intra'}-node) use {how} invariance (labelled analytic)")
+    if msg not in rec.warnings:
+        rec.warnings.append(msg)
+
+
 class CommModel:
-    """Collective costs; needs ``self.tb``, ``self.prof``, ``self.gpn``, ``self.serial``."""
+    """Collective costs; needs ``self.tb``, ``self.prof``, ``self.gpn``, ``self.serial``.
+
+    Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw of
+    ring algorithms does not depend on the group size once the bottleneck link is fixed, so
+    t(n, S) = t(n_ref, S') with S' chosen to keep the per-link bytes (labelled "analytic").
+
+    Inter-node all-to-all is not a ring: each rank sends S/n to every peer directly, the bytes to the
+    m peers on its own node stay on NVLink and the rest, S (n - m) / n, crosses the rank's NIC, which is
+    the bottleneck. So the invariant is the inter-node bytes per rank: S' (n_ref - m_ref) / n_ref =
+    S (n - m) / n, with m_ref = the GPUs per node (the table's contiguous groups fill whole nodes).
+    Busbw invariance would keep S (n - 1) / n instead and under-count a 128-rank all-to-all by
+    (120/128) / (24/32) = 1.25x against a 32-rank measurement on 8-GPU nodes.
+
+    A strided group with ``rails`` > 1 ranks per node (:meth:`ParallelLayout.ranks_per_node`) takes the
+    strided table's time / rails, bounded below by the contiguous table's time for the same group: each
+    of those ranks drives its own NIC rail, and NCCL reduces inside the node over NVLink first, so an
+    inter-node strided group with m ranks per node moves its bytes over m rails.
+    """
 
     def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None,
                     small_analytic=False, rails=None):
-        """Collective time from the table of the regime; analytic ring formula where unmeasured.
-
-        Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw
-        of ring algorithms does not depend on the group size once the bottleneck link is fixed, so
-        t(n, S) = t(n_ref, S') with S' chosen to keep the per-link bytes (labelled "analytic").
-
-        Inter-node all-to-all (``per_node`` = ranks of the group per node given) is not a ring: each
-        rank sends S/n to every peer directly, the bytes to the m peers on its own node stay on NVLink
-        and the rest, S (n - m) / n, crosses the rank's NIC, which is the bottleneck. So the invariant
-        is the inter-node bytes per rank: S' (n_ref - m_ref) / n_ref = S (n - m) / n, with m_ref = the
-        GPUs per node (the table's contiguous groups fill whole nodes). Busbw invariance would keep
-        S (n - 1) / n instead and under-count a 128-rank all-to-all by (120/128) / (24/32) = 1.25x
-        against a 32-rank measurement on 8-GPU nodes.
-
-        A strided group with ``rails`` > 1 ranks per node (:meth:`ParallelLayout.ranks_per_node`) takes
-        the strided table's time / rails, bounded below by the contiguous table's time for the same
-        group: each of those ranks drives its own NIC rail, and NCCL reduces inside the node over NVLink
-        first, so an inter-node strided group with m ranks per node moves its bytes over m rails.
-        """
+        """Collective time (seconds, shape (P,)) from the table of the regime; analytic ring formula
+        where unmeasured. Group sizes outside the measured ones: busbw invariance, or the inter-node
+        bytes per rank for an inter-node all-to-all (``per_node`` given); ``rails``: a strided group's
+        ranks per node (:meth:`_multi_rail`). Why each: the class docstring."""
         if rails is not None and layout == "strided":
-            t1 = self._collective(rec, comp, coll, n, size, inter, layout, active, per_node, small_analytic)
-            m = np.broadcast_to(np.asarray(rails, dtype=float), (rec.P,))
-            multi = np.asarray(inter, dtype=bool) & (m > 1)
-            if not multi.any():
-                return t1
-            tc = self._collective(rec, comp, coll, n, size, inter, "contiguous", np.asarray(active) & multi,
-                                  per_node, small_analytic)
-            return np.where(multi, np.maximum(t1 / m, tc), t1)
+            return self._multi_rail(rec, comp, coll, n, size, inter, active, per_node, small_analytic, rails)
         P = rec.P
         n = _arr(n, P)
         size = _arr(size, P)
@@ -121,13 +125,21 @@ class CommModel:
             off_grid = sel & ((n < g_lo) | (n > g_hi))
             if off_grid.any():
                 rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
-                how = "inter-node bytes per rank" if (flag and coll == "all_to_all" and per_node is not None) \
-                    else "busbw"
-                msg = (f"{comp}: {coll} group sizes outside the measured {int(g_lo)}..{int(g_hi)} "
-                       f"({layout}, {'inter' if flag else 'intra'}-node) use {how} invariance (labelled analytic)")
-                if msg not in rec.warnings:
-                    rec.warnings.append(msg)
+                _warn_off_grid(rec, comp, coll, layout, flag, g_lo, g_hi, flag and coll == "all_to_all"
+                               and per_node is not None)
         return out
+
+    def _multi_rail(self, rec, comp, coll, n, size, inter, active, per_node, small_analytic, rails):
+        """A strided group on ``rails`` ranks per node: the strided table's time / rails, never below
+        the contiguous table's (:meth:`_collective`)."""
+        t1 = self._collective(rec, comp, coll, n, size, inter, "strided", active, per_node, small_analytic)
+        m = np.broadcast_to(np.asarray(rails, dtype=float), (rec.P,))
+        multi = np.asarray(inter, dtype=bool) & (m > 1)
+        if not multi.any():
+            return t1
+        tc = self._collective(rec, comp, coll, n, size, inter, "contiguous", np.asarray(active) & multi,
+                              per_node, small_analytic)
+        return np.where(multi, np.maximum(t1 / m, tc), t1)
 
     # -- the model -----------------------------------------------------------------------------
     def _dp_comm(self, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw"):
