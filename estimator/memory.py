@@ -130,8 +130,17 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
         t.update(fc1_out=(a * T * w * g.dff, ""), act_out=(a * T * g.dff if g.glu else 0.0, "fine"),
                  fc2_in=(a * T * g.dff, ""))
         return {k: (v / tp, f) for k, (v, f) in t.items()}
-    R = T * g.K * g.capacity_factor * etp  # routed rows on this device, before the / tp below
+    t.update(_moe_terms(T, b, g, tp, etp, a))
+    return {k: (v / tp, f_) for k, (v, f_) in t.items()}
+
+
+def _moe_terms(T, b, g: Geometry, tp, etp, a: float) -> dict:
+    """The MoE block's saved tensors of :func:`block_activation_terms` (bytes before the / tp):
+    router, routed rows and the shared expert."""
+    h, w = g.d, 2 if g.glu else 1
+    R = T * g.K * g.capacity_factor * etp  # routed rows on this device, before the / tp
     E, f, fs = g.E, g.dexp / etp, g.dsh
+    t = {}
     t.update({
         "router_in_fp32": (4.0 * T * h if a != 4 else 0.0, ""),
         "router_weight": (4.0 * E * (h + 2) * tp, ""),  # RowNorm'd W_r and its norms (not sharded)
@@ -145,7 +154,7 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
     if fs:
         t.update(shared_fc1_out=(a * T * w * fs, ""), shared_act_out=(a * T * fs if g.glu else 0.0, "fine"),
                  shared_fc2_in=(a * T * fs, ""))
-    return {k: (v / tp, f_) for k, (v, f_) in t.items()}
+    return t
 
 
 def block_activation_bytes(s, b, g: Geometry, tp, etp, is_moe: bool, mode_code, a: float = 2.0,
