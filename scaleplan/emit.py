@@ -16,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import SpecError
+from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 from scaleplan.megatron.args import (  # noqa: F401  (Megatron-LM arguments: re-exported from their own module)
     Budget,
+    layout_dict,
     megatron_args,
     megatron_notes,
     megatron_optimizer,
     moe_layer_pattern,
     render_megatron,
 )
-from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 from scaleplan.specs import Layout, ModelBlock, Spec, parse_spec
 
 
@@ -52,16 +53,6 @@ def geometry_dict(m: ModelBlock) -> dict[str, Any]:
     }
 
 
-def _layout(layout: dict[str, Any] | Layout) -> dict[str, Any]:
-    d = layout.model_dump() if isinstance(layout, Layout) else dict(layout)
-    d.setdefault("etp", 1)
-    d.setdefault("vpp", 1)
-    missing = [k for k in LAYOUT_FIELDS if d.get(k) is None]
-    if missing:
-        raise SpecError("layout", d, f"all of {', '.join(LAYOUT_FIELDS)} (missing {', '.join(missing)})")
-    return {k: (str(d[k]) if k == "ckpt" else int(d[k])) for k in LAYOUT_FIELDS}
-
-
 def spec_document(model: ModelBlock, layout: dict[str, Any] | Layout, *, gbs: int, seqlen: int, optimizer: str,
                   node_type: str, n_devices: int) -> dict[str, Any]:
     """The spec mapping of ``model`` trained under ``layout`` on ``n_devices`` devices of ``node_type``.
@@ -69,7 +60,7 @@ def spec_document(model: ModelBlock, layout: dict[str, Any] | Layout, *, gbs: in
     The layout goes to ``parallelism`` (tp, cp, pp, dp, ep, etp, vpp), ``data.microbatch_sz`` (mbs) and
     ``performance.activation_checkpointing_type`` (ckpt). Raises SpecError when the result does not validate.
     """
-    lo = _layout(layout)
+    lo = layout_dict(layout)
     doc = {
         "model": model.model_dump(mode="json"),
         "search": {"num_devices": int(n_devices)},

@@ -83,7 +83,9 @@ class Budget:
         return max(1, round(DECAY_FRACTION * self.train_samples))
 
 
-def _layout(layout: dict[str, Any] | Layout) -> dict[str, Any]:
+def layout_dict(layout: dict[str, Any] | Layout) -> dict[str, Any]:
+    """A layout (spec block or dict; etp and vpp default to 1) as a dict of every layout field, ckpt a
+    name and the degrees ints. Raises SpecError naming the missing fields."""
     d = layout.model_dump() if isinstance(layout, Layout) else dict(layout)
     d.setdefault("etp", 1)
     d.setdefault("vpp", 1)
@@ -110,7 +112,7 @@ def moe_layer_pattern(n_layers: int, first_dense: int, frequency: int) -> list[i
 def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | None = None) -> list[list[str]]:
     """Megatron-LM ``pretrain_gpt.py`` arguments for ``spec`` under ``layout`` (and, given, the token budget and
     its schedule), one flag with its values per item. The mapping is docs/megatron.md's table."""
-    m, lo = spec.model, _layout(layout)
+    m, lo = spec.model, layout_dict(layout)
     out = _model_args(m, spec.data.seqlen)
     if m.moe is not None:
         out += _moe_args(m)
@@ -181,7 +183,7 @@ def _moe_args(m: ModelBlock) -> list[list[str]]:
 
 def megatron_notes(spec: Spec, layout: dict[str, Any] | Layout) -> list[str]:
     """What the arguments cannot say, one line each: runtime packages, the optimizer stand-in, vocab padding."""
-    lo, notes = _layout(layout), []
+    lo, notes = layout_dict(layout), []
     opt = spec.optimizer.optimizer_type
     if opt == "scion":
         notes.append(SCION_NOTE)
