@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from scaleplan.estimator import holdout
-from scaleplan.estimator.tables import load_frames
+from scaleplan.db.measurements import load_frames
 
 from scaleplan.profiles import load_profile
 

@@ -139,16 +139,16 @@ def stage_profile(url: str, nodes: int, samples: int) -> None:
     import cProfile
     import pstats
 
-    from scaleplan.estimator import tables
+    from scaleplan.estimator import table_build
     from scaleplan.mosaic.run import SearchRequest, run_search
 
     req = SearchRequest("p6-b200.48xlarge", (nodes,), (20.0,), samples=samples, workers=1, progress=False,
                         db_url=url)
-    tables.cached_tables.cache_clear()  # the table load as a command sees it (disk cache, if any)
+    table_build.cached_tables.cache_clear()  # the table load as a command sees it (disk cache, if any)
     c0 = time.process_time()
     run_search(req)
     plain = time.process_time() - c0
-    tables.cached_tables.cache_clear()
+    table_build.cached_tables.cache_clear()
     prof = cProfile.Profile(time.process_time)
     prof.runcall(run_search, req)
     st = pstats.Stats(prof)

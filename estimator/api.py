@@ -24,9 +24,8 @@ from scaleplan.estimator.tables import (
     EXTRAPOLATE_MODES,
     SOURCE_NAMES,
     Tables,
-    build_tables,
-    cached_tables,
 )
+from scaleplan.estimator.table_build import build_tables, cached_tables
 
 from scaleplan.errors import OutOfRangeError, ScaleplanError, SpecError
 from scaleplan.profiles import ClusterProfile, load_profile

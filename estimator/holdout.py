@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scaleplan.estimator.tables import build_tables
+from scaleplan.estimator.table_build import build_tables
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The measurement rows a profile's tables are built from (estimator/tables.py builds them): one
+"""The measurement rows a profile's tables are built from (estimator/table_build.py builds them): one
 frame per bench suite, OK points of the runs of this profile's hardware only."""
 from __future__ import annotations
 

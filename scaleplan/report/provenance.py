@@ -79,7 +79,7 @@ def calibrations(url: str | None, ids: list[int]) -> list[dict[str, Any]]:
 
 def table_runs(url: str | None, profile: str) -> list[dict[str, Any]]:
     """The bench runs with OK points under ``profile``: id, suite, source, gpu_name, started_at, source_file,
-    n_points. A point measured in several runs is read from the newest (estimator/tables.py)."""
+    n_points. A point measured in several runs is read from the newest (estimator/table_build.py)."""
     from sqlalchemy import inspect, text
 
     from scaleplan.db.session import get_engine

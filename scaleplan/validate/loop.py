@@ -182,8 +182,6 @@ def _gpu_name() -> str:
 
 def forget_cached_tables() -> None:
     """The estimator caches a profile's tables per process; drop them after new measurements."""
-    from scaleplan.estimator import tables
+    from scaleplan.estimator.table_build import cached_tables
 
-    clear = getattr(getattr(tables, "cached_tables", None), "cache_clear", None)
-    if clear:
-        clear()
+    cached_tables.cache_clear()

@@ -84,7 +84,7 @@ def _gemm_run(s, profile, device, gpu, t_s, started, source="measured", as_profi
 def test_tables_pick_runs_by_hardware_not_by_age(sqlite_url):
     """The issue's case: a B200 GEMM (17 us) and a newer CPU run of the same point (267 us) under the
     B200 profile: the table keeps 17 us; a forced (--as-profile) run is read, being asked for."""
-    from scaleplan.estimator.tables import load_frames
+    from scaleplan.db.measurements import load_frames
 
     t0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
     with dbs.session_scope(sqlite_url) as s:

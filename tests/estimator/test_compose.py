@@ -9,7 +9,8 @@ their present cut and at one twice as deep (issue 27).
 import numpy as np
 import pytest
 from scaleplan.estimator import holdout
-from scaleplan.estimator.tables import GridTable, load_frames
+from scaleplan.db.measurements import load_frames
+from scaleplan.estimator.tables import GridTable
 
 PEAK = 2.25e15
 # table -> bound on the hold-out MAPE (fraction)

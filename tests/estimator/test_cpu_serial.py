@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.model import ChiCoefficients
-from scaleplan.estimator.tables import build_tables
+from scaleplan.estimator.table_build import build_tables
 
 from scaleplan.profiles import load_profile
 from scaleplan.specs import Layout, parse_spec

@@ -177,7 +177,7 @@ def test_inter_node_all_to_all_keeps_inter_node_bytes_per_rank():
 def test_slower_all_to_all_never_shortens_an_iteration(recorded_db):
     # the DP collectives hide behind compute, not behind the EP all-to-all on the same links: making the
     # all-to-all slower can only lengthen every plan (it used to shrink the exposed DP time)
-    from scaleplan.estimator.tables import load_frames
+    from scaleplan.db.measurements import load_frames
 
     frames = load_frames(recorded_db, "p6-b200.48xlarge")
     slow = dict(frames)

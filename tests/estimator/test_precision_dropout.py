@@ -13,7 +13,9 @@ from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.compute import ComputeModel
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.recorder import Recorder
-from scaleplan.estimator.tables import Tables, build_tables, load_frames
+from scaleplan.db.measurements import load_frames
+from scaleplan.estimator.table_build import build_tables
+from scaleplan.estimator.tables import Tables
 
 from scaleplan.profiles import load_profile
 from scaleplan.specs import parse_spec

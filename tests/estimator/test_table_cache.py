@@ -1,8 +1,8 @@
-"""Compiled tables cached on disk per SQLite database state (estimator/tables.py: cached_tables)."""
+"""Compiled tables cached on disk per SQLite database state (estimator/table_build.py: cached_tables)."""
 import sqlite3
 
 import pytest
-from scaleplan.estimator import tables as T
+from scaleplan.estimator import table_build as T
 
 from scaleplan.db import session as dbs
 

@@ -119,7 +119,7 @@ def test_one_measured_point_is_a_table():
     """`bench plan` measures exactly the points one layout looks up: a single vocab, router or
     element-wise row is a table whose lookup at that point is measured (not a GEMM-table fallback
     out of range), and a collective measured at one size answers that size."""
-    from scaleplan.estimator.tables import build_tables
+    from scaleplan.estimator.table_build import build_tables
 
     fr = {"vocab": frame([dict(op=op, tokens=64, hidden=64, vocab=512, dtype="fp32", fwd_s=f, bwd_s=2 * f)
                           for op, f in (("lm_head_gemm", 4e-5), ("cross_entropy", 1e-5))]),

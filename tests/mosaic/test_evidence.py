@@ -39,7 +39,7 @@ def test_plan_evidence_weights_each_rule_by_its_share():
 def test_rule_errors_are_the_holdouts_of_the_recorded_tables(recorded_db):
     """The constants behind sigma_evidence are what the hold-outs measure on ../shared's tables today."""
     from scaleplan.estimator import holdout
-    from scaleplan.estimator.tables import load_frames
+    from scaleplan.db.measurements import load_frames
     from scaleplan.profiles import load_profile
 
     frames = load_frames(recorded_db, "p6-b200.48xlarge")

@@ -1,0 +1,327 @@
+"""Building the measured tables (paper sec:microbenchmarks): database rows to the interpolators of
+:mod:`scaleplan.estimator.tables`, and the on-disk cache of built tables keyed by the database state
+and this code, so a planner command does not re-read and re-fit what the previous one built.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+from scaleplan.estimator import compose
+from scaleplan.estimator.tables import SDPA_BACKENDS, CollectiveTable, GridTable, Tables, fill_grid
+
+from scaleplan.db.measurements import load_frames
+from scaleplan.lazy import lazy_module
+
+pd = lazy_module("pandas")
+
+
+# ---------------------------------------------------------------------------------------------- loading
+# the rows come from scaleplan/db/measurements.py (load_frames, SQL); this module builds the tables
+
+
+def _newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Keep, per key, the rows of the newest run only (dedupe points measured more than once)."""
+    if df.empty:
+        return df
+    df = df.sort_values(["run_started", "run_order"])
+    newest = df.groupby(keys, dropna=False)["run_order"].transform("last")
+    return df[df["run_order"] == newest]
+
+
+def build_tables(profile: str, frames: dict[str, pd.DataFrame], peak_flops: float) -> Tables:
+    """Build interpolators from loaded frames (see module docstring for the treatment)."""
+    tb = Tables(profile=profile, n_points={k: len(v) for k, v in frames.items()})
+    _build_gemm(tb, frames.get("gemm", pd.DataFrame()), peak_flops)
+    _build_grouped(tb, frames.get("grouped_gemm", pd.DataFrame()))
+    _build_sdpa(tb, frames.get("sdpa", pd.DataFrame()))
+    _build_topk(tb, frames.get("router", pd.DataFrame()))
+    _build_vocab(tb, frames.get("vocab", pd.DataFrame()))
+    _build_collectives(tb, frames.get("collectives", pd.DataFrame()))
+    _build_elementwise(tb, frames.get("elementwise", pd.DataFrame()))
+    _build_dispatch(tb, frames.get("dispatch", pd.DataFrame()))
+    _build_allocator(tb, frames.get("allocator", pd.DataFrame()))
+    return tb
+
+
+def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float) -> None:
+    """Dense GEMM grid over (m, n, k), one per dtype (bf16 in ``tb.gemm``, every dtype in by_dtype)."""
+    if df.empty:
+        return
+    for dt, d in df.groupby("dtype"):
+        d = _newest(d, ["m", "n", "k"])
+        if len(d) < 1:
+            continue
+        grid, vals = fill_grid(d, ["m", "n", "k"], "t_s", work=lambda p: 2.0 * p[:, 0] * p[:, 1] * p[:, 2] / peak)
+        pts = [d[a].to_numpy(float) for a in ("m", "n", "k", "t_s")]
+        tab = GridTable("gemm", ("m", "n", "k"), grid, vals, floor=compose.gemm_floor(*pts))
+        tb.by_dtype.setdefault(str(dt), {})["gemm"] = tab
+        if dt == "bf16":
+            tb.gemm = tab
+
+
+def _build_grouped(tb: Tables, df: pd.DataFrame) -> None:
+    """Grouped expert GEMM: one grid per (direction, hidden, ffn) over (num_gemms, tokens_per_expert).
+
+    fc1 and fc2 of one expert MLP are summed per grid point (the estimator always runs both).
+    Only balanced routing rows are used (the model assumes balanced routing).
+    """
+    if df.empty:
+        return
+    df = df[df["distribution"] == "balanced"]
+    for dt, d in df.groupby("dtype"):
+        out: dict = {}
+        _build_grouped_dtype(out, _newest(d, ["proj", "num_gemms", "tokens_per_expert", "hidden", "ffn"]))
+        tb.by_dtype.setdefault(str(dt), {})["grouped"] = out
+        if dt == "bf16":
+            tb.grouped = out
+
+
+def _build_grouped_dtype(out: dict, df: pd.DataFrame) -> None:
+    """One dtype's grouped grids (every measured point is used, however few: a lookup between them
+    is interpolated, outside them out of range)."""
+    built = {}
+    for (h, f), g in df.groupby(["hidden", "ffn"]):
+        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+            gg = g.dropna(subset=[col])
+            piv = gg.groupby(["num_gemms", "tokens_per_expert", "proj"])[col].median().unstack("proj")
+            if not {"fc1", "fc2"} <= set(piv.columns):
+                continue
+            tot = (piv["fc1"] + piv["fc2"]).dropna().rename("t").reset_index()
+            if len(tot) >= 1:
+                built[(dirn, int(h), int(f))] = tot
+    cols = ("num_gemms", "tokens_per_expert", "t")
+    rules = compose.grouped_rules({k: tuple(v[c].to_numpy(float) for c in cols) for k, v in built.items()})
+    for key, tot in built.items():
+        grid, vals = fill_grid(tot, ["num_gemms", "tokens_per_expert"], "t")
+        out[key] = GridTable(f"grouped_gemm[{key[1]}x{key[2]}]", ("num_gemms", "tokens_per_expert"), grid, vals,
+                             ceiling=rules[key][0], floor=rules[key][1])
+
+
+def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
+    """SDPA grids over (seq_len, micro_bs, n_q_heads, head_dim), causal, one per dtype, of the first
+    backend of ``SDPA_BACKENDS`` the profile measured; any number of points (between them
+    interpolated), in ``tb.sdpa_by_dtype`` with bf16 first (``tb.sdpa``); the spec's sdpa_precision
+    picks one (compute.py).
+
+    n_kv_heads is not an independent axis of the recorded data (it co-varies with n_q_heads:
+    kv=1 only at q=8), and the causal flash kernel's work is set by the query heads (K/V reads are
+    a lower-order term), so kv is not interpolated; the lookup dict still records it. Rows without
+    a backward time (the older forward-only sweep) are not used.
+    """
+    if df.empty:
+        return
+    df = df[df["bwd_s"].notna() & (df["causal"].astype(bool))]
+    have = set(df["backend"].astype(str))
+    backend = next((b for b in SDPA_BACKENDS if b in have), None)
+    if backend is None:
+        return
+    tb.sdpa_backend = backend
+    df = df[df["backend"] == backend]
+    dtypes = df["dtype"].astype(str) if "dtype" in df else pd.Series("bf16", index=df.index)
+    axes = ["seq_len", "micro_bs", "n_q_heads", "head_dim"]
+    for dt in sorted(set(dtypes), key=lambda d: (d != "bf16", d)):
+        d = _newest(df[dtypes == dt], ["seq_len", "micro_bs", "n_q_heads", "n_kv_heads", "head_dim"])
+        tabs = {}
+        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+            grid, vals = fill_grid(d, axes, col)
+            tabs[dirn] = GridTable("sdpa", tuple(axes), grid, vals)
+        tb.sdpa_by_dtype[dt] = tabs
+
+
+def _build_topk(tb: Tables, df: pd.DataFrame) -> None:
+    """Router top-k over (num_tokens, num_experts, k); fp32 rows (the router is an fp32 island)."""
+    if df.empty:
+        return
+    df = df[df["variant"] == "topk"]
+    if (df["dtype"] == "fp32").any():
+        df = df[df["dtype"] == "fp32"]
+    df = _newest(df, ["num_tokens", "num_experts", "k", "dtype"])
+    for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+        gg = df.dropna(subset=[col])
+        if gg.empty:
+            continue
+        grid, vals = fill_grid(gg, ["num_tokens", "num_experts", "k"], col)
+        tb.topk[dirn] = GridTable("router", ("num_tokens", "num_experts", "k"), grid, vals)
+
+
+def _build_vocab(tb: Tables, df: pd.DataFrame) -> None:
+    """LM-head GEMM and cross-entropy over (tokens, hidden) at the table's single vocab size.
+
+    Both kernels do work proportional to the logit count tokens x vocab, so a request at another
+    (padded, TP-sharded) vocab V is looked up at the logit-equivalent token count
+    tokens * V / V_table (see model.vocab_times); the single-valued vocab axis is recorded in
+    ``vocab_size``.
+    """
+    if df.empty:
+        return
+    # the LM-head GEMM runs in the model precision: one vocab dict per dtype of its rows (the fp32
+    # cross-entropy rows go with every dtype); bf16 (or the only dtype) is the default view
+    head = df[df["op"] == "lm_head_gemm"]
+    dts = sorted(set(head["dtype"].astype(str))) or ["bf16"]
+    for dt in dts:
+        sub = Tables(tb.profile)
+        _build_vocab_dtype(sub, df[(df["op"] != "lm_head_gemm") | (df["dtype"] == dt)])
+        tb.by_dtype.setdefault(dt, {})["vocab"] = sub.vocab
+        tb.by_dtype[dt]["vocab_size"] = sub.vocab_size
+        if dt == "bf16" or len(dts) == 1:
+            tb.vocab, tb.vocab_size = sub.vocab, sub.vocab_size
+
+
+def _build_vocab_dtype(tb: Tables, df: pd.DataFrame) -> None:
+    df = _newest(df, ["op", "tokens", "hidden", "vocab", "dtype"])
+    vs = df["vocab"].mode()
+    if vs.empty:
+        return
+    tb.vocab_size = int(vs.iloc[0])
+    df = df[df["vocab"] == tb.vocab_size]
+    tb.vocab.update(_per_op_grids(df, "vocab"))
+
+
+def _build_collectives(tb: Tables, df: pd.DataFrame) -> None:
+    if df.empty:
+        return
+    df = _newest(df, ["collective", "group_size", "layout", "inter_node", "size_bytes", "dtype"])
+    for (coll, layout, inter), g in df.groupby(["collective", "layout", "inter_node"]):
+        groups, sizes, lts = [], [], []
+        for n, gg in g.groupby("group_size"):
+            s = gg.groupby("size_bytes")["t_s"].median()
+            if s.empty:
+                continue
+            # enforce a non-decreasing curve in size (noise such as a slow rerun point is smoothed away)
+            t = np.maximum.accumulate(s.to_numpy(dtype=float))
+            groups.append(int(n))
+            sizes.append(s.index.to_numpy(dtype=float))
+            lts.append(np.log(t))
+        if groups:
+            tb.collectives[(str(coll), str(layout), bool(inter))] = CollectiveTable(
+                f"collectives.{coll}", np.array(groups, dtype=float), sizes, lts)
+
+
+def _build_elementwise(tb: Tables, df: pd.DataFrame) -> None:
+    if df.empty:
+        return
+    df = _newest(df, ["op", "tokens", "hidden", "dtype"])
+    tb.elementwise.update(_per_op_grids(df, "elementwise"))
+
+
+def _per_op_grids(df: pd.DataFrame, suite: str) -> dict[tuple[str, str], GridTable]:
+    """(op, fwd|bwd) -> GridTable over (tokens, hidden) of the rows that have that direction's time
+    (one row is enough: a single-point table answers that point and reports the rest out of range)."""
+    out = {}
+    for op, g in df.groupby("op"):
+        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+            gg = g.dropna(subset=[col])
+            if not gg.empty:
+                grid, vals = fill_grid(gg, ["tokens", "hidden"], col)
+                out[(str(op), dirn)] = GridTable(f"{suite}.{op}", ("tokens", "hidden"), grid, vals)
+    return out
+
+
+def _build_dispatch(tb: Tables, df: pd.DataFrame) -> None:
+    """Per-kernel dispatch gap t_gap: median wall time per kernel of the launch-bound chain points.
+
+    A chain point is launch-bound when the GPU is busy less than half the wall time per kernel;
+    there the wall time per kernel is the CPU enqueue gap. ``host_overhead`` rows give t_host.
+    """
+    if df.empty:
+        return
+    host = df[df["mode"] == "host_overhead"]
+    if not host.empty:
+        tb.t_host_s = float(_newest(host, ["mode"])["wall_per_kernel_s"].median())
+    g = df[(df["mode"] == "gemm") & df["active_per_kernel_s"].notna()]
+    g = _newest(g, ["mode", "m", "n", "k", "dtype", "chain_len"])
+    bound = g[g["active_per_kernel_s"] < 0.5 * g["wall_per_kernel_s"]]
+    if not bound.empty:
+        tb.t_gap_s = float(bound["wall_per_kernel_s"].median())
+    if not g.empty:
+        # a kernel cannot keep the device busy longer than the wall time it takes (rows measured by
+        # an older CPU definition of "active" could say so): never use more than the wall
+        tb.t_kernel_min_s = float(np.minimum(g["active_per_kernel_s"], g["wall_per_kernel_s"]).min())
+    ops = df[df["mode"].astype(str).str.startswith("ops:")]
+    ops = _newest(ops, ["mode", "m", "n", "k", "dtype", "chain_len"])
+    for (mode, dt), r in ops.groupby(["mode", "dtype"]):
+        _, part, *ck = str(mode).split(":")
+        r = r.groupby(["m", "n", "k"])["wall_per_kernel_s"].median().reset_index()
+        tb.host_ops[(part, ck[0] if ck else "", str(dt))] = r[["m", "n", "k", "wall_per_kernel_s"]].to_numpy(float)
+
+
+def _build_allocator(tb: Tables, df: pd.DataFrame) -> None:
+    """Allocator overhead (bench/suites/allocator.py): medians of reserved/allocated - 1 and of the
+    bytes outside the allocator over the OK rows."""
+    if df.empty or "allocator_fraction" not in df:
+        return
+    ok = df[df["allocator_fraction"].notna()]
+    if not ok.empty:
+        tb.allocator = (float(ok["allocator_fraction"].median()), float(ok["context_bytes"].fillna(0).median()))
+        tb.n_points["allocator"] = len(ok)
+
+
+@functools.lru_cache(maxsize=32)
+def cached_tables(url: str, profile: str, peak_flops: float) -> Tables:
+    """Tables of (resolved url, profile): once per process, and for an SQLite database also on disk
+    per database state (:func:`_disk_key`), so a planner command does not re-read and re-fit the
+    tables the previous one built (~0.6 s of an 18B ``layouts``)."""
+    path = _disk_path(url, profile, peak_flops)
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                tb = pickle.load(f)
+            if isinstance(tb, Tables):
+                return tb
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+            pass  # missing or unreadable: rebuild below
+    tb = build_tables(profile, load_frames(url, profile), peak_flops)
+    if path is not None:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                pickle.dump(tb, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    return tb
+
+
+def _disk_key(url: str) -> tuple | None:
+    """The state of an SQLite database file: (size, mtime) of the file and of its write-ahead log.
+    Any write changes it. None for a server database (no cheap state to read) or a missing file."""
+    if not url.startswith("sqlite:///") or url in ("sqlite://", "sqlite:///:memory:"):
+        return None
+    db = Path(url[len("sqlite:///"):])
+    try:
+        st = [db.stat()]
+    except OSError:
+        return None
+    for extra in (db.with_name(db.name + "-wal"),):
+        try:
+            st.append(extra.stat())
+        except OSError:
+            pass
+    return tuple((x.st_size, x.st_mtime_ns) for x in st)
+
+
+def _disk_path(url: str, profile: str, peak_flops: float) -> Path | None:
+    """Cache file of the compiled tables under $SCALEPLAN_CACHE or ~/.cache/scaleplan, keyed by the
+    database state and the source of this module, the row query and the hardware-identity rule (a
+    code change rebuilds); None when there is no key or no cache folder can be made."""
+    state = _disk_key(url)
+    if state is None:
+        return None
+    import importlib.util
+
+    code = b""
+    for mod in (__name__, "scaleplan.estimator.tables", "scaleplan.estimator.compose", "scaleplan.db.measurements", "scaleplan.db.identity"):
+        origin = importlib.util.find_spec(mod).origin
+        code += Path(origin).read_bytes() if origin else mod.encode()
+    digest = hashlib.sha256(repr((url, profile, peak_flops, state)).encode() + code).hexdigest()[:24]
+    root = Path(os.environ.get("SCALEPLAN_CACHE") or Path.home() / ".cache" / "scaleplan")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return root / f"tables-{digest}.pkl"
