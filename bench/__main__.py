@@ -1,9 +1,9 @@
-"""``python -m scaleplan.bench ARGS`` = ``scaleplan bench ARGS`` (handy under torchrun: ``torchrun ... -m
-scaleplan.bench run --suite collectives ...``)."""
+"""``python -m scaleplan.bench`` moved to ``python -m scaleplan bench`` (the bench layer does not import
+the command line, docs/architecture.md); this stub only says so, with exit status 2."""
 
 import sys
 
-from scaleplan.cli import main
-
 if __name__ == "__main__":
-    main(["bench", *sys.argv[1:]])
+    print("error: python -m scaleplan.bench is now python -m scaleplan bench "
+          f"(torchrun ... -m scaleplan bench {' '.join(sys.argv[1:])})", file=sys.stderr)
+    sys.exit(2)
