@@ -11,12 +11,13 @@ P(G*) and the S* band. Writes into --out (default out/): fig1_motivation, pareto
 sweep_nodes, each as PNG and SVG. Nothing is tuned toward the paper: where ours differ, the closing notes
 say which component or table makes the difference (from the estimator's own breakdown).
 
-    python benchmarks/mosaic_findings.py --db sqlite:////tmp/rec.db [--out out/] [--samples 200]
+    python benchmarks/mosaic_findings.py --db sqlite:///rec.db [--out out/] [--samples 200]
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,7 +37,8 @@ F4 = {"s_plateau": (0.915, 0.963), "g_star": "mostly 4 (8 at 40 days, 2 at 128 n
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default="sqlite:////tmp/rec.db", help="database with the recorded tables")
+    ap.add_argument("--db", default=f"sqlite:///{Path(tempfile.gettempdir()) / 'rec.db'}",
+                    help="database with the recorded tables (default: rec.db in the temporary folder)")
     ap.add_argument("--out", default="out", help="folder for the figures (PNG and SVG)")
     ap.add_argument("--samples", type=int, default=200, help="uncertainty draws (0: none)")
     ap.add_argument("--workers", type=int, default=0, help="plan-search processes (0: the usable CPUs)")

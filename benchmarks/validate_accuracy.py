@@ -23,7 +23,7 @@ Each configuration is trained ``--rounds`` times, round-robin over the configura
 time is the median of all its steps: a shared 2-core machine drifts by 10-15% over minutes, and
 interleaving spreads that drift over every configuration instead of a few.
 
-Usage: python benchmarks/validate_accuracy.py [--db /tmp/validate_accuracy.db] [--steps 8]
+Usage: python benchmarks/validate_accuracy.py [--db validate_accuracy.db] [--steps 8]
        [--warmup 2] [--rounds 2] [--threads 1] [--skip-bench | --reuse-runs] [--configs c1,c2] [--breakdown]
        [--profile-components c1,c4]
 Targets (issue 7): MAPE <= 20% before calibration, <= 10% leave-one-out after.
@@ -431,7 +431,7 @@ def profile_components(name: str, path: Path, url: str, threads: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", default="/tmp/validate_accuracy.db")
+    ap.add_argument("--db", default=str(Path(tempfile.gettempdir()) / "validate_accuracy.db"))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2, help="trainings per configuration, round-robin; the "
