@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from scaleplan.calibrate import kinds
 from scaleplan.calibrate.chi_sys import TERMS, features, fit_chi
 from scaleplan.calibrate.dispatch import fit_dispatch, load_dispatch_rows
 from scaleplan.calibrate.evaluate import (
@@ -14,11 +15,12 @@ from scaleplan.calibrate.evaluate import (
     observed_from_db,
     usable,
 )
+from scaleplan.calibrate.kinds import keys_in, keys_not_in, law_coefficients, write_chi_sys, write_dispatch
 from scaleplan.calibrate.report import parity_plot, pooled, run_rows, sweep_report
 from scaleplan.calibrate.run_scales import BOUNDS, absolute_times, fit_run_scales
 from scaleplan.calibrate.run_scales import PARAMS as RUN_SCALES  # kept by a benchmark refit
 
-from scaleplan.db import calibrations as store  # every calibration row is read and written there
+from scaleplan.db import calibrations as store  # every calibration row is read there (written: kinds.py)
 from scaleplan.errors import ScaleplanError
 
 DEFAULT_PROFILE = "p6-b200.48xlarge"
@@ -71,9 +73,8 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
         out["notes"] = out["notes"] + [f"{len(skipped)} run(s) left out: the estimator refused them (see skipped)"]
     if save:
         with dbs.session_scope(url) as s:
-            row = store.store_calibration(s, profile, "chi_sys", fit.coefficients, inputs=inputs,
-                                          residuals=fit.residuals.tolist(), cv_error=cv, n_obs=fit.n_obs,
-                                          notes="; ".join(fit.notes) or None)
+            row = write_chi_sys(s, profile, fit.coefficients, inputs=inputs, residuals=fit.residuals.tolist(),
+                                cv_error=cv, n_obs=fit.n_obs, notes="; ".join(fit.notes) or None)
             out.update(calibration_id=row.id, version=row.version)
     return out
 
@@ -114,18 +115,18 @@ def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bo
                              "`scaleplan bench run --suite dispatch` or import recorded tables")
     prior, source = _dispatch_prior(profile, prev)
     fit = fit_dispatch(rows, prior, source)
-    for k in RUN_SCALES:  # a --from-runs fit stays in force until refitted
+    for k in RUN_SCALES:  # a --from-runs fit stays in force until refitted (kept by write_dispatch)
         if prev is not None and k in prev[1]:
-            fit.coefficients[k] = float(prev[1][k])
-            fit.notes.append(f"{k} = {fit.coefficients[k]:.4g} kept from calibration {prev[0]}")
-    out = {"profile": profile, "kind": "dispatch", "coefficients": fit.coefficients, "identified": fit.identified,
+            fit.notes.append(f"{k} = {float(prev[1][k]):.4g} kept from calibration {prev[0]}")
+    co = kinds.dispatch_coefficients(fit.coefficients, prev[1] if prev else None, keep=keys_in(RUN_SCALES))
+    out = {"profile": profile, "kind": "dispatch", "coefficients": co, "identified": fit.identified,
            "unidentified": fit.unidentified, "n_obs": fit.n_obs, "per_mode_gap_s": fit.per_mode_gap_s,
            "t_lat_s": fit.t_lat_s, "notes": fit.notes, "calibration_id": None, "version": None}
     if save:
         rms = float(np.sqrt(np.mean(np.square(fit.residuals))))
         with dbs.session_scope(url) as s:
-            row = store.store_calibration(
-                s, profile, "dispatch", fit.coefficients,
+            row = write_dispatch(
+                s, profile, fit.coefficients, keep=keys_in(RUN_SCALES),
                 inputs={"rows": rows, "identified": fit.identified, "unidentified": fit.unidentified,
                         "per_mode_gap_s": fit.per_mode_gap_s, "t_lat_s": fit.t_lat_s},
                 residuals=fit.residuals, cv_error=None, n_obs=fit.n_obs, notes="; ".join(fit.notes))
@@ -186,15 +187,13 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
     # overlaid with the previous dispatch row's other keys: the estimator sees the same base law
     from scaleplan.estimator import Estimator
 
-    law = Estimator(profile, url, extrapolate, use_calibration=use_calibration, host_scale=1.0,
-                    kernel_scale=1.0).dispatch
-    base = {"t_gap_s": law.t_gap_s, "kappa0": law.kappa0, "kappa1": law.kappa1, "t_host_s": law.t_host_s,
-            "t_ep_host_s": law.t_ep_host_s}
+    base = law_coefficients(Estimator(profile, url, extrapolate, use_calibration=use_calibration, host_scale=1.0,
+                                      kernel_scale=1.0).dispatch)
+    keep = keys_not_in(RUN_SCALES) if use_calibration else keys_in(())
     with dbs.session_scope(url) as s:
-        prev = store.newest(s, profile, "dispatch") if use_calibration else None
-        if prev is not None:
-            base.update({k: v for k, v in dict(prev.coefficients or {}).items() if k not in RUN_SCALES})
-    coeffs = {**base, **fit.coefficients()}
+        prev = store.newest(s, profile, "dispatch")
+        coeffs = kinds.dispatch_coefficients(fit.coefficients(), dict(prev.coefficients or {}) if prev else None,
+                                             base, keep)
     runs = [{"id": o.id, "sweep": o.sweep, "t_meas_s": float(t), "t_pred_before_s": float(t * np.exp(rb)),
              "t_pred_after_s": float(t * np.exp(ra)), "log_residual_before": rb, "log_residual_after": ra}
             for o, t, rb, ra in zip(obs, t_meas, fit.residuals_before, fit.residuals)]
@@ -206,8 +205,8 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
            "calibration_id": None, "version": None}
     if save:
         with dbs.session_scope(url) as s:
-            row = store.store_calibration(
-                s, profile, "dispatch", coeffs,
+            row = write_dispatch(
+                s, profile, fit.coefficients(), base=base, keep=keep,
                 inputs={"from_runs": True, "observation_ids": [o.id for o in obs], "bounds": list(BOUNDS),
                         "fitted": fit.fitted, "base": base, "runs": runs},
                 residuals=fit.residuals, cv_error=None, n_obs=fit.n_obs,
@@ -304,9 +303,7 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
             "after": float(np.mean(np.abs(np.expm1(fit.residuals))))}
     from scaleplan.estimator import Estimator
 
-    law = Estimator(profile, url, extrapolate, use_calibration=False).dispatch
-    disp = {"t_gap_s": law.t_gap_s, "kappa0": law.kappa0, "kappa1": law.kappa1, "t_host_s": law.t_host_s,
-            "t_ep_host_s": law.t_ep_host_s, "host_scale": fit.params["host_scale"]}
+    law = law_coefficients(Estimator(profile, url, extrapolate, use_calibration=False).dispatch)
     chi = {"c_a2a": fit.params["c_a2a"], "c_pp": fit.params["c_pp"], "c_ovl": 0.0, "c_level": fit.params["c_level"]}
     out = {"profile": profile, "kind": "runtime", "params": fit.params, "free": fit.free,
            "unidentified": fit.unidentified, "n_obs": len(obs), "step_time_mape": mape, "loso": loso,
@@ -316,12 +313,13 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
                   "unidentified": fit.unidentified, "loso": loso}
         cv = float(np.mean([v["mape_loso"] for v in loso.values()])) if loso else None
         with dbs.session_scope(url) as s:
-            for kind, co in (("dispatch", disp), ("chi_sys", chi)):
-                # residuals: the leave-one-sweep-out relative step-time errors when there are >= 2 sweeps
-                # (what the search's uncertainty reads), else the in-sample ones
-                res = loso_rel if loso_rel else np.expm1(fit.residuals).tolist()
-                row = store.store_calibration(s, profile, kind, co, inputs=inputs, residuals=res,
-                                              cv_error=cv, n_obs=len(obs),
-                                              notes=f"runtime fit ({', '.join(fit.free) or 'nothing identified'})")
-                out["calibration_ids"].append(row.id)
+            # residuals: the leave-one-sweep-out relative step-time errors when there are >= 2 sweeps
+            # (what the search's uncertainty reads), else the in-sample ones
+            row = {"inputs": inputs, "residuals": loso_rel if loso_rel else np.expm1(fit.residuals).tolist(),
+                   "cv_error": cv, "n_obs": len(obs),
+                   "notes": f"runtime fit ({', '.join(fit.free) or 'nothing identified'})"}
+            # fitted on the uncalibrated law: the row is that law + host_scale, nothing of an earlier row
+            d = write_dispatch(s, profile, {"host_scale": fit.params["host_scale"]}, base=law, **row)
+            c = write_chi_sys(s, profile, chi, **row)
+            out["calibration_ids"] += [d.id, c.id]
     return out
