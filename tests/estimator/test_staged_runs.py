@@ -1,36 +1,59 @@
 """The paper's four staged training runs (tab:staged-top4) on the recorded B200 tables.
 
 These are the only measured MFU figures of ladder geometries (the ones MOSAIC searches) that the
-paper publishes, as ratios to the best of the four. Asserted, uncalibrated (the layouts keep every
-EP group inside a node and pp < GPUs/node, so eq:desync is 1 for all four): our predicted MFU orders
-the four runs exactly as measured, and our MFU normalised the same way is within 10% of the
-measured ratios (MAPE). The paper's own predictions (14.0/11.6/21.8/23.3%) normalise to
-0.60/0.50/0.94/1.00, a 15% MAPE against the same measurements; benchmarks/estimator_accuracy.py
-prints both.
+paper publishes, as ratios to the best of the four. Compared as the table gives them: each geometry
+at its fastest checkpointing that fits under a search's memory rule (the planner's --mem-fraction
+0.95; the paper's reference search, 0.9 of HBM over none/selective/full, picks the same modes), our
+MFU in the FLOP count the runs logged (6 N tokens, N every active parameter), normalised by the
+best. Asserted, uncalibrated (every EP group inside a node and pp < GPUs/node, so eq:desync is 1):
+the order of the four runs is the measured one, and the normalised MAPE over IDs 1-3 is within 10%
+(9.5% today: ID 1 at full recompute, 0.69 against 0.84 measured; benchmarks/estimator_accuracy.py
+prints the three rules and the paper's own 19.7%).
 """
 import numpy as np
+import pytest
 from paper_tables import STAGED_LAYOUT, STAGED_RUNS
 from scaleplan.estimator import Estimator, PlanConstraints
 from scipy.stats import spearmanr
 
 from scaleplan.geometry import ladder_model
+from scaleplan.units import MEM_FRACTION
 
 
-def staged_mfu(est: Estimator, q: int, E: int, K: int, G: int) -> float:
-    """Best feasible MFU over the checkpointing modes at the staged layout (N = active params with the
-    embedding and LM head, as the validation data counts it)."""
+def staged_plan(est: Estimator, q: int, E: int, K: int, G: int, mem_fraction: float, modes=None):
+    """Fastest plan over the checkpointing modes at the staged layout within ``mem_fraction`` of HBM."""
     lay = STAGED_LAYOUT
-    fixed = PlanConstraints(**{k: (lay[k],) for k in ("tp", "cp", "pp", "ep", "mbs")})
+    extra = {"ckpt": modes} if modes else {}
+    fixed = PlanConstraints(**{k: (lay[k],) for k in ("tp", "cp", "pp", "ep", "mbs")}, mem_fraction=mem_fraction,
+                            **extra)
     r = est.best_plan(ladder_model(q, E, K, G), lay["n_devices"], lay["gbs"], lay["seqlen"], "adamw", fixed)
     assert r is not None, (q, E, K, G)
-    return r.mfu
+    return r
 
 
-def test_staged_runs_ordered_and_normalised_as_measured(recorded_db):
-    est = Estimator("p6-b200.48xlarge", db_url=recorded_db, use_calibration=False)
-    pred = np.array([staged_mfu(est, q, E, K, G) for q, E, K, G, _, _ in STAGED_RUNS])
+@pytest.fixture(scope="module")
+def est(recorded_db):
+    return Estimator("p6-b200.48xlarge", db_url=recorded_db, use_calibration=False)
+
+
+def test_staged_runs_ordered_and_normalised_as_measured(est):
+    plans = [staged_plan(est, q, E, K, G, MEM_FRACTION) for q, E, K, G, _, _ in STAGED_RUNS]
+    pred = np.array([r.mfu_validation for r in plans])
     measured = np.array([r[5] for r in STAGED_RUNS])
     assert np.all((pred > 0.05) & (pred < 0.5)), pred
     assert spearmanr(pred, measured).statistic == 1.0, pred
-    mape = float(np.mean(np.abs(pred / pred.max() - measured) / measured))
+    keep = measured < 1  # ID 4 is 1 on both sides by construction
+    mape = float(np.mean(np.abs(pred[keep] / pred.max() - measured[keep]) / measured[keep]))
     assert mape <= 0.10, (mape, pred)
+
+
+def test_both_search_rules_put_id1_at_full_recompute(est):
+    """ID 1's lighter modes need more than 0.95 of HBM (super-selective ~177 of 179 GB); full fits
+    under 0.9; the other three fit without recompute under either rule."""
+    hbm_gb = est.profile.hbm_bytes / 1e9
+    q, E, K, G = STAGED_RUNS[0][:4]
+    sup = staged_plan(est, q, E, K, G, 10.0, ("super-selective",))
+    assert sup.mem_per_device_gb > MEM_FRACTION * hbm_gb
+    for frac, modes in ((MEM_FRACTION, None), (0.9, ("none", "selective", "full"))):
+        got = [staged_plan(est, *r[:4], frac, modes).layout["ckpt"] for r in STAGED_RUNS]
+        assert got == ["full", "none", "none", "none"], (frac, got)
