@@ -27,16 +27,17 @@ that size the exchange; the loss's NaN check), so launch time already spent cann
 embedding and the LM head's backward join the GPU side. The 1F1B period is the slowest stage's;
 the fill and drain run once through the other PP-1 stages at their own periods, which carry
 no LM head (:mod:`pipeline`; the paper's t_vocab charges it there too, (PP-1) t_last more in the
-compute-bound case, tests/estimator/test_pipeline.py). The bubble component is eq:bubble's
-f_bubble = (PP-1)/(VPP n_mb) of the layers' period; the vocabulary component is the rest. Then
-PP send/recv, the DP gradient reduce-scatter and parameter all-gather of the distributed optimizer
+compute-bound case, tests/estimator/test_pipeline.py). The bubble term is that fill and drain at
+the stages' vocabulary-free periods (eq:bubble's f_bubble = (PP-1)/(VPP n_mb) of the layers' period
+when the stages are equal); the vocabulary term is what the embedding, LM head and loss add to the
+pipelined wall (:class:`iteration.IterationTime` names every term and sums them). Then PP send/recv, the DP gradient reduce-scatter and parameter all-gather of the distributed optimizer
 with the overlap 1F1B allows, the optimizer step, and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
 
 **Where each piece lives.** :mod:`compute` (kernel times from the tables, optimizer step, a CPU's
 host time), :mod:`comm` (collectives, DP traffic, bias all-reduce), :mod:`pipeline` (bubble, stage
 periods), :mod:`dispatch` (the launch law), :mod:`desync` (eq:desync), :mod:`memory` (bytes per
-rank), :mod:`recorder` (sources, out-of-range lookups). This module composes them per plan and
-attributes the step time to components.
+rank), :mod:`recorder` (sources, out-of-range lookups), :mod:`iteration` (the terms of t_analytic).
+This module composes them per plan into an :class:`IterationTime`.
 
 **Dispatch law** (precedence: these module defaults < the profile's ``dispatch`` block < measured
 dispatch rows of the profile < a 'dispatch' calibration row). kappa0 = 642, kappa1 = 7.29 are kernel
@@ -74,7 +75,7 @@ from scaleplan.estimator.comm import (  # noqa: F401  (re-exported: the model's 
     bias_sync,
     dp_buckets,
 )
-from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block, recomputes_pointwise, recomputes_sdpa
+from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block, recomputes_sdpa
 from scaleplan.estimator.kernels import KernelModel, LayerKernels
 from scaleplan.estimator.desync import ChiCoefficients, chi_sys, desync_features  # noqa: F401
 from scaleplan.estimator.dispatch import (  # noqa: F401
@@ -88,6 +89,7 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
     dispatch_time,
 )
 from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.iteration import TERMS, IterationTime, layer_terms
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.optimizer import optimizer as optimizer_spec
 from scaleplan.estimator.optimizer import slowest_step
@@ -110,7 +112,7 @@ class Evaluation:
 
     plans: ParallelLayout
     n_mb: np.ndarray
-    components: dict[str, np.ndarray]   # seconds per iteration, summing to t_analytic
+    time: IterationTime                 # seconds per iteration per term; time.total is t_analytic
     sources: dict[str, np.ndarray]      # int8 source codes per component
     t_analytic: np.ndarray
     chi: np.ndarray
@@ -127,6 +129,11 @@ class Evaluation:
     warnings: list[str] = field(default_factory=list)
     notes: dict[str, np.ndarray] = field(default_factory=dict)  # message -> bool mask over plans
     composed_share: np.ndarray | None = None  # fraction of t_analytic from composed lookups
+
+    @property
+    def components(self) -> dict[str, np.ndarray]:
+        """{term: seconds per iteration}, summing to t_analytic (:meth:`IterationTime.as_dict`)."""
+        return self.time.as_dict()
 
 
 @dataclass
@@ -194,24 +201,23 @@ class TimeModel(KernelModel):
         ckc = lay.ckpt
         k = self.layer_kernels(g, lay, seqlen, rec)
         s = self._stages(g, k, lay, rec)
-        t_disp, t_step_host, st, t_bubble, t_vocab = self._pipeline_terms(g, k, s, lay, n_mb, seqlen, rec)
-        t_pp = self._pp_p2p(rec, g, k, lay, n_mb)
+        t_disp, t_step_host, st = self._pipeline_terms(g, k, s, lay, seqlen, rec)
         t_dp, t_opt = self._dp_and_optimizer(rec, g, lay, k, s, t_disp, t_step_host, optimizer)
-
-        comps = self._compute_components(g, k, s, lay, n_mb)
-        comps["dispatch_floor"] = n_mb * (st.period_disp - s.t_cmp)
-        comps["bubble"] = t_bubble
-        comps["vocab"] = t_vocab
-        comps["pp_p2p"] = t_pp
-        comps["dp_comm"] = t_dp
-        comps["bias_sync"] = self._bias_sync(rec, g, lay)
-        comps["optimizer"] = t_opt
+        vpp = np.asarray(lay.vpp, dtype=float)
+        it = IterationTime(
+            **layer_terms(k, s.fw, n_mb, s.L_stage, s.n_m, ckc, g.is_moe),
+            dispatch_floor=n_mb * (st.period_disp - s.t_cmp),
+            bubble=st.ramp_disp / vpp,
+            vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
+            pp_p2p=self._pp_p2p(rec, g, k, lay, n_mb), dp_comm=t_dp, bias_sync=self._bias_sync(rec, g, lay),
+            optimizer=t_opt)
         if not self.serial:
             rec.mark("dispatch_floor", 0)
         rec.mark("bubble", rec.src.get("dispatch_floor", 0))
-        t_an = sum(comps.values())
-        # the share of the predicted time whose component read a composed (out-of-range) lookup
-        composed_share = sum(np.where(rec.src.get(name, 0) == COMPOSED, t, 0.0) for name, t in comps.items()) / t_an
+        t_an = it.total
+        # the share of the predicted time whose term read a composed (out-of-range) lookup
+        composed_share = sum(np.where(rec.src.get(name, 0) == COMPOSED, getattr(it, name), 0.0)
+                             for name in TERMS) / t_an
 
         # eq:desync, with the placement features of Megatron's rank order (desync_features)
         ep_nodes, pp_hops, deep = desync_features(lay, self.gpn)
@@ -221,7 +227,7 @@ class TimeModel(KernelModel):
         chi = chi_sys(self.chi_c, t_a2a_wire, t_an, ep_nodes, pp_hops, deep)
         t_iter = chi * t_an
         mfu, mfu_val, hfu = self._utilization(g, lay, gbs, seqlen, t_iter)
-        return Evaluation(lay, n_mb, comps, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
+        return Evaluation(lay, n_mb, it, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
                           pp_nodes.astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
                           rec.notes, composed_share)
 
@@ -285,12 +291,11 @@ class TimeModel(KernelModel):
         return _Stages(common_f, common_b, den_lf, den_lb, fw, L_stage, nd0, t_stage0, t_other, a2a0, a2a_o,
                        t_cmp, n_m)
 
-    def _pipeline_terms(self, g: Geometry, k: LayerKernels, s: _Stages, lay: ParallelLayout, n_mb: np.ndarray,
-                        seqlen: int, rec: Recorder) -> tuple[np.ndarray, np.ndarray, StagePeriods, np.ndarray, np.ndarray]:
-        """Host dispatch and the 1F1B pipeline (module docstring). Returns t_disp (seconds per stage and
-        micro-batch), t_step_host (the optimizer step's host seconds), the stage periods, and the
-        iteration's t_bubble and t_vocab (seconds)."""
-        pp, vpp, ep, cp, mbs, ckc = lay.pp, lay.vpp, lay.ep, lay.cp, lay.mbs, lay.ckpt
+    def _pipeline_terms(self, g: Geometry, k: LayerKernels, s: _Stages, lay: ParallelLayout, seqlen: int,
+                        rec: Recorder) -> tuple[np.ndarray, np.ndarray, StagePeriods]:
+        """Host dispatch and the 1F1B stage periods (module docstring). Returns t_disp (seconds per stage
+        and micro-batch), t_step_host (the optimizer step's host seconds) and the stage periods."""
+        pp, ep, cp, mbs, ckc = lay.pp, lay.ep, lay.cp, lay.mbs, lay.ckpt
         moe = g.is_moe
         L_stage = s.L_stage
         # CPU dispatch per stage and micro-batch (kernels x gap + host); the GPU of each stage runs
@@ -302,11 +307,7 @@ class TimeModel(KernelModel):
             t_disp, t_step_host = self._measured_host(rec, g, ckc, L_stage, s.nd0, t_disp, seqlen * mbs / cp)
         st = stage_periods(pp, s.t_stage0 - s.a2a0, s.t_other - s.a2a_o, k.t_first, k.t_last_f, k.t_last_b, t_disp,
                            self.serial, s.a2a0, s.a2a_o)
-        f_bub = bubble_fraction(pp, vpp, n_mb)
-        t_pipe = pipeline_time(n_mb, vpp, st.period, st.ramp)
-        t_bubble = f_bub * n_mb * st.period_disp
-        t_vocab = t_pipe - n_mb * st.period_disp - t_bubble
-        return t_disp, t_step_host, st, t_bubble, t_vocab
+        return t_disp, t_step_host, st
 
     def _pp_p2p(self, rec: Recorder, g: Geometry, k: LayerKernels, lay: ParallelLayout,
                 n_mb: np.ndarray) -> np.ndarray:
@@ -348,43 +349,6 @@ class TimeModel(KernelModel):
         # runs the earlier ones: the slower of the two
         t_opt = t_opt + t_step_host if self.serial else np.maximum(t_opt, t_step_host)
         return t_dp, t_opt
-
-    def _compute_components(self, g: Geometry, k: LayerKernels, s: _Stages, lay: ParallelLayout,
-                            n_mb: np.ndarray) -> dict[str, np.ndarray]:
-        """The slowest stage's compute per iteration split by component (seconds; the same keys for
-        every model), scaled so the split sums to n_mb t_cmp."""
-        ckc = lay.ckpt
-        L_stage = s.L_stage
-        comps = {
-            "attn_proj": n_mb * L_stage * (k.attn_f + k.attn_b + recomputes_block(ckc) * k.attn_f),
-            "sdpa": n_mb * L_stage * (k.sd_f + k.sd_b + recomputes_sdpa(ckc) * k.sd_f),
-        }
-        # the remaining compute of the slowest stage, attributed by component (fwd + bwd + recompute)
-        rc = recomputes_block(ckc)
-        if g.is_moe:
-            n_m = s.n_m
-            n_d = L_stage - n_m
-            comps["experts"] = n_mb * n_m * (k.ex_f * (1 + rc) + k.ex_b)
-            comps["router"] = n_mb * n_m * ((k.rg_f + k.tk_f) * (1 + rc) + k.rg_b + k.tk_b)
-            comps["permute"] = n_mb * n_m * k.perm * (2 + recomputes_pointwise(ckc))
-            comps["shared_expert"] = n_mb * n_m * (k.sh_f * (1 + rc) + k.sh_b)
-            comps["ep_a2a"] = n_mb * n_m * (np.maximum(k.a2a_f - k.sh_f, 0) * (1 + rc)
-                                            + np.maximum(k.a2a_b - k.sh_b, 0))
-            comps["dense_mlp"] = n_mb * n_d * (k.dense_f * (1 + rc) + k.dense_b)
-        else:  # the same keys for every model, so consumers see one schema
-            for name in ("experts", "router", "permute", "shared_expert", "ep_a2a"):
-                comps[name] = np.zeros(len(ckc))
-            comps["dense_mlp"] = n_mb * L_stage * (k.dense_f * (1 + rc) + k.dense_b)
-        comps["elementwise"] = n_mb * L_stage * (k.ew_f * (1 + recomputes_pointwise(ckc)) + k.ew_b)
-        comps["framework_kernels"] = n_mb * L_stage * s.fw
-        comps["tp_comm"] = n_mb * L_stage * (k.tp_f * (1 + rc) + k.tp_b)
-        comps["cp_comm"] = n_mb * L_stage * (k.cp_f * (1 + rc) + k.cp_b)
-        # make the per-component split add up exactly to n_mb * t_cmp (slowest stage)
-        split = sum(comps.values())
-        scale = np.where(split > 0, n_mb * s.t_cmp / np.where(split > 0, split, 1.0), 1.0)
-        for name in comps:
-            comps[name] = comps[name] * scale
-        return comps
 
     def _utilization(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int,
                      t_iter: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

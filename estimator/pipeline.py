@@ -28,6 +28,7 @@ class StagePeriods:
     period: np.ndarray        # 1F1B period: slowest stage's max(GPU, dispatch) + A2A + exposed LM head/CE
     period_disp: np.ndarray   # the same without the vocabulary work
     ramp: np.ndarray          # the other PP-1 stages' periods summed (0 for one stage): fill + drain
+    ramp_disp: np.ndarray     # the same without the vocabulary work (the bubble of the layers alone)
 
 
 def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_last_bwd, t_disp, serial=False,
@@ -69,7 +70,9 @@ def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_las
     period = np.where(pp > 1, np.maximum(first, last), one)
     period_disp = np.where(pp > 1, np.maximum(d0, mid), d0)
     ramp = np.where(pp > 1, first + (pp - 2) * mid + last - period, 0.0)
-    return StagePeriods(period, period_disp, ramp)
+    # without the vocabulary work the last stage runs as a middle one
+    ramp_disp = np.where(pp > 1, d0 + (pp - 1) * mid - period_disp, 0.0)
+    return StagePeriods(period, period_disp, ramp, ramp_disp)
 
 
 def pipeline_time(n_mb, vpp, period, ramp):

@@ -115,22 +115,38 @@ def test_loss_sync_exposes_the_lm_head_forward_only():
     assert st.period == pytest.approx(52e-3)
 
 
-def test_model_breakdown_uses_the_paper_terms(sqlite_url):
-    # an empty DB (analytic everywhere) and no dispatch floor: the model's bubble and vocab components
-    # must equal eq:bubble and the paper's t_vocab computed from the same per-stage times
+_NOT_LAYERS = ("bubble", "vocab", "pp_p2p", "dp_comm", "bias_sync", "optimizer", "dispatch_floor")
+
+
+def _breakdown(sqlite_url, dense_first: int, pp: int):
+    """The breakdown of the 700M model on 32 B200s, EP=8, analytic tables and no dispatch floor."""
     est = Estimator("p6-b200.48xlarge", db_url=sqlite_url)
     est.model.disp = DispatchLaw(t_gap_s=0.0, t_host_s=0.0)
-    spec = parse_spec(moe_spec())
-    r = est.estimate(spec, 32, [Layout(pp=4, ep=8, mbs=1, ckpt="full")])[0]
-    n_mb = 256 / 8
-    f = 3 / n_mb
+    spec = parse_spec(moe_spec(model={**moe_spec()["model"], "moe": {**moe_spec()["model"]["moe"],
+                                                                     "first_dense_layers": dense_first}}))
+    r = est.estimate(spec, 32, [Layout(pp=pp, ep=8, mbs=1, ckpt="full")])[0]
     b = r.breakdown_s
-    block = sum(v for k, v in b.items() if k not in ("bubble", "vocab", "pp_p2p", "dp_comm", "bias_sync",
-                                                    "optimizer", "dispatch_floor"))
-    assert b["dispatch_floor"] == pytest.approx(0.0, abs=1e-12)
-    assert b["bubble"] == pytest.approx(f * block, rel=1e-9)
     assert sum(b.values()) == pytest.approx(r.t_analytic_s, rel=1e-12)
     assert r.t_iter_s == pytest.approx(r.chi_sys * r.t_analytic_s)
+    assert b["dispatch_floor"] == pytest.approx(0.0, abs=1e-12)
+    n_mb = 256 / (32 // pp)
+    return b, sum(v for k, v in b.items() if k not in _NOT_LAYERS) / n_mb  # per micro-batch
+
+
+def test_model_bubble_is_the_fill_and_drain_of_the_other_stages(sqlite_url):
+    # equal stages (no dense block): the bubble is eq:bubble, f_bubble = 3/32 of the layers' time
+    b, stage = _breakdown(sqlite_url, 0, 4)
+    assert b["bubble"] == pytest.approx(3 * stage, rel=1e-9)
+    assert b["vocab"] > 0
+    # a dense first block makes stage 0 lighter by (MoE layer - dense layer), which the two PP=1 runs
+    # give; the fill and drain run once through stage 0 and two MoE-only stages, not 3 x the slowest
+    b1, stage1 = _breakdown(sqlite_url, 1, 4)
+    assert stage1 == pytest.approx(stage, rel=1e-12)  # the slowest stage holds 4 MoE layers either way
+    _, moe16 = _breakdown(sqlite_url, 0, 1)
+    _, dense1_moe15 = _breakdown(sqlite_url, 1, 1)
+    lighter = moe16 - dense1_moe15
+    assert lighter > 0
+    assert b1["bubble"] == pytest.approx(3 * stage - lighter, rel=1e-9)
 
 
 def test_all_to_all_adds_outside_the_dispatch_max():
