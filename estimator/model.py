@@ -88,6 +88,7 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
     DispatchLaw,
     dispatch_time,
 )
+from scaleplan.estimator.exchanges import critical_exchanges
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.iteration import TERMS, IterationTime, layer_terms
 from scaleplan.estimator.layout import ParallelLayout
@@ -322,8 +323,11 @@ class TimeModel(KernelModel):
         p2p_bw = np.where(p2p_inter, prof.scaleout_bandwidth, prof.scaleup_bandwidth)
         t_p2p = np.where(p2p_inter, P2P_LAT_INTER_S, P2P_LAT_INTRA_S) + p2p_bytes / np.maximum(p2p_bw, 1.0)
         rec.mark("pp_p2p", np.where(pp > 1, ANALYTIC, 0))
-        # a micro-batch crosses each of this rank's VPP chunk boundaries once forward, once backward
-        return np.where(pp > 1, 2 * (vpp * n_mb + pp - 1) * t_p2p, 0.0)
+        # non-interleaved: the blocking exchanges on the 1F1B critical path, once per slot at PP = 2 and
+        # twice from PP = 3 (exchanges.critical_exchanges); interleaved (VPP > 1, overlapped p2p): a
+        # micro-batch crosses each of this rank's VPP chunk boundaries once forward, once backward
+        n_x = np.where(vpp > 1, 2 * (vpp * n_mb + pp - 1), critical_exchanges(pp, n_mb))
+        return np.where(pp > 1, n_x * t_p2p, 0.0)
 
     def _dp_and_optimizer(self, rec: Recorder, g: Geometry, lay: ParallelLayout, k: LayerKernels, s: _Stages,
                           t_disp: np.ndarray, t_step_host: np.ndarray, optimizer: str) -> tuple[np.ndarray, np.ndarray]:
