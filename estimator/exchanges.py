@@ -24,9 +24,9 @@ The paper's count, two per micro-batch and stage boundary for every PP > 1, char
 
 What it does not explain: a per-exchange cost large enough to make the 700M sweep's PP = 4 slots
 26-40% longer (tens of ms per exchange) would charge its EP = 1 layouts as much, and those pipeline
-at no cost beyond the layer time (slot = 26 ms + 48 ms per layer, to within 1% of the measured steps
-at PP 1, 2, 4 and 8); the measurable parts of an exchange are 0.1-2 ms (33 MB over NVLink or one
-400 Gb/s NIC, the sync's drain of a host-bound stream).
+at no cost beyond the layers (estimator/jitter.py gives the fit); the measurable parts of an
+exchange are 0.1-2 ms (33 MB over NVLink or one 400 Gb/s NIC, the sync's drain of a host-bound
+stream).
 """
 from __future__ import annotations
 

@@ -29,6 +29,16 @@ layouts slow; for deep pipelines at r_fill ~ 1 the fill/drain intercept (negativ
 couple during the ramps) makes it smaller still. Its input, sigma, is measurable (the spread of one
 stage's per-micro-batch forward + backward in a trace); none is published for these runs, so the
 term is not in the time model (estimator/pipeline.py).
+
+Nor is host synchronisation at the stage boundaries (estimator/exchanges.py): Megatron's blocking
+p2p calls and ``batch_p2p_sync`` make every exchange a rendezvous of two stages' hosts, which with
+fixed stage times costs only the exchanges' own time (once per slot at PP = 2, twice from PP = 3).
+What the 700M sweep says instead: its EP = 1 layouts pipeline at no cost beyond the layers (step =
+(n_mb + PP - 1)(26 ms + 48 ms x 16/PP) + 38 ms x 16/PP, within 1.1% at PP 1, 2, 4 and 8), while with
+EP > 1 a PP >= 4 slot is 40-70 ms longer than the layers explain. A mechanism must therefore couple
+the EP all-to-all with the pipeline; per-rank delays that every MoE layer's EP rendezvous and every
+stage exchange propagate (the coupled set grows as EP x PP) have that shape, but their input, the
+per-rank stall rate and length, is not measured for these runs.
 """
 from __future__ import annotations
 
