@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
-from scaleplan.estimator.geom import Geometry, geometry
+from scaleplan.estimator.geom import Geometry, GeometryBatch, geometry, structure
 from scaleplan.estimator.memory import RESERVE_BYTES, allocated_reserved, memory_breakdown
 from scaleplan.estimator.layout import LayoutContext, ParallelLayout
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
@@ -254,26 +254,68 @@ class Estimator:
 
     def best_plan(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str = "adamw",
                   constraints: PlanConstraints = PlanConstraints()) -> EstimateResult | None:
-        """The inner max of eq:c-flops: the best feasible plan (None when none is feasible)."""
+        """The inner max of eq:c-flops: the best feasible plan (None when none is feasible); one geometry
+        of :meth:`best_plans`."""
+        return self.best_plans([model], n_devices, gbs, seqlen, optimizer, constraints)[0]
+
+    def best_plans(self, models: list[ModelBlock], n_devices: int, gbs: int, seqlen: int, optimizer: str = "adamw",
+                   constraints: PlanConstraints = PlanConstraints(), chunk: int = 256) -> list[EstimateResult | None]:
+        """:meth:`best_plan` of each of ``models`` (a list aligned with them), evaluated in batches: the plans
+        of up to ``chunk`` geometries of one structure (:func:`~scaleplan.estimator.geom.structure`) form one
+        plan set, each plan carrying its geometry's fields (:class:`~scaleplan.estimator.geom.GeometryBatch`),
+        so the memory and time models run once per batch instead of once per geometry (the per-call numpy
+        overhead of small arrays dominated a search). Every evaluation is elementwise over plans, so each
+        plan's numbers are best_plan's; a result's warnings are those its own geometry's plans raised.
+        ``chunk`` bounds the memory (a few hundred geometries' plans at once). Raises as best_plan."""
         _check_positive(n_devices=n_devices, gbs=gbs, seqlen=seqlen)
         if optimizer not in OPTIMIZERS:
             raise SpecError("optimizer", optimizer, f"one of {', '.join(OPTIMIZERS)}")
-        g = geometry(model)
-        plans, _, _ = enumerate_plans(g, n_devices, gbs, constraints, seqlen)
-        # memory first: a plan over the cap is infeasible whatever its time, so the time model runs on
-        # the plans that fit alone (1 in 6 on the paper grid); the same best plan as _search's ranking
-        # (every evaluation is elementwise over plans, and the subset keeps the plans' order for ties)
-        mem = self._memory(g, plans, gbs, seqlen, optimizer, model.rotary_embeds)
-        fits = np.nonzero(~(sum(mem.values()) > constraints.mem_fraction * self.profile.hbm_bytes))[0]
+        geoms = [geometry(m) for m in models]
+        if self.model.measured_host:  # measured host rows are keyed by one geometry's (d, E): one per batch
+            chunk = 1
+        groups: dict[tuple, list[int]] = {}
+        for i, (m, g) in enumerate(zip(models, geoms)):
+            groups.setdefault(structure(g) + (m.rotary_embeds,), []).append(i)
+        out: list[EstimateResult | None] = [None] * len(models)
+        for idx in groups.values():
+            for lo in range(0, len(idx), max(int(chunk), 1)):
+                part = idx[lo:lo + max(int(chunk), 1)]
+                best = self._best_of_batch([geoms[i] for i in part], models[part[0]].rotary_embeds, n_devices, gbs,
+                                           seqlen, optimizer, constraints)
+                for i, res in zip(part, best):
+                    out[i] = res
+        return out
+
+    def _best_of_batch(self, geoms: list[Geometry], rope: bool, n_devices: int, gbs: int, seqlen: int,
+                       optimizer: str, constraints: PlanConstraints) -> list[EstimateResult | None]:
+        """The best plan of each geometry of one structure, all their plans evaluated as one set. Memory
+        first: a plan over the cap is infeasible whatever its time, so the time model runs on the plans that
+        fit alone (1 in 6 on the paper grid). Then per geometry the first plan of highest MFU among the
+        in-range ones: the same plan as :meth:`layouts` ranks first (every evaluation is elementwise over
+        plans, and the subset keeps the plans' order for ties)."""
+        sets = [enumerate_plans(g, n_devices, gbs, constraints, seqlen)[0] for g in geoms]
+        owner = np.repeat(np.arange(len(geoms)), [len(s) for s in sets])  # each plan's geometry (sorted)
+        out: list[EstimateResult | None] = [None] * len(geoms)
+        if len(owner) == 0:
+            return out
+        plans = ParallelLayout.concat(sets)
+        batch = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner)
+        mem = self._memory(batch, plans, gbs, seqlen, optimizer, rope)
+        cap, frac = self.profile.hbm_bytes, constraints.mem_fraction
+        fits = np.nonzero(~(sum(mem.values()) > frac * cap))[0]
         if len(fits) == 0:
-            return None
-        ev = self.model.evaluate(g, plans.take(fits), gbs, seqlen, optimizer)
+            return out
+        ev = self.model.evaluate(batch.take(fits), plans.take(fits), gbs, seqlen, optimizer)
+        owner = owner[fits]
         ok = np.nonzero(ev.oor.reason == None)[0]  # noqa: E711 (an object array: elementwise)
-        if len(ok) == 0:
-            return None
-        best = ok[np.argsort(-ev.mfu[ok], kind="stable")][0]
+        order = ok[np.lexsort((-ev.mfu[ok], owner[ok]))]  # by geometry, then MFU descending (stable)
+        heads = order[np.r_[True, owner[order][1:] != owner[order][:-1]]] if len(order) else order
         mem = {k: v[fits] for k, v in mem.items()}
-        return self._result(g, ev, mem, best, gbs * seqlen, self.profile.hbm_bytes, constraints.mem_fraction)
+        bounds = np.searchsorted(owner, np.arange(len(geoms) + 1))
+        for b in heads:
+            j = owner[b]
+            out[j] = self._result(geoms[j], ev, mem, b, gbs * seqlen, cap, frac, slice(bounds[j], bounds[j + 1]))
+        return out
 
     def evaluate_arrays(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str,
                         constraints: PlanConstraints = PlanConstraints()):
@@ -324,7 +366,9 @@ class Estimator:
 
     # -- helpers -------------------------------------------------------------------------------
     def _result(self, g: Geometry, ev: Evaluation, mem, i: int, tokens: int, cap: float,
-                frac: float) -> EstimateResult:
+                frac: float, scope=slice(None)) -> EstimateResult:
+        """Plan ``i`` of ``ev`` as a result; ``scope``: the plans of its geometry (those whose warnings
+        count, as when the geometry is evaluated alone)."""
         bd = {k: float(v[i]) for k, v in ev.components.items()}
         src = {k: SOURCE_NAMES[int(ev.sources.get(k, np.zeros(1, np.int8))[i] if k in ev.sources else 0)]
                for k in ev.components}
@@ -334,7 +378,8 @@ class Estimator:
         reason = ev.oor.reason[i]
         if reason is None and tot * GB > frac * cap:
             reason = "memory"
-        warnings = [w for w in ev.warnings if w.split(":")[0] in bd and src.get(w.split(":")[0]) == "analytic"]
+        warnings = [w for w in ev.warnings if w.split(":")[0] in bd and src.get(w.split(":")[0]) == "analytic"
+                    and (w not in ev.warned or ev.warned[w][scope].any())]
         warnings += [msg for msg, where in ev.notes.items() if where[i]]
         ana = [k for k, v in src.items() if v == "analytic"]
         if ana:

@@ -46,13 +46,13 @@ def bias_sync(g: Geometry, lay: ParallelLayout, gpn: int):
 
 
 
-def _warn_off_grid(rec, comp, coll, layout, inter, g_lo, g_hi, by_nic_bytes) -> None:
-    """Say once that group sizes outside a table's measured ones were mapped by an invariance."""
+def _warn_off_grid(rec, comp, coll, layout, inter, g_lo, g_hi, by_nic_bytes, where) -> None:
+    """Say that group sizes outside a table's measured ones were mapped by an invariance (for the
+    plans in ``where``: mosaic/evidence.py reads it as extrapolation to more ranks)."""
     how = "inter-node bytes per rank" if by_nic_bytes else "busbw"
     msg = (f"{comp}: {coll} group sizes outside the measured {int(g_lo)}..{int(g_hi)} "
            f"({layout}, {'inter' if inter else 'intra'}-node) use {how} invariance (labelled analytic)")
-    if msg not in rec.warnings:
-        rec.warnings.append(msg)
+    rec.warn(msg, where)
 
 
 class CommModel:
@@ -126,7 +126,7 @@ class CommModel:
             if off_grid.any():
                 rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
                 _warn_off_grid(rec, comp, coll, layout, flag, g_lo, g_hi, flag and coll == "all_to_all"
-                               and per_node is not None)
+                               and per_node is not None, off_grid)
         return out
 
     def _multi_rail(self, rec, comp, coll, n, size, inter, active, per_node, small_analytic, rails):
@@ -164,7 +164,7 @@ class CommModel:
         # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
         # for the k stages at once (k U elements); the overlap windows are per plan
         P = len(lay)
-        first, inv = distinct(lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
+        first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
         stages = dp_stages(lay.pp[first])
         k, U = len(stages), len(first)
         idx = np.arange(k)[:, None] * U + inv[None, :]  # (k, P): plan p's stage-j element
@@ -175,7 +175,7 @@ class CommModel:
         tail, fill = np.zeros((k, P)), np.zeros((k, P))  # after the stage's last backward; before its first forward
         opt = optimizer(optimizer_name)
         ortho, colls = opt.sharded and opt.orthogonalises, opt.dp_collectives
-        for params, group, layout, inter, nb in dp_buckets(g, lay_s, self.gpn, s):
+        for params, group, layout, inter, nb in dp_buckets(g.take(np.tile(first, k)), lay_s, self.gpn, s):
             act = (group > 1) & (params > 0) & present
             rails = lay_s.ranks_per_node("edp", self.gpn) if layout == "strided" else None
             t = [nb * self._collective(sub, "dp_comm", coll, group, params / nb * nbytes, inter, layout, act,

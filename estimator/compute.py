@@ -54,24 +54,26 @@ class ComputeModel:
         P = rec.P
         ex_f, ex_b = np.zeros(P), np.zeros(P)
         w1 = 2 if g.glu else 1
-        for e in np.unique(etp):  # one grouped table per expert shape (d, d_expert / ETP)
-            sel = etp == e
-            f_loc = int(round(g.dexp / e))
-            tabf, tabb = self.tb.grouped.get(("fwd", g.d, f_loc)), self.tb.grouped.get(("bwd", g.d, f_loc))
+        # one grouped table per expert shape (d, d_expert / ETP); d and d_expert are per plan in a GeometryBatch
+        shape_d = np.broadcast_to(np.asarray(g.d, dtype=np.int64), (P,))
+        shape_f = np.broadcast_to(np.rint(np.asarray(g.dexp / np.asarray(etp, dtype=float))).astype(np.int64), (P,))
+        for d, f_loc in sorted(set(zip(shape_d.tolist(), shape_f.tolist()))):
+            sel = (shape_d == d) & (shape_f == f_loc)
+            tabf, tabb = self.tb.grouped.get(("fwd", d, f_loc)), self.tb.grouped.get(("bwd", d, f_loc))
             if tabf is not None and tabb is not None:
                 ex_f += rec.use("experts", tabf.lookup(E_loc, tile), sel)
                 ex_b += rec.use("experts", tabb.lookup(E_loc, tile), sel)
             elif self.tb.gemm is not None:
                 self._grouped_envelope(rec, E_loc, tile, sel)
-                f1, b1 = self._gemm(rec, "experts", tile, w1 * f_loc, g.d, peak, sel)
-                f2, b2 = self._gemm(rec, "experts", tile, g.d, f_loc, peak, sel)
+                f1, b1 = self._gemm(rec, "experts", tile, w1 * f_loc, d, peak, sel)
+                f2, b2 = self._gemm(rec, "experts", tile, d, f_loc, peak, sel)
                 ex_f += E_loc * (f1 + f2)
                 ex_b += E_loc * (b1 + b2)
                 rec.mark("experts", np.where(sel, INTERPOLATED, 0))
-                rec.note(f"experts from dense GEMM table (shape {g.d}x{f_loc} not in grouped table)", sel)
+                rec.note(f"experts from dense GEMM table (shape {d}x{f_loc} not in grouped table)", sel)
             else:
                 rec.mark("experts", np.where(sel, ANALYTIC, 0))
-                fa = an.grouped_gemm_time(E_loc, tile, g.d, f_loc, peak, hbm, g.glu)
+                fa = an.grouped_gemm_time(E_loc, tile, d, f_loc, peak, hbm, g.glu)
                 ex_f += np.where(sel, fa, 0.0)
                 ex_b += np.where(sel, 2 * fa, 0.0)
         return ex_f, ex_b

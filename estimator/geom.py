@@ -5,7 +5,7 @@ only adds per-layer shapes and the per-stage parameter split.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 from scaleplan.geometry import (
@@ -70,6 +70,27 @@ class Geometry:
         return self.n_moe > 0
 
     @property
+    def has_gate(self) -> bool:
+        """The blocks carry an output gate (``gate`` > 0)."""
+        return self.gate > 0
+
+    @property
+    def has_shared(self) -> bool:
+        """The MoE blocks carry a shared expert (``dsh`` > 0)."""
+        return self.dsh > 0
+
+    @property
+    def batch_keys(self) -> tuple:
+        """Columns (arrays over plans) that tell the plans' geometries apart: none for one geometry
+        (:class:`GeometryBatch` has its per-plan geometry index); lookups made once per distinct tuple
+        add them to their key."""
+        return ()
+
+    def take(self, idx) -> Geometry:
+        """The geometry of the plans at ``idx``: one geometry serves every plan (GeometryBatch selects)."""
+        return self
+
+    @property
     def n_mfu_validation(self) -> float:
         """Parameters per token of the FLOP count the validation runs logged their MFU in
         (shared/validation/README.md: 6 N tokens, N every active parameter that multiplies a token:
@@ -104,3 +125,61 @@ def geometry(m: ModelBlock) -> Geometry:
         capacity_factor=float(moe.capacity_factor) if moe else 1.0,
         sdpa_precision=m.sdpa_precision, dropout=m.dropout,
     )
+
+
+#: the fields a batch holds once (the models branch on them), and the ones it holds per plan
+STRUCTURE_FIELDS = ("tie", "glu", "precision", "sdpa_precision", "dropout")
+PER_PLAN_FIELDS = tuple(f.name for f in fields(Geometry) if f.name not in STRUCTURE_FIELDS)
+
+
+def structure(g: Geometry) -> tuple:
+    """What the time and memory models branch on: geometries alike in it evaluate in one batch."""
+    return tuple(getattr(g, f) for f in STRUCTURE_FIELDS) + (g.is_moe, g.has_gate, g.has_shared)
+
+
+@dataclass(frozen=True)
+class GeometryBatch(Geometry):
+    """Several geometries of one :func:`structure` broadcast per plan, so the time and memory models
+    evaluate every plan of every geometry in one pass (``Estimator.best_plans``).
+
+    Each field of :data:`PER_PLAN_FIELDS` is an array of shape (P,): the value of the plan's geometry
+    (same units as :class:`Geometry`); the :data:`STRUCTURE_FIELDS` and the flags ``is_moe``,
+    ``has_gate``, ``has_shared`` hold one value for the batch. ``index`` (int, (P,)): the position of
+    each plan's geometry in the list it was stacked from. Build with :meth:`stack`.
+    """
+
+    index: np.ndarray | None = None
+    moe: bool = False
+    gated: bool = False
+    shared: bool = False
+
+    @classmethod
+    def stack(cls, geoms: list[Geometry], index: np.ndarray) -> GeometryBatch:
+        """Plan p gets ``geoms[index[p]]``. Raises ValueError when the geometries differ in structure."""
+        kinds = {structure(g) for g in geoms}
+        if len(kinds) != 1:
+            raise ValueError(f"geometries of {len(kinds)} structures cannot share a batch: {sorted(map(str, kinds))}")
+        g0 = geoms[0]
+        index = np.asarray(index, dtype=np.int64)
+        cols = {f: np.array([getattr(g, f) for g in geoms])[index] for f in PER_PLAN_FIELDS}
+        return cls(**cols, **{f: getattr(g0, f) for f in STRUCTURE_FIELDS}, index=index, moe=g0.is_moe,
+                   gated=g0.has_gate, shared=g0.has_shared)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe
+
+    @property
+    def has_gate(self) -> bool:
+        return self.gated
+
+    @property
+    def has_shared(self) -> bool:
+        return self.shared
+
+    @property
+    def batch_keys(self) -> tuple:
+        return (self.index,)
+
+    def take(self, idx) -> GeometryBatch:
+        return replace(self, index=self.index[idx], **{f: getattr(self, f)[idx] for f in PER_PLAN_FIELDS})

@@ -74,10 +74,11 @@ class KernelModel(ComputeModel, CommModel):
 
     def layer_kernels(self, g: Geometry, lay: ParallelLayout, seqlen: int, rec: Recorder) -> LayerKernels:
         """:class:`LayerKernels` of every plan of ``lay`` (arrays of length P), each distinct (TP, CP,
-        EP, ETP, B_micro) evaluated once; lookups recorded in ``rec``."""
-        first, inv = distinct(lay.tp, lay.cp, lay.ep, lay.etp, lay.mbs)
+        EP, ETP, B_micro) evaluated once (per geometry of a :class:`~scaleplan.estimator.geom.GeometryBatch`); lookups recorded in
+        ``rec``."""
+        first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.ep, lay.etp, lay.mbs)
         rec_u = Recorder(len(first), rec.mode)
-        k = LayerKernels(**self._kernels(g, lay.take(first), seqlen, rec_u)).take(inv)
+        k = LayerKernels(**self._kernels(g.take(first), lay.take(first), seqlen, rec_u)).take(inv)
         rec.fold(rec_u, inv)
         return k
 
@@ -142,7 +143,7 @@ class KernelModel(ComputeModel, CommModel):
 
         # element-wise: 2 norms, 2 residual adds, RoPE on q/k, gate sigmoid*mul
         ew_f, ew_b = self._elementwise(rec, g, T, Tsp, (g.nq / tp + kv_loc) * g.hd, b_el, hbm)
-        if g.gate:  # the head gate has no table: bytes through HBM
+        if g.has_gate:  # the head gate has no table: bytes through HBM
             gate = an.memory_time(b_el * T * g.nq * g.hd / tp * 3, hbm)
             ew_f, ew_b = ew_f + gate, ew_b + 2 * gate
         return {"attn_f": attn_f, "attn_b": attn_b, "sd_f": sd_f, "sd_b": sd_b, "ew_f": ew_f, "ew_b": ew_b}
@@ -172,7 +173,7 @@ class KernelModel(ComputeModel, CommModel):
         ex_f, ex_b = self._experts(rec, g, E_loc, tile, etp, peak, hbm)
         ex_act = an.memory_time(b_el * R * ffn_loc * 3, hbm)        # SwiGLU on routed rows
         ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
-        if g.dsh:
+        if g.has_shared:
             s1f, s1b = self._gemm(rec, "shared_expert", T, w1 * g.dsh / tp, g.d, peak)
             s2f, s2b = self._gemm(rec, "shared_expert", T, g.d, g.dsh / tp, peak)
             s_act = an.memory_time(b_el * T * g.dsh / tp * 3, hbm)

@@ -78,6 +78,12 @@ class ParallelLayout:
         a = np.array(rows, dtype=np.int64).reshape(-1, len(FIELDS))
         return cls(*a.T.copy())
 
+    @classmethod
+    def concat(cls, sets: Iterable[ParallelLayout]) -> ParallelLayout:
+        """The plans of ``sets`` one after the other (in order)."""
+        sets = list(sets)
+        return cls(*(np.concatenate([getattr(s, f) for s in sets]) for f in FIELDS))
+
     def __len__(self) -> int:
         return len(self.tp)
 

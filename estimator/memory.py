@@ -37,6 +37,7 @@ from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.geom import Geometry, vocab_shard
 from scaleplan.estimator.optimizer import optimizer as opt_spec
 from scaleplan.estimator.params import stage_params
+from scaleplan.estimator.recorder import distinct
 from scaleplan.units import BYTES_PER_ELEMENT
 
 WEIGHT_BYTES, GRAD_BYTES = 2.0, 4.0
@@ -106,7 +107,7 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
     # tensor that the output projection (or the head gate) saves
     cast, a_sd = sdpa_cast(g), act_bytes(g.sdpa_precision)
     own = 0.0 if cast else 1.0  # the model-dtype Q/K/V tensors SDPA saves without a cast
-    back = cast or g.gate       # the output projection's input is a tensor of its own
+    back = cast or g.has_gate   # the output projection's input is a tensor of its own
     t = {
         "norm1_in": (a * T * h, ""), "norm_stats": (2 * 8.0 * T, "fine"), "qkv_in": (a * T * h, ""),
         "qkv_out": (own * a * T * (nq + 2 * kv) * hd, ""),
@@ -115,13 +116,13 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
         # without the head gate or a cast the output projection's input is a view of the SDPA output
         # (flash kernels return it in [b, s, heads, hd] layout), so that one buffer stays in every mode
         "sdpa_out": ((a_sd if cast else a) * T * nq * hd, "core" if back else ""), "sdpa_lse": (4.0 * T * nq, "core"),
-        "sdpa_out_cast": (a * T * nq * hd if (cast and g.gate) else 0.0, "core"),  # the gate's input
+        "sdpa_out_cast": (a * T * nq * hd if (cast and g.has_gate) else 0.0, "core"),  # the gate's input
         "gate_sigmoid": (a * T * g.gate, "core"),  # one sigmoid per gate column (head or channel)
         "out_proj_in": (a * T * nq * hd if back else 0.0, ""),
         "norm2_in": (a * T * h, ""),
         # the FFN input is saved by a GEMM that reads it: the dense fc1, the shared expert or an fp32
         # router; a low-precision MoE block without a shared expert keeps only the router's fp32 copy
-        "ffn_in": (a * T * h if (not is_moe or g.dsh or a == 4) else 0.0, ""),
+        "ffn_in": (a * T * h if (not is_moe or g.has_shared or a == 4) else 0.0, ""),
         # hidden dropout after the attention and the FFN (Megatron's bias-dropout-add) keeps a 1-byte
         # mask each; attention dropout inside the flash kernel keeps only its RNG state
         "dropout_masks": (2.0 * T * h if g.dropout else 0.0, ""),
@@ -151,7 +152,7 @@ def _moe_terms(T, b, g: Geometry, tp, etp, a: float) -> dict:
         "expert_out": (2 * a * R * h, ""),  # fc2 output and its gated copy (combine source)
         "permute_idx": (2 * 8.0 * R + a * R + 8.0 * E * tp, ""),  # row->token, row order, gate per row, counts
     })
-    if fs:
+    if g.has_shared:
         t.update(shared_fc1_out=(a * T * w * fs, ""), shared_act_out=(a * T * fs if g.glu else 0.0, "fine"),
                  shared_fc2_in=(a * T * fs, ""))
     return t
@@ -232,14 +233,18 @@ def state_bytes_per_param(state: ModelState, precision: str, optimizer: str) -> 
 def _layer_activations(g: Geometry, pl, s, a: float, rope: bool):
     """(one dense block's, one MoE block's saved bytes, the extra peak of a full recompute) per device
     and micro-batch, arrays over plans: full recompute still materialises one layer's full
-    activations during its backward."""
+    activations during its backward. Computed once per distinct (geometry, TP, CP, ETP, B_micro, ckpt),
+    all they depend on (``s`` = seqlen / CP), and handed to the plans sharing it."""
+    first, inv = distinct(*g.batch_keys, pl.tp, pl.cp, pl.etp, pl.mbs, pl.ckpt)
+    g, pl, s = g.take(first), pl.take(first), s[first]
     tp, etp, mbs, ck = pl.tp.astype(float), pl.etp.astype(float), pl.mbs.astype(float), pl.ckpt
     act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope) if g.is_moe else 0.0
     act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope)
     zero = np.zeros_like(ck)
     whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope) if g.is_moe else 0.0,
                        dense_block_bytes(s, mbs, g, tp, zero, a, rope))
-    return act_den, act_moe, np.where(ck == CkptMode.FULL, whole, 0.0)
+    out = (act_den, act_moe, np.where(ck == CkptMode.FULL, whole, 0.0))
+    return tuple(np.broadcast_to(np.asarray(x, dtype=float), (len(first),))[inv] for x in out)
 
 
 def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,

@@ -79,7 +79,7 @@ def dp_collectives(name: str) -> tuple[tuple[str, int], ...]:
 
 
 def _newton_schulz_flops(m: int, n: int) -> float:
-    m, n = min(m, n), max(m, n)
+    m, n = np.minimum(m, n), np.maximum(m, n)  # arrays for a GeometryBatch
     return 5.0 * (4.0 * m * m * n + 2.0 * m ** 3)
 
 

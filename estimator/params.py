@@ -46,7 +46,7 @@ def stage_params(g: Geometry, lay: ParallelLayout, s=0.0) -> StageParams:
     first, last = s == 0, s == pp - 1
     n_vocab = first * 1.0 + np.where(last & ((not g.tie) | (pp > 1)), 1.0, 0.0)
     dense = ((L_stage * g.attn_params + nd * g.dense_mlp_params + nm * g.moe_dense_params) / lay.tp
-             + n_vocab * vocab_shard(g.vocab, lay.tp) * g.d + np.where(last, float(g.d), 0.0))
+             + n_vocab * vocab_shard(g.vocab, lay.tp) * g.d + np.where(last, g.d, 0.0))
     experts = nm * g.expert_params / (lay.ep * lay.etp)
     router = nm * g.E * g.d if g.is_moe else np.zeros_like(nm)
     return StageParams(L_stage * np.ones_like(nd), nd, nm, n_vocab, first & np.ones(nd.shape, bool),

@@ -36,8 +36,18 @@ class Recorder:
         self.n_clamped = np.zeros(P, dtype=np.int64)
         self.has_oor = np.zeros(P, dtype=bool)
         self.oor = OOR(*(np.full(P, None, dtype=object) for _ in range(3)), np.zeros(P), np.zeros(P), np.zeros(P))
-        self.warnings: list[str] = []
+        self.warnings: list[str] = []  # component-scoped messages, in the order first said
+        self.warned: dict[str, np.ndarray] = {}  # each warning -> the plans (bool (P,)) that raised it
         self.notes: dict[str, np.ndarray] = {}  # message -> plans it applies to
+
+    def warn(self, msg: str, where=True) -> None:
+        """A warning about component ``msg.split(":")[0]`` raised by the plans in ``where``: shown with a
+        plan whose component is analytic (``Estimator`` results); ``warned`` keeps which plans raised it."""
+        where = np.broadcast_to(np.asarray(where, dtype=bool), (self.P,))
+        cur = self.warned.get(msg)
+        self.warned[msg] = where.copy() if cur is None else (cur | where)
+        if msg not in self.warnings:
+            self.warnings.append(msg)
 
     def note(self, msg: str, where=True) -> None:
         """A per-plan note (shown in the warnings of the plans in ``where``)."""
@@ -66,6 +76,8 @@ class Recorder:
                 self.has_oor |= new
         for msg, where in other.notes.items():
             self.note(msg, where[idx].any(axis=0))
+        for msg, where in other.warned.items():
+            self.warn(msg, where[idx].any(axis=0))
         self.warnings.extend(w for w in other.warnings if w not in self.warnings)
 
     def use(self, comp: str, res: LookupResult, active=True) -> np.ndarray:
@@ -109,18 +121,46 @@ class Recorder:
         return np.where(active, t, 0.0)
 
 
+#: a column of non-negative integers below this is coded by a table of its values, not by sorting
+_DENSE_CODES = 1 << 16
+#: combined codes below this are made distinct by a table of them, not by sorting
+_DENSE_TUPLES = 1 << 24
+
+
 def distinct(*cols) -> tuple[np.ndarray, np.ndarray]:
     """The distinct tuples of equal-length columns (arrays over plans), for lookups made once per tuple
     and handed back with :meth:`Recorder.fold`: (first, inv), ``first`` the index of each tuple's first
-    plan, ``inv`` (shape (P,)) the tuple of each plan. Each column is coded by its own distinct values
-    and the codes combine exactly (no overflow, unlike packing the raw values into one integer)."""
+    plan (the tuples in sorted order), ``inv`` (shape (P,)) the tuple of each plan. Each column is coded by its own distinct values and the codes
+    combine exactly (no overflow, unlike packing the raw values into one integer). Small non-negative
+    integer columns and code ranges (a plan set's degrees, geometry indices) go through lookup tables in
+    O(P) instead of sorts: a batched search calls this on millions of plans."""
     codes, dims = [], []
     for c in cols:
-        u, ci = np.unique(np.asarray(c), return_inverse=True)
-        codes.append(ci.reshape(-1))
-        dims.append(len(u))
-    _, first, inv = np.unique(np.ravel_multi_index(codes, dims), return_index=True, return_inverse=True)
+        ci, n = _codes(np.asarray(c).reshape(-1))
+        codes.append(ci)
+        dims.append(n)
+    key = np.ravel_multi_index(codes, dims) if codes else np.zeros(0, np.int64)
+    size = int(np.prod(dims, dtype=float)) if dims else 0
+    if 0 < size <= _DENSE_TUPLES and len(key) > 0:
+        inv, n = _codes(key, size)
+        first = np.full(n, len(key), dtype=np.int64)
+        np.minimum.at(first, inv, np.arange(len(key)))
+        return first, inv
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
     return first, inv.reshape(-1)
+
+
+def _codes(c: np.ndarray, bound: int | None = None) -> tuple[np.ndarray, int]:
+    """(code of each element by rank among the column's distinct values, how many there are)."""
+    if c.dtype.kind in "iu" and len(c):
+        hi = int(c.max()) if bound is None else bound - 1
+        if hi < max(_DENSE_CODES, bound or 0) and int(c.min()) >= 0:
+            seen = np.zeros(hi + 1, dtype=bool)
+            seen[c] = True
+            rank = np.cumsum(seen) - 1
+            return rank[c], int(rank[-1]) + 1
+    u, ci = np.unique(c, return_inverse=True)
+    return ci.reshape(-1), len(u)
 
 
 def _vec(x, P):

@@ -4,7 +4,8 @@ Solves eq:hw-minlp exactly by enumeration (app:hw-optimization, "Algorithmic con
 
 1. enumerate the realizable ladder geometries Z (sec:geometry-ladder; :mod:`scaleplan.mosaic.ladder`);
 2. for each, the inner max of eq:c-flops / eq:best-layout: the estimator's best feasible plan
-   (max MFU under the memory cap; ``Estimator.best_plan``, vectorised over plans inside);
+   (max MFU under the memory cap; ``Estimator.best_plans``, the plans of a batch of geometries evaluated
+   as one set of arrays);
 3. eliminate D in closed form (eq:Dstar): D* = F_peak N_dev T_train MFU eta_good / (6 N_act), computed as
    tokens/s of that plan x T_train x eta_good, which does not depend on how MFU counts parameters; keep
    TPP = D/N_act within [tpp_min, tpp_max] (below tpp_min the geometry is infeasible in this window,
@@ -63,8 +64,13 @@ class Envelope:
             raise SpecError("--tpp-min/--tpp-max", (self.tpp_min, self.tpp_max), "0 < tpp_min <= tpp_max")
 
 
-def _plan_row(est, model, n_devices: int, env: Envelope, constraints) -> dict:
-    res = est.best_plan(model, n_devices, env.gbs, env.seqlen, env.optimizer, constraints)
+def _plan_rows(est, models: list, n_devices: int, env: Envelope, constraints) -> list[dict]:
+    """plan_table's rows of ``models``: their best plans evaluated as one batch (``Estimator.best_plans``)."""
+    return [_plan_row(res) for res in est.best_plans(models, n_devices, env.gbs, env.seqlen, env.optimizer,
+                                                     constraints)]
+
+
+def _plan_row(res) -> dict:
     if res is None:
         return {"plan_ok": False}
     lay = res.layout
@@ -73,12 +79,14 @@ def _plan_row(est, model, n_devices: int, env: Envelope, constraints) -> dict:
             "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic")), **plan_evidence(res)}
 
 
+#: geometries per batch of Estimator.best_plans (bounds the memory: their plans are evaluated at once)
+CHUNK = 256
 _FORK_STATE: tuple | None = None  # (est, models, n_devices, env, constraints), inherited by forked workers
 
 
 def _plan_chunk(bounds: tuple[int, int]) -> list[dict]:
     est, models, n_devices, env, constraints = _FORK_STATE
-    return [_plan_row(est, models[i], n_devices, env, constraints) for i in range(*bounds)]
+    return _plan_rows(est, models[bounds[0]:bounds[1]], n_devices, env, constraints)
 
 
 def default_workers() -> int:
@@ -96,8 +104,10 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
                on_step: Callable[[int], None] | None = None, workers: int = 1) -> pd.DataFrame:
     """Best feasible plan per geometry (eq:best-layout). One row per geometry, aligned with ``geoms``.
 
-    The geometries are independent, so with ``workers`` > 1 they are split over forked processes that
-    inherit the estimator (its tables are loaded once, in this process). ``on_step(n)`` reports progress.
+    The geometries are evaluated in batches of up to ``CHUNK`` (``Estimator.best_plans``: one evaluation
+    per batch); they are independent, so with ``workers`` > 1 the batches are split over forked processes
+    that inherit the estimator (its tables are loaded once, in this process). ``on_step(n)`` reports
+    progress, one batch at a time.
     Columns: plan_ok, tokens_per_s, mfu_plan (non-embedding N_act, eq:mfu), composed_share (fraction of
     the plan's predicted time read from lookups composed beyond the measured tables), mem_gb,
     tp, cp, pp, ep, dp, mbs, ckpt, analytic (comma-joined analytic components), analytic_share,
@@ -110,11 +120,12 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
     models = [geometry_model(r, grid) for r in geoms.itertuples(index=False)]
     step = on_step or (lambda n: None)
     rows: list[dict] = []
-    if workers > 1 and len(models) >= 4 * workers:
+    # two batches per worker balance the load (geometries differ in plan count) at little per-batch cost
+    size = max(1, min(CHUNK, -(-len(models) // (2 * max(workers, 1)))))
+    chunks = [(i, min(i + size, len(models))) for i in range(0, len(models), size)]
+    if workers > 1 and len(chunks) > 1:
         import multiprocessing as mp
 
-        size = max(1, min(32, len(models) // (4 * workers)))
-        chunks = [(i, min(i + size, len(models))) for i in range(0, len(models), size)]
         _FORK_STATE = (est, models, n_devices, env, constraints)
         try:
             with mp.get_context("fork").Pool(workers) as pool:
@@ -124,9 +135,9 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
         finally:
             _FORK_STATE = None
     else:
-        for mdl in models:
-            rows.append(_plan_row(est, mdl, n_devices, env, constraints))
-            step(1)
+        for lo, hi in chunks:
+            rows.extend(_plan_rows(est, models[lo:hi], n_devices, env, constraints))
+            step(hi - lo)
     cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "analytic",
             *EVIDENCE_COLUMNS]
     ints = {k: "Int64" for k in LAYOUT_FIELDS if k != "ckpt"}

@@ -24,6 +24,9 @@ class FakeEstimator:
                                                     / 1.6))
         self.calls = 0
 
+    def best_plans(self, models, n_devices, gbs, seqlen, optimizer="adamw", constraints=None):
+        return [self.best_plan(m, n_devices, gbs, seqlen, optimizer, constraints) for m in models]
+
     def best_plan(self, model, n_devices, gbs, seqlen, optimizer="adamw", constraints=None):
         from scaleplan.geometry import spec_param_counts
 

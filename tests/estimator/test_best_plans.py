@@ -1,0 +1,84 @@
+"""Estimator.best_plans: the plans of many geometries evaluated as one batch give each geometry the plan
+and the numbers it gets alone, and the plan the full ranking (``evaluate_arrays``, no memory pre-filter,
+one scalar geometry) puts first."""
+import math
+
+import numpy as np
+import pytest
+from scaleplan.estimator import Estimator
+
+from scaleplan.geometry import ladder_model
+from scaleplan.specs import parse_spec
+
+from .conftest import moe_spec
+
+# (q, E, K, G) of the paper's ladder: small and large seeds, few and many experts, every G
+LADDER = [(8, 16, 1, 1), (12, 32, 2, 2), (12, 128, 1, 2), (14, 64, 4, 4), (16, 256, 8, 8), (10, 8, 2, 1)]
+N_DEV, GBS, SEQ = 256, 1024, 2048
+
+
+def _models():
+    dense = parse_spec(moe_spec()).model.model_copy(update={"moe": None})
+    # another structure (a dense model; tied embeddings) in the same call: batched apart from the ladder
+    return [ladder_model(*z) for z in LADDER] + [dense, parse_spec(moe_spec(model={"tie_embeddings": True})).model]
+
+
+def _close(a, b, where=""):
+    """Equal within 1e-12 relative (numbers), exactly otherwise; recursing into dicts and lists."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _close(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0), (where, a, b)
+    else:
+        assert a == b, (where, a, b)
+
+
+@pytest.fixture(scope="module")
+def est(recorded_db):
+    return Estimator("p6-b200.48xlarge", db_url=recorded_db)
+
+
+def test_batched_equals_one_at_a_time(est):
+    models = _models()
+    together = est.best_plans(models, N_DEV, GBS, SEQ, "adamw")
+    alone = [est.best_plan(m, N_DEV, GBS, SEQ, "adamw") for m in models]
+    assert sum(r is not None for r in alone) >= 6  # most have a feasible plan: the comparison has content
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert (a is None) == (b is None), i
+        if a is not None:
+            da, db = a.to_dict(), b.to_dict()
+            # warnings: the same set (their order follows the batch's first occurrence)
+            assert sorted(da.pop("warnings")) == sorted(db.pop("warnings")), i
+            _close(da, db, f"model {i}")
+    # small batches (chunks of 2) give the same as one batch
+    for a, b in zip(together, est.best_plans(models, N_DEV, GBS, SEQ, "adamw", chunk=2)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            _close(a.to_dict(), b.to_dict())
+
+
+def test_batched_best_is_the_full_rankings_first(est):
+    """Independent path: every plan evaluated with the scalar geometry, feasibility by memory and range
+    afterwards, ranked by MFU (stable): its first plan is the batch's pick, with the same numbers."""
+    models = _models()
+    together = est.best_plans(models, N_DEV, GBS, SEQ, "adamw")
+    for i, (m, res) in enumerate(zip(models, together)):
+        _, plans, ev, mem, feasible, *_ = est.evaluate_arrays(m, N_DEV, GBS, SEQ, "adamw")
+        idx = np.nonzero(feasible)[0] if ev is not None else np.zeros(0, int)
+        if len(idx) == 0:
+            assert res is None, i
+            continue
+        top = idx[np.argsort(-ev.mfu[idx], kind="stable")][0]
+        assert res.layout == plans.row(top), i
+        for name, got, want in (("mfu", res.mfu, ev.mfu[top]), ("t_iter", res.t_iter_s, ev.t_iter[top]),
+                                ("hfu", res.hfu, ev.hfu[top]),
+                                ("mem", res.mem_per_device_gb * 1e9, sum(v[top] for v in mem.values()))):
+            assert math.isclose(got, float(want), rel_tol=1e-12), (i, name, got, want)
+        for k, v in res.breakdown_s.items():
+            assert math.isclose(v, float(ev.components[k][top]), rel_tol=1e-12, abs_tol=0.0), (i, k)
