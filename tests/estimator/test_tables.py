@@ -141,6 +141,31 @@ def test_one_measured_point_is_a_table():
     assert int(np.ravel(tb.view("fp32").vocab[("lm_head_gemm", "fwd")].lookup(128, 64).oor_axis)[0]) == 0
 
 
+def test_a_collective_point_slower_than_a_larger_message_is_interpolated_across():
+    """Timing noise only adds: where a message takes longer than a larger one of the same curve, the
+    smaller point is dropped and the curve interpolates (log-log) across it; the larger points keep
+    their measured times (a running maximum raised them to the slow point instead)."""
+    from scaleplan.estimator.table_build import build_tables
+
+    pts = {1e6: 1e-4, 2e6: 8e-4, 4e6: 4e-4, 8e6: 8e-4}  # 2 MB slower than 4 MB
+    fr = {"collectives": frame([dict(collective="all_to_all", group_size=16, layout="contiguous", inter_node=True,
+                                     size_bytes=s, dtype="bf16", t_s=t) for s, t in pts.items()])}
+    tab = build_tables("cpu-local", fr, 1e12).collectives[("all_to_all", "contiguous", True)]
+    t, *_ = tab.time(np.full(3, 16.0), np.array([2e6, 4e6, 8e6]))
+    # between 1 MB (1e-4 s) and 4 MB (4e-4 s) the curve is t ~ size: 2 MB -> 2e-4 s
+    assert t == pytest.approx([2e-4, 4e-4, 8e-4], rel=1e-9)
+
+
+def test_recorded_two_node_all_to_all_is_monotone_at_the_18b_message(recorded_db):
+    # the recorded 16-rank inter-node all-to-all: 256 MB 2.99 ms, 302 MB 7.46 ms (twice), 512 MB 5.68 ms;
+    # the 18B's dispatch message at mbs 1 is 302 MB: its time lies between its neighbours' now
+    est = Estimator("p6-b200.48xlarge", db_url=recorded_db)
+    tab = est.model.tb.collectives[("all_to_all", "contiguous", True)]
+    t, *_ = tab.time(np.full(3, 16.0), np.array([256e6, 302e6, 512e6]))
+    assert t[0] == pytest.approx(2.985e-3, rel=0.01) and t[2] == pytest.approx(5.68e-3, rel=0.01)
+    assert t[0] < t[1] < t[2]
+
+
 def test_compose_is_the_default_and_labels_what_it_composed():
     # seqlen 32768 on a table measured to 16384: composed quadratically (t ~ s^2 in the synthetic
     # table, so exact), labelled, with its rule in the warnings and its share of the step time
