@@ -85,6 +85,11 @@ def _print_components(rows: list[dict]) -> None:
             t.add_row(c["component"], _fmt(c["measured_s"], ".4f"), _fmt(c["predicted_s"], ".4f"),
                       _fmt(c["error"], "+.0%"))
         stdout.print(t)
+        tot = comp.get("in_trace")
+        if tot and tot["device_s"] > 0:  # a GPU trace: its own device time beside what was attributed
+            stdout.print(f"in the trace per step: {tot['kernels']:.0f} kernels, {tot['launches']:.0f} launches, "
+                         f"device {tot['device_s']:.4f} s (busy {tot['busy_s']:.4f} s); attributed "
+                         f"{comp['attributed_device_s']:.4f} s", highlight=False)
         stdout.print(f"trace: {comp['trace_path']} (open in https://ui.perfetto.dev or tensorboard --logdir)",
                      highlight=False)
 

@@ -260,7 +260,8 @@ def _traced_steps(one_step, cfg: "RunConfig", rank: int, device) -> dict | None:
     path = vtrace.trace_file(cfg.trace_dir, cfg.trace_tag or "layout")
     prof.export_chrome_trace(str(path))
     got = vtrace.attribute(prof.events(), wall, device.type, TRACE_STEPS)
-    return {"path": str(path), "steps": TRACE_STEPS, "step_wall_s": wall / TRACE_STEPS, **got}
+    return {"path": str(path), "steps": TRACE_STEPS, "step_wall_s": wall / TRACE_STEPS,
+            "in_trace": vtrace.chrome_totals(path, TRACE_STEPS), **got}
 
 
 def _load_report(probe0, world: int, threads: int, loadavg_before, device) -> dict:

@@ -190,6 +190,39 @@ def component_table(measured: dict[str, float], predicted: dict[str, float] | No
     return rows
 
 
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")  # device work in a Chrome trace (not gpu_user_annotation)
+_LAUNCH = re.compile(r"^cu(da)?LaunchKernel", re.IGNORECASE)
+
+
+def chrome_totals(path: str | Path, steps: int) -> dict[str, float]:
+    """Per step, what the saved Chrome trace itself holds (a second reading, independent of
+    :func:`attribute`'s FunctionEvents): ``kernels`` (events of category ``kernel``), ``launches``
+    (``cudaLaunchKernel``/``cuLaunchKernel*`` runtime or driver calls), ``device_s`` (seconds of kernel,
+    memcpy and memset events; record_function mirrors excluded) and ``busy_s`` (their union on the
+    timeline: device_s minus overlaps). ``steps`` traced steps are in the file. On a CPU trace all are 0.
+    The attributed device time of a step (every component but host gaps/idle) should equal device_s:
+    twice it is the double counting an H200 trace once showed."""
+    import json
+
+    with open(path) as f:
+        events = json.load(f).get("traceEvents", [])
+    spans, kernels, launches = [], 0, 0
+    for e in events:
+        cat = e.get("cat")
+        if cat in DEVICE_CATS and e.get("ph") == "X":
+            spans.append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))))
+            kernels += cat == "kernel"
+        elif cat in ("cuda_runtime", "cuda_driver") and _LAUNCH.match(str(e.get("name", ""))):
+            launches += 1
+    busy, end = 0.0, float("-inf")
+    for t0, t1 in sorted(spans):  # union of the intervals (us)
+        busy += max(0.0, t1 - max(t0, end))
+        end = max(end, t1)
+    n = max(int(steps), 1)
+    return {"kernels": kernels / n, "launches": launches / n,
+            "device_s": sum(t1 - t0 for t0, t1 in spans) * 1e-6 / n, "busy_s": busy * 1e-6 / n}
+
+
 def trace_file(trace_dir: str | Path, tag: str) -> Path:
     """Where a layout's trace goes: DIR/<tag>/rank0.pt.trace.json (TensorBoard reads DIR/<tag>/)."""
     d = Path(trace_dir) / tag

@@ -150,3 +150,41 @@ def test_cuda_device_time_is_counted_once():
     assert got["dense GEMMs"] == 0.0 and got["element-wise"] == 0.0
     assert got["collectives"] == pytest.approx(200e-6)
     assert got["host gaps/idle"] == pytest.approx(0.01 - 1400e-6)
+
+
+def test_chrome_totals_read_the_device_work_of_a_saved_trace(tmp_path):
+    """The second reading of a CUDA trace: kernels, memcpy and memset count as device time, the GPU mirror
+    of a record_function scope and the CPU ops do not; overlapping kernels (two streams) count in full in
+    device_s and once in busy_s; launches are the runtime/driver launch calls. Two steps: per-step values."""
+    import json
+
+    ev = [
+        {"ph": "X", "cat": "kernel", "name": "gemm_a", "ts": 100.0, "dur": 40.0},
+        {"ph": "X", "cat": "kernel", "name": "nccl_b", "ts": 120.0, "dur": 40.0},   # overlaps gemm_a by 20 us
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "ts": 200.0, "dur": 10.0},
+        {"ph": "X", "cat": "gpu_memset", "name": "Memset", "ts": 220.0, "dur": 6.0},
+        {"ph": "X", "cat": "kernel", "name": "gemm_a", "ts": 300.0, "dur": 24.0},
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "sp::router", "ts": 90.0, "dur": 500.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 80.0, "dur": 30.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 85.0, "dur": 5.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernelExC", "ts": 95.0, "dur": 5.0},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "ts": 98.0, "dur": 5.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "ts": 190.0, "dur": 5.0},
+        {"ph": "f", "cat": "ac2g", "name": "ac2g", "ts": 100.0},
+    ]
+    path = tmp_path / "rank0.pt.trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": ev}))
+    got = vtrace.chrome_totals(path, steps=2)
+    assert got["kernels"] == pytest.approx(3 / 2)
+    assert got["launches"] == pytest.approx(3 / 2)
+    assert got["device_s"] == pytest.approx((40 + 40 + 10 + 6 + 24) * 1e-6 / 2)
+    assert got["busy_s"] == pytest.approx((60 + 10 + 6 + 24) * 1e-6 / 2)
+
+
+def test_a_cpu_trace_holds_no_device_work(tmp_path):
+    """validate --trace on a CPU: the saved trace's totals are 0 (the CLI prints no trace check)."""
+    import json
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 9}]}))
+    assert vtrace.chrome_totals(path, steps=1) == {"kernels": 0.0, "launches": 0.0, "device_s": 0.0, "busy_s": 0.0}
