@@ -41,6 +41,19 @@ issue time (synchronised before, no trailing sync) and no uncosted-compute term
 (:mod:`scaleplan.bench.suites.model_ops`). The note records n_ops and
 seconds per op (kappa of sec:iteration-time-model, measured for this model).
 
+``sync:<every>`` (CUDA only; issue 27, deep pipelines): what a host-device synchronisation costs a stream
+of small kernels that the host would otherwise run ahead of, the input of a pipeline whose p2p
+exchanges synchronise the device (Megatron-LM's ``batch_p2p_sync``: ``torch.cuda.synchronize()``
+around each batched isend/irecv). The ``gemm`` chain of ``chain_len`` kernels is issued twice per
+repetition, interleaved: with ``torch.cuda.synchronize()`` after every ``every`` kernels
+(``wall_per_kernel_s`` = its host wall / chain_len) and with none inside (``active_per_kernel_s`` =
+that wall / chain_len: the device's pace when the host runs ahead, the host's when it cannot).
+Both walls start on an empty queue and end synchronised (:func:`sync_walls`). The exposed seconds per
+synchronisation, the device idling while the host wakes from the sync and issues the next kernel, are
+``(wall_per_kernel_s - active_per_kernel_s) * every`` (:func:`exposed_per_sync_s`; in the note with
+the host's issue time per kernel, which says whether the host was ahead: device-bound when it is
+under active_per_kernel_s).
+
 ``host_overhead``: a dispatch-bound microbatch (forward + loss + backward) of a tiny MLP with L
 layers of Linear(k, k) + GELU on m tokens, for L in ``host_layers``, timed round-robin over L
 (>= 20 repetitions each). A robust (Theil-Sen) line through the per-L minimum wall times (host
@@ -53,6 +66,7 @@ clamped.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -165,6 +179,67 @@ def _roofline_s(p: dict, ctx: h.Context, relu: bool) -> float:
     return 2.0 * p["m"] * p["k"] * p["k"] * (0.5 if relu else 1.0) / peak
 
 
+def sync_walls(issue: Callable[[], object], n: int, every: int | None, sync: Callable[[], object],
+               clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """(wall, issue) host seconds of ``n`` calls of ``issue()`` started on an empty device queue (``sync()``
+    first): ``wall`` until the device is done (a final ``sync()``), ``issue`` until the host issued the
+    last call. ``every`` k: ``sync()`` after every k-th call too (None: no sync inside). ``clock`` is
+    injectable so the logic is checked against a simulated device."""
+    sync()
+    t0 = clock()
+    synced = True
+    for i in range(1, n + 1):
+        issue()
+        synced = bool(every) and i % every == 0
+        if synced:
+            sync()
+    t_issue = clock() - t0
+    if not synced:
+        sync()
+    return clock() - t0, t_issue
+
+
+def exposed_per_sync_s(wall_per_kernel_s: float, active_per_kernel_s: float, every: int) -> float:
+    """Seconds one synchronisation adds to a stream of kernels (a ``sync:<every>`` row): the wall per
+    kernel with a sync every ``every`` kernels minus the wall per kernel with none, times ``every``."""
+    return (wall_per_kernel_s - active_per_kernel_s) * every
+
+
+def _sync_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
+    """A ``sync:<every>`` row: the gemm chain with a device sync every ``every`` kernels vs none inside."""
+    every = int(p["mode"].split(":", 1)[1])
+    if not ctx.is_cuda:
+        raise h.Unsupported("sync modes time a device queue the host runs ahead of: CUDA only")
+    if p["n"] != p["k"] or every < 1 or p["chain_len"] % every:
+        raise h.Unsupported("a sync chain needs n == k and chain_len a multiple of every >= 1")
+    h.check_memory(ctx, dt.itemsize * (p["chain_len"] + 2) * (p["m"] * p["k"] + p["k"] * p["k"]))
+    x = [h.randn((p["m"], p["k"]), dt, ctx.device)]
+    w = h.randn((p["k"], p["k"]), dt, ctx.device, scale=p["k"] ** -0.5)
+
+    def issue():
+        x[0] = torch.mm(x[0], w)
+
+    def sync():
+        torch.cuda.synchronize(ctx.device)
+
+    n = p["chain_len"]
+    for _ in range(max(1, ctx.timing.warmup)):
+        sync_walls(issue, n, every, sync)
+        sync_walls(issue, n, None, sync)
+    reps = max(ctx.timing.min_reps, min(ctx.timing.reps, 10))
+    synced, free = [], []
+    for _ in range(reps):  # interleaved: a slow spell of the host hits both alike
+        synced.append(sync_walls(issue, n, every, sync))
+        free.append(sync_walls(issue, n, None, sync))
+    wall = float(np.median([w_ for w_, _ in synced])) / n
+    ahead = float(np.median([w_ for w_, _ in free])) / n
+    issue_s = float(np.median([i for _, i in free])) / n
+    return dict(wall_per_kernel_s=wall, active_per_kernel_s=ahead, n_rep=reps,
+                note=f"exposed_per_sync_s={exposed_per_sync_s(wall, ahead, every):.3e}; every={every}; "
+                     f"host issue per kernel without sync {issue_s:.3e} s "
+                     f"({'host ahead' if issue_s < ahead else 'host-bound'})")
+
+
 def _chain_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
     if p["n"] != p["k"]:
         raise h.Unsupported("a GEMM chain needs n == k")
@@ -236,7 +311,7 @@ def _microbatch(n_layers: int, x: torch.Tensor, p: dict, dt: torch.dtype, ctx: h
 def probe_s(p: dict, ctx: h.Context) -> float | None:
     """Seconds of one chain of a chain point (chain_len kernels, half of them GEMMs with ReLU) from a
     probe of one of its GEMMs; None for the host modes (tiny models, no estimate needed)."""
-    if p["mode"] not in ("gemm", "gemm_relu"):
+    if p["mode"] not in ("gemm", "gemm_relu") and not p["mode"].startswith("sync:"):
         return None
     share = 0.5 if p["mode"] == "gemm_relu" else 1.0
     # the memory guard of _chain_point first (at fp32 size, an upper bound), so SKIP_MEM is stored
@@ -250,6 +325,8 @@ def measure(p: dict, ctx: h.Context) -> dict:
         raise h.Unsupported(f"dispatch is benchmarked in bf16/fp16/fp32, not {p['dtype']}")
     if p["mode"] in ("gemm", "gemm_relu"):
         return _chain_point(p, dt, ctx)
+    if p["mode"].startswith("sync:"):
+        return _sync_point(p, dt, ctx)
     if p["mode"] == "host_overhead":
         return _host_point(p, dt, ctx)
     if p["mode"].startswith("ops:"):
