@@ -31,6 +31,8 @@ class Holdout:
 
 def _summary(table, axis, cut, pred, meas, below=False) -> Holdout:
     r = np.asarray(pred, dtype=float) / np.asarray(meas, dtype=float)
+    if not r.size:  # nothing measured beyond the cut (a smaller table, e.g. one GPU's): n = 0, errors NaN
+        return Holdout(table, axis, float(cut), 0, float("nan"), float("nan"), float("nan"), below)
     return Holdout(table, axis, float(cut), int(r.size), float(np.mean(np.abs(r - 1))), float(np.median(r)),
                    float(np.max(np.abs(r - 1))), below)
 

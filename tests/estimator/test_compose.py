@@ -204,3 +204,10 @@ def test_sdpa_rule_is_affine_in_its_quadratic_work():
     got = float(tab.lookup(8192.0, 1.0, 8.0, 128.0).t_composed)
     assert got == pytest.approx(a + b * 8192.0 ** 2, rel=1e-9)
     assert got < 16 * (a + b * 2048.0 ** 2)
+
+
+def test_a_cut_above_every_measured_point_hides_nothing(frames):
+    """A table with nothing beyond the cut (one GPU's smaller table) gives an empty hold-out, n = 0 and NaN
+    errors, instead of failing on an empty array; rule_errors skips it."""
+    h = holdout.grouped(frames, PEAK, cut=1e9)
+    assert h.n == 0 and np.isnan(h.mape) and np.isnan(h.max_err)
