@@ -23,7 +23,7 @@ def dp_buckets(g: Geometry, lay: ParallelLayout, gpn: int, s=0.0):
     Megatron-Core puts them, the padded vocabulary).
     Dense grads (attention, dense and shared MLPs, router, embedding or LM head, final norm): over the DP x CP
     group of contiguous ranks. Expert grads: over EDP = TP CP DP / (EP ETP) strided ranks, which
-    leave the node once TP CP EP fills it (:meth:`ParallelLayout.spans_nodes`). Megatron buckets
+    leave the node once ETP EP fills it (:meth:`ParallelLayout.spans_nodes`). Megatron buckets
     max(40M, 1M x group) parameters.
     """
     p = stage_params(g, lay, s)

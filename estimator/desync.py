@@ -26,7 +26,7 @@ def desync_features(lay: ParallelLayout, gpn: int):
     """eq:desync's placement features from Megatron-Core's default rank order
     (:class:`~scaleplan.estimator.layout.ParallelLayout`), arrays over plans:
 
-    * ep_nodes: nodes one EP group spans (its ranks are TP CP apart);
+    * ep_nodes: nodes one EP group spans (its ranks are ETP apart);
     * pp_hops: inter-node hops along the pipeline. Consecutive stages are TP CP DP ranks apart, so
       once TP CP DP fills a node every stage boundary leaves the node (PP - 1 hops); otherwise the
       pipeline covers ceil(PP TP CP DP / gpn) nodes. (eq:desync's N_node^PP - 1 = ceil(PP/gpn) - 1

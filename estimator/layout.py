@@ -7,13 +7,13 @@ validated once (:meth:`ParallelLayout.reasons`, the rules of :data:`RULES`), and
 answers derived questions (DP, EDP, n_mb, layers per stage, virtual stages) and placement questions
 (which group leaves the node, ranks per node on an axis: the rails a strided group drives).
 
-**Rank order.** Megatron-Core numbers the ranks of its dense groups in the order "tp-cp-ep-dp-pp"
-(``parallel_state.RankGenerator``; TP fastest), EP carved out of DP: a TP group is TP contiguous
-ranks, CP ranks are TP apart, the DP x CP gradient group is CP DP ranks TP apart, EP ranks are TP CP
-apart, expert-DP ranks TP CP EP apart, pipeline neighbours TP CP DP apart. Megatron-Core >= 0.10 builds
-its expert groups with a second generator (order etp-ep-edp-pp, CP folded into EDP): that puts EP ranks
-ETP apart, which is the same placement whenever ETP = TP and CP = 1; :data:`GROUPS` keeps the placement
-of the estimator's calibrations (EP inside the dense DP group) and is the one place to change it.
+**Rank order.** Megatron-Core numbers ranks with two generators over the same world
+(``parallel_state.RankGenerator``, order "tp-cp-ep-dp-pp", TP fastest). The dense one (EP = 1) makes a
+TP group TP contiguous ranks, CP ranks TP apart, the DP x CP gradient group CP DP ranks TP apart and
+pipeline neighbours TP CP DP apart. The expert one (Megatron-Core >= 0.10; TP = ETP, CP = 1, DP = EDP:
+order etp-ep-edp-pp) makes an ETP group ETP contiguous ranks, EP ranks ETP apart and the expert gradient
+group EDP ranks ETP EP apart; its pipeline groups are the dense ones (ETP EP EDP = TP CP DP).
+:data:`GROUPS` is the one place this lives.
 
 Groups are aligned blocks of the rank space, so a group of n ranks s apart holds
 min(max(floor(gpn / s), 1), n) ranks per node and leaves the node when n exceeds that
@@ -36,8 +36,9 @@ GROUPS: dict[str, Callable[[ParallelLayout], tuple[np.ndarray, np.ndarray]]] = {
     "tp": lambda lo: (np.ones_like(lo.tp), lo.tp),
     "cp": lambda lo: (lo.tp, lo.cp),
     "dp_cp": lambda lo: (lo.tp, lo.cp * lo.dp),         # the dense gradient group
-    "ep": lambda lo: (lo.tp * lo.cp, lo.ep),
-    "edp": lambda lo: (lo.tp * lo.cp * lo.ep, lo.edp),  # the expert gradient group
+    "etp": lambda lo: (np.ones_like(lo.etp), lo.etp),
+    "ep": lambda lo: (lo.etp, lo.ep),
+    "edp": lambda lo: (lo.etp * lo.ep, lo.edp),  # the expert gradient group
     "pp": lambda lo: (lo.tp * lo.cp * lo.dp, lo.pp),
     "tp_cp_dp": lambda lo: (np.ones_like(lo.tp), lo.tp * lo.cp * lo.dp),  # one pipeline stage
 }

@@ -77,12 +77,18 @@ def test_placement_follows_megatron_rank_order():
     gpn = 8
     # TP is contiguous: it leaves a node only beyond 8
     assert list(ParallelLayout.of(tp=[8, 16], dp=1).spans_nodes("tp", gpn)) == [False, True]
-    # EP ranks are TP CP apart: EP 4 at TP 2 fills one node, EP 8 needs two
-    lay = ParallelLayout.of(tp=2, ep=[4, 8], dp=8)
-    assert list(lay.nodes("ep", gpn)) == [1, 2] and list(lay.ranks_per_node("ep", gpn)) == [4, 4]
-    # expert-DP ranks are TP CP EP apart: stride 8 puts one per node, stride 4 two, stride 1 whole nodes
-    rails = ParallelLayout.of(ep=[8, 4, 1, 1], dp=[32, 32, 32, 4]).ranks_per_node("edp", gpn)
-    assert list(rails) == [1, 2, 8, 4]
+    # EP ranks are ETP apart (the expert generator, etp-ep-edp-pp), whatever TP and CP are: at ETP 1
+    # an EP 8 group is 8 neighbours (one node) even at TP 2, where the dense order would put them
+    # 2 apart over two nodes; at ETP 2 EP 4 fills a node and EP 8 needs two
+    lay = ParallelLayout.of(tp=2, etp=[1, 1, 2, 2], ep=[4, 8, 4, 8], dp=8)
+    assert list(lay.nodes("ep", gpn)) == [1, 1, 1, 2] and list(lay.ranks_per_node("ep", gpn)) == [4, 8, 4, 4]
+    assert list(ParallelLayout.of(cp=2, ep=8, dp=8).nodes("ep", gpn)) == [1]  # CP is folded into EDP
+    # expert-DP ranks are ETP EP apart: stride 8 puts one per node, stride 4 two, stride 1 whole nodes
+    rails = ParallelLayout.of(ep=[8, 4, 1, 1, 4], etp=[1, 1, 1, 1, 2], tp=[1, 1, 1, 1, 2],
+                              dp=[32, 32, 32, 4, 16]).ranks_per_node("edp", gpn)
+    assert list(rails) == [1, 2, 8, 4, 1]
+    # the expert tensor group is ETP contiguous ranks
+    assert list(ParallelLayout.of(tp=8, etp=[1, 8], dp=2).group("etp")[0]) == [1, 1]
     # pipeline neighbours are TP CP DP ranks apart: at 8 every boundary leaves the node, at 4 every other
     pp = ParallelLayout.of(pp=4, dp=[8, 4], tp=[1, 1])
     assert list(pp.nodes("pp", gpn)) == [4, 2] and list(pp.ranks_per_node("pp", gpn)) == [1, 2]
