@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 from scaleplan.calibrate.chi_sys import ChiData
+from scaleplan.estimator.layout import FIELDS
 
 from scaleplan.errors import ScaleplanError
 
@@ -40,7 +41,7 @@ class Observed:
 
     @classmethod
     def from_row(cls, r) -> Observed:
-        lay = dict(tp=r.tp, cp=r.cp, pp=r.pp, dp=r.dp, ep=r.ep, etp=r.etp, vpp=r.vpp, mbs=r.mbs, ckpt=r.ckpt)
+        lay = {f: getattr(r, f) for f in FIELDS}  # the ORM row's layout columns
         extra = r.extra or {}
         return cls(id=r.id, sweep=r.sweep or f"run-{r.id}", profile=r.profile, spec=r.spec, n_devices=r.n_devices,
                    layout=lay, t_iter_s=r.measured_t_iter_s, mfu=r.measured_mfu, mfu_norm=r.measured_mfu_norm,

@@ -59,10 +59,11 @@ from sqlalchemy import select
 
 from scaleplan.errors import ScaleplanError, SpecError
 from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.layout import LayoutContext, ParallelLayout
+from scaleplan.estimator.layout import FIELDS, LayoutContext, ParallelLayout
 from scaleplan.specs import CKPT_MODES, Layout, Spec, load_spec, parse_spec
 
-REQUIRED = ("n_devices", "gbs", "seqlen", "tp", "cp", "pp", "ep", "dp", "mbs")
+# the layout columns but etp, vpp and ckpt, which default to the spec's (expert_tp_degree, 1, its ckpt mode)
+REQUIRED = ("n_devices", "gbs", "seqlen", *(f for f in FIELDS if f not in ("etp", "vpp", "ckpt")))
 OPTIONAL_INT = ("vpp", "etp")
 # column aliases -> canonical name (mfu_sweeps.csv names on the left)
 ALIASES = {
@@ -113,8 +114,7 @@ class Observation:
         lay = self.layout
         return dict(dedup_key=self.dedup_key(), source=self.source, sweep=self.sweep, model_name=self.model_name,
                     spec=self.spec, profile=self.profile, n_devices=self.n_devices, gbs=self.gbs,
-                    seqlen=self.seqlen, tp=lay["tp"], cp=lay["cp"], pp=lay["pp"], dp=lay["dp"], ep=lay["ep"],
-                    etp=lay["etp"], vpp=lay["vpp"], mbs=lay["mbs"], ckpt=lay["ckpt"],
+                    seqlen=self.seqlen, **{f: lay[f] for f in FIELDS},
                     measured_t_iter_s=self.measured_t_iter_s, measured_mfu=self.measured_mfu,
                     mfu_flops=self.mfu_flops, measured_mfu_norm=self.measured_mfu_norm,
                     measured_peak_mem_gb=self.measured_peak_mem_gb,
@@ -277,7 +277,7 @@ def row_to_observation(rec: dict[str, Any], where: str, specs: dict[str, Spec], 
     ckpt = str(rec.get("ckpt") or spec.performance.activation_checkpointing_type)
     if ckpt not in CKPT_MODES:
         raise row.err("ckpt", ckpt, f"one of {', '.join(CKPT_MODES)}")
-    lay = ParallelLayout.of(**{f: vals[f] for f in ("tp", "cp", "pp", "dp", "ep", "mbs")}, etp=etp, vpp=vpp, ckpt=ckpt)
+    lay = ParallelLayout.of(**{f: vals[f] for f in FIELDS if f in vals}, etp=etp, vpp=vpp, ckpt=ckpt)
     bad = lay.violation(LayoutContext(geometry(spec.model), vals["n_devices"], vals["gbs"], vals["seqlen"]))
     if bad is not None:  # the estimator's own rules: a row it could not estimate is refused here
         col, value, allowed = bad

@@ -74,7 +74,7 @@ class ParallelLayout:
         """The user's layouts (specs.Layout); DP derived as N / (TP CP PP) where a layout omits it."""
         rows = [[getattr(lo, f) for f in FIELDS[:-1]] + [CkptMode.parse(lo.ckpt).value] for lo in layouts]
         for r in rows:
-            if r[3] is None:
+            if r[3] is None:  # dp: N_dev over the model-parallel product (floor; the mesh rule checks it)
                 r[3] = n_devices // max(r[0] * r[1] * r[2], 1)
         a = np.array(rows, dtype=np.int64).reshape(-1, len(FIELDS))
         return cls(*a.T.copy())
@@ -113,6 +113,11 @@ class ParallelLayout:
     def n_devices(self) -> np.ndarray:
         """N_dev = TP CP PP DP."""
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def model_parallel(self) -> np.ndarray:
+        """TP CP PP (the axes of :data:`MODEL_PARALLEL`): the ranks of one model replica; N_dev / DP."""
+        return self.tp * self.cp * self.pp
 
     @property
     def edp(self) -> np.ndarray:
@@ -183,6 +188,7 @@ class ParallelLayout:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelLayout))
+MODEL_PARALLEL: tuple[str, ...] = ("tp", "cp", "pp")  # one model replica; DP is N_dev over their product
 assert FIELDS == tuple(Layout.model_fields), "ParallelLayout's columns are specs.Layout's fields, in order"
 
 

@@ -63,7 +63,10 @@ def _estimator(spec, profile, db, extrapolate, calibration: str | None = None):
 
 
 def _layout_text(lo: dict) -> str:
-    return ",".join(f"{k}={lo[k]}" for k in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs", "ckpt"))
+    """A layout dict as --layout text (every field, ParallelLayout's order)."""
+    from scaleplan.estimator.layout import FIELDS
+
+    return ",".join(f"{k}={lo[k]}" for k in FIELDS)
 
 
 def _emit_estimates(docs: list[dict], res, spec, spec_path, n: int, profile, tokens: float | None,
@@ -157,8 +160,9 @@ def _load_spec(spec_path):
 def _check_batch(spec, lo, n: int, text: str | None) -> None:
     """dp*mbs must divide data.gbs (whole micro-batches per step). Raises SpecError naming data.gbs with the
     smallest model-parallel size tp*cp*pp that makes dp divide it on ``n`` devices, when there is one."""
-    mesh = lo.tp * lo.cp * lo.pp
-    dp = lo.dp or n // mesh
+    from scaleplan.estimator.layout import ParallelLayout
+
+    dp = int(ParallelLayout.from_specs([lo], n).dp[0])  # the layout's dp, else N_dev / (tp cp pp)
     gbs = spec.data.gbs
     if gbs % (dp * lo.mbs) == 0:
         return
@@ -183,6 +187,8 @@ def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bo
     --layout given and no ``dp=`` in the --layout text, dp is derived as N_dev / (tp cp pp). Raises
     SpecError naming where a conflicting degree came from (the --layout text or the spec file).
     """
+    from scaleplan.estimator.layout import MODEL_PARALLEL, ParallelLayout
+
     base = spec.default_layout()
     derive = devices_given or bool(texts)
     out = []
@@ -190,9 +196,9 @@ def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bo
         lo = specs.parse_layout(text, base) if text is not None else base
         if derive and base.dp is not None and _origin("dp", text, spec_path).startswith("parallelism"):
             lo = lo.model_copy(update={"dp": None})
-        mesh = lo.tp * lo.cp * lo.pp
+        mesh = int(ParallelLayout.from_specs([lo], n).model_parallel[0])
         if lo.dp is None and n % mesh:
-            where = ", ".join(_origin(k, text, spec_path) for k in ("tp", "cp", "pp") if getattr(lo, k) > 1)
+            where = ", ".join(_origin(k, text, spec_path) for k in MODEL_PARALLEL if getattr(lo, k) > 1)
             raise SpecError(where or "--layout", f"tp*cp*pp={mesh}", f"a divisor of --devices {n}")
         if lo.dp is not None and mesh * lo.dp != n:
             hint = "" if text is not None else " (--devices or --layout on the command line derive dp)"

@@ -132,6 +132,11 @@ def _megatron_pattern(a: dict[str, Any]) -> list[int]:
     return list(freq) if isinstance(freq, list) else [int(i % int(freq) == 0) for i in range(L)]
 
 
+# the argument (its dest in the dump) that carries each layout degree; the rest: dp = world_size over the
+# model-parallel product, ckpt from the recompute arguments (_ckpt)
+LAYOUT_ARGS = {"tp": "tensor_model_parallel_size", "cp": "context_parallel_size", "pp": "pipeline_model_parallel_size",
+               "ep": "expert_model_parallel_size", "etp": "expert_tensor_parallel_size",
+               "vpp": "virtual_pipeline_model_parallel_size", "mbs": "micro_batch_size"}
 _NEEDED = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "seq_length", "micro_batch_size",
            "global_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size", "world_size")
 
@@ -199,29 +204,36 @@ def _model(a: dict[str, Any], where: str) -> dict[str, Any]:
 def spec_and_layout(a: dict[str, Any], where: str, node_type: str) -> tuple[Any, dict[str, Any], int]:
     """(Spec, layout, N_dev) of an argument dump on ``node_type``. Raises SpecError naming a missing or unusable
     argument (or the spec field it fails)."""
-    from scaleplan.specs import parse_spec
+    from pydantic import ValidationError
+
+    from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.specs import Layout, ParallelismBlock, parse_spec
 
     for k in _NEEDED:
         _get(a, k, where)
     opt = _OPTIMIZERS.get(str(a.get("optimizer", "adam")))
     if opt is None:
         raise SpecError(f"{where}: optimizer", a.get("optimizer"), f"one of {', '.join(_OPTIMIZERS)}")
-    tp, pp, cp = (int(a[k] or 1) for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size",
-                                           "context_parallel_size"))
     n = int(a["world_size"])
-    if n % (tp * pp * cp):
-        raise SpecError(f"{where}: world_size", n, f"a multiple of tp*pp*cp = {tp * pp * cp}")
-    ckpt = _ckpt(a, where)
-    lay = {"tp": tp, "cp": cp, "pp": pp, "dp": n // (tp * pp * cp), "ep": int(a.get("expert_model_parallel_size") or 1),
-           "etp": int(a.get("expert_tensor_parallel_size") or tp),
-           "vpp": int(a.get("virtual_pipeline_model_parallel_size") or 1), "mbs": int(a["micro_batch_size"]),
-           "ckpt": ckpt}
+    lo = {f: int(a.get(arg) or 0) for f, arg in LAYOUT_ARGS.items()}
+    lo = {**{f: v for f, v in lo.items() if v}, "ckpt": _ckpt(a, where)}
+    lo.setdefault("etp", lo.get("tp", 1))  # Megatron-Core: expert TP defaults to TP
+    try:
+        spec_layout = Layout(**lo)
+    except ValidationError as e:  # a degree out of range: name Megatron's argument
+        err = e.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else "layout"
+        raise SpecError(f"{where}: {LAYOUT_ARGS.get(field, field)}", err.get("input"), err["msg"]) from None
+    lay = ParallelLayout.from_specs([spec_layout], n)  # dp = world_size / (tp cp pp)
+    if n % lay.model_parallel[0]:
+        raise SpecError(f"{where}: world_size", n, f"a multiple of tp*cp*pp = {lay.model_parallel[0]}")
+    lay = lay.row(0)
     doc = {"model": _model(a, where), "search": {"num_devices": n},
-           "performance": {"activation_checkpointing_type": ckpt}, "optimizer": {"optimizer_type": opt},
+           "performance": {"activation_checkpointing_type": lay["ckpt"]}, "optimizer": {"optimizer_type": opt},
            "data": {"gbs": int(a["global_batch_size"]), "seqlen": int(a["seq_length"]),
                     "microbatch_sz": lay["mbs"]},
            "hardware": {"node_type": node_type},
-           "parallelism": {k: lay[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp")}}
+           "parallelism": {k: lay[k] for k in ParallelismBlock.model_fields if k in lay}}
     return parse_spec(doc, source=where), lay, n
 
 

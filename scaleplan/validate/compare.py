@@ -87,6 +87,7 @@ def store_observation(db_url: str | None, spec: Spec, spec_name: str, layout: La
     """Insert one ObservedRun (source 'validate', provenance in ``extra``); return its id."""
     from scaleplan.db.models import ObservedRun
     from scaleplan.db.session import ensure_schema, session_scope
+    from scaleplan.estimator.layout import ParallelLayout
 
     ensure_schema(db_url)
     now = dt.datetime.now(dt.timezone.utc)
@@ -116,8 +117,8 @@ def store_observation(db_url: str | None, spec: Spec, spec_name: str, layout: La
     row = ObservedRun(
         dedup_key=hashlib.sha256(key_src.encode()).hexdigest()[:64], source="validate", sweep=sweep,
         model_name=spec_name, spec=spec_js, profile=profile, n_devices=n_devices, gbs=spec.data.gbs,
-        seqlen=spec.data.seqlen, tp=1, cp=1, pp=1, dp=n_devices, ep=1, etp=1, vpp=1, mbs=layout.mbs,
-        ckpt=layout.ckpt, measured_t_iter_s=result.t_iter_s, measured_mfu=measured_mfu, mfu_flops="eq-mfu",
+        seqlen=spec.data.seqlen, **ParallelLayout.from_specs([layout], n_devices).row(0),
+        measured_t_iter_s=result.t_iter_s, measured_mfu=measured_mfu, mfu_flops="eq-mfu",
         measured_peak_mem_gb=result.peak_mem_bytes / GB if result.peak_mem_bytes > 0 else None,
         predicted_t_iter_s=prediction["t_iter_s"] if prediction else None, extra=extra,
     )

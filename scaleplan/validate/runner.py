@@ -73,7 +73,9 @@ class RunResult:
 
 def check_layout(spec: Spec, layout: Layout, nproc: int) -> int:
     """Refuse what this runner cannot execute; return n_mb. Raises SpecError naming the field."""
-    for name in ("tp", "cp", "pp", "ep", "etp", "vpp"):
+    from scaleplan.estimator.layout import FIELDS
+
+    for name in (f for f in FIELDS if f not in ("dp", "mbs", "ckpt")):  # every parallel degree but DP
         if getattr(layout, name) != 1:
             raise SpecError(f"--layout {name}", getattr(layout, name),
                             "validate runs data parallelism only: tp=cp=pp=ep=etp=vpp=1")
