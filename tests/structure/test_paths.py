@@ -4,6 +4,7 @@ document a file cites (``*.md``, ``*.tex``) is in the repository, or is the data
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,15 +16,22 @@ OUTSIDE_OK = ("../shared/", "shared/")  # the data folder beside the repository
 
 
 def _files() -> list[Path]:
-    out = []
-    for p in sorted(ROOT.rglob("*")):
+    """The committed text files (``git ls-files``; without git, every file outside hidden and build
+    folders): what a clone holds, not what a test run leaves behind."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, text=True).stdout
+        paths = [ROOT / f for f in out.split("\0") if f]
+    except (OSError, subprocess.CalledProcessError):
+        paths = [p for p in ROOT.rglob("*") if not any(part.startswith(".") or part in SKIP_DIRS
+                                                        for part in p.relative_to(ROOT).parts)]
+    keep = []
+    for p in sorted(paths):
         rel = p.relative_to(ROOT)
-        if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in rel.parts):
+        if any(part.endswith(".egg-info") for part in rel.parts) or rel.parts[:2] == ("tests", "data"):
             continue
-        if rel.parts[:2] == ("tests", "data") or not p.is_file() or p.suffix not in TEXT:
-            continue
-        out.append(p)
-    return out
+        if p.is_file() and p.suffix in TEXT:
+            keep.append(p)
+    return keep
 
 
 def absolute_paths(text: str) -> list[str]:
