@@ -4,11 +4,12 @@
 #   bash benchmarks/gpu_check.sh cpu    # here: a dry run of the same steps on the tiny spec
 # Steps, most important first, each under its own timeout so one hang still returns the rest:
 #  1. the recorded tables (cluster_profiles/recorded) imported into a fresh SQLite database;
-#  2. validate the reference MoE (4 layouts) with --bench and --trace: measured vs predicted step time
-#     and memory, and each traced step's device time read twice (attribution vs the saved trace);
+#  2. validate the reference MoE (4 layouts) with --bench: measured vs predicted step time and memory;
+#     then one layout again with --trace: each traced step's device time read twice (attribution vs the
+#     saved trace);
 #  3. bench preset single-gpu-holdout: dispatch sync:<every>, SDPA at 32k tokens, grouped GEMM at
 #     4096/8192 tokens per expert; 4. bench check; 5. export the measured runs as CSV.
-# Results under $OUT (at most 8 files): log (tee it), validate.json, sp.db, rec.tar.gz. Env: OUT, W (work
+# Results under $OUT (at most 8 files): log (tee it), validate.json, validate_trace.json, sp.db, rec.tar.gz. Env: OUT, W (work
 # folder), PY, WHL (dependency wheels), SP_WHEEL (scaleplan wheel of this commit; default: build the checkout).
 set -x
 export PYTHONUNBUFFERED=1
@@ -21,12 +22,13 @@ if [ "$MODE" = gpu ]; then
   PY=${PY:-python3}; WHL=${WHL:-$REPO/.whl}; DEV=cuda; PROF="--profile h200-single"
   SPEC=$REPO/tests/data/validate_specs/gpu_small.yaml
   LAYS="--layout mbs=1,ckpt=none --layout mbs=2,ckpt=none --layout mbs=4,ckpt=none --layout mbs=2,ckpt=full"
-  T_VAL=200; T_SYNC=45; T_SDPA=70; T_GG=110; T_CHK=40
+  TRACE_LAY="--layout mbs=2,ckpt=none"
+  T_VAL=140; T_TR=90; T_SYNC=40; T_SDPA=50; T_GG=90; T_CHK=30
 else  # deps from $PY's own environment; sync rows are UNSUPPORTED on a CPU, the big points skipped
   PY=${PY:-python3}; WHL=; DEV=cpu; PROF=""
   SPEC=$REPO/tests/data/validate_specs/tiny.yaml
-  LAYS="--layout mbs=1,ckpt=none"
-  T_VAL=200; T_SYNC=30; T_SDPA=10; T_GG=10; T_CHK=60
+  LAYS="--layout mbs=1,ckpt=none"; TRACE_LAY=$LAYS
+  T_VAL=400; T_TR=100; T_SYNC=30; T_SDPA=10; T_GG=10; T_CHK=60
 fi
 rm -rf "$W"; mkdir -p "$OUT" "$W/rec" "$W/extra"
 export SCALEPLAN_DB=sqlite:///$W/sp.db SCALEPLAN_CACHE=$W/cache
@@ -44,18 +46,29 @@ torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name(0),
 save_db() { timeout 20 $PY -c "import sqlite3; s = sqlite3.connect('$W/sp.db'); d = sqlite3.connect('$OUT/sp.db'); \
 s.backup(d); d.close()"; }
 timeout 60 $SP db import-recorded | tail -3
-timeout -s INT $T_VAL $SP validate "$SPEC" --device $DEV $LAYS --bench --trace "$W/trace" \
-  --sweep validate-trace --steps 5 --warmup 2 --json > "$OUT/validate.json"
+timeout -s INT $T_VAL $SP validate "$SPEC" --device $DEV $LAYS --bench --sweep validate-s3 --steps 5 --warmup 2 \
+  --json > "$OUT/validate.json"
 echo "validate rc=$?"; date -u; save_db
-timeout 30 $PY - "$OUT/validate.json" <<'EOF'
+# one layout traced (a trace of 2 steps is large: one layout bounds the time), on the tables just measured
+timeout -s INT $T_TR $SP validate "$SPEC" --device $DEV $TRACE_LAY --trace "$W/trace" --no-store --steps 3 \
+  --warmup 2 --json > "$OUT/validate_trace.json"
+echo "validate trace rc=$?"; date -u; du -sh "$W/trace"
+timeout 30 $PY - "$OUT/validate.json" "$OUT/validate_trace.json" <<'EOF'
 import json, sys
-for r in json.load(open(sys.argv[1])):
+rows = []
+for f in sys.argv[1:]:
+    try:
+        rows += json.load(open(f))
+    except Exception as e:
+        print(f, "unreadable:", e)
+g = lambda x: float("nan") if x is None else x
+for r in rows:
     lay, c = r["layout"], r.get("components") or {}
     t = c.get("in_trace") or {}
-    print(f"mbs={lay['mbs']} ckpt={lay['ckpt']}: step meas {r['measured_t_iter_s']:.4f} s pred "
-          f"{r['predicted_t_iter_s'] or float('nan'):.4f} s; mem alloc meas {r['measured_peak_mem_gb']:.3f} GB pred "
-          f"{r['predicted_mem_gb'] or float('nan'):.3f} GB; reserved meas {r.get('measured_mem_reserved_gb')} pred "
-          f"{r.get('predicted_mem_reserved_gb')}")
+    print(f"mbs={lay['mbs']} ckpt={lay['ckpt']}: step meas {g(r['measured_t_iter_s']):.4f} s pred "
+          f"{g(r['predicted_t_iter_s']):.4f} s; mem alloc meas {g(r['measured_peak_mem_gb']):.3f} GB pred "
+          f"{g(r['predicted_mem_gb']):.3f} GB; reserved meas {g(r.get('measured_mem_reserved_gb')):.3f} pred "
+          f"{g(r.get('predicted_mem_reserved_gb')):.3f}")
     if c:
         print(f"  traced step {c['step_wall_s']:.4f} s: kernels {t.get('kernels')} launches {t.get('launches')} "
               f"device {t.get('device_s')} busy {t.get('busy_s')} attributed {c['attributed_device_s']:.4f}")
