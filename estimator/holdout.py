@@ -8,11 +8,14 @@ the composed values are checked against measurements the rule never saw
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scaleplan.estimator.table_build import build_tables
+from scaleplan.estimator.table_build import build_tables, cache_path
 
 
 @dataclass
@@ -175,10 +178,61 @@ def rule_errors(frames, peak: float) -> dict[str, float]:
     """Each table kind's composition error as measured on hidden points: the largest MAPE (a fraction
     of the time) over its rules' hold-outs at both depths, table kind -> error (grouped_gemm, gemm,
     sdpa, collectives). What a composed lookup of that kind is uncertain by, e.g. for ``search
-    --samples`` (a log-normal sigma of about this size on the composed share of a plan's time)."""
+    --samples`` (a log-normal sigma of about this size on the composed share of a plan's time). A kind
+    without rows, or without points beyond its cuts, is absent."""
     out: dict[str, float] = {}
-    for pair in depth_holdouts(frames, peak):
+    for pair in depth_holdouts_present(frames, peak):
         for h in pair:
             if h.n:
                 out[h.table] = max(out.get(h.table, 0.0), h.mape)
+    return out
+
+
+def measured_errors(frames, peak: float) -> dict:
+    """What the rules' hold-outs measure on ``frames``: ``{"composed": {table kind: MAPE}, "group_extrapolation":
+    MAPE or None}`` (fractions; :func:`rule_errors`, :func:`group_sizes`). A kind without a hold-out (no rows,
+    or none beyond a cut) is absent and no group extrapolation measured is None: the caller's fallback decides."""
+    g = group_sizes(frames, peak) if _has_rows(frames, "collectives") else None
+    return {"composed": rule_errors(frames, peak), "group_extrapolation": g.mape if g is not None and g.n else None}
+
+
+def _has_rows(frames, suite: str) -> bool:
+    df = frames.get(suite)
+    return df is not None and not df.empty
+
+
+_SUITE = {"grouped": "grouped_gemm", "gemm": "gemm", "sdpa": "sdpa", "collectives": "collectives"}
+
+
+def depth_holdouts_present(frames, peak: float) -> list[tuple[Holdout, Holdout]]:
+    """:func:`depth_holdouts` of the rules whose table has rows in ``frames`` (an empty suite has no columns
+    to cut)."""
+    fn = {"grouped": grouped, "gemm": gemm, "sdpa": sdpa, "collectives": collectives}
+    return [(fn[k](frames, peak, **a), fn[k](frames, peak, **b)) for k, a, b in DEPTHS if _has_rows(frames, _SUITE[k])]
+
+
+@functools.lru_cache(maxsize=8)
+def cached_errors(url: str, profile: str, peak: float) -> dict:
+    """:func:`measured_errors` of the tables of (resolved url, profile), about 15 s to measure: once per
+    content of the measurement rows (a copy of a database, or one whose other tables changed, reuses it),
+    cached as JSON beside the compiled tables (``table_build.cache_path``: $SCALEPLAN_CACHE), and once
+    per process."""
+    from scaleplan.db.measurements import load_frames
+
+    frames = load_frames(url, profile)
+    digest = hashlib.sha256(repr((profile, peak)).encode())
+    for name in sorted(frames):
+        digest.update(name.encode() + pd.util.hash_pandas_object(frames[name], index=False).to_numpy().tobytes())
+    path = cache_path("rule-errors", "json", digest.digest(), (__name__,))
+    if path is not None and path.exists():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass  # unreadable: measure again
+    out = measured_errors(frames, peak)
+    if path is not None:
+        try:
+            path.write_text(json.dumps(out))
+        except OSError:
+            pass
     return out

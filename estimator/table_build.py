@@ -283,10 +283,12 @@ def cached_tables(url: str, profile: str, peak_flops: float) -> Tables:
             with open(path, "rb") as f:
                 tb = pickle.load(f)
             if isinstance(tb, Tables):
+                tb.source = (url, profile, peak_flops)
                 return tb
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
             pass  # missing or unreadable: rebuild below
     tb = build_tables(profile, load_frames(url, profile), peak_flops)
+    tb.source = (url, profile, peak_flops)  # what the tables were read from (mosaic.evidence measures it again)
     if path is not None:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
@@ -323,16 +325,25 @@ def _disk_path(url: str, profile: str, peak_flops: float) -> Path | None:
     state = _disk_key(url)
     if state is None:
         return None
+    return cache_path("tables", "pkl", repr((url, profile, peak_flops, state)).encode())
+
+
+def cache_path(kind: str, ext: str, key: bytes, modules: tuple[str, ...] = ()) -> Path | None:
+    """``$SCALEPLAN_CACHE/<kind>-<digest>.<ext>`` (default ~/.cache/scaleplan), the digest over ``key``
+    and the source of the table-building modules and of ``modules``; None when no cache folder can be
+    made. What is derived from the compiled tables (estimator/holdout.py's rule errors) is cached here
+    too, beside them."""
     import importlib.util
 
     code = b""
-    for mod in (__name__, "scaleplan.estimator.tables", "scaleplan.estimator.compose", "scaleplan.db.measurements", "scaleplan.db.identity"):
+    for mod in (__name__, "scaleplan.estimator.tables", "scaleplan.estimator.compose", "scaleplan.db.measurements",
+                "scaleplan.db.identity", *modules):
         origin = importlib.util.find_spec(mod).origin
         code += Path(origin).read_bytes() if origin else mod.encode()
-    digest = hashlib.sha256(repr((url, profile, peak_flops, state)).encode() + code).hexdigest()[:24]
+    digest = hashlib.sha256(key + code).hexdigest()[:24]
     root = Path(os.environ.get("SCALEPLAN_CACHE") or Path.home() / ".cache" / "scaleplan")
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    return root / f"tables-{digest}.pkl"
+    return root / f"{kind}-{digest}.{ext}"

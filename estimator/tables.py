@@ -411,6 +411,9 @@ class Tables:
     # caching-allocator overhead measured by the bench suite 'allocator': (fraction of allocated,
     # bytes outside the allocator), medians over OK rows; None -> estimator.memory's defaults
     allocator: tuple[float, float] | None = None
+    # (resolved url, profile, peak FLOP/s) the tables were read from (table_build.cached_tables); None
+    # for tables built from frames in hand
+    source: tuple | None = None
 
     def host_time(self, part: str, ckpt: str, dtype: str, tokens, hidden: int, experts: int):
         """Host seconds of a model part at ``tokens`` per micro-batch (array), or None without rows.

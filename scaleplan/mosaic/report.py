@@ -21,9 +21,11 @@ from scaleplan.mosaic.uncertainty import (
 )
 
 
-def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError, n: int, seed: int = 0) -> list[dict]:
+def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError, n: int, seed: int = 0,
+                       evidence=None) -> list[dict]:
     """Run the draws for every (envelope, SearchResult) of ``results``; replaces each result's table by one
-    with the per-candidate columns and returns the top-level JSON per budget (same draws for all budgets)."""
+    with the per-candidate columns and returns the top-level JSON per budget (same draws for all budgets).
+    ``evidence``: the rule errors the plans' evidence used (mosaic.evidence.errors_for; None: the recorded)."""
     from scaleplan.mosaic.search import row_json
 
     from scaleplan.mosaic.evidence import describe
@@ -40,7 +42,7 @@ def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError
         res.table = summ["table"]
         u = uncertainty_json(summ, draws, mfu, law_source, row_json)
         u["uncertainty_inputs"]["law_ridge"] = how
-        u["uncertainty_inputs"]["evidence"] = describe()
+        u["uncertainty_inputs"]["evidence"] = describe(*([evidence] if evidence is not None else []))
         u["recommendation"] = recommend(summ, draws, (law or PAPER_JOINT_LAW).vector(), index, (env.tpp_min, env.tpp_max), row_json)
         out.append(u)
     return out

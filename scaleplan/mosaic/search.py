@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from scaleplan.errors import SpecError
-from scaleplan.mosaic.evidence import plan_evidence
+from scaleplan.mosaic.evidence import errors_for, plan_evidence
 from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries, geometry_model
 from scaleplan.mosaic.law import PAPER_JOINT_LAW, PAPER_SUPPORT, JointLaw, LawSupport
 from scaleplan.mosaic.uncertainty import candidate_fields
@@ -64,29 +64,30 @@ class Envelope:
             raise SpecError("--tpp-min/--tpp-max", (self.tpp_min, self.tpp_max), "0 < tpp_min <= tpp_max")
 
 
-def _plan_rows(est, models: list, n_devices: int, env: Envelope, constraints) -> list[dict]:
-    """plan_table's rows of ``models``: their best plans evaluated as one batch (``Estimator.best_plans``)."""
-    return [_plan_row(res) for res in est.best_plans(models, n_devices, env.gbs, env.seqlen, env.optimizer,
-                                                     constraints)]
+def _plan_rows(est, models: list, n_devices: int, env: Envelope, constraints, errors) -> list[dict]:
+    """plan_table's rows of ``models``: their best plans evaluated as one batch (``Estimator.best_plans``);
+    ``errors``: the rule errors of the estimator's tables (mosaic.evidence.errors_for)."""
+    return [_plan_row(res, errors) for res in est.best_plans(models, n_devices, env.gbs, env.seqlen, env.optimizer,
+                                                             constraints)]
 
 
-def _plan_row(res) -> dict:
+def _plan_row(res, errors) -> dict:
     if res is None:
         return {"plan_ok": False}
     lay = res.layout
     return {"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu,
             "composed_share": res.composed_share, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_FIELDS},
-            "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic")), **plan_evidence(res)}
+            "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic")), **plan_evidence(res, errors)}
 
 
 #: geometries per batch of Estimator.best_plans (bounds the memory: their plans are evaluated at once)
 CHUNK = 256
-_FORK_STATE: tuple | None = None  # (est, models, n_devices, env, constraints), inherited by forked workers
+_FORK_STATE: tuple | None = None  # (est, models, n_devices, env, constraints, errors), inherited by forked workers
 
 
 def _plan_chunk(bounds: tuple[int, int]) -> list[dict]:
-    est, models, n_devices, env, constraints = _FORK_STATE
-    return _plan_rows(est, models[bounds[0]:bounds[1]], n_devices, env, constraints)
+    est, models, n_devices, env, constraints, errors = _FORK_STATE
+    return _plan_rows(est, models[bounds[0]:bounds[1]], n_devices, env, constraints, errors)
 
 
 def default_workers() -> int:
@@ -117,6 +118,7 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
     from scaleplan.estimator import PlanConstraints
 
     constraints = constraints or PlanConstraints()
+    errors = errors_for(est)  # measured once, here, before any worker forks
     models = [geometry_model(r, grid) for r in geoms.itertuples(index=False)]
     step = on_step or (lambda n: None)
     rows: list[dict] = []
@@ -126,7 +128,7 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
     if workers > 1 and len(chunks) > 1:
         import multiprocessing as mp
 
-        _FORK_STATE = (est, models, n_devices, env, constraints)
+        _FORK_STATE = (est, models, n_devices, env, constraints, errors)
         try:
             with mp.get_context("fork").Pool(workers) as pool:
                 for (lo, hi), part in zip(chunks, pool.imap(_plan_chunk, chunks)):
@@ -136,7 +138,7 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
             _FORK_STATE = None
     else:
         for lo, hi in chunks:
-            rows.extend(_plan_rows(est, models[lo:hi], n_devices, env, constraints))
+            rows.extend(_plan_rows(est, models[lo:hi], n_devices, env, constraints, errors))
             step(hi - lo)
     cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "analytic",
             *EVIDENCE_COLUMNS]

@@ -1,5 +1,6 @@
 """Issue 26.1 and 26.3: confidence that follows the evidence, and one recommendation with its reasons."""
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -37,9 +38,10 @@ def test_plan_evidence_weights_each_rule_by_its_share():
 
 
 def test_rule_errors_are_the_holdouts_of_the_recorded_tables(recorded_db):
-    """The constants behind sigma_evidence are what the hold-outs measure on ../shared's tables today."""
-    from scaleplan.estimator import holdout
+    """The search's rule errors on the recorded tables are what the hold-outs measure on them (computed here
+    from the hold-outs themselves), and the RECORDED fallback is the same measurement typed in."""
     from scaleplan.db.measurements import load_frames
+    from scaleplan.estimator import Estimator, holdout
     from scaleplan.profiles import load_profile
 
     frames = load_frames(recorded_db, "p6-b200.48xlarge")
@@ -50,11 +52,54 @@ def test_rule_errors_are_the_holdouts_of_the_recorded_tables(recorded_db):
         for h in pair:
             if h.n:
                 worst[h.table] = max(worst.get(h.table, 0.0), h.mape)
+    g = holdout.group_sizes(frames, peak)
+    assert g.cut == 2.0 and g.n > 20
+    got = evidence.errors_for(Estimator("p6-b200.48xlarge", recorded_db, use_calibration=False))
+    assert got.composed == pytest.approx(worst) and got.group_extrapolation == pytest.approx(g.mape)
+    assert got.analytic == evidence.ANALYTIC_MAPE and got.source == "hold-outs of the tables in use"
     assert set(worst) == set(evidence.COMPOSE_MAPE)
     for table, mape in evidence.COMPOSE_MAPE.items():
         assert worst[table] == pytest.approx(mape, abs=0.005), table
-    g = holdout.group_sizes(frames, peak)
-    assert g.cut == 2.0 and g.n > 20 and g.mape == pytest.approx(evidence.GROUP_EXTRAPOLATION_MAPE, abs=0.005)
+    assert g.mape == pytest.approx(evidence.GROUP_EXTRAPOLATION_MAPE, abs=0.005)
+
+
+def test_unmeasured_rules_fall_back_to_the_recorded_figures():
+    got = evidence.from_measured({"composed": {"gemm": 0.2}, "group_extrapolation": None})
+    assert got.composed == {**evidence.COMPOSE_MAPE, "gemm": 0.2}
+    assert got.group_extrapolation == evidence.GROUP_EXTRAPOLATION_MAPE and got.analytic == evidence.ANALYTIC_MAPE
+    assert "recorded B200 figures for grouped_gemm, sdpa, collectives, group extrapolation" in got.source
+    # an analytic-only database measures nothing: every rule is the recorded one
+    assert evidence.from_measured({"composed": {}, "group_extrapolation": None}) == evidence.RECORDED
+    # tables not read from a database (a stand-in estimator, Estimator.from_frames): the recorded figures
+    assert evidence.errors_for(SimpleNamespace(tables=SimpleNamespace(source=None))) is evidence.RECORDED
+    assert evidence.errors_for(object()) is evidence.RECORDED
+
+
+def test_measured_errors_follow_the_rule_errors_in_use():
+    res = SimpleNamespace(breakdown_s={"experts": 1.0, "tp_comm": 1.0, "optimizer": 2.0},
+                          sources={"experts": "composed", "tp_comm": "analytic", "optimizer": "analytic"},
+                          warnings=["tp_comm: all_gather group sizes outside the measured 2..8 use busbw invariance"])
+    errs = evidence.RuleErrors({"grouped_gemm": 0.3, "gemm": 0.1, "sdpa": 0.1, "collectives": 0.1}, 0.5, 0.2, "test")
+    k = math.sqrt(math.pi / 2)
+    assert evidence.plan_evidence(res, errs)["evidence_sigma"] == pytest.approx((0.25 * 0.3 + 0.25 * 0.5 + 0.5 * 0.2) * k)
+    assert evidence.describe(errs)["composed_mape"]["grouped_gemm"] == 0.3 and evidence.describe(errs)["source"] == "test"
+
+
+def test_rule_errors_are_cached_per_content_of_the_rows(sqlite_url, tmp_path, monkeypatch):
+    """Measured once per content: a copy of the database (another file, the same rows) reads the cache."""
+    from scaleplan.estimator import holdout
+
+    monkeypatch.setenv("SCALEPLAN_CACHE", str(tmp_path / "cache"))
+    holdout.cached_errors.cache_clear()
+    first = holdout.cached_errors(sqlite_url, "p6-b200.48xlarge", 2.25e15)
+    assert first == {"composed": {}, "group_extrapolation": None}  # no tables: nothing measured
+    assert len(list((tmp_path / "cache").glob("rule-errors-*.json"))) == 1
+    copy = tmp_path / "copy.db"
+    copy.write_bytes(Path(sqlite_url.removeprefix("sqlite:///")).read_bytes())
+    holdout.cached_errors.cache_clear()
+    monkeypatch.setattr(holdout, "measured_errors", lambda *a: pytest.fail("measured again"))
+    assert holdout.cached_errors(f"sqlite:///{copy}", "p6-b200.48xlarge", 2.25e15) == first
+    holdout.cached_errors.cache_clear()
 
 
 @pytest.fixture(scope="module")
