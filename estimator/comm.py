@@ -1,6 +1,23 @@
 """Communication: TP/CP/EP/DP collectives from the measured tables (busbw invariance across group
 sizes, inter-node all-to-all by NIC bytes), the distributed optimizer's DP traffic and the
-expert-bias all-reduce. Mixed into :class:`scaleplan.estimator.model.TimeModel`; seconds, bytes."""
+expert-bias all-reduce; seconds, bytes. The functions take the tables they read (``tb``) and the
+profile (``prof``: link bandwidths, GPUs per node, serial dispatch) as arguments.
+
+Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw of
+ring algorithms does not depend on the group size once the bottleneck link is fixed, so
+t(n, S) = t(n_ref, S') with S' chosen to keep the per-link bytes (labelled "analytic").
+
+Inter-node all-to-all is not a ring: each rank sends S/n to every peer directly, the bytes to the
+m peers on its own node stay on NVLink and the rest, S (n - m) / n, crosses the rank's NIC, which is
+the bottleneck. So the invariant is the inter-node bytes per rank: S' (n_ref - m_ref) / n_ref =
+S (n - m) / n, with m_ref = the GPUs per node (the table's contiguous groups fill whole nodes).
+Busbw invariance would keep S (n - 1) / n instead and under-count a 128-rank all-to-all by
+(120/128) / (24/32) = 1.25x against a 32-rank measurement on 8-GPU nodes.
+
+A strided group with ``rails`` > 1 ranks per node (:meth:`ParallelLayout.ranks_per_node`) takes the
+strided table's time / rails, bounded below by the contiguous table's time for the same group: each
+of those ranks drives its own NIC rail, and NCCL reduces inside the node over NVLink first, so an
+inter-node strided group with m ranks per node moves its bytes over m rails."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,7 +62,6 @@ def bias_sync(g: Geometry, lay: ParallelLayout, gpn: int):
     return np.minimum(n_layers, 1.0), group, lay.spans_nodes("tp_cp_dp", gpn), 4 * g.E * n_layers
 
 
-
 def _warn_off_grid(rec, comp, coll, layout, inter, g_lo, g_hi, by_nic_bytes, where) -> None:
     """Say that group sizes outside a table's measured ones were mapped by an invariance (for the
     plans in ``where``: mosaic/evidence.py reads it as extrapolation to more ranks)."""
@@ -55,148 +71,133 @@ def _warn_off_grid(rec, comp, coll, layout, inter, g_lo, g_hi, by_nic_bytes, whe
     rec.warn(msg, where)
 
 
-class CommModel:
-    """Collective costs; needs ``self.tb``, ``self.prof``, ``self.gpn``, ``self.serial``.
-
-    Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw of
-    ring algorithms does not depend on the group size once the bottleneck link is fixed, so
-    t(n, S) = t(n_ref, S') with S' chosen to keep the per-link bytes (labelled "analytic").
-
-    Inter-node all-to-all is not a ring: each rank sends S/n to every peer directly, the bytes to the
-    m peers on its own node stay on NVLink and the rest, S (n - m) / n, crosses the rank's NIC, which is
-    the bottleneck. So the invariant is the inter-node bytes per rank: S' (n_ref - m_ref) / n_ref =
-    S (n - m) / n, with m_ref = the GPUs per node (the table's contiguous groups fill whole nodes).
-    Busbw invariance would keep S (n - 1) / n instead and under-count a 128-rank all-to-all by
-    (120/128) / (24/32) = 1.25x against a 32-rank measurement on 8-GPU nodes.
-
-    A strided group with ``rails`` > 1 ranks per node (:meth:`ParallelLayout.ranks_per_node`) takes the
-    strided table's time / rails, bounded below by the contiguous table's time for the same group: each
-    of those ranks drives its own NIC rail, and NCCL reduces inside the node over NVLink first, so an
-    inter-node strided group with m ranks per node moves its bytes over m rails.
-    """
-
-    def _collective(self, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None,
+def collective_time(tb, prof, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None,
                     small_analytic=False, rails=None):
-        """Collective time (seconds, shape (P,)) from the table of the regime; analytic ring formula
-        where unmeasured. Group sizes outside the measured ones: busbw invariance, or the inter-node
-        bytes per rank for an inter-node all-to-all (``per_node`` given); ``rails``: a strided group's
-        ranks per node (:meth:`_multi_rail`). Why each: the class docstring."""
-        if rails is not None and layout == "strided":
-            return self._multi_rail(rec, comp, coll, n, size, inter, active, per_node, small_analytic, rails)
-        P = rec.P
-        n = _arr(n, P)
-        size = _arr(size, P)
-        inter = np.broadcast_to(np.asarray(inter, dtype=bool), (P,))
-        active = np.broadcast_to(np.asarray(active, dtype=bool), (P,)) & (n > 1)
-        out = np.zeros(P)
-        bw = np.where(inter, self.prof.scaleout_bandwidth, self.prof.scaleup_bandwidth)
-        ana = an.collective_time(coll, n, size, np.maximum(bw, 1.0), inter)
-        for flag in (False, True):
-            sel = active & (inter == flag)
-            if not sel.any():
-                continue
-            tab = self.tb.collectives.get((coll, layout, flag))
-            if tab is None and layout == "strided":
-                tab = self.tb.collectives.get((coll, "contiguous", flag))
-            if tab is None:
-                out[sel] = ana[sel]
-                rec.mark(comp, np.where(sel, ANALYTIC, 0))
-                continue
-            g_lo, g_hi = tab.groups[0], tab.groups[-1]
-            nref = np.clip(n, g_lo, g_hi)
-            if flag and coll == "all_to_all" and per_node is not None:
-                m = np.minimum(np.broadcast_to(np.asarray(per_node, dtype=float), (P,)), n)
-                m_ref = np.minimum(float(self.gpn), nref)
-                s_ref = size * ((n - m) / n) / np.maximum((nref - m_ref) / nref, 1e-9)
-            else:
-                # busbw invariance across group sizes: keep bytes per link, factor(n) S / busbw
-                s_ref = size * an.bus_factor(coll, n) / np.maximum(an.bus_factor(coll, nref), 1e-9)
-            t, lo, hi, exact = tab.time(nref, s_ref)
-            below = s_ref < lo * (1 - 1e-9)
-            if small_analytic:  # latency-bound messages under the measured range: the analytic time
-                t = np.where(below, ana, t)
-                rec.mark(comp, np.where(below & sel, ANALYTIC, 0))
-            oor_s = (below & (not small_analytic)) | (s_ref > hi * (1 + 1e-9))
-            res = LookupResult(tab.name, ("size_bytes",), t, np.where(exact, 0, 1).astype(np.int8),
-                               np.where(oor_s, 0, -1).astype(np.int16), s_ref, lo, hi,
-                               np.where(below, t, tab.composed(nref, s_ref)))
-            tt = rec.use(comp, res, sel)
-            out[sel] = tt[sel]
-            off_grid = sel & ((n < g_lo) | (n > g_hi))
-            if off_grid.any():
-                rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
-                _warn_off_grid(rec, comp, coll, layout, flag, g_lo, g_hi, flag and coll == "all_to_all"
-                               and per_node is not None, off_grid)
-        return out
+    """Seconds (shape (P,)) of collective ``coll`` on groups of ``n`` ranks moving ``size`` bytes per
+    rank, for component ``comp``, from the table of the regime (``tb.collectives``: coll, layout,
+    inter-node); the analytic ring formula where unmeasured (labelled analytic). ``prof``: the link
+    bandwidths and GPUs per node. Group sizes outside the measured ones: busbw invariance, or the
+    inter-node bytes per rank for an inter-node all-to-all (``per_node`` given: its ranks per node);
+    ``rails``: a strided group's ranks per node (:func:`_multi_rail`). ``active``: plans where it runs
+    (else 0). ``small_analytic``: messages below the measured sizes take the analytic time. Why each
+    invariance: the module docstring."""
+    if rails is not None and layout == "strided":
+        return _multi_rail(tb, prof, rec, comp, coll, n, size, inter, active, per_node, small_analytic, rails)
+    P = rec.P
+    n = _arr(n, P)
+    size = _arr(size, P)
+    inter = np.broadcast_to(np.asarray(inter, dtype=bool), (P,))
+    active = np.broadcast_to(np.asarray(active, dtype=bool), (P,)) & (n > 1)
+    out = np.zeros(P)
+    bw = np.where(inter, prof.scaleout_bandwidth, prof.scaleup_bandwidth)
+    ana = an.collective_time(coll, n, size, np.maximum(bw, 1.0), inter)
+    for flag in (False, True):
+        sel = active & (inter == flag)
+        if not sel.any():
+            continue
+        tab = tb.collectives.get((coll, layout, flag))
+        if tab is None and layout == "strided":
+            tab = tb.collectives.get((coll, "contiguous", flag))
+        if tab is None:
+            out[sel] = ana[sel]
+            rec.mark(comp, np.where(sel, ANALYTIC, 0))
+            continue
+        g_lo, g_hi = tab.groups[0], tab.groups[-1]
+        nref = np.clip(n, g_lo, g_hi)
+        if flag and coll == "all_to_all" and per_node is not None:
+            m = np.minimum(np.broadcast_to(np.asarray(per_node, dtype=float), (P,)), n)
+            m_ref = np.minimum(float(prof.gpus_per_node), nref)
+            s_ref = size * ((n - m) / n) / np.maximum((nref - m_ref) / nref, 1e-9)
+        else:
+            # busbw invariance across group sizes: keep bytes per link, factor(n) S / busbw
+            s_ref = size * an.bus_factor(coll, n) / np.maximum(an.bus_factor(coll, nref), 1e-9)
+        t, lo, hi, exact = tab.time(nref, s_ref)
+        below = s_ref < lo * (1 - 1e-9)
+        if small_analytic:  # latency-bound messages under the measured range: the analytic time
+            t = np.where(below, ana, t)
+            rec.mark(comp, np.where(below & sel, ANALYTIC, 0))
+        oor_s = (below & (not small_analytic)) | (s_ref > hi * (1 + 1e-9))
+        res = LookupResult(tab.name, ("size_bytes",), t, np.where(exact, 0, 1).astype(np.int8),
+                           np.where(oor_s, 0, -1).astype(np.int16), s_ref, lo, hi,
+                           np.where(below, t, tab.composed(nref, s_ref)))
+        tt = rec.use(comp, res, sel)
+        out[sel] = tt[sel]
+        off_grid = sel & ((n < g_lo) | (n > g_hi))
+        if off_grid.any():
+            rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
+            _warn_off_grid(rec, comp, coll, layout, flag, g_lo, g_hi, flag and coll == "all_to_all"
+                           and per_node is not None, off_grid)
+    return out
 
-    def _multi_rail(self, rec, comp, coll, n, size, inter, active, per_node, small_analytic, rails):
-        """A strided group on ``rails`` ranks per node: the strided table's time / rails, never below
-        the contiguous table's (:meth:`_collective`)."""
-        t1 = self._collective(rec, comp, coll, n, size, inter, "strided", active, per_node, small_analytic)
-        m = np.broadcast_to(np.asarray(rails, dtype=float), (rec.P,))
-        multi = np.asarray(inter, dtype=bool) & (m > 1)
-        if not multi.any():
-            return t1
-        tc = self._collective(rec, comp, coll, n, size, inter, "contiguous", np.asarray(active) & multi,
-                              per_node, small_analytic)
-        return np.where(multi, np.maximum(t1 / m, tc), t1)
+def _multi_rail(tb, prof, rec, comp, coll, n, size, inter, active, per_node, small_analytic, rails):
+    """A strided group on ``rails`` ranks per node: the strided table's time / rails, never below
+    the contiguous table's (:func:`collective_time`)."""
+    t1 = collective_time(tb, prof, rec, comp, coll, n, size, inter, "strided", active, per_node, small_analytic)
+    m = np.broadcast_to(np.asarray(rails, dtype=float), (rec.P,))
+    multi = np.asarray(inter, dtype=bool) & (m > 1)
+    if not multi.any():
+        return t1
+    tc = collective_time(tb, prof, rec, comp, coll, n, size, inter, "contiguous", np.asarray(active) & multi,
+                         per_node, small_analytic)
+    return np.where(multi, np.maximum(t1 / m, tc), t1)
 
-    # -- the model -----------------------------------------------------------------------------
-    def _dp_comm(self, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw"):
-        """Exposed data-parallel traffic per iteration (seconds, shape (P,)): the most any pipeline
-        stage leaves exposed (:func:`dp_stages`); groups and buckets: :func:`dp_buckets`.
+def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw"):
+    """Exposed data-parallel traffic per iteration (seconds, shape (P,)): the most any pipeline
+    stage leaves exposed (:func:`dp_stages`); groups and buckets: :func:`dp_buckets`; each
+    collective's time: :func:`collective_time` on ``tb`` and ``prof``.
 
-        adam/adamw/sgd run Megatron's distributed optimizer (ZeRO-1): a bucketed fp32 gradient
-        reduce-scatter overlapped with the stage's last backward and a bf16 parameter all-gather
-        overlapped with the next first forward; the last bucket of each is always exposed.
-        muon/scion (:class:`~scaleplan.estimator.optimizer.Optimizer`) run Megatron-Core's layer-wise distributed optimizer: DDP
-        all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
-        reduce-scatter), and after the step the owners broadcast the updated bf16 parameters, which
-        nothing overlaps.
-        sgd (not sharded) runs plain DDP: the bucketed all-reduce alone.
-        On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
-        ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of one forward /
-        backward pass of a stage, which a dispatch-bound pass sets by its host issue time. What a stage's
-        own passes leave (at least its last bucket, and a layer-wise gather after the step) runs on while
-        the earlier stages drain, and a ZeRO-1 gather's remainder while they fill the next step
-        (:func:`dp_stages`); the step waits for the stage that leaves the most.
-        """
-        # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
-        # for the k stages at once (k U elements); the overlap windows are per plan
-        P = len(lay)
-        first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
-        stages = dp_stages(lay.pp[first])
-        k, U = len(stages), len(first)
-        idx = np.arange(k)[:, None] * U + inv[None, :]  # (k, P): plan p's stage-j element
-        lay_s = lay.take(np.tile(first, k))  # each distinct degree tuple once per stage
-        present, s = (np.concatenate(col) for col in zip(*stages))
-        drain = s[idx] / np.asarray(lay.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
-        sub = Recorder(k * U, rec.mode)
-        tail, fill = np.zeros((k, P)), np.zeros((k, P))  # after the stage's last backward; before its first forward
-        opt = optimizer(optimizer_name)
-        ortho, colls = opt.sharded and opt.orthogonalises, opt.dp_collectives
-        for params, group, layout, inter, nb in dp_buckets(g.take(np.tile(first, k)), lay_s, self.gpn, s):
-            act = (group > 1) & (params > 0) & present
-            rails = lay_s.ranks_per_node("edp", self.gpn) if layout == "strided" else None
-            t = [nb * self._collective(sub, "dp_comm", coll, group, params / nb * nbytes, inter, layout, act,
-                                       rails=rails) for coll, nbytes in colls]
-            # gradient side, parameter side (none for plain DDP), per plan and stage
-            rs, ag, nb = t[0][idx], (t[1][idx] if len(t) > 1 else 0.0), nb[idx]
-            if self.serial:
-                tail += rs + ag
-                continue
-            tail += np.maximum(rs - w_bwd, rs / nb) + (ag if ortho else 0.0)
-            fill += 0.0 if ortho else np.maximum(ag - w_fwd, ag / nb)
-        rec.fold(sub, idx)
-        if not self.serial:  # the drain (fill) of the earlier stages hides what is left after (before) them
-            tail, fill = np.maximum(tail - drain * w_bwd, 0.0), np.maximum(fill - drain * w_fwd, 0.0)
-        return (tail + fill).max(axis=0)  # an absent stage looked nothing up: 0
+    adam/adamw/sgd run Megatron's distributed optimizer (ZeRO-1): a bucketed fp32 gradient
+    reduce-scatter overlapped with the stage's last backward and a bf16 parameter all-gather
+    overlapped with the next first forward; the last bucket of each is always exposed.
+    muon/scion (:class:`~scaleplan.estimator.optimizer.Optimizer`) run Megatron-Core's layer-wise distributed optimizer: DDP
+    all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
+    reduce-scatter), and after the step the owners broadcast the updated bf16 parameters, which
+    nothing overlaps.
+    sgd (not sharded) runs plain DDP: the bucketed all-reduce alone.
+    On a serial-dispatch profile (``prof.serial_dispatch``, a CPU) nothing overlaps: the collective
+    runs on the computing cores.
+    ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of one forward /
+    backward pass of a stage, which a dispatch-bound pass sets by its host issue time. What a stage's
+    own passes leave (at least its last bucket, and a layer-wise gather after the step) runs on while
+    the earlier stages drain, and a ZeRO-1 gather's remainder while they fill the next step
+    (:func:`dp_stages`); the step waits for the stage that leaves the most.
+    """
+    # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
+    # for the k stages at once (k U elements); the overlap windows are per plan
+    P, gpn, serial = len(lay), prof.gpus_per_node, bool(getattr(prof, "serial_dispatch", False))
+    first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
+    stages = dp_stages(lay.pp[first])
+    k, U = len(stages), len(first)
+    idx = np.arange(k)[:, None] * U + inv[None, :]  # (k, P): plan p's stage-j element
+    lay_s = lay.take(np.tile(first, k))  # each distinct degree tuple once per stage
+    present, s = (np.concatenate(col) for col in zip(*stages))
+    drain = s[idx] / np.asarray(lay.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
+    sub = Recorder(k * U, rec.mode)
+    tail, fill = np.zeros((k, P)), np.zeros((k, P))  # after the stage's last backward; before its first forward
+    opt = optimizer(optimizer_name)
+    ortho, colls = opt.sharded and opt.orthogonalises, opt.dp_collectives
+    for params, group, layout, inter, nb in dp_buckets(g.take(np.tile(first, k)), lay_s, gpn, s):
+        act = (group > 1) & (params > 0) & present
+        rails = lay_s.ranks_per_node("edp", gpn) if layout == "strided" else None
+        t = [nb * collective_time(tb, prof, sub, "dp_comm", coll, group, params / nb * nbytes, inter, layout, act,
+                                  rails=rails) for coll, nbytes in colls]
+        # gradient side, parameter side (none for plain DDP), per plan and stage
+        rs, ag, nb = t[0][idx], (t[1][idx] if len(t) > 1 else 0.0), nb[idx]
+        if serial:
+            tail += rs + ag
+            continue
+        tail += np.maximum(rs - w_bwd, rs / nb) + (ag if ortho else 0.0)
+        fill += 0.0 if ortho else np.maximum(ag - w_fwd, ag / nb)
+    rec.fold(sub, idx)
+    if not serial:  # the drain (fill) of the earlier stages hides what is left after (before) them
+        tail, fill = np.maximum(tail - drain * w_bwd, 0.0), np.maximum(fill - drain * w_fwd, 0.0)
+    return (tail + fill).max(axis=0)  # an absent stage looked nothing up: 0
 
-    def _bias_sync(self, rec, g, lay):
-        """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs
-        between the backward and the optimizer step. A few kB: below a GPU table's measured sizes this
-        is the analytic latency-bound ring time (labelled analytic)."""
-        n_layers, group, inter, size = bias_sync(g, lay, self.gpn)
-        act = (n_layers > 0) & (group > 1)
-        return n_layers * self._collective(rec, "bias_sync", "all_reduce", group, size, inter, "contiguous", act,
-                                           small_analytic=True)
+def bias_sync_time(tb, prof, rec, g, lay):
+    """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs
+    between the backward and the optimizer step. A few kB: below a GPU table's measured sizes this
+    is the analytic latency-bound ring time (labelled analytic)."""
+    n_layers, group, inter, size = bias_sync(g, lay, prof.gpus_per_node)
+    act = (n_layers > 0) & (group > 1)
+    return n_layers * collective_time(tb, prof, rec, "bias_sync", "all_reduce", group, size, inter, "contiguous",
+                                      act, small_analytic=True)

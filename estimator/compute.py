@@ -1,6 +1,7 @@
 """Kernel times of one layer and micro-batch from the measured tables (GEMM, grouped GEMM, SDPA,
-router, element-wise, vocabulary), the optimizer step and the reference model's measured host time. Mixed into
-:class:`scaleplan.estimator.model.TimeModel`; seconds."""
+router, element-wise, vocabulary) and the reference model's measured host time; seconds. Each function
+takes the tables it reads (``tb``: the spec precision's :meth:`Tables.view`, or a recording view of
+them) and records its lookups in ``rec``."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,212 +11,216 @@ from scaleplan.estimator.geom import Geometry, vocab_shard
 from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED, LookupResult
 
 
+def gemm_times(tb, prof, rec, comp, m, n, k, peak, active=True):
+    """Forward GEMM time; returns (fwd, bwd) seconds where bwd = dgrad (m,k,n) + wgrad (k,n,m)."""
+    hbm = prof.hbm_bandwidth
+    if tb.gemm is None:
+        rec.mark(comp, ANALYTIC)
+        f = an.gemm_time(m, n, k, peak, hbm)
+        b = an.gemm_time(m, k, n, peak, hbm) + an.gemm_time(k, n, m, peak, hbm)
+        return np.where(active, f, 0.0), np.where(active, b, 0.0)
+    f = rec.use(comp, tb.gemm.lookup(m, n, k), active)
+    b = rec.use(comp, tb.gemm.lookup(m, k, n), active) + rec.use(comp, tb.gemm.lookup(k, n, m), active)
+    return f, b
 
-class ComputeModel:
-    """Kernel costs; needs ``self.tb``, ``self.prof``."""
 
-    def _gemm(self, rec, comp, m, n, k, peak, active=True):
-        """Forward GEMM time; returns (fwd, bwd) where bwd = dgrad (m,k,n) + wgrad (k,n,m)."""
-        if self.tb.gemm is None:
-            rec.mark(comp, ANALYTIC)
-            f = an.gemm_time(m, n, k, peak, self.prof.hbm_bandwidth)
-            b = an.gemm_time(m, k, n, peak, self.prof.hbm_bandwidth) + an.gemm_time(k, n, m, peak, self.prof.hbm_bandwidth)
-            return np.where(active, f, 0.0), np.where(active, b, 0.0)
-        f = rec.use(comp, self.tb.gemm.lookup(m, n, k), active)
-        b = rec.use(comp, self.tb.gemm.lookup(m, k, n), active) + rec.use(comp, self.tb.gemm.lookup(k, n, m), active)
-        return f, b
+def expert_times(tb, prof, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
+    """Routed-expert GEMMs (fc1 + fc2) of one MoE layer per micro-batch: (fwd, bwd) seconds.
 
-    def _experts(self, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
-        """Routed-expert GEMMs (fc1 + fc2) of one MoE layer per micro-batch: (fwd, bwd) seconds.
+    Per expert shape (d, d_expert / ETP), in order of preference:
 
-        Per expert shape (d, d_expert / ETP), in order of preference:
-
-        1. the grouped-GEMM table of that exact shape, keyed (num_gemms = E_loc, tokens_per_expert = tile);
-        2. the shape is not in the grouped table but the profile has a dense GEMM table: the expert MLP
-           as a loop over the E_loc local experts of measured dense GEMMs, fc1 [tile, d] x [d, w1 f]
-           and fc2 [tile, f] x [f, d] (w1 = 2 with GLU), backward = dgrad + wgrad of each (as
-           :meth:`_gemm`). This is one of the implementations the grouped bench measures ("loop"; the
-           recorded B200 rows are TE GroupedLinear, itself a sequence of cuBLAS GEMMs), so it is
-           physically grounded at every shape the dense grid covers; lookups are range-checked like
-           any GEMM (``out_of_range:gemm.<axis>``) and, where the profile has a grouped table at all,
-           against the grouped kernel's measured (num_gemms, tokens_per_expert) envelope
-           (``out_of_range:grouped_gemm.<axis>``): the loop stands in for the grouped kernel, whose
-           behaviour outside that envelope (per-group host cost, stream overlap) the profile has no
-           evidence of, and an unmeasured shape must not get a wider envelope than a measured one
-           (else measuring a shape would remove plans). Labelled "interpolated" with a note.
-           Not chosen: interpolating between measured grouped shapes in log (hidden, ffn). The recorded
-           shapes are 7 scattered points, not a grid, and most ladder shapes (d = 512 q > 6144 for
-           q >= 14, d_expert > 3840 for G <= 2) lie outside their hull, so it would cover few shapes
-           and blend kernels tuned for other shapes; the dense grid holds the exact shape. At the
-           measured shapes the loop agrees with the grouped rows within ~1.5x in the compute-bound
-           regime (tests/estimator/test_expert_fallback.py);
-        3. neither table: the analytic roofline (labelled "analytic").
-        """
-        P = rec.P
-        ex_f, ex_b = np.zeros(P), np.zeros(P)
-        w1 = 2 if g.glu else 1
-        # one grouped table per expert shape (d, d_expert / ETP); d and d_expert are per plan in a GeometryBatch
-        shape_d = np.broadcast_to(np.asarray(g.d, dtype=np.int64), (P,))
-        shape_f = np.broadcast_to(np.rint(np.asarray(g.dexp / np.asarray(etp, dtype=float))).astype(np.int64), (P,))
-        for d, f_loc in sorted(set(zip(shape_d.tolist(), shape_f.tolist()))):
-            sel = (shape_d == d) & (shape_f == f_loc)
-            tabf, tabb = self.tb.grouped.get(("fwd", d, f_loc)), self.tb.grouped.get(("bwd", d, f_loc))
-            if tabf is not None and tabb is not None:
-                ex_f += rec.use("experts", tabf.lookup(E_loc, tile), sel)
-                ex_b += rec.use("experts", tabb.lookup(E_loc, tile), sel)
-            elif self.tb.gemm is not None:
-                self._grouped_envelope(rec, E_loc, tile, sel)
-                f1, b1 = self._gemm(rec, "experts", tile, w1 * f_loc, d, peak, sel)
-                f2, b2 = self._gemm(rec, "experts", tile, d, f_loc, peak, sel)
-                ex_f += E_loc * (f1 + f2)
-                ex_b += E_loc * (b1 + b2)
-                rec.mark("experts", np.where(sel, INTERPOLATED, 0))
-                rec.note(f"experts from dense GEMM table (shape {d}x{f_loc} not in grouped table)", sel)
-            else:
-                rec.mark("experts", np.where(sel, ANALYTIC, 0))
-                fa = an.grouped_gemm_time(E_loc, tile, d, f_loc, peak, hbm, g.glu)
-                ex_f += np.where(sel, fa, 0.0)
-                ex_b += np.where(sel, 2 * fa, 0.0)
-        return ex_f, ex_b
-
-    def _sdpa(self, rec, g: Geometry, seqlen, mbs, heads, hbm):
-        """Causal SDPA of one layer and micro-batch on ``heads`` local query heads: (fwd, bwd) seconds,
-        in the spec's ``sdpa_precision``.
-
-        The SDPA table of that dtype where the profile measured one. Otherwise the table of the
-        16-bit rows scaled to the dtype's attention rate (:func:`analytic.sdpa_lane_ratio`): fp32/tf32
-        runs ~6x slower on a B200 (the flash and cuDNN kernels take 16-bit inputs only; PyTorch runs
-        fp32 in its memory-efficient kernel, 3xTF32 on tensor cores), fp16 at the bf16 rate, fp8/fp4
-        keep the bf16 time (an upper bound: no measured low-precision attention). Such a lookup is
-        labelled analytic with a note. Without any SDPA table: the roofline at that rate.
-        """
-        prec = g.sdpa_precision
-        tabs, ratio = self.tb.sdpa_by_dtype.get(prec), 1.0
-        if tabs is None:
-            base = next((d for d in ("bf16", "fp16") if d in self.tb.sdpa_by_dtype), None)
-            if base is None:
-                rec.mark("sdpa", ANALYTIC)
-                f = an.sdpa_fwd_time(seqlen, mbs, heads, g.hd, an.sdpa_peak(self.prof, prec), hbm)
-                return f, an.SDPA_BWD_OVER_FWD * f
-            tabs, ratio = self.tb.sdpa_by_dtype[base], an.sdpa_lane_ratio(self.prof, prec)
-            rec.mark("sdpa", ANALYTIC)
-            rec.note(f"sdpa in {prec}: the {base} SDPA table x {ratio:.3g} (no measured {prec} rows)")
-        return (ratio * rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.hd)),
-                ratio * rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)))
-
-    def _grouped_envelope(self, rec, E_loc, tile, sel):
-        """Range-check (num_gemms, tokens_per_expert) of the dense-loop fallback against the envelope
-        the grouped tables measure (union over shapes); records out_of_range:grouped_gemm.<axis>."""
-        if not self.tb.grouped:
-            return
-        tabs = list(self.tb.grouped.values())
-        lo = np.min([t.lo for t in tabs], axis=0)
-        hi = np.max([t.hi for t in tabs], axis=0)
-        P = rec.P
-        cs = [np.broadcast_to(np.asarray(E_loc, dtype=float), (P,)), np.broadcast_to(np.asarray(tile, dtype=float), (P,))]
-        ax = np.full(P, -1, dtype=np.int16)
-        val, l, h = np.zeros(P), np.full(P, np.nan), np.full(P, np.nan)
-        for i, c in enumerate(cs):
-            bad = ((c < lo[i] * (1 - 1e-9)) | (c > hi[i] * (1 + 1e-9))) & (ax < 0)
-            ax[bad], val[bad], l[bad], h[bad] = i, c[bad], lo[i], hi[i]
-        res = LookupResult("grouped_gemm", ("num_gemms", "tokens_per_expert"), np.zeros(P),
-                           np.full(P, INTERPOLATED, dtype=np.int8), ax, val, l, h)
-        rec.use("experts", res, sel)
-
-    def _measured_host(self, rec, g, ckc, L_stage, nd0, t_law, T):
-        """Measured host seconds of the reference model's ops: (per micro-batch and stage, per step),
-        arrays (P,) (sec:iteration-time-model, "Compute versus dispatch", kappa measured).
-
-        Per micro-batch: n_moe_stage t_moe(ckpt) + n_dense_stage t_dense(ckpt) + t_microbatch(ckpt),
-        the measured host time of the reference model's ops (dispatch rows ``ops:*``: op count kappa
-        x seconds per op, bench/suites/model_ops.py); per step the optimizer's ops (step_moe,
-        step_dense, step). A checkpoint mode without rows keeps the kernel-count law ``t_law``
-        (labelled analytic), as does every plan when the profile has no such rows. The first stage
-        (dense blocks, embedding) is the one costed. Used on a serial-dispatch (CPU) profile, where
-        the caller adds it to the compute, and for the reference stack on a GPU, where it enters
-        the max with the GPU time (:func:`scaleplan.estimator.pipeline.stage_periods`).
-        """
-        P = rec.P
-        tb, prec = self.tb, g.precision
-        E = int(g.E) if g.is_moe else 1
-        n_moe = (L_stage - nd0) if g.is_moe else np.zeros(P)
-        n_den = nd0 if g.is_moe else L_stage * np.ones(P)
-        t_mb = np.array(t_law, dtype=float, copy=True).reshape(-1) * np.ones(P)
-        src = np.full(P, ANALYTIC, dtype=np.int8)
-
-        def part(name, ck):
-            return tb.host_time(name, ck, prec, T, g.d, E)
-
-        for mode in CkptMode:
-            sel, ck = ckc == mode, mode.spec_name
-            if not sel.any():
-                continue
-            den, mb, mo = part("dense", ck), part("microbatch", ck), part("moe", ck) if g.is_moe else 0.0
-            if den is None or mb is None or mo is None:
-                continue
-            t_mb = np.where(sel, n_den * den + mb + n_moe * mo, t_mb)
-            src[sel] = MEASURED
-        rec.mark("dispatch_floor", src)
-        # per step: the optimizer's ops; a part without a row issues none (the bench stores a part
-        # that counts 0 ops, e.g. the per-layer master copies of an fp32 model, as UNSUPPORTED)
-        st = {k: (v if v is not None else 0.0) for k in ("step_dense", "step", "step_moe")
-              for v in [part(k, "")]}
-        step = ((g.L - g.n_moe) * st["step_dense"] + st["step"] + g.n_moe * st["step_moe"]) * L_stage / g.L
-        return t_mb, step
-
-    # (op, tokens is the sequence-parallel shard?, count per layer and pass, analytic bytes factor)
-    _EW_OPS = (("rmsnorm", True, 2, 2.0), ("residual_add", True, 2, 3.0), ("rope", False, 1, 2.0))
-
-    def _elementwise(self, rec, g, T, Tsp, rope_width, b_el, hbm):
-        """Per layer and micro-batch (fwd, bwd) seconds of the 2 RMSNorms and 2 residual adds on the
-        sequence-parallel shard [T/TP, d] and RoPE on the local q/k heads [T, (n_q/TP + kv_loc) hd]:
-        the element-wise table (bench/suites/elementwise.py) where it has the op, else the bytes
-        through HBM (read + write; backward twice the forward), labelled analytic. With dropout
-        (spec model.dropout) each residual add is Megatron's fused bias-dropout-add: plus the
-        1-byte mask written forward and applied backward."""
-        f = np.zeros(np.shape(T))
-        b = np.zeros(np.shape(T))
-        for op, sp, n, passes in self._EW_OPS:
-            rows, width = (Tsp, g.d) if sp else (T, rope_width)
-            tf, tb = self.tb.elementwise.get((op, "fwd")), self.tb.elementwise.get((op, "bwd"))
-            if tf is not None:
-                of = rec.use("elementwise", tf.lookup(rows, width))
-                ob = rec.use("elementwise", tb.lookup(rows, width)) if tb is not None else 2 * of
-            else:
-                rec.mark("elementwise", ANALYTIC)
-                of = an.memory_time(b_el * rows * width * passes, hbm)
-                ob = 2 * of
-            f, b = f + n * of, b + n * ob
-        if g.dropout:  # Megatron's bias-dropout-add: each residual add also writes a 1-byte mask, and
-            # the backward applies it (read grad and mask, write grad); bytes through HBM
-            f = f + 2 * an.memory_time(1.0 * Tsp * g.d, hbm)
-            b = b + 2 * an.memory_time((2.0 * b_el + 1.0) * Tsp * g.d, hbm)
-            rec.note("dropout: hidden-dropout masks costed as bytes through HBM; attention dropout's "
-                     "in-kernel RNG is not (the SDPA table is measured without dropout)")
-        return f, b
-
-    def _vocab(self, rec, g, T, tp, peak, hbm, b_el):
-        """(t_first, t_last_fwd, t_last_bwd) per micro-batch: embedding gather/scatter; LM head GEMM +
-        cross-entropy, forward and backward apart (the forward is exposed, :func:`stage_periods`).
-
-        The vocab table has one vocab size V_t (Megatron-padded). Both kernels do work proportional
-        to the logit count, so a TP-sharded padded vocab V_loc = pad(V, TP)/TP is looked up at the
-        logit-equivalent token count T V_loc / V_t (in range or reported out of range like any axis).
-        """
-        V_loc = vocab_shard(g.vocab, tp)
-        t_first = an.memory_time(b_el * T * g.d * 2 + 4.0 * T * g.d * 2, hbm)  # gather fwd, fp32 scatter-add bwd
-        if self.tb.vocab and self.tb.vocab_size:
-            teq = T * V_loc / self.tb.vocab_size
-            t_last = {"fwd": np.zeros_like(T), "bwd": np.zeros_like(T)}
-            for op in ("lm_head_gemm", "cross_entropy"):
-                for dirn in ("fwd", "bwd"):
-                    tab = self.tb.vocab.get((op, dirn))
-                    if tab is not None:
-                        t_last[dirn] = t_last[dirn] + rec.use("vocab", tab.lookup(teq, g.d))
-            return t_first, t_last["fwd"], t_last["bwd"]
+    1. the grouped-GEMM table of that exact shape, keyed (num_gemms = E_loc, tokens_per_expert = tile);
+    2. the shape is not in the grouped table but the profile has a dense GEMM table: the expert MLP
+       as a loop over the E_loc local experts of measured dense GEMMs, fc1 [tile, d] x [d, w1 f]
+       and fc2 [tile, f] x [f, d] (w1 = 2 with GLU), backward = dgrad + wgrad of each (as
+       :func:`gemm_times`). This is one of the implementations the grouped bench measures ("loop"; the
+       recorded B200 rows are TE GroupedLinear, itself a sequence of cuBLAS GEMMs), so it is
+       physically grounded at every shape the dense grid covers; lookups are range-checked like
+       any GEMM (``out_of_range:gemm.<axis>``) and, where the profile has a grouped table at all,
+       against the grouped kernel's measured (num_gemms, tokens_per_expert) envelope
+       (``out_of_range:grouped_gemm.<axis>``): the loop stands in for the grouped kernel, whose
+       behaviour outside that envelope (per-group host cost, stream overlap) the profile has no
+       evidence of, and an unmeasured shape must not get a wider envelope than a measured one
+       (else measuring a shape would remove plans). Labelled "interpolated" with a note.
+       Not chosen: interpolating between measured grouped shapes in log (hidden, ffn). The recorded
+       shapes are 7 scattered points, not a grid, and most ladder shapes (d = 512 q > 6144 for
+       q >= 14, d_expert > 3840 for G <= 2) lie outside their hull, so it would cover few shapes
+       and blend kernels tuned for other shapes; the dense grid holds the exact shape. At the
+       measured shapes the loop agrees with the grouped rows within ~1.5x in the compute-bound
+       regime (tests/estimator/test_expert_fallback.py);
+    3. neither table: the analytic roofline (labelled "analytic").
+    """
+    P = rec.P
+    ex_f, ex_b = np.zeros(P), np.zeros(P)
+    w1 = 2 if g.glu else 1
+    # one grouped table per expert shape (d, d_expert / ETP); d and d_expert are per plan in a GeometryBatch
+    shape_d = np.broadcast_to(np.asarray(g.d, dtype=np.int64), (P,))
+    shape_f = np.broadcast_to(np.rint(np.asarray(g.dexp / np.asarray(etp, dtype=float))).astype(np.int64), (P,))
+    for d, f_loc in sorted(set(zip(shape_d.tolist(), shape_f.tolist()))):
+        sel = (shape_d == d) & (shape_f == f_loc)
+        tabf, tabb = tb.grouped.get(("fwd", d, f_loc)), tb.grouped.get(("bwd", d, f_loc))
+        if tabf is not None and tabb is not None:
+            ex_f += rec.use("experts", tabf.lookup(E_loc, tile), sel)
+            ex_b += rec.use("experts", tabb.lookup(E_loc, tile), sel)
+        elif tb.gemm is not None:
+            _grouped_envelope(tb, rec, E_loc, tile, sel)
+            f1, b1 = gemm_times(tb, prof, rec, "experts", tile, w1 * f_loc, d, peak, sel)
+            f2, b2 = gemm_times(tb, prof, rec, "experts", tile, d, f_loc, peak, sel)
+            ex_f += E_loc * (f1 + f2)
+            ex_b += E_loc * (b1 + b2)
+            rec.mark("experts", np.where(sel, INTERPOLATED, 0))
+            rec.note(f"experts from dense GEMM table (shape {d}x{f_loc} not in grouped table)", sel)
         else:
-            rec.mark("vocab", ANALYTIC)
-            f, b = self._gemm(rec, "vocab", T, V_loc, g.d, peak)
-            ce = an.memory_time(4.0 * T * V_loc * 3, hbm)
-            rec.mark("vocab", ANALYTIC)
-            return t_first, f + ce, b + ce
+            rec.mark("experts", np.where(sel, ANALYTIC, 0))
+            fa = an.grouped_gemm_time(E_loc, tile, d, f_loc, peak, hbm, g.glu)
+            ex_f += np.where(sel, fa, 0.0)
+            ex_b += np.where(sel, 2 * fa, 0.0)
+    return ex_f, ex_b
+
+
+def sdpa_times(tb, prof, rec, g: Geometry, seqlen, mbs, heads, hbm):
+    """Causal SDPA of one layer and micro-batch on ``heads`` local query heads: (fwd, bwd) seconds,
+    in the spec's ``sdpa_precision``.
+
+    The SDPA table of that dtype where the profile measured one. Otherwise the table of the
+    16-bit rows scaled to the dtype's attention rate (:func:`analytic.sdpa_lane_ratio`): fp32/tf32
+    runs ~6x slower on a B200 (the flash and cuDNN kernels take 16-bit inputs only; PyTorch runs
+    fp32 in its memory-efficient kernel, 3xTF32 on tensor cores), fp16 at the bf16 rate, fp8/fp4
+    keep the bf16 time (an upper bound: no measured low-precision attention). Such a lookup is
+    labelled analytic with a note. Without any SDPA table: the roofline at that rate.
+    """
+    prec = g.sdpa_precision
+    tabs, ratio = tb.sdpa_by_dtype.get(prec), 1.0
+    if tabs is None:
+        base = next((d for d in ("bf16", "fp16") if d in tb.sdpa_by_dtype), None)
+        if base is None:
+            rec.mark("sdpa", ANALYTIC)
+            f = an.sdpa_fwd_time(seqlen, mbs, heads, g.hd, an.sdpa_peak(prof, prec), hbm)
+            return f, an.SDPA_BWD_OVER_FWD * f
+        tabs, ratio = tb.sdpa_by_dtype[base], an.sdpa_lane_ratio(prof, prec)
+        rec.mark("sdpa", ANALYTIC)
+        rec.note(f"sdpa in {prec}: the {base} SDPA table x {ratio:.3g} (no measured {prec} rows)")
+    return (ratio * rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.hd)),
+            ratio * rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)))
+
+
+def _grouped_envelope(tb, rec, E_loc, tile, sel):
+    """Range-check (num_gemms, tokens_per_expert) of the dense-loop fallback against the envelope
+    the grouped tables measure (union over shapes); records out_of_range:grouped_gemm.<axis>."""
+    if not tb.grouped:
+        return
+    tabs = list(tb.grouped.values())
+    lo = np.min([t.lo for t in tabs], axis=0)
+    hi = np.max([t.hi for t in tabs], axis=0)
+    P = rec.P
+    cs = [np.broadcast_to(np.asarray(E_loc, dtype=float), (P,)), np.broadcast_to(np.asarray(tile, dtype=float), (P,))]
+    ax = np.full(P, -1, dtype=np.int16)
+    val, l, h = np.zeros(P), np.full(P, np.nan), np.full(P, np.nan)
+    for i, c in enumerate(cs):
+        bad = ((c < lo[i] * (1 - 1e-9)) | (c > hi[i] * (1 + 1e-9))) & (ax < 0)
+        ax[bad], val[bad], l[bad], h[bad] = i, c[bad], lo[i], hi[i]
+    res = LookupResult("grouped_gemm", ("num_gemms", "tokens_per_expert"), np.zeros(P),
+                       np.full(P, INTERPOLATED, dtype=np.int8), ax, val, l, h)
+    rec.use("experts", res, sel)
+
+
+def measured_host_times(tb, rec, g, ckc, L_stage, nd0, t_law, T):
+    """Measured host seconds of the reference model's ops: (per micro-batch and stage, per step),
+    arrays (P,) (sec:iteration-time-model, "Compute versus dispatch", kappa measured).
+
+    Per micro-batch: n_moe_stage t_moe(ckpt) + n_dense_stage t_dense(ckpt) + t_microbatch(ckpt),
+    the measured host time of the reference model's ops (dispatch rows ``ops:*``: op count kappa
+    x seconds per op, bench/suites/model_ops.py); per step the optimizer's ops (step_moe,
+    step_dense, step). A checkpoint mode without rows keeps the kernel-count law ``t_law``
+    (labelled analytic), as does every plan when the profile has no such rows. The first stage
+    (dense blocks, embedding) is the one costed. Used on a serial-dispatch (CPU) profile, where
+    the caller adds it to the compute, and for the reference stack on a GPU, where it enters
+    the max with the GPU time (:func:`scaleplan.estimator.pipeline.stage_periods`).
+    """
+    P = rec.P
+    prec = g.precision
+    E = int(g.E) if g.is_moe else 1
+    n_moe = (L_stage - nd0) if g.is_moe else np.zeros(P)
+    n_den = nd0 if g.is_moe else L_stage * np.ones(P)
+    t_mb = np.array(t_law, dtype=float, copy=True).reshape(-1) * np.ones(P)
+    src = np.full(P, ANALYTIC, dtype=np.int8)
+
+    def part(name, ck):
+        return tb.host_time(name, ck, prec, T, g.d, E)
+
+    for mode in CkptMode:
+        sel, ck = ckc == mode, mode.spec_name
+        if not sel.any():
+            continue
+        den, mb, mo = part("dense", ck), part("microbatch", ck), part("moe", ck) if g.is_moe else 0.0
+        if den is None or mb is None or mo is None:
+            continue
+        t_mb = np.where(sel, n_den * den + mb + n_moe * mo, t_mb)
+        src[sel] = MEASURED
+    rec.mark("dispatch_floor", src)
+    # per step: the optimizer's ops; a part without a row issues none (the bench stores a part
+    # that counts 0 ops, e.g. the per-layer master copies of an fp32 model, as UNSUPPORTED)
+    st = {k: (v if v is not None else 0.0) for k in ("step_dense", "step", "step_moe")
+          for v in [part(k, "")]}
+    step = ((g.L - g.n_moe) * st["step_dense"] + st["step"] + g.n_moe * st["step_moe"]) * L_stage / g.L
+    return t_mb, step
+
+
+# (op, tokens is the sequence-parallel shard?, count per layer and pass, analytic bytes factor)
+_EW_OPS = (("rmsnorm", True, 2, 2.0), ("residual_add", True, 2, 3.0), ("rope", False, 1, 2.0))
+
+
+def elementwise_times(tb, rec, g, T, Tsp, rope_width, b_el, hbm):
+    """Per layer and micro-batch (fwd, bwd) seconds of the 2 RMSNorms and 2 residual adds on the
+    sequence-parallel shard [T/TP, d] and RoPE on the local q/k heads [T, (n_q/TP + kv_loc) hd]:
+    the element-wise table (bench/suites/elementwise.py) where it has the op, else the bytes
+    through HBM (read + write; backward twice the forward), labelled analytic. With dropout
+    (spec model.dropout) each residual add is Megatron's fused bias-dropout-add: plus the
+    1-byte mask written forward and applied backward."""
+    f = np.zeros(np.shape(T))
+    b = np.zeros(np.shape(T))
+    for op, sp, n, passes in _EW_OPS:
+        rows, width = (Tsp, g.d) if sp else (T, rope_width)
+        tab_f, tab_b = tb.elementwise.get((op, "fwd")), tb.elementwise.get((op, "bwd"))
+        if tab_f is not None:
+            of = rec.use("elementwise", tab_f.lookup(rows, width))
+            ob = rec.use("elementwise", tab_b.lookup(rows, width)) if tab_b is not None else 2 * of
+        else:
+            rec.mark("elementwise", ANALYTIC)
+            of = an.memory_time(b_el * rows * width * passes, hbm)
+            ob = 2 * of
+        f, b = f + n * of, b + n * ob
+    if g.dropout:  # Megatron's bias-dropout-add: each residual add also writes a 1-byte mask, and
+        # the backward applies it (read grad and mask, write grad); bytes through HBM
+        f = f + 2 * an.memory_time(1.0 * Tsp * g.d, hbm)
+        b = b + 2 * an.memory_time((2.0 * b_el + 1.0) * Tsp * g.d, hbm)
+        rec.note("dropout: hidden-dropout masks costed as bytes through HBM; attention dropout's "
+                 "in-kernel RNG is not (the SDPA table is measured without dropout)")
+    return f, b
+
+
+def vocab_times(tb, prof, rec, g, T, tp, peak, hbm, b_el):
+    """(t_first, t_last_fwd, t_last_bwd) per micro-batch: embedding gather/scatter; LM head GEMM +
+    cross-entropy, forward and backward apart (the forward is exposed, :func:`stage_periods`).
+
+    The vocab table has one vocab size V_t (Megatron-padded). Both kernels do work proportional
+    to the logit count, so a TP-sharded padded vocab V_loc = pad(V, TP)/TP is looked up at the
+    logit-equivalent token count T V_loc / V_t (in range or reported out of range like any axis).
+    """
+    V_loc = vocab_shard(g.vocab, tp)
+    t_first = an.memory_time(b_el * T * g.d * 2 + 4.0 * T * g.d * 2, hbm)  # gather fwd, fp32 scatter-add bwd
+    if tb.vocab and tb.vocab_size:
+        teq = T * V_loc / tb.vocab_size
+        t_last = {"fwd": np.zeros_like(T), "bwd": np.zeros_like(T)}
+        for op in ("lm_head_gemm", "cross_entropy"):
+            for dirn in ("fwd", "bwd"):
+                tab = tb.vocab.get((op, dirn))
+                if tab is not None:
+                    t_last[dirn] = t_last[dirn] + rec.use("vocab", tab.lookup(teq, g.d))
+        return t_first, t_last["fwd"], t_last["bwd"]
+    else:
+        rec.mark("vocab", ANALYTIC)
+        f, b = gemm_times(tb, prof, rec, "vocab", T, V_loc, g.d, peak)
+        ce = an.memory_time(4.0 * T * V_loc * 3, hbm)
+        rec.mark("vocab", ANALYTIC)
+        return t_first, f + ce, b + ce

@@ -4,7 +4,7 @@ its sources (defaults < profile < measured dispatch rows < calibration): :func:`
 serial-dispatch (CPU) profile, and for ``stack="reference"`` (scaleplan's own reference model) on any
 profile, the measured host seconds of that model's ops (dispatch rows ``ops:*``) take precedence
 over the whole law for each checkpoint mode they cover
-(:meth:`scaleplan.estimator.compute.ComputeModel._measured_host`); a 'dispatch' calibration's
+(:func:`scaleplan.estimator.compute.measured_host_times`); a 'dispatch' calibration's
 host_scale still scales them. Seconds."""
 from __future__ import annotations
 

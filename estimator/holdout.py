@@ -122,7 +122,7 @@ def all_holdouts(frames, peak: float) -> list[Holdout]:
 
 def group_sizes(frames, peak: float, gpus_per_node: int = 8) -> Holdout:
     """Collectives at the largest measured group size hidden and predicted from the smaller ones the way the
-    estimator extrapolates to more ranks than measured (comm.CommModel._collective): busbw invariance (the
+    estimator extrapolates to more ranks than measured (comm.collective_time): busbw invariance (the
     per-link bytes S factor(n) kept), an inter-node all-to-all by its inter-node bytes per rank
     S (n - m) / n (m = ``gpus_per_node``). One doubling of the group on the recorded tables (16 -> 32 inter-node);
     a search extrapolating further compounds it. ``cut`` is the hidden group size's ratio to the largest kept."""

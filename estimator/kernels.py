@@ -2,7 +2,8 @@
 the attention block, the dense MLP, the MoE block, the TP and CP collectives and the vocabulary work,
 each forward and backward, as a typed record (:class:`LayerKernels`). They depend on (TP, CP, EP, ETP,
 B_micro) only: :meth:`KernelModel.layer_kernels` evaluates each distinct tuple once and hands the
-times to every plan sharing it. Mixed into :class:`scaleplan.estimator.model.TimeModel`; seconds.
+times to every plan sharing it. Mixed into :class:`scaleplan.estimator.model.TimeModel`; the tables are an
+argument (``tb``: the spec precision's view, or a recording view), never state; seconds.
 """
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 from scaleplan.estimator import analytic as an
-from scaleplan.estimator.comm import CommModel
-from scaleplan.estimator.compute import ComputeModel
+from scaleplan.estimator.comm import collective_time
+from scaleplan.estimator.compute import elementwise_times, expert_times, gemm_times, sdpa_times, vocab_times
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder, distinct
@@ -69,20 +70,21 @@ _DEVICE_KERNELS = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f"
                    "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b", "t_first", "t_last_f", "t_last_b")
 
 
-class KernelModel(ComputeModel, CommModel):
-    """The kernels of one layer; needs ``self.tb``, ``self.prof``, ``self.gpn``, ``self.kernel_scale``."""
+class KernelModel:
+    """The kernels of one layer; needs ``self.prof``, ``self.gpn``, ``self.kernel_scale``."""
 
-    def layer_kernels(self, g: Geometry, lay: ParallelLayout, seqlen: int, rec: Recorder) -> LayerKernels:
-        """:class:`LayerKernels` of every plan of ``lay`` (arrays of length P), each distinct (TP, CP,
-        EP, ETP, B_micro) evaluated once (per geometry of a :class:`~scaleplan.estimator.geom.GeometryBatch`); lookups recorded in
+    def layer_kernels(self, tb, g: Geometry, lay: ParallelLayout, seqlen: int, rec: Recorder) -> LayerKernels:
+        """:class:`LayerKernels` of every plan of ``lay`` (arrays of length P) from the tables ``tb``
+        (:meth:`Tables.view` of the spec precision), each distinct (TP, CP, EP, ETP, B_micro) evaluated
+        once (per geometry of a :class:`~scaleplan.estimator.geom.GeometryBatch`); lookups recorded in
         ``rec``."""
         first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.ep, lay.etp, lay.mbs)
         rec_u = Recorder(len(first), rec.mode)
-        k = LayerKernels(**self._kernels(g.take(first), lay.take(first), seqlen, rec_u)).take(inv)
+        k = LayerKernels(**self._kernels(tb, g.take(first), lay.take(first), seqlen, rec_u)).take(inv)
         rec.fold(rec_u, inv)
         return k
 
-    def _kernels(self, g: Geometry, lay: ParallelLayout, seqlen: int, rec: Recorder) -> dict[str, np.ndarray]:
+    def _kernels(self, tb, g: Geometry, lay: ParallelLayout, seqlen: int, rec: Recorder) -> dict[str, np.ndarray]:
         """Per-layer, per-micro-batch forward/backward times that depend only on (TP, CP, EP, ETP,
         B_micro): evaluated once per distinct tuple and broadcast to the plans sharing it."""
         prof = self.prof
@@ -92,25 +94,25 @@ class KernelModel(ComputeModel, CommModel):
         sh = rank_shapes(g, lay, seqlen)  # the same shapes bench plan measures
         b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
         P = len(tp)
-        k = self._attention_kernels(rec, g, sh, tp, cp, mbs, seqlen, peak, hbm)
+        k = self._attention_kernels(tb, rec, g, sh, tp, cp, mbs, seqlen, peak, hbm)
 
         # dense MLP (first block(s)) and the MoE block
         w1 = 2 if g.glu else 1
-        dm_f1, dm_b1 = self._gemm(rec, "dense_mlp", T, w1 * g.dff / tp, g.d, peak, active=g.n_dense > 0)
-        dm_f2, dm_b2 = self._gemm(rec, "dense_mlp", T, g.d, g.dff / tp, peak, active=g.n_dense > 0)
+        dm_f1, dm_b1 = gemm_times(tb, prof, rec, "dense_mlp", T, w1 * g.dff / tp, g.d, peak, active=g.n_dense > 0)
+        dm_f2, dm_b2 = gemm_times(tb, prof, rec, "dense_mlp", T, g.d, g.dff / tp, peak, active=g.n_dense > 0)
         act_dense = an.memory_time(b_el * T * g.dff / tp * 3, hbm)
         k["dense_f"], k["dense_b"] = dm_f1 + dm_f2 + act_dense, dm_b1 + dm_b2 + 2 * act_dense
         if g.is_moe:
-            k.update(self._moe_kernels(rec, g, sh, lay, peak, hbm))
+            k.update(self._moe_kernels(tb, rec, g, sh, lay, peak, hbm))
         else:
             k.update(dict.fromkeys(_MOE_KERNELS, np.zeros(P)), E_loc=np.ones(P))
 
         # TP (sequence parallel): 2 all-gathers + 2 reduce-scatters of the full [T, d] per pass
         tp_inter = lay.spans_nodes("tp", self.gpn)
-        tp_one = self._collective(rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
-            self._collective(rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
+        tp_one = collective_time(tb, prof, rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
+            collective_time(tb, prof, rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
         k["tp_f"] = k["tp_b"] = 2 * tp_one
-        k["t_first"], k["t_last_f"], k["t_last_b"] = self._vocab(rec, g, T, tp, peak, hbm, b_el)
+        k["t_first"], k["t_last_f"], k["t_last_b"] = vocab_times(tb, prof, rec, g, T, tp, peak, hbm, b_el)
         ks = self.kernel_scale
         if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
             k.update({name: ks * k[name] for name in _DEVICE_KERNELS})
@@ -121,34 +123,35 @@ class KernelModel(ComputeModel, CommModel):
         # TE's ring attention exchanges K/V blocks peer to peer while it computes on the previous
         # block: only the part of the exchange longer than the attention itself is exposed
         sd_f, sd_b = k["sd_f"], k["sd_b"]
-        cp_f = np.maximum(self._collective(rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
-        cp_b = np.maximum(cp_f + self._collective(rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
+        cp_f = np.maximum(collective_time(tb, prof, rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
+        cp_b = np.maximum(cp_f + collective_time(tb, prof, rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
                           - sd_b, 0.0)
         k.update(cp_f=cp_f, cp_b=cp_b, T=T, Tsp=Tsp)
         return {name: np.broadcast_to(np.asarray(k[name], dtype=float), (P,)) for name in _NAMES}
 
-    def _attention_kernels(self, rec: Recorder, g: Geometry, sh: RankShapes, tp: np.ndarray, cp: np.ndarray,
+    def _attention_kernels(self, tb, rec: Recorder, g: Geometry, sh: RankShapes, tp: np.ndarray, cp: np.ndarray,
                            mbs: np.ndarray, seqlen: int, peak: float, hbm: float) -> dict[str, np.ndarray]:
         """The attention block's projections, SDPA and element-wise work, forward and backward
         (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b; seconds per layer and micro-batch)."""
         b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
         # attention projections (gate folded into the QKV GEMM: same input, n_q extra columns)
-        f_qkv, b_qkv = self._gemm(rec, "attn_proj", T, sh.n_qkv, g.d, peak)
-        f_o, b_o = self._gemm(rec, "attn_proj", T, g.d, sh.n_attn_out, peak)
+        prof = self.prof
+        f_qkv, b_qkv = gemm_times(tb, prof, rec, "attn_proj", T, sh.n_qkv, g.d, peak)
+        f_o, b_o = gemm_times(tb, prof, rec, "attn_proj", T, g.d, sh.n_attn_out, peak)
         attn_f, attn_b = f_qkv + f_o, b_qkv + b_o
 
         # SDPA on TP-sharded heads; CP: each rank computes 1/CP of the (load-balanced) causal work
-        sd_f, sd_b = self._sdpa(rec, g, seqlen, mbs, g.nq / tp, hbm)
+        sd_f, sd_b = sdpa_times(tb, prof, rec, g, seqlen, mbs, g.nq / tp, hbm)
         sd_f, sd_b = sd_f / cp, sd_b / cp
 
         # element-wise: 2 norms, 2 residual adds, RoPE on q/k, gate sigmoid*mul
-        ew_f, ew_b = self._elementwise(rec, g, T, Tsp, (g.nq / tp + kv_loc) * g.hd, b_el, hbm)
+        ew_f, ew_b = elementwise_times(tb, rec, g, T, Tsp, (g.nq / tp + kv_loc) * g.hd, b_el, hbm)
         if g.has_gate:  # the head gate has no table: bytes through HBM
             gate = an.memory_time(b_el * T * g.nq * g.hd / tp * 3, hbm)
             ew_f, ew_b = ew_f + gate, ew_b + 2 * gate
         return {"attn_f": attn_f, "attn_b": attn_b, "sd_f": sd_f, "sd_b": sd_b, "ew_f": ew_f, "ew_b": ew_b}
 
-    def _moe_kernels(self, rec: Recorder, g: Geometry, sh: RankShapes, lay: ParallelLayout, peak: float,
+    def _moe_kernels(self, tb, rec: Recorder, g: Geometry, sh: RankShapes, lay: ParallelLayout, peak: float,
                      hbm: float) -> dict[str, np.ndarray]:
         """The MoE block per layer and micro-batch, forward and backward (seconds; _MOE_KERNELS and
         E_loc): router + top-k, permute, routed experts, shared expert, EP all-to-all."""
@@ -158,10 +161,11 @@ class KernelModel(ComputeModel, CommModel):
         sh_f = sh_b = np.zeros(len(tp))
         E_loc, R, tile = sh.E_loc, sh.R, sh.tile    # balanced routing; EP tile correction
         # router GEMM (fp32 island costed as bf16 GEMM: d x E is tiny) + top-k
-        rg_f, rg_b = self._gemm(rec, "router", Tsp, g.E, g.d, peak)
-        if self.tb.topk:
-            tk_f = rec.use("router", self.tb.topk["fwd"].lookup(Tsp, g.E, g.K))
-            tk_b = rec.use("router", self.tb.topk["bwd"].lookup(Tsp, g.E, g.K)) if "bwd" in self.tb.topk \
+        prof = self.prof
+        rg_f, rg_b = gemm_times(tb, prof, rec, "router", Tsp, g.E, g.d, peak)
+        if tb.topk:
+            tk_f = rec.use("router", tb.topk["fwd"].lookup(Tsp, g.E, g.K))
+            tk_b = rec.use("router", tb.topk["bwd"].lookup(Tsp, g.E, g.K)) if "bwd" in tb.topk \
                 else tk_f
         else:
             rec.mark("router", ANALYTIC)
@@ -170,18 +174,19 @@ class KernelModel(ComputeModel, CommModel):
         perm = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)   # permute + unpermute
         rec.mark("permute", ANALYTIC)
         ffn_loc = sh.ffn_loc
-        ex_f, ex_b = self._experts(rec, g, E_loc, tile, etp, peak, hbm)
+        ex_f, ex_b = expert_times(tb, prof, rec, g, E_loc, tile, etp, peak, hbm)
         ex_act = an.memory_time(b_el * R * ffn_loc * 3, hbm)        # SwiGLU on routed rows
         ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
         if g.has_shared:
-            s1f, s1b = self._gemm(rec, "shared_expert", T, w1 * g.dsh / tp, g.d, peak)
-            s2f, s2b = self._gemm(rec, "shared_expert", T, g.d, g.dsh / tp, peak)
+            s1f, s1b = gemm_times(tb, prof, rec, "shared_expert", T, w1 * g.dsh / tp, g.d, peak)
+            s2f, s2b = gemm_times(tb, prof, rec, "shared_expert", T, g.d, g.dsh / tp, peak)
             s_act = an.memory_time(b_el * T * g.dsh / tp * 3, hbm)
             sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
         # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes; the EP ranks on one
         # node exchange over NVLink (ParallelLayout.ranks_per_node)
-        a2a_one = self._collective(rec, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, lay.spans_nodes("ep", self.gpn),
-                                   active=ep > 1, per_node=lay.ranks_per_node("ep", self.gpn))
+        a2a_one = collective_time(tb, prof, rec, "ep_a2a", "all_to_all", ep, sh.a2a_bytes,
+                                  lay.spans_nodes("ep", self.gpn), active=ep > 1,
+                                  per_node=lay.ranks_per_node("ep", self.gpn))
         return {"moe_f": rg_f + tk_f + perm + ex_f, "moe_b": rg_b + tk_b + perm + ex_b,
                 "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": E_loc,
                 "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm, "ex_f": ex_f, "ex_b": ex_b}

@@ -30,14 +30,16 @@ no LM head (:mod:`pipeline`; the paper's t_vocab charges it there too, (PP-1) t_
 compute-bound case, tests/estimator/test_pipeline.py). The bubble term is that fill and drain at
 the stages' vocabulary-free periods (eq:bubble's f_bubble = (PP-1)/(VPP n_mb) of the layers' period
 when the stages are equal); the vocabulary term is what the embedding, LM head and loss add to the
-pipelined wall (:class:`iteration.IterationTime` names every term and sums them). Then PP send/recv, the DP gradient reduce-scatter and parameter all-gather of the distributed optimizer
-with the overlap 1F1B allows, the optimizer step, and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
+pipelined wall (:class:`iteration.IterationTime` names every term and sums them). Then PP
+send/recv, the DP gradient reduce-scatter and parameter all-gather of the distributed optimizer with
+the overlap 1F1B allows, the optimizer step, and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
 
-**Where each piece lives.** :mod:`compute` (kernel times from the tables, optimizer step, a CPU's
-host time), :mod:`comm` (collectives, DP traffic, bias all-reduce), :mod:`pipeline` (bubble, stage
-periods), :mod:`dispatch` (the launch law), :mod:`desync` (eq:desync), :mod:`memory` (bytes per
-rank), :mod:`recorder` (sources, out-of-range lookups), :mod:`iteration` (the terms of t_analytic).
-This module composes them per plan into an :class:`IterationTime`.
+**Where each piece lives.** :mod:`compute` (kernel times from the tables, a CPU's host time),
+:mod:`comm` (collectives, DP traffic, bias all-reduce), :mod:`pipeline` (bubble, stage periods),
+:mod:`dispatch` (the launch law), :mod:`desync` (eq:desync), :mod:`memory` (bytes per rank),
+:mod:`recorder` (sources, out-of-range lookups), :mod:`iteration` (the terms of t_analytic). This
+module composes them per plan into an :class:`IterationTime`; the tables every lookup reads are an
+argument of :meth:`TimeModel.evaluate`, never state.
 
 **Dispatch law** (precedence: these module defaults < the profile's ``dispatch`` block < measured
 dispatch rows of the profile < a 'dispatch' calibration row). kappa0 = 642, kappa1 = 7.29 are kernel
@@ -52,7 +54,7 @@ each occupy the GPU at least the measured active time of the smallest chained ke
 ("framework_kernels"). The law is Megatron's count: for ``stack="reference"`` (scaleplan's own
 reference model, ``scaleplan validate``) and on every serial-dispatch profile, the measured host
 seconds of that model's ops (dispatch rows ``ops:*``) replace it where the profile has them for the
-plan's checkpoint mode (:meth:`ComputeModel._measured_host`); on a GPU they still enter the max
+plan's checkpoint mode (:func:`compute.measured_host_times`); on a GPU they still enter the max
 with the GPU time, on a CPU they add.
 
 **Vocabulary term for PP = 1.** The paper's t_vocab = (n_mb-1) max(t_first, t_last) + t_first
@@ -67,16 +69,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scaleplan.estimator import analytic as an
+from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block, recomputes_sdpa
 from scaleplan.estimator.comm import (  # noqa: F401  (re-exported: the model's public names)
     DDP_BUCKET_PARAMS,
     P2P_LAT_INTER_S,
     P2P_LAT_INTRA_S,
-    CommModel,
     bias_sync,
+    bias_sync_time,
     dp_buckets,
+    dp_comm_time,
 )
-from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block, recomputes_sdpa
-from scaleplan.estimator.kernels import KernelModel, LayerKernels
+from scaleplan.estimator.compute import measured_host_times
 from scaleplan.estimator.desync import ChiCoefficients, chi_sys, desync_features  # noqa: F401
 from scaleplan.estimator.dispatch import (  # noqa: F401
     COSTED_KERNELS_PER_FWD,
@@ -91,6 +94,7 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
 from scaleplan.estimator.exchanges import critical_exchanges
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.iteration import TERMS, IterationTime, layer_terms
+from scaleplan.estimator.kernels import KernelModel, LayerKernels
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.optimizer import optimizer as optimizer_spec
 from scaleplan.estimator.optimizer import slowest_step
@@ -173,7 +177,7 @@ class TimeModel(KernelModel):
         stack: the software stack whose host dispatch is predicted (:data:`STACKS`): "megatron" (the
             kernel-count law on a GPU profile; ``ops:*`` rows used only on a serial-dispatch profile)
             or "reference" (scaleplan's own reference model, ``scaleplan validate``: the measured
-            ``ops:*`` rows on every profile, :meth:`_measured_host`). Raises ValueError otherwise.
+            ``ops:*`` rows on every profile, :func:`compute.measured_host_times`). Raises ValueError otherwise.
     """
 
     def __init__(self, profile: ClusterProfile, tables: Tables, extrapolate: str, dispatch: DispatchLaw,
@@ -182,9 +186,8 @@ class TimeModel(KernelModel):
             raise ValueError(f"extrapolate: got {extrapolate!r}; one of {', '.join(EXTRAPOLATE_MODES)}")
         if stack not in STACKS:
             raise ValueError(f"stack: got {stack!r}; one of {', '.join(STACKS)}")
-        self.prof, self.tb, self.mode, self.disp, self.chi_c = profile, tables, extrapolate, dispatch, chi
+        self.prof, self.tables, self.mode, self.disp, self.chi_c = profile, tables, extrapolate, dispatch, chi
         self.kernel_scale = float(kernel_scale)
-        self._tb_base = tables
         self.gpn = profile.gpus_per_node
         self.serial = bool(getattr(profile, "serial_dispatch", False))
         # the host time of the reference model's own ops (measured rows) replaces the Megatron law
@@ -194,25 +197,28 @@ class TimeModel(KernelModel):
         self.t_kernel_min = tables.t_kernel_min_s or an.KERNEL_FLOOR_S
 
     # -- kernels -------------------------------------------------------------------------------
-    def evaluate(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int, optimizer: str) -> Evaluation:
-        """Evaluate every plan of ``lay``; see the module docstring for the terms. Arrays of length P."""
+    def evaluate(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int, optimizer: str,
+                 tables=None) -> Evaluation:
+        """Evaluate every plan of ``lay``; see the module docstring for the terms. Arrays of length P.
+        ``tables``: what the lookups read (default: this model's tables); either way their view in the
+        spec's precision (its GEMM / grouped / vocab rows, :meth:`Tables.view`)."""
         P = len(lay)
         rec = Recorder(P, self.mode)
-        self.tb = self._tb_base.view(g.precision)  # the spec's precision's GEMM/grouped/vocab rows
+        tb = (self.tables if tables is None else tables).view(g.precision)
         n_mb = lay.n_mb(gbs)
         ckc = lay.ckpt
-        k = self.layer_kernels(g, lay, seqlen, rec)
-        s = self._stages(g, k, lay, rec)
-        t_disp, t_step_host, st = self._pipeline_terms(g, k, s, lay, seqlen, rec)
-        t_dp, t_opt = self._dp_and_optimizer(rec, g, lay, k, s, t_disp, t_step_host, optimizer)
+        k = self.layer_kernels(tb, g, lay, seqlen, rec)
+        s = self._stages(tb, g, k, lay, rec)
+        t_disp, t_step_host, st = self._pipeline_terms(tb, g, k, s, lay, seqlen, rec)
+        t_dp, t_opt = self._dp_and_optimizer(tb, rec, g, lay, k, s, t_disp, t_step_host, optimizer)
         vpp = np.asarray(lay.vpp, dtype=float)
         it = IterationTime(
             **layer_terms(k, s.fw, n_mb, s.L_stage, s.n_m, ckc, g.is_moe),
             dispatch_floor=n_mb * (st.period_disp - s.t_cmp),
             bubble=st.ramp_disp / vpp,
             vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
-            pp_p2p=self._pp_p2p(rec, g, k, lay, n_mb), dp_comm=t_dp, bias_sync=self._bias_sync(rec, g, lay),
-            optimizer=t_opt)
+            pp_p2p=self._pp_p2p(rec, g, k, lay, n_mb), dp_comm=t_dp,
+            bias_sync=bias_sync_time(tb, self.prof, rec, g, lay), optimizer=t_opt)
         if not self.serial:
             rec.mark("dispatch_floor", 0)
         rec.mark("bubble", rec.src.get("dispatch_floor", 0))
@@ -234,7 +240,7 @@ class TimeModel(KernelModel):
                           rec.notes, composed_share, rec.warned)
 
     # -- evaluate's steps, in the order it runs them ---------------------------------------------
-    def _framework_kernels(self, rec: Recorder, ckc: np.ndarray) -> np.ndarray:
+    def _framework_kernels(self, tb, rec: Recorder, ckc: np.ndarray) -> np.ndarray:
         """Seconds per layer and micro-batch (fwd + bwd + recompute) of the kernels kappa0 counts
         but :meth:`_kernels` does not cost; zero where measured host rows are used."""
         P = len(ckc)
@@ -251,10 +257,10 @@ class TimeModel(KernelModel):
         else:
             n_fw = kernel_units(ckc) * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
             fw = n_fw * self.t_kernel_min * self.kernel_scale
-            rec.mark("framework_kernels", MEASURED if self.tb.t_kernel_min_s else ANALYTIC)
+            rec.mark("framework_kernels", MEASURED if tb.t_kernel_min_s else ANALYTIC)
         return fw
 
-    def _stages(self, g: Geometry, k: LayerKernels, lay: ParallelLayout, rec: Recorder) -> _Stages:
+    def _stages(self, tb, g: Geometry, k: LayerKernels, lay: ParallelLayout, rec: Recorder) -> _Stages:
         """Per-layer totals (fwd, bwd, recompute, framework kernels) and each pipeline stage's
         compute per micro-batch, with the all-to-all wire time the shared expert leaves exposed."""
         pp, ckc = lay.pp, lay.ckpt
@@ -270,7 +276,7 @@ class TimeModel(KernelModel):
         rc_moe = np.select([ckc == FULL, ckc == SUPER, ckc == SEL],
                            [moe_lf, k.sd_f + k.ew_f + (k.perm if moe else 0.0), k.sd_f], 0.0)
         rc_den = np.select([ckc == FULL, ckc == SUPER, ckc == SEL], [den_lf, k.sd_f + k.ew_f, k.sd_f], 0.0)
-        fw = self._framework_kernels(rec, ckc)
+        fw = self._framework_kernels(tb, rec, ckc)
         t_moe_layer = moe_lf + moe_lb + rc_moe + fw
         t_den_layer = den_lf + den_lb + rc_den + fw
 
@@ -293,7 +299,7 @@ class TimeModel(KernelModel):
         return _Stages(common_f, common_b, den_lf, den_lb, fw, L_stage, nd0, t_stage0, t_other, a2a0, a2a_o,
                        t_cmp, n_m)
 
-    def _pipeline_terms(self, g: Geometry, k: LayerKernels, s: _Stages, lay: ParallelLayout, seqlen: int,
+    def _pipeline_terms(self, tb, g: Geometry, k: LayerKernels, s: _Stages, lay: ParallelLayout, seqlen: int,
                         rec: Recorder) -> tuple[np.ndarray, np.ndarray, StagePeriods]:
         """Host dispatch and the 1F1B stage periods (module docstring). Returns t_disp (seconds per stage
         and micro-batch), t_step_host (the optimizer step's host seconds) and the stage periods."""
@@ -306,7 +312,7 @@ class TimeModel(KernelModel):
         t_disp = dispatch_time(self.disp, L_stage, k.E_loc if moe else 0.0, ckc, n_moe_stage, ep)
         t_step_host = np.zeros(len(pp))
         if self.measured_host:
-            t_disp, t_step_host = self._measured_host(rec, g, ckc, L_stage, s.nd0, t_disp, seqlen * mbs / cp)
+            t_disp, t_step_host = measured_host_times(tb, rec, g, ckc, L_stage, s.nd0, t_disp, seqlen * mbs / cp)
         st = stage_periods(pp, s.t_stage0 - s.a2a0, s.t_other - s.a2a_o, k.t_first, k.t_last_f, k.t_last_b, t_disp,
                            self.serial, s.a2a0, s.a2a_o)
         return t_disp, t_step_host, st
@@ -330,7 +336,7 @@ class TimeModel(KernelModel):
         n_x = np.where(vpp > 1, 2 * (vpp * n_mb + pp - 1), critical_exchanges(pp, n_mb))
         return np.where(pp > 1, n_x * t_p2p, 0.0)
 
-    def _dp_and_optimizer(self, rec: Recorder, g: Geometry, lay: ParallelLayout, k: LayerKernels, s: _Stages,
+    def _dp_and_optimizer(self, tb, rec: Recorder, g: Geometry, lay: ParallelLayout, k: LayerKernels, s: _Stages,
                           t_disp: np.ndarray, t_step_host: np.ndarray, optimizer: str) -> tuple[np.ndarray, np.ndarray]:
         """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration."""
         ckc = lay.ckpt
@@ -346,7 +352,7 @@ class TimeModel(KernelModel):
         share_f = 1.0 / kernel_units(ckc)
         w_bwd = np.maximum(L_stage * (s.common_b + k.moe_b + k.sh_b if moe else s.den_lb), (1 - share_f) * t_disp)
         w_fwd = np.maximum(L_stage * (s.common_f + k.moe_f + k.sh_f if moe else s.den_lf), share_f * t_disp)
-        t_dp = self._dp_comm(rec, g, lay, w_fwd, w_bwd, optimizer)
+        t_dp = dp_comm_time(tb, self.prof, rec, g, lay, w_fwd, w_bwd, optimizer)
         peak, hbm = self.prof.peak(g.precision), self.prof.hbm_bandwidth
         rec.mark("optimizer", ANALYTIC)
         t_opt = self.kernel_scale * slowest_step(optimizer_spec(optimizer), g, lay, peak, hbm)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
-from scaleplan.estimator.comm import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_buckets
+from scaleplan.estimator.comm import (
+    GRAD_BYTES_COMM,
+    PARAM_BYTES_COMM,
+    collective_time,
+    dp_buckets,
+    dp_comm_time,
+)
 from scaleplan.estimator.geom import geometry, padded_vocab
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder
@@ -27,18 +33,17 @@ def _last_buckets() -> float:
     all-gather bucket stays exposed, (rs + ag) / n_buckets summed over the dense and expert groups."""
     spec = parse_spec(moe_spec(optimizer={"optimizer_type": "adamw"}))
     est = Estimator.from_frames("p6-b200.48xlarge", {})
-    tm = est.model
-    tm.tb = est.tables.view("bf16")
+    tb, prof = est.tables.view("bf16"), est.profile
     g = geometry(spec.model)
     total = 0.0
     for params, group, layout, inter, nb in dp_buckets(g, ParallelLayout.of(dp=32, ep=8), 8):
         rec = Recorder(1, "compose")
         per = np.atleast_1d(params / nb)
         act = np.atleast_1d(group > 1)
-        rs = tm._collective(rec, "dp_comm", "reduce_scatter", np.atleast_1d(group), per * GRAD_BYTES_COMM,
-                            np.atleast_1d(inter), layout, act)
-        ag = tm._collective(rec, "dp_comm", "all_gather", np.atleast_1d(group), per * PARAM_BYTES_COMM,
-                            np.atleast_1d(inter), layout, act)
+        rs = collective_time(tb, prof, rec, "dp_comm", "reduce_scatter", np.atleast_1d(group), per * GRAD_BYTES_COMM,
+                             np.atleast_1d(inter), layout, act)
+        ag = collective_time(tb, prof, rec, "dp_comm", "all_gather", np.atleast_1d(group), per * PARAM_BYTES_COMM,
+                             np.atleast_1d(inter), layout, act)
         total += float(rs[0] + ag[0])  # nb buckets each, of which the last one is exposed: nb * t / nb
     return total
 
@@ -78,29 +83,29 @@ def test_pipeline_stages_hold_every_parameter_once(pp, tie):
 
 
 def _pp2_model(optimizer: str):
-    """The 700M model's geometry and a time model on the analytic collectives, for PP=2, DP=16."""
+    """The 700M model's geometry and an estimator on the analytic collectives, for PP=2, DP=16."""
     spec = parse_spec(moe_spec(optimizer={"optimizer_type": optimizer}))
-    est = Estimator.from_frames("p6-b200.48xlarge", {})
-    est.model.tb = est.tables.view("bf16")
-    return geometry(spec.model), est.model
+    return geometry(spec.model), Estimator.from_frames("p6-b200.48xlarge", {})
 
 
-def _group_times(g, tm, s: int, ep: int, grad_coll: str):
+def _group_times(g, est, s: int, ep: int, grad_coll: str):
     """Per DP group of stage s (PP=2, DP=16): (gradient collective s, parameter all-gather s, buckets)."""
     out = []
     for params, group, layout, inter, nb in dp_buckets(g, ParallelLayout.of(pp=2, dp=16, ep=ep), 8, s):
         params, group, inter, nb = (np.ravel(x)[0] for x in (params, group, inter, nb))
         per, grp, it = np.atleast_1d(params / nb), np.atleast_1d(group).astype(float), np.atleast_1d(inter)
-        t = [nb * tm._collective(Recorder(1, "compose"), "dp_comm", coll, grp, per * nbytes, it, layout, grp > 1)[0]
+        t = [nb * collective_time(est.tables, est.profile, Recorder(1, "compose"), "dp_comm", coll, grp, per * nbytes,
+                                  it, layout, grp > 1)[0]
              for coll, nbytes in ((grad_coll, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))]
         out.append((float(t[0]), float(t[1]), float(nb)))
     return out
 
 
-def _exposed(g, tm, ep: int, vpp: int, window: float, optimizer: str) -> float:
+def _exposed(g, est, ep: int, vpp: int, window: float, optimizer: str) -> float:
     pl = ParallelLayout.from_specs([Layout(pp=2, vpp=vpp, ep=ep, dp=16, mbs=1, ckpt="full")], 32)
     a = lambda x: np.atleast_1d(np.asarray(x, dtype=float))  # noqa: E731
-    return float(tm._dp_comm(Recorder(1, "compose"), g, pl, a(window), a(window), optimizer)[0])
+    return float(dp_comm_time(est.tables, est.profile, Recorder(1, "compose"), g, pl, a(window), a(window),
+                              optimizer)[0])
 
 
 @pytest.mark.parametrize("vpp", [1, 2])
@@ -109,26 +114,26 @@ def test_the_1f1b_drain_hides_a_later_stages_dp_traffic(vpp):
     # so the last stage's expert gradients are the larger; but its last backward ends one stage-backward
     # (one chunk's, 1/VPP of it, when interleaved) before the step does, and its reduce-scatter hides
     # behind that drain as well
-    g, tm = _pp2_model("adamw")
+    g, est = _pp2_model("adamw")
     w = 0.05
 
     def stage(s, drain):
         """Exposed seconds of stage s (ZeRO-1): what its own last backward (first forward) leaves of the
         reduce-scatter (all-gather), less the time the earlier stages still drain (fill)."""
-        times = _group_times(g, tm, s, 1, "reduce_scatter")
+        times = _group_times(g, est, s, 1, "reduce_scatter")
         grad = sum(max(rs - w, rs / nb) for rs, _, nb in times)
         param = sum(max(ag - w, ag / nb) for _, ag, nb in times)
         return max(grad - drain, 0.0) + max(param - drain, 0.0)
 
     assert stage(1, 0.0) > stage(0, 0.0)  # the heavier stage, were it to finish last
     assert stage(1, w / vpp) < stage(1, 0.0)
-    assert _exposed(g, tm, 1, vpp, w, "adamw") == pytest.approx(max(stage(0, 0.0), stage(1, w / vpp)), rel=1e-12)
+    assert _exposed(g, est, 1, vpp, w, "adamw") == pytest.approx(max(stage(0, 0.0), stage(1, w / vpp)), rel=1e-12)
 
 
 def test_a_later_stages_parameter_gather_after_the_step_hides_behind_the_drain():
     # muon (layer-wise distributed optimizer): the owners gather the updated parameters after the step,
     # which nothing on the stage itself overlaps; on the last stage of PP=2 the first stage's drain does.
     # With an unbounded window only the first stage's last all-reduce bucket and its whole gather remain
-    g, tm = _pp2_model("muon")
-    first = sum(ar / nb + ag for ar, ag, nb in _group_times(g, tm, 0, 8, "all_reduce"))
-    assert _exposed(g, tm, 8, 1, 1e4, "muon") == pytest.approx(first, rel=1e-12)
+    g, est = _pp2_model("muon")
+    first = sum(ar / nb + ag for ar, ag, nb in _group_times(g, est, 0, 8, "all_reduce"))
+    assert _exposed(g, est, 8, 1, 1e4, "muon") == pytest.approx(first, rel=1e-12)

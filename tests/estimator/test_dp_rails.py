@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
+from scaleplan.estimator.comm import collective_time
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder
 
@@ -20,12 +21,12 @@ def test_ranks_per_node_follow_the_stride():
 @pytest.mark.recorded
 def test_strided_group_time_between_one_rail_and_whole_nodes(recorded_db):
     est = Estimator("p6-b200.48xlarge", db_url=recorded_db, use_calibration=False)
-    tm, size = est.model, 2e9
-    tm.tb = est.tables.view("bf16")
+    tb, size = est.tables.view("bf16"), 2e9
 
     def t(layout, rails=None):
         rec = Recorder(1, "compose")
-        return float(tm._collective(rec, "dp_comm", "all_reduce", 32, size, True, layout, rails=rails)[0])
+        return float(collective_time(tb, est.profile, rec, "dp_comm", "all_reduce", 32, size, True, layout,
+                                     rails=rails)[0])
 
     one, contiguous = t("strided"), t("contiguous")
     assert contiguous < one / 4  # whole-node rings run on 8 rails: the tables differ ~8x in busbw

@@ -15,7 +15,7 @@ def _expert_fwd(est, spec, layouts, n=32):
     g = geometry(spec.model)
     pl = ParallelLayout.from_specs(layouts, n)
     rec = Recorder(len(pl), "error")
-    k = est.model.layer_kernels(g, pl, spec.data.seqlen, rec)
+    k = est.model.layer_kernels(est.tables.view(g.precision), g, pl, spec.data.seqlen, rec)
     return k.ex_f, rec
 
 

@@ -7,6 +7,8 @@ shapes the grouped table does measure.
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
+from scaleplan.estimator.comm import collective_time
+from scaleplan.estimator.compute import expert_times
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.recorder import Recorder
 from scaleplan.estimator.tables import ANALYTIC, CLAMPED, INTERPOLATED
@@ -30,7 +32,7 @@ def _experts(est, g, E_loc, tile, etp=1.0, clamp=False):
     E_loc, tile, etp = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (E_loc, tile, etp))
     rec = Recorder(len(tile), "clamp" if clamp else "error")
     peak = est.profile.peak("bf16")
-    f, b = est.model._experts(rec, g, E_loc, tile, etp, peak, est.profile.hbm_bandwidth)
+    f, b = expert_times(est.tables.view("bf16"), est.profile, rec, g, E_loc, tile, etp, peak, est.profile.hbm_bandwidth)
     return f, b, rec
 
 
@@ -169,7 +171,8 @@ def test_inter_node_all_to_all_keeps_inter_node_bytes_per_rank():
     rec = Recorder(3, "error")
     n = np.array([16.0, 128.0, 64.0])
     S = np.array([1e8, 1e8, 4e8])
-    t = est.model._collective(rec, "ep_a2a", "all_to_all", n, S, True, per_node=np.array([8.0, 8.0, 4.0]))
+    t = collective_time(est.tables, est.profile, rec, "ep_a2a", "all_to_all", n, S, True,
+                        per_node=np.array([8.0, 8.0, 4.0]))
     # 64 ranks 4 per node (TP = 2): 60 of 64 peers are remote
     assert np.allclose(t, S * np.array([8 / 16, 120 / 128, 60 / 64]) / BW, rtol=1e-9)
 

@@ -10,13 +10,13 @@ import pytest
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator import memory as mm
 from scaleplan.estimator.ckpt import CkptMode
-from scaleplan.estimator.compute import ComputeModel
+from scaleplan.estimator.compute import elementwise_times, sdpa_times
 from scaleplan.estimator.geom import geometry
 from scaleplan.estimator.recorder import Recorder
-from scaleplan.db.measurements import load_frames
 from scaleplan.estimator.table_build import build_tables
 from scaleplan.estimator.tables import Tables
 
+from scaleplan.db.measurements import load_frames
 from scaleplan.profiles import load_profile
 from scaleplan.specs import parse_spec
 
@@ -27,11 +27,6 @@ PROFILE = "p6-b200.48xlarge"
 
 def _geom(**over):
     return geometry(parse_spec({"model": {**MODEL, **over}, "hardware": {"node_type": PROFILE}}).model)
-
-
-class _Model(ComputeModel):
-    def __init__(self, tables):
-        self.tb, self.prof = tables, load_profile(PROFILE)
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +45,18 @@ def test_fp32_attention_costs_a_third_of_the_tf32_lane(recorded_tables):
     prof = load_profile(PROFILE)
     ratio = prof.peak("bf16") / (prof.peak_flops["tf32"] / 3)   # 3xTF32: three MMAs per product
     assert ratio > 5  # B200: 2.25e15 / (1.1e15 / 3)
-    m = _Model(recorded_tables)
+    tb = recorded_tables
     seq, mbs, heads = np.array([4096.0, 8192.0]), np.array([1.0, 1.0]), np.array([16.0, 16.0])
     rec16, rec32 = Recorder(2, "compose"), Recorder(2, "compose")
-    f16, b16 = m._sdpa(rec16, _geom(), seq, mbs, heads, prof.hbm_bandwidth)
-    f32, b32 = m._sdpa(rec32, _geom(sdpa_precision="fp32"), seq, mbs, heads, prof.hbm_bandwidth)
+    f16, b16 = sdpa_times(tb, prof, rec16, _geom(), seq, mbs, heads, prof.hbm_bandwidth)
+    f32, b32 = sdpa_times(tb, prof, rec32, _geom(sdpa_precision="fp32"), seq, mbs, heads, prof.hbm_bandwidth)
     np.testing.assert_allclose(f32, ratio * f16, rtol=1e-12)
     np.testing.assert_allclose(b32, ratio * b16, rtol=1e-12)
     assert any("sdpa in fp32" in n for n in rec32.notes) and not rec16.notes
     # fp16 runs on the bf16 lane; fp8 keeps the bf16 time (no measured fp8 attention: an upper bound)
     for prec in ("fp16", "fp8"):
-        f, _ = m._sdpa(Recorder(2, "compose"), _geom(sdpa_precision=prec), seq, mbs, heads, prof.hbm_bandwidth)
+        f, _ = sdpa_times(tb, prof, Recorder(2, "compose"), _geom(sdpa_precision=prec), seq, mbs, heads,
+                          prof.hbm_bandwidth)
         np.testing.assert_allclose(f, f16, rtol=1e-12)
 
 
@@ -71,19 +67,19 @@ def test_measured_rows_of_the_sdpa_dtype_are_used_as_measured(recorded_tables):
     prof = load_profile(PROFILE)
     args = (np.array([8192.0]), np.array([1.0]), np.array([16.0]), prof.hbm_bandwidth)
     rec = Recorder(1, "compose")
-    f32, _ = _Model(tb)._sdpa(rec, _geom(sdpa_precision="fp32"), *args)
-    f16, _ = _Model(tb)._sdpa(Recorder(1, "compose"), _geom(), *args)
+    f32, _ = sdpa_times(tb, prof, rec, _geom(sdpa_precision="fp32"), *args)
+    f16, _ = sdpa_times(tb, prof, Recorder(1, "compose"), _geom(), *args)
     assert f32 == pytest.approx(f16) and not rec.notes
 
 
 def test_dropout_adds_the_mask_bytes_to_each_residual_add():
     prof = load_profile(PROFILE)
-    m = _Model(Tables(profile=PROFILE))  # no element-wise table: bytes through HBM
+    tb = Tables(profile=PROFILE)  # no element-wise table: bytes through HBM
     T = np.array([8192.0, 32768.0])
     hbm = prof.hbm_bandwidth
     g0, g1 = _geom(), _geom(dropout=True)
-    f0, b0 = m._elementwise(Recorder(2, "compose"), g0, T, T, 2048.0, 2, hbm)
-    f1, b1 = m._elementwise(Recorder(2, "compose"), g1, T, T, 2048.0, 2, hbm)
+    f0, b0 = elementwise_times(tb, Recorder(2, "compose"), g0, T, T, 2048.0, 2, hbm)
+    f1, b1 = elementwise_times(tb, Recorder(2, "compose"), g1, T, T, 2048.0, 2, hbm)
     d = g0.d
     np.testing.assert_allclose(f1 - f0, 2 * np.maximum(T * d / hbm, an.KERNEL_FLOOR_S), rtol=1e-12)
     np.testing.assert_allclose(b1 - b0, 2 * np.maximum(5 * T * d / hbm, an.KERNEL_FLOOR_S), rtol=1e-12)

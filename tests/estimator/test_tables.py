@@ -109,7 +109,7 @@ def test_single_valued_vocab_axis_maps_to_logit_count(vocab, tp, logit_ratio):
     g = geometry(spec.model)
     pl = ParallelLayout.from_specs([Layout(tp=tp, pp=2, ep=8)], 32)
     rec = Recorder(1, "error")
-    k = est.model.layer_kernels(g, pl, spec.data.seqlen, rec)
+    k = est.model.layer_kernels(est.tables.view(g.precision), g, pl, spec.data.seqlen, rec)
     expect = 2 * 1e-9 * 8192 * logit_ratio * (2048 + 1000) * 2 / 2  # (gemm + ce) x (fwd + bwd)
     assert float((k.t_last_f + k.t_last_b)[0]) == pytest.approx(expect, rel=1e-9)
     assert not rec.has_oor.any()
@@ -160,7 +160,7 @@ def test_recorded_two_node_all_to_all_is_monotone_at_the_18b_message(recorded_db
     # the recorded 16-rank inter-node all-to-all: 256 MB 2.99 ms, 302 MB 7.46 ms (twice), 512 MB 5.68 ms;
     # the 18B's dispatch message at mbs 1 is 302 MB: its time lies between its neighbours' now
     est = Estimator("p6-b200.48xlarge", db_url=recorded_db)
-    tab = est.model.tb.collectives[("all_to_all", "contiguous", True)]
+    tab = est.tables.collectives[("all_to_all", "contiguous", True)]
     t, *_ = tab.time(np.full(3, 16.0), np.array([256e6, 302e6, 512e6]))
     assert t[0] == pytest.approx(2.985e-3, rel=0.01) and t[2] == pytest.approx(5.68e-3, rel=0.01)
     assert t[0] < t[1] < t[2]
