@@ -354,15 +354,15 @@ class Estimator:
         return LayoutsResult(ranked, counts, total, len(idx), analytic)
 
     def lookups(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> dict[str, list[dict]]:
-        """The exact table points the evaluation of ``layouts`` (default: the spec's) looks up; the host
-        rows ``ops:*`` of the reference model wherever the evaluation reads them (a serial-dispatch
-        profile, or ``stack="reference"``)."""
-        from scaleplan.estimator.lookups import table_points
+        """The exact table points the evaluation of ``layouts`` (default: the spec's) looks up, recorded
+        while it runs (:func:`recording.recorded_lookups`); the host rows ``ops:*`` of the reference model
+        wherever the evaluation reads them (a serial-dispatch profile, or ``stack="reference"``)."""
+        from scaleplan.estimator.recording import recorded_lookups
 
         layouts = layouts or [spec.default_layout()]
-        return table_points(geometry(spec.model), ParallelLayout.from_specs(layouts, n_devices), spec.data.gbs,
-                            spec.data.seqlen, self.profile.gpus_per_node, self.tables.vocab_size,
-                            self.model.measured_host, spec.optimizer.optimizer_type)
+        return recorded_lookups(self.model, self.tables, geometry(spec.model),
+                                ParallelLayout.from_specs(layouts, n_devices), spec.data.gbs, spec.data.seqlen,
+                                spec.optimizer.optimizer_type)
 
     # -- helpers -------------------------------------------------------------------------------
     def _result(self, g: Geometry, ev: Evaluation, mem, i: int, tokens: int, cap: float,

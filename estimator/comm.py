@@ -74,7 +74,7 @@ def _warn_off_grid(rec, comp, coll, layout, inter, g_lo, g_hi, by_nic_bytes, whe
 def collective_time(tb, prof, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None,
                     small_analytic=False, rails=None):
     """Seconds (shape (P,)) of collective ``coll`` on groups of ``n`` ranks moving ``size`` bytes per
-    rank, for component ``comp``, from the table of the regime (``tb.collectives``: coll, layout,
+    rank, for component ``comp``, from the table of the regime (:meth:`Tables.collective`: coll, layout,
     inter-node); the analytic ring formula where unmeasured (labelled analytic). ``prof``: the link
     bandwidths and GPUs per node. Group sizes outside the measured ones: busbw invariance, or the
     inter-node bytes per rank for an inter-node all-to-all (``per_node`` given: its ranks per node);
@@ -95,9 +95,9 @@ def collective_time(tb, prof, rec, comp, coll, n, size, inter, layout="contiguou
         sel = active & (inter == flag)
         if not sel.any():
             continue
-        tab = tb.collectives.get((coll, layout, flag))
+        tab = tb.collective(coll, layout, flag, n[sel], size[sel])
         if tab is None and layout == "strided":
-            tab = tb.collectives.get((coll, "contiguous", flag))
+            tab = tb.collective(coll, "contiguous", flag, n[sel], size[sel])
         if tab is None:
             out[sel] = ana[sel]
             rec.mark(comp, np.where(sel, ANALYTIC, 0))

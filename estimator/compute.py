@@ -19,6 +19,9 @@ def gemm_times(tb, prof, rec, comp, m, n, k, peak, active=True):
         f = an.gemm_time(m, n, k, peak, hbm)
         b = an.gemm_time(m, k, n, peak, hbm) + an.gemm_time(k, n, m, peak, hbm)
         return np.where(active, f, 0.0), np.where(active, b, 0.0)
+    if not np.any(active):  # nothing runs (no dense block): no lookup, as a lookup masked everywhere
+        rec.mark(comp, 0)
+        return np.zeros(rec.P), np.zeros(rec.P)
     f = rec.use(comp, tb.gemm.lookup(m, n, k), active)
     b = rec.use(comp, tb.gemm.lookup(m, k, n), active) + rec.use(comp, tb.gemm.lookup(k, n, m), active)
     return f, b
@@ -60,8 +63,10 @@ def expert_times(tb, prof, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
         sel = (shape_d == d) & (shape_f == f_loc)
         tabf, tabb = tb.grouped.get(("fwd", d, f_loc)), tb.grouped.get(("bwd", d, f_loc))
         if tabf is not None and tabb is not None:
-            ex_f += rec.use("experts", tabf.lookup(E_loc, tile), sel)
-            ex_b += rec.use("experts", tabb.lookup(E_loc, tile), sel)
+            # the other shapes' plans ask this table nothing: their keys are one of this shape's
+            e_s, t_s = (_only(x, sel, P) for x in (E_loc, tile))
+            ex_f += rec.use("experts", tabf.lookup(e_s, t_s), sel)
+            ex_b += rec.use("experts", tabb.lookup(e_s, t_s), sel)
         elif tb.gemm is not None:
             _grouped_envelope(tb, rec, E_loc, tile, sel)
             f1, b1 = gemm_times(tb, prof, rec, "experts", tile, w1 * f_loc, d, peak, sel)
@@ -76,6 +81,13 @@ def expert_times(tb, prof, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
             ex_f += np.where(sel, fa, 0.0)
             ex_b += np.where(sel, 2 * fa, 0.0)
     return ex_f, ex_b
+
+
+def _only(x, sel, P):
+    """``x`` (shape (P,)) where ``sel``, elsewhere its first selected value: the keys a lookup for the
+    plans in ``sel`` asks (the other plans' results are masked out)."""
+    x = np.broadcast_to(np.asarray(x, dtype=float), (P,))
+    return np.where(sel, x, x[np.argmax(sel)])
 
 
 def sdpa_times(tb, prof, rec, g: Geometry, seqlen, mbs, heads, hbm):
@@ -160,8 +172,9 @@ def measured_host_times(tb, rec, g, ckc, L_stage, nd0, t_law, T):
     rec.mark("dispatch_floor", src)
     # per step: the optimizer's ops; a part without a row issues none (the bench stores a part
     # that counts 0 ops, e.g. the per-layer master copies of an fp32 model, as UNSUPPORTED)
-    st = {k: (v if v is not None else 0.0) for k in ("step_dense", "step", "step_moe")
+    st = {k: (v if v is not None else 0.0) for k in ("step_dense", "step") + (("step_moe",) if np.any(g.n_moe) else ())
           for v in [part(k, "")]}
+    st.setdefault("step_moe", 0.0)
     step = ((g.L - g.n_moe) * st["step_dense"] + st["step"] + g.n_moe * st["step_moe"]) * L_stage / g.L
     return t_mb, step
 
@@ -210,13 +223,12 @@ def vocab_times(tb, prof, rec, g, T, tp, peak, hbm, b_el):
     V_loc = vocab_shard(g.vocab, tp)
     t_first = an.memory_time(b_el * T * g.d * 2 + 4.0 * T * g.d * 2, hbm)  # gather fwd, fp32 scatter-add bwd
     if tb.vocab and tb.vocab_size:
-        teq = T * V_loc / tb.vocab_size
         t_last = {"fwd": np.zeros_like(T), "bwd": np.zeros_like(T)}
         for op in ("lm_head_gemm", "cross_entropy"):
             for dirn in ("fwd", "bwd"):
-                tab = tb.vocab.get((op, dirn))
-                if tab is not None:
-                    t_last[dirn] = t_last[dirn] + rec.use("vocab", tab.lookup(teq, g.d))
+                res = tb.vocab_lookup(op, dirn, T, V_loc, g.d)
+                if res is not None:
+                    t_last[dirn] = t_last[dirn] + rec.use("vocab", res)
         return t_first, t_last["fwd"], t_last["bwd"]
     else:
         rec.mark("vocab", ANALYTIC)

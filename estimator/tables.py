@@ -430,6 +430,20 @@ class Tables:
         m, t = np.log(rows[:, 0]), np.log(rows[:, 3])
         return np.exp(np.interp(np.log(np.asarray(tokens, dtype=float)), m, t))
 
+    def collective(self, coll: str, layout: str, inter: bool, group=None, size=None) -> CollectiveTable | None:
+        """The collective table of a regime (None: unmeasured). ``group`` / ``size`` (ranks, bytes per
+        rank; arrays over the plans that ask) are the request, which these tables do not need and a
+        recording view (:class:`~scaleplan.estimator.recording.RecordingTables`) lists."""
+        return self.collectives.get((coll, layout, bool(inter)))
+
+    def vocab_lookup(self, op: str, dirn: str, tokens, vocab, hidden) -> LookupResult | None:
+        """LM head / cross-entropy (``op``, ``dirn``) at ``tokens`` and a (padded, TP-sharded) ``vocab``:
+        the table of the one vocab size it measures, at the logit-equivalent token count
+        tokens x vocab / vocab_size (both kernels' work is proportional to the logit count). None where
+        the op is not measured."""
+        tab = self.vocab.get((op, dirn))
+        return None if tab is None else tab.lookup(tokens * vocab / self.vocab_size, hidden)
+
     def view(self, precision: str) -> Tables:
         """These tables with gemm / grouped / vocab taken from ``precision``'s rows (a spec in fp32
         looks up fp32 GEMMs). A precision without rows keeps the bf16 tables (the previous rule)."""

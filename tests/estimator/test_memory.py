@@ -85,10 +85,12 @@ def test_sgd_state_is_not_sharded_megatron_runs_it_under_plain_ddp():
 def test_dp_collectives_follow_the_optimizer_megatron_runs(optimizer, expect):
     # ZeRO-1 for Adam; layer-wise (dist_muon) for Muon: all-reduce, then the owners' parameters gathered;
     # plain DDP for SGD: the all-reduce alone. The bench plan's lookups are the collectives the model costs.
-    from scaleplan.estimator.lookups import table_points
+    from scaleplan.estimator import Estimator
+    from scaleplan.estimator.recording import recorded_lookups
 
+    est = Estimator.from_frames("p6-b200.48xlarge", {})
     g = geometry(_dense_block())
     pl = ParallelLayout.from_specs([Layout(tp=1, pp=1, dp=16, mbs=1, ckpt="full")], 16)
-    pts = table_points(g, pl, gbs=64, seqlen=2048, gpn=8, table_vocab=None, optimizer=optimizer)
+    pts = recorded_lookups(est.model, est.tables, g, pl, gbs=64, seqlen=2048, optimizer=optimizer)
     dp_colls = {p["collective"] for p in pts["collectives"] if p["group_size"] == 16}
     assert dp_colls == expect
