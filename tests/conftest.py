@@ -11,6 +11,16 @@ SHARED = Path(os.environ.get("SCALEPLAN_SHARED", REPO.parent / "shared"))
 RECORDED = SHARED / "recorded" / "dmlc-scaleplan"
 VALIDATION = SHARED / "validation"
 
+# OpenMP threads that sleep when idle, and one of them where a command does not choose, in this process
+# and every process it starts (libgomp and torch read these once, at their first import, which comes
+# after this file). On a shared 2-core machine, spinning OpenMP threads wait at every tiny op's barrier
+# for a thread whose core another process holds: a 8x64x64 matmul took 12 ms instead of 30 us, a bench
+# probe minutes instead of seconds, and the tests' CPU time grew with the machine's load. The tests
+# check values, not parallel speed; commands that set their threads (validate's cores / nproc) keep
+# them. A value the caller exported wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def private_cache(tmp_path_factory):

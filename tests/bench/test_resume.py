@@ -43,7 +43,7 @@ def _preset_file(tmp_path):
 
 
 def _cli(*args):
-    return [sys.executable, "-m", "scaleplan.bench", *args]
+    return [sys.executable, "-m", "scaleplan", "bench", *args]
 
 
 def _count(url) -> int:
