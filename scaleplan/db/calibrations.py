@@ -32,16 +32,28 @@ class CalibrationRow:
 
 def calibrations_in_force(url: str | None, profile: str, cal_id: int | None = None) -> dict[str, CalibrationRow]:
     """``{kind: CalibrationRow}`` for ``profile``: the row ``cal_id`` for its kind, the newest version of
-    every other kind. Empty when the schema has no calibration table yet.
+    every other kind. Empty when the schema has no calibration table yet. Read once per state of an
+    SQLite database (:mod:`scaleplan.db.state_cache`: the next planner command reads the rows from
+    the cache without importing SQLAlchemy).
 
     Raises:
         SpecError: ``cal_id`` names no calibration of ``profile``.
     """
+    from scaleplan.db.session import resolve_url
+    from scaleplan.db.state_cache import cached_read
+
+    url = resolve_url(url)
+    return cached_read("calibrations", url, (profile, cal_id), (__name__,),
+                       lambda: _read_in_force(url, profile, cal_id), valid=lambda v: isinstance(v, dict))
+
+
+def _read_in_force(url: str, profile: str, cal_id: int | None) -> dict[str, CalibrationRow]:
+    """:func:`calibrations_in_force` from the database (a Core query)."""
     import sqlalchemy as sa
 
-    from scaleplan.db.session import get_engine, resolve_url
+    from scaleplan.db.session import get_engine
 
-    eng = get_engine(resolve_url(url))
+    eng = get_engine(url)
     if "calibration" not in sa.inspect(eng).get_table_names():
         return {}
     cols = "id, profile, kind, version, coefficients, created_at, residuals, cv_error"

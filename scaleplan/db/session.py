@@ -14,14 +14,13 @@ import time
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import TypeVar
-
-from sqlalchemy import create_engine, event, inspect
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError
-from sqlalchemy.orm import Session, sessionmaker
+from typing import TYPE_CHECKING, TypeVar
 
 from scaleplan.errors import ScaleplanError, SpecError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.orm import Session
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 T = TypeVar("T")
@@ -45,6 +44,11 @@ def resolve_url(url: str | None) -> str:
         url = default_url()
     if "://" not in url:
         return f"sqlite:///{Path(url).expanduser().resolve()}"
+    if url.startswith("sqlite:///"):  # a file path: nothing to parse (and no SQLAlchemy import for a planner command)
+        return url
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
         u = make_url(url)
         u.port  # noqa: B018  (a non-numeric port raises here)
@@ -62,6 +66,8 @@ def mask_url(url: str) -> str:
     A password with an unencoded '@' parses as password + host ('u:p@ss@h' -> host 'ss@h'); the part
     before the last '@' of such a host is password too, so it is masked as well.
     """
+    from sqlalchemy.engine import make_url
+
     try:
         u = make_url(url)
         if u.host and "@" in u.host:
@@ -83,6 +89,10 @@ def _sqlite_pragmas(dbapi_conn, _record) -> None:
 @functools.lru_cache(maxsize=16)
 def get_engine(url: str | None = None) -> Engine:
     """A (cached) engine for ``url``. SQLite files get WAL, busy timeout and foreign keys."""
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     url = resolve_url(url)
     try:
         if not url.startswith("sqlite"):
@@ -107,6 +117,8 @@ def get_engine(url: str | None = None) -> Engine:
 @contextlib.contextmanager
 def session_scope(url: str | None = None) -> Iterator[Session]:
     """A transaction: commit on success, roll back on any exception."""
+    from sqlalchemy.orm import sessionmaker
+
     sess = sessionmaker(get_engine(url), expire_on_commit=False)()
     try:
         yield sess
@@ -124,6 +136,8 @@ def with_retry(fn: Callable[[], T], attempts: int = 8, base_delay_s: float = 0.0
     SQLite's busy timeout handles most contention; this covers the rest (a writer that begins a
     transaction before another commits, PostgreSQL serialization failures).
     """
+    from sqlalchemy.exc import OperationalError
+
     for i in range(attempts):
         try:
             return fn()
@@ -180,6 +194,8 @@ def head_revision() -> str:
 
 def ensure_schema(url: str | None = None) -> None:
     """Upgrade to head if the database is not there yet (first use creates the schema)."""
+    from sqlalchemy.exc import OperationalError
+
     url = resolve_url(url)
     try:
         if current_revision(url) != head_revision():
@@ -189,4 +205,6 @@ def ensure_schema(url: str | None = None) -> None:
 
 
 def table_names(url: str | None = None) -> list[str]:
+    from sqlalchemy import inspect
+
     return sorted(inspect(get_engine(resolve_url(url))).get_table_names())

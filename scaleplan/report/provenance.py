@@ -61,9 +61,18 @@ def _calibration_ids(est) -> list[int]:
 
 
 def calibrations(url: str | None, ids: list[int]) -> list[dict[str, Any]]:
-    """Calibration rows by id: id, kind, version, fitted_at (ISO), fitted_on, n_obs, cv_error, notes."""
+    """Calibration rows by id: id, kind, version, fitted_at (ISO), fitted_on, n_obs, cv_error, notes.
+    Read once per state of an SQLite database (:mod:`scaleplan.db.state_cache`)."""
     if not ids:
         return []
+    from scaleplan.db.session import resolve_url
+    from scaleplan.db.state_cache import cached_read
+
+    url = resolve_url(url)
+    return cached_read("provenance-calibrations", url, tuple(ids), (__name__,), lambda: _read_calibrations(url, ids))
+
+
+def _read_calibrations(url: str, ids: list[int]) -> list[dict[str, Any]]:
     from sqlalchemy import select
 
     from scaleplan.db.models import Calibration
@@ -79,7 +88,16 @@ def calibrations(url: str | None, ids: list[int]) -> list[dict[str, Any]]:
 
 def table_runs(url: str | None, profile: str) -> list[dict[str, Any]]:
     """The bench runs with OK points under ``profile``: id, suite, source, gpu_name, started_at, source_file,
-    n_points. A point measured in several runs is read from the newest (estimator/table_build.py)."""
+    n_points. A point measured in several runs is read from the newest (estimator/table_build.py).
+    Read once per state of an SQLite database (:mod:`scaleplan.db.state_cache`)."""
+    from scaleplan.db.session import resolve_url
+    from scaleplan.db.state_cache import cached_read
+
+    url = resolve_url(url)
+    return cached_read("table-runs", url, profile, (__name__,), lambda: _read_table_runs(url, profile))
+
+
+def _read_table_runs(url: str, profile: str) -> list[dict[str, Any]]:
     from sqlalchemy import inspect, text
 
     from scaleplan.db.session import get_engine

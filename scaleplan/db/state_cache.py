@@ -1,0 +1,90 @@
+"""Reads of an SQLite database kept on disk per database state, so a planner command whose database
+did not change since the previous command neither re-reads nor re-builds what that one did (the
+compiled tables, the calibration rows in force, the table runs of the provenance), and does not
+import SQLAlchemy for it (~0.2 s of CPU, a quarter of an 18B ``layouts``).
+
+The state of an SQLite file (:func:`db_state`) changes with every commit. A server database has no such
+cheap state and is never cached here. Each entry's key also hashes the source of the modules
+that produce it, so a code change rebuilds it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def db_state(url: str) -> tuple | None:
+    """What changes with every commit to an SQLite database: (inode, size, mtime) of the file and of
+    its ``-wal`` log, and the header of its ``-shm`` wal-index (which counts transactions, so two
+    commits within one mtime tick of a log that is rewritten in place still differ). None for a
+    server or in-memory database, or a file that does not exist."""
+    if not url.startswith("sqlite:///") or url in ("sqlite://", "sqlite:///:memory:"):
+        return None
+    db = Path(url[len("sqlite:///"):])
+    try:
+        st = db.stat()
+    except OSError:
+        return None
+    state: list = [(st.st_ino, st.st_size, st.st_mtime_ns)]
+    try:
+        w = db.with_name(db.name + "-wal").stat()
+        state.append((w.st_ino, w.st_size, w.st_mtime_ns))
+        with open(db.with_name(db.name + "-shm"), "rb") as f:
+            state.append(f.read(48))  # WalIndexHdr: iChange, mxFrame, nPage, salts, checksums
+    except OSError:
+        pass
+    return tuple(state)
+
+
+def cache_path(kind: str, url: str, key: Any, modules: tuple[str, ...]) -> Path | None:
+    """``$SCALEPLAN_CACHE/<kind>-<digest>.pkl`` (default ~/.cache/scaleplan) for ``key`` read from
+    ``url`` in its present state by the code of ``modules``; None when the database has no state
+    (:func:`db_state`) or no cache folder can be made."""
+    state = db_state(url)
+    if state is None:
+        return None
+    import importlib.util
+
+    code = b""
+    for mod in modules:
+        origin = importlib.util.find_spec(mod).origin
+        code += Path(origin).read_bytes() if origin else mod.encode()
+    digest = hashlib.sha256(repr((url, key, state)).encode() + code).hexdigest()[:24]
+    root = Path(os.environ.get("SCALEPLAN_CACHE") or Path.home() / ".cache" / "scaleplan")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return root / f"{kind}-{digest}.pkl"
+
+
+def cached_read(kind: str, url: str, key: Any, modules: tuple[str, ...], read: Callable[[], T],
+                valid: Callable[[Any], bool] = lambda v: True) -> T:
+    """``read()``, or what it returned for the same (url, key, database state, code) before. An
+    unreadable entry, or one ``valid`` rejects, is read again; exceptions of ``read`` propagate and
+    nothing is stored for them. Entries are written atomically (several commands may race)."""
+    path = cache_path(kind, url, key, modules)
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                value = pickle.load(f)
+            if valid(value):
+                return value
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
+            pass  # missing or unreadable: read below
+    value = read()
+    if path is not None:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                pickle.dump(value, f, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+    return value

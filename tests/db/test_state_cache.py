@@ -1,0 +1,71 @@
+"""Database reads cached per SQLite state (scaleplan/db/state_cache.py): a planner command whose database
+did not change reads the calibration rows and table runs from the cache, and every commit is seen."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from scaleplan.db import state_cache
+from scaleplan.db.calibrations import calibrations_in_force, store_calibration
+from scaleplan.db.session import session_scope
+
+PROF = "p6-b200.48xlarge"
+
+
+def _store(url: str, c_a2a: float) -> None:
+    with session_scope(url) as s:
+        store_calibration(s, PROF, "chi_sys", {"c_a2a": c_a2a}, inputs={}, residuals=[], cv_error=None,
+                          n_obs=1, notes="test")
+
+
+def test_unchanged_database_is_read_once_and_every_commit_is_seen(sqlite_url):
+    calls = []
+
+    def read(tag):
+        calls.append(tag)
+        return {"read": len(calls)}
+
+    first = state_cache.cached_read("t", sqlite_url, "k", (__name__,), lambda: read("a"))
+    again = state_cache.cached_read("t", sqlite_url, "k", (__name__,), lambda: read("b"))
+    assert first == again == {"read": 1} and calls == ["a"]  # the second call did not read
+    other_key = state_cache.cached_read("t", sqlite_url, "k2", (__name__,), lambda: read("c"))
+    assert other_key == {"read": 2}
+    # commits in quick succession (one mtime tick apart at most): each one is a new state
+    seen = []
+    for v in (0.1, 0.2, 0.3):
+        _store(sqlite_url, v)
+        seen.append(calibrations_in_force(sqlite_url, PROF)["chi_sys"].coefficients["c_a2a"])
+    assert seen == [0.1, 0.2, 0.3]
+
+
+def test_a_corrupt_entry_is_read_again(sqlite_url):
+    state_cache.cached_read("t", sqlite_url, "k", (__name__,), lambda: [1])
+    path = state_cache.cache_path("t", sqlite_url, "k", (__name__,))
+    path.write_bytes(b"not a pickle")
+    assert state_cache.cached_read("t", sqlite_url, "k", (__name__,), lambda: [2]) == [2]
+
+
+@pytest.mark.parametrize("url", ["postgresql+psycopg://u@h/db", "sqlite://", "sqlite:////no/such/file.db"])
+def test_no_state_no_cache(url):
+    assert state_cache.db_state(url) is None and state_cache.cache_path("t", url, "k", (__name__,)) is None
+    calls = []
+    for _ in range(2):
+        state_cache.cached_read("t", url, "k", (__name__,), lambda: calls.append(1))
+    assert len(calls) == 2
+
+
+def test_a_planner_command_on_an_unchanged_database_does_not_import_sqlalchemy(recorded_db, tmp_path):
+    """The second `layouts` on the same database reads tables, calibrations and provenance from the
+    cache: SQLAlchemy (~0.2 s of CPU) is not imported, and the answer is the same."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: {n_layers: 4, hidden_sz: 1024, inter_sz: 2816, n_q_heads: 8, n_kv_heads: 8, "
+                    "head_dim: 128, vocab_sz: 32000, moe: {n_experts: 16, experts_per_token: 2, "
+                    "expert_inter_sz: 704}}\ndata: {gbs: 64, seqlen: 4096}\nhardware: {node_type: p6-b200.48xlarge}\n")
+    code = ("import json, sys; from scaleplan.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sqlalchemy.'))), file=sys.stderr)")
+    argv = [sys.executable, "-c", code, "--json", "layouts", str(spec), "--devices", "16", "--db", recorded_db]
+    runs = [subprocess.run(argv, capture_output=True, text=True, check=True) for _ in range(2)]
+    assert runs[0].stdout == runs[1].stdout
+    assert runs[1].stderr.strip().splitlines()[-1] == "[]", runs[1].stderr[-500:]
