@@ -1,0 +1,66 @@
+"""estimator/dispatch.py: the CPU dispatch law t_disp = L_stage kappa(E_loc) t_gap + n_moe [EP>1] t_ep_host
++ t_host per micro-batch (sec:iteration-time-model), and the precedence of its sources (law_in_force):
+defaults < the profile's block < the measured dispatch rows < a 'dispatch' calibration row, which also
+carries the runtime scales."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from scaleplan.estimator.ckpt import CkptMode
+from scaleplan.estimator.dispatch import (
+    KAPPA0_DEFAULT,
+    T_GAP_DEFAULT_S,
+    T_HOST_DEFAULT_S,
+    DispatchLaw,
+    dispatch_time,
+    law_in_force,
+)
+
+from scaleplan.profiles import DispatchDefaults
+
+BLOCK = DispatchDefaults(kappa0=600.0, kappa1=7.0, t_gap_s=27e-6, t_host_s=1e-3, t_ep_host_s=2e-4, source="traces")
+
+
+def test_defaults_without_any_source():
+    law, scales = law_in_force(None, None, None)
+    assert (law.kappa0, law.t_gap_s, law.t_host_s, law.source) == (KAPPA0_DEFAULT, T_GAP_DEFAULT_S,
+                                                                    T_HOST_DEFAULT_S, "default")
+    assert scales == {"host_scale": 1.0, "kernel_scale": 1.0, "ep_host_scale": 1.0}
+
+
+def test_measured_chain_gap_only_where_the_profile_has_no_block():
+    law, _ = law_in_force(None, 40e-6, 2e-3)
+    assert (law.t_gap_s, law.t_host_s, law.source) == (40e-6, 2e-3, "dispatch table")
+    law, _ = law_in_force(BLOCK, 40e-6, 2e-3)  # the block's gap stays; the measured t_host replaces its own
+    assert (law.t_gap_s, law.t_host_s, law.t_ep_host_s) == (27e-6, 2e-3, 2e-4)
+    assert law.source == "profile (traces)"
+
+
+def test_calibration_row_overrides_what_it_carries_and_sets_the_scales():
+    row = SimpleNamespace(id=7, coefficients={"t_gap_s": 30e-6, "host_scale": 1.5, "kernel_scale": 0.8})
+    law, scales = law_in_force(BLOCK, 40e-6, None, row)
+    assert (law.t_gap_s, law.kappa0, law.kappa1, law.t_host_s) == (30e-6, 600.0, 7.0, 1e-3)
+    assert law.source == "calibration 7"
+    assert scales == {"host_scale": 1.5, "kernel_scale": 0.8, "ep_host_scale": 1.0}
+
+
+def test_dispatch_law_charges_the_ep_host_term_per_moe_layer_only_under_ep():
+    law = DispatchLaw(kappa0=600.0, kappa1=5.0, t_gap_s=20e-6, t_host_s=10e-3, t_ep_host_s=2e-3)
+    full = np.array(CkptMode.FULL.value)
+    # 4 MoE layers, EP=8 (16 local experts): 4 (600 + 80) 20 us + 4 x 2 ms + 10 ms
+    t8 = dispatch_time(law, 4, 16, full, 4, np.array(8))
+    assert float(t8) == pytest.approx(4 * 680 * 20e-6 + 8e-3 + 10e-3)
+    # EP=1 (128 local experts): no EP host term: 4 (600 + 640) 20 us + 10 ms
+    t1 = dispatch_time(law, 4, 128, full, 4, np.array(1))
+    assert float(t1) == pytest.approx(4 * 1240 * 20e-6 + 10e-3)
+
+
+def test_dispatch_law_counts_kernels_in_the_checkpoint_modes_units():
+    """kappa is counted in full-recompute units (forward 1 + backward 2 + recompute 1 = 4): without
+    recompute a layer issues 3/4 of those kernels, selective 3.1/4, super-selective 3.3/4."""
+    law = DispatchLaw(kappa0=600.0, kappa1=5.0, t_gap_s=20e-6, t_host_s=0.0, t_ep_host_s=1e-3)
+    full = 2 * (600 + 5 * 8) * 20e-6 + 2 * 1e-3  # 2 MoE layers, 8 local experts, EP 4
+    for mode, units in ((CkptMode.NONE, 3.0), (CkptMode.SELECTIVE, 3.1), (CkptMode.SUPER_SELECTIVE, 3.3),
+                        (CkptMode.FULL, 4.0)):
+        t = dispatch_time(law, 2, 8, np.array(mode.value), 2, np.array(4))
+        assert float(t) == pytest.approx(full * units / 4), mode
