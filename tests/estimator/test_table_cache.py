@@ -37,7 +37,12 @@ def test_second_command_reads_the_cache_and_a_write_invalidates_it(db, monkeypat
 
 def test_server_databases_and_unreadable_entries_are_not_cached(db, monkeypatch):
     url, path = db
-    assert T._disk_path("postgresql+psycopg://u@h/db", "p", 1.0) is None
-    p = T._disk_path(url, "p6-b200.48xlarge", 2.25e15)
-    p.write_bytes(b"not a pickle")  # a corrupt entry is rebuilt, not trusted
+    cache = path.parent / "cache"
+    frames = T.load_frames(url, "p6-b200.48xlarge")  # an empty database's frames, served for any URL below
+    monkeypatch.setattr(T, "load_frames", lambda u, prof: frames)
+    assert isinstance(T.cached_tables.__wrapped__("postgresql+psycopg://u@h/db", "p", 1.0), T.Tables)
+    assert not list(cache.glob("tables-*.pkl"))  # a server database has no cheap state to key a file by
+    T.cached_tables.__wrapped__(url, "p6-b200.48xlarge", 2.25e15)
+    (entry,) = cache.glob("tables-*.pkl")
+    entry.write_bytes(b"not a pickle")  # a corrupt entry is rebuilt, not trusted
     assert isinstance(T.cached_tables.__wrapped__(url, "p6-b200.48xlarge", 2.25e15), T.Tables)
