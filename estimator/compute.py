@@ -50,7 +50,7 @@ def expert_times(tb, prof, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
        q >= 14, d_expert > 3840 for G <= 2) lie outside their hull, so it would cover few shapes
        and blend kernels tuned for other shapes; the dense grid holds the exact shape. At the
        measured shapes the loop agrees with the grouped rows within ~1.5x in the compute-bound
-       regime (tests/estimator/test_expert_fallback.py);
+       regime (tests/estimator/test_compute.py);
     3. neither table: the analytic roofline (labelled "analytic").
     """
     P = rec.P

@@ -18,7 +18,7 @@ GEMM on M_expert = ceil(T_seq B_micro K / E) "invariant to expert parallelism". 
 holds E/EP local experts that receive tokens from all EP ranks, so with balanced routing a rank
 still processes T_seq B_micro K rows, and each local expert's tile is EP T_seq B_micro K / E. A
 lookup at tile T_seq B_micro K / E with E/EP groups under-counts expert work by EP. We key on
-(num_gemms = E/EP, tokens_per_expert = EP T_seq B_micro K / E) (tests/estimator/test_ep_tile.py).
+(num_gemms = E/EP, tokens_per_expert = EP T_seq B_micro K / E) (tests/estimator/test_kernels.py).
 
 Then, per pipeline stage and micro-batch, t_mb = max(t_GPU, t_disp) + t_A2A + t_LM-head-fwd
 (:func:`pipeline.stage_periods`): the EP all-to-all and the LM head + cross-entropy forward sit

@@ -1,4 +1,4 @@
-"""The EP tile correction: each of the E/EP local experts sees EP*T*B*K/E rows (balanced routing)."""
+"""estimator/kernels.py (KernelModel.layer_kernels): the EP tile correction: each of the E/EP local experts sees EP*T*B*K/E rows (balanced routing)."""
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator

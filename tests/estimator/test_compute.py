@@ -1,4 +1,4 @@
-"""Routed experts whose shape is not in the grouped-GEMM table: a loop of measured dense GEMMs.
+"""estimator/compute.py: routed experts whose shape is not in the grouped-GEMM table (a loop of measured dense GEMMs).
 
 Synthetic tables check the arithmetic exactly (a pure power-law GEMM table interpolates exactly in
 log space, so the expected times are hand-derived); the recorded B200 tables check the physics at the
