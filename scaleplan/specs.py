@@ -230,8 +230,9 @@ class Spec(BaseModel):
         """The layout the spec itself names (parallelism block, data.microbatch_sz, ckpt mode)."""
         p = self.parallelism or ParallelismBlock()
         etp = p.etp or (self.model.moe.expert_tp_degree if self.model.moe else 1)
-        return Layout(tp=p.tp, cp=p.cp, pp=p.pp, dp=p.dp, ep=p.ep, etp=etp, vpp=p.vpp,
-                      mbs=self.data.microbatch_sz, ckpt=self.performance.activation_checkpointing_type)
+        degrees = {k: getattr(p, k) for k in Layout.model_fields if k in ParallelismBlock.model_fields}
+        return Layout(**{**degrees, "etp": etp}, mbs=self.data.microbatch_sz,
+                      ckpt=self.performance.activation_checkpointing_type)
 
 
 def _field_path(loc: tuple[Any, ...]) -> str:

@@ -189,8 +189,12 @@ def _analytic_note(out: dict, rec: dict | None) -> None:
 
 
 def _layout_cell(lay: dict) -> str:
-    """Degrees above 1 (tp, cp, pp, ep), the micro-batch, ckpt abbreviated (--wide has every field)."""
-    parts = [f"{k}{lay[k]}" for k in ("tp", "cp", "pp", "ep") if int(lay[k]) > 1] + [f"mb{lay['mbs']}"]
+    """Parallel degrees above 1 but DP (tp, cp, pp, ep, etp, vpp), the micro-batch, ckpt abbreviated (--wide has
+    every field)."""
+    from scaleplan.estimator.layout import FIELDS
+
+    parts = [f"{k}{lay[k]}" for k in FIELDS if k not in ("dp", "mbs", "ckpt") and int(lay.get(k, 1)) > 1]
+    parts.append(f"mb{lay['mbs']}")
     ck = {"none": "", "selective": "sel", "super-selective": "ssel", "full": "full"}.get(lay["ckpt"], lay["ckpt"])
     return " ".join(parts + ([ck] if ck else []))
 

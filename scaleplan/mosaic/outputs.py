@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+
 # frontier columns the HTML report plots (hover: geometry, layout, MFU, memory, P(optimal) when present)
 _FRONTIER_COLS = ("q", "n_layers", "d", "d_ff", "d_expert", "n_experts", "topk", "g", "n_act", "n_tot", "s", "tpp",
-                  "d_tokens", "c_model", "loss", "mfu_plan", "mem_gb", "tp", "cp", "pp", "ep", "dp", "mbs", "ckpt",
-                  "p_optimal")
+                  "d_tokens", "c_model", "loss", "mfu_plan", "mem_gb", *LAYOUT_FIELDS, "p_optimal")
 
 
 def _rows(out: dict[str, Any]):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from scaleplan.estimator.layout import MODEL_PARALLEL
 from scaleplan.mosaic.law import NAMES
 from scaleplan.mosaic.ridge import law_matrix, ridge_samples
 
@@ -42,7 +43,8 @@ UNCERTAINTY_COLUMNS = ("p_optimal", "loss_mean", "loss_p05", "loss_p95", "regret
                        "mfu_p95")
 #: a candidate delivering the TPP floor in fewer draws than this is "infeasible in most draws", never a tie
 MOSTLY_FEASIBLE = 0.5
-FAMILY_KEYS = ("tp", "cp", "pp", "ep")
+# candidates sharing the model-parallel degrees and EP run the same collectives: they share one draw of its error
+FAMILY_KEYS = (*MODEL_PARALLEL, "ep")
 _RESIDUAL_KEYS = ("rel_err", "loo_rel_err", "loo", "error", "value")
 
 
