@@ -53,7 +53,7 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
     from scaleplan.db import session as dbs
 
     obs = _observations(url, profile, sweeps, sources)
-    predictor = predictor or _stack_predictor(profile, url, extrapolate)
+    predictor = predictor or stack_predictor(profile, url, extrapolate)
     obs, preds, skipped = usable(obs, predictor(obs))
     bases = bases_for(obs, mode)
     d = chi_data(obs, preds, bases)
@@ -134,7 +134,7 @@ def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bo
     return out
 
 
-def _stack_predictor(profile, url, extrapolate, host_scale=None, use_calibration=True,
+def stack_predictor(profile, url, extrapolate, host_scale=None, use_calibration=True,
                      kernel_scale=None) -> Predictor:
     """:func:`estimator_predictor` with each run's software stack: a ``scaleplan validate`` run (source
     'validate') trained scaleplan's own reference model, predicted with stack 'reference' (its
@@ -161,13 +161,13 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
 
     See :mod:`scaleplan.calibrate.run_scales`. ``use_calibration`` False fits on the uncalibrated
     law (benchmarks' LOO). Runs of ``scaleplan validate`` are predicted with the estimator's
-    reference stack, the others with Megatron's (:func:`_stack_predictor`).
+    reference stack, the others with Megatron's (:func:`stack_predictor`).
     Raises ScaleplanError: no runs, none absolute, nothing identifiable.
     """
     from scaleplan.db import session as dbs
 
     obs = _observations(url, profile, sweeps, sources)
-    predictor = _stack_predictor(profile, url, extrapolate, 1.0, use_calibration, 1.0)
+    predictor = stack_predictor(profile, url, extrapolate, 1.0, use_calibration, 1.0)
     obs, preds, skipped = usable(obs, predictor(obs))
     idx, t_meas = absolute_times(obs, preds)
     obs = [obs[i] for i in idx]
@@ -175,7 +175,7 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
 
     def t_of_scales(s_h: float, s_k: float) -> np.ndarray:
         if (s_h, s_k) not in cache:
-            ps = _stack_predictor(profile, url, extrapolate, s_h, use_calibration, s_k)(obs)
+            ps = stack_predictor(profile, url, extrapolate, s_h, use_calibration, s_k)(obs)
             cache[(s_h, s_k)] = np.array([p.t_analytic_s for p in ps])
         return cache[(s_h, s_k)]
 
@@ -239,8 +239,8 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
     prior = inputs.get("prior") or None
     obs = _observations(url, profile, sweeps)
     # "before" is the uncalibrated estimator (the profile's dispatch law, chi_sys = 1), as `calibrate fit` prints it
-    before_fn = _stack_predictor(profile, url, extrapolate, use_calibration=False) if predictor is None else None
-    predictor = predictor or _stack_predictor(profile, url, extrapolate)
+    before_fn = stack_predictor(profile, url, extrapolate, use_calibration=False) if predictor is None else None
+    predictor = predictor or stack_predictor(profile, url, extrapolate)
     obs, preds, skipped = usable(obs, predictor(obs))
     preds_before = before_fn(obs) if before_fn else None
     if preds_before is not None and any(p is None for p in preds_before):

@@ -272,7 +272,7 @@ def _check_profile_size(params: dict[str, Any]) -> None:
             raise SpecError("--nodes", n, f"1 to {cap} nodes of {name}")
 
 
-def _debug_option():
+def debug_option():
     """A ``--debug`` flag for a leaf command (sets STATE.debug; the command never sees it).
 
     Built the way typer builds a parameter from a signature, through the one typer function that does it
@@ -287,11 +287,11 @@ def _debug_option():
     make = getattr(tm, "_get_param", None)
     opt = make(meta) if make is not None else tm.get_click_param(meta)[0]
     opt.expose_value = False
-    opt.callback = _set_debug
+    opt.callback = set_debug
     return opt
 
 
-def _set_debug(ctx, param, value):
+def set_debug(ctx, param, value):
     if value:
         STATE.debug = True
     return value
@@ -304,7 +304,7 @@ class ScaleplanCommand(TyperCommand):
     def __init__(self, *args: Any, params: list | None = None, **kw: Any) -> None:
         params = list(params or [])
         if not any(p.name == "debug" for p in params):
-            params.append(_debug_option())
+            params.append(debug_option())
         super().__init__(*args, params=params, **kw)
 
     def parse_args(self, ctx, args):

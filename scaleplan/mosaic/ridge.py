@@ -106,7 +106,7 @@ def ridge_samples(n: int, seed: int = 0, law: JointLaw = PAPER_JOINT_LAW, sigma:
                 return got
         except (OSError, ValueError):
             pass  # unreadable cache entry: sample again and overwrite it
-    out = _cached(*key).copy()
+    out = cached_samples(*key).copy()
     if path is not None:
         _save_atomic(path, out)
     return out
@@ -134,7 +134,7 @@ def _save_atomic(path: Path, arr: np.ndarray) -> None:
 
 
 @lru_cache(maxsize=8)
-def _cached(n, seed, law, sigma, n_runs, chains, steps) -> np.ndarray:
+def cached_samples(n, seed, law, sigma, n_runs, chains, steps) -> np.ndarray:
     grid = paper_support_grid()
     ref = law(grid["n_tot"], grid["s"], grid["d"], grid["g"])
     rng = np.random.default_rng(seed)

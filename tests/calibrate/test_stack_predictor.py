@@ -19,6 +19,6 @@ def test_validate_runs_are_predicted_with_the_reference_stack(monkeypatch):
     sources = ["validate", "csv", "validate", "recorded"]
     obs = [Observed(id=i, sweep="s", profile="p", spec={}, n_devices=1, layout={}, source=s)
            for i, s in enumerate(sources)]
-    out = runner._stack_predictor("p", None, "clamp", 1.5, False, 0.8)(obs)
+    out = runner.stack_predictor("p", None, "clamp", 1.5, False, 0.8)(obs)
     assert out == [("reference", 0), ("megatron", 1), ("reference", 2), ("megatron", 3)]
     assert sorted(calls) == [("megatron", [1, 3], 1.5, 0.8), ("reference", [0, 2], 1.5, 0.8)]

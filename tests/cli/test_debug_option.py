@@ -10,11 +10,11 @@ from scaleplan.cli import _common
 
 def _check(opt) -> None:
     assert opt.opts == ["--debug"] and opt.is_flag and opt.is_eager
-    assert opt.expose_value is False and opt.callback is _common._set_debug and opt.default is False
+    assert opt.expose_value is False and opt.callback is _common.set_debug and opt.default is False
 
 
 def test_debug_option_with_this_typer():
-    _check(_common._debug_option())
+    _check(_common.debug_option())
 
 
 def test_debug_option_with_a_typer_that_has_only_get_click_param(monkeypatch):
@@ -22,4 +22,4 @@ def test_debug_option_with_a_typer_that_has_only_get_click_param(monkeypatch):
     real = getattr(tm, "_get_param", None) or (lambda meta: old(meta)[0])
     monkeypatch.delattr(tm, "_get_param", raising=False)
     monkeypatch.setattr(tm, "get_click_param", lambda meta: (real(meta), None), raising=False)
-    _check(_common._debug_option())
+    _check(_common.debug_option())

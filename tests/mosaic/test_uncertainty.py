@@ -144,12 +144,12 @@ def test_ridge_samples_deterministic_cached_and_resampled_when_corrupt(tmp_path,
 
     monkeypatch.setenv("SCALEPLAN_CACHE", str(tmp_path))
     a = ridge_samples(40, seed=4)
-    fresh = ridge._cached.__wrapped__(40, 4, PAPER_JOINT_LAW, ridge.PAPER_RMSE, ridge.PAPER_N_RUNS, 16, 2000)
+    fresh = ridge.cached_samples.__wrapped__(40, 4, PAPER_JOINT_LAW, ridge.PAPER_RMSE, ridge.PAPER_N_RUNS, 16, 2000)
     assert np.array_equal(a, fresh)                      # same seed, same samples, without any cache
     files = list(tmp_path.glob("ridge-*.npy"))
     assert len(files) == 1 and np.array_equal(np.load(files[0]), a)
     files[0].write_bytes(b"not an array")
-    ridge._cached.cache_clear()
+    ridge.cached_samples.cache_clear()
     assert np.array_equal(ridge_samples(40, seed=4), a)
     assert np.array_equal(np.load(files[0]), a)          # the corrupt entry was rewritten
     assert not np.array_equal(ridge_samples(40, seed=5), a)
