@@ -165,7 +165,7 @@ def _run_config(
     }
 
 
-class _SigtermAsInterrupt:
+class SigtermAsInterrupt:
     """Turn SIGTERM (and SIGINT) into KeyboardInterrupt while a sweep runs, so the run is marked
     interrupted; a signal that arrives while a point or a status is being written is held until the
     write has committed (:func:`store.held_signals`)."""
@@ -175,11 +175,11 @@ class _SigtermAsInterrupt:
     def __enter__(self):
         self.prev = {}
         if threading.current_thread() is threading.main_thread():
-            self.prev = {sig: signal.signal(sig, self._raise) for sig in self.SIGNALS}
+            self.prev = {sig: signal.signal(sig, self.raise_interrupt) for sig in self.SIGNALS}
         return self
 
     @staticmethod
-    def _raise(signum, frame):
+    def raise_interrupt(signum, frame):
         if store.hold_signal():
             return
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -292,7 +292,7 @@ def _execute(
     emit = on_event or (lambda kind, info: None)
     results = []
     pending = [rid for rid, *_ in planned]
-    with _SigtermAsInterrupt():
+    with SigtermAsInterrupt():
         try:
             for run_id, mod, cfg in planned:
                 if resumed:

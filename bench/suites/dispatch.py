@@ -117,7 +117,7 @@ def expand(cfg: Config, ctx: h.Context) -> list[dict]:
     return out
 
 
-def _wall(fn, ctx: h.Context, reps: int) -> list[float]:
+def wall_times(fn, ctx: h.Context, reps: int) -> list[float]:
     """Host wall seconds of fn(), synchronised before and after (so queued work is included)."""
     out = []
     for _ in range(reps):
@@ -165,7 +165,7 @@ def _active_cpu(p: dict, dt: torch.dtype, ctx: h.Context, relu: bool, wall: floa
     for _ in range(max(1, ctx.timing.warmup)):
         tiny()
     reps = max(ctx.timing.min_reps, min(ctx.timing.reps, 10))
-    t_op = min(_wall(tiny, ctx, reps)) / p["chain_len"]  # contention only adds: the floor is dispatch
+    t_op = min(wall_times(tiny, ctx, reps)) / p["chain_len"]  # contention only adds: the floor is dispatch
     return float(min(max(wall - t_op, _roofline_s(p, ctx, relu)), wall))
 
 
@@ -257,7 +257,7 @@ def _chain_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
     h.check_budget(time.perf_counter() - t0, ctx.calls - 1, ctx, "the first chain took")
     for _ in range(max(1, ctx.timing.warmup) - 1):
         chain()
-    walls = _wall(chain, ctx, max(ctx.timing.min_reps, min(ctx.timing.reps, 10)))
+    walls = wall_times(chain, ctx, max(ctx.timing.min_reps, min(ctx.timing.reps, 10)))
     n = p["chain_len"]
     wall = float(np.median(walls)) / n
     active = _active_cuda(chain, ctx, ctx.timing.reps) / n if ctx.is_cuda else _active_cpu(p, dt, ctx, relu, wall)
@@ -285,7 +285,7 @@ def _host_point(p: dict, dt: torch.dtype, ctx: h.Context) -> dict:
     walls: list[list[float]] = [[] for _ in layers]
     for _ in range(reps):  # round-robin over L, so a slow spell of the host hits every L alike
         for i, step in enumerate(steps):
-            walls[i] += _wall(step, ctx, 1)
+            walls[i] += wall_times(step, ctx, 1)
     floor = [min(w) for w in walls]  # contention only adds time: the floor is the dispatch cost
     slope, intercept, *_ = theilslopes(floor, np.array(layers, float))
     fit = (

@@ -93,7 +93,7 @@ def _fwd_bwd_once(fwd, leaves) -> None:
         x.grad = None
 
 
-def _torch_attention(p: dict, q, k, v, backend: SDPBackend):
+def torch_attention(p: dict, q, k, v, backend: SDPBackend):
     """(forward closure, note naming the method that ran, leaves) with ``backend`` forced.
 
     GQA runs as Megatron runs it: natively with ``enable_gqa`` (flash, cuDNN and math take it); a
@@ -167,7 +167,7 @@ def measure(p: dict, ctx: h.Context) -> dict:
         q = h.randn((b, hq, s, d), dt, ctx.device, grad=True)
         k = h.randn((b, hk, s, d), dt, ctx.device, grad=True)
         v = h.randn((b, hk, s, d), dt, ctx.device, grad=True)
-        fwd, note, leaves = _torch_attention(p, q, k, v, TORCH_BACKENDS[p["backend"]])
+        fwd, note, leaves = torch_attention(p, q, k, v, TORCH_BACKENDS[p["backend"]])
     else:
         raise h.Unsupported(f"unknown sdpa backend {p['backend']!r}")
     f, bw = h.time_fwd_bwd(fwd, leaves, torch.randn_like(fwd()), ctx)

@@ -39,7 +39,7 @@ ROPE_BASE = 10_000.0
 TRACE_SCOPES = {"on": False}  # scaleplan.validate.trace switches the sp::<region> profiler scopes on
 
 
-def _scope(region: str):
+def scope(region: str):
     """A ``record_function('sp::<region>')`` while tracing (a profiler names each op's region), else nothing."""
     if TRACE_SCOPES["on"]:
         return torch.profiler.record_function(f"sp::{region}")
@@ -91,7 +91,7 @@ class Attention(nn.Module):
         return o
 
     def forward(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
-        with _scope("attention"):
+        with scope("attention"):
             return self._forward(x, cos, sin)
 
     def _forward(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
@@ -118,7 +118,7 @@ class DenseFFN(nn.Module):
         self.region = "dense_ffn"
 
     def forward(self, x):
-        with _scope(self.region):
+        with scope(self.region):
             return self.fc2(_ckpt(swiglu, self.fc1(x), enabled=self.recompute_act))
 
 
@@ -141,7 +141,7 @@ class MoEFFN(nn.Module):
     def forward(self, x: torch.Tensor):
         B, S, d = x.shape
         x2 = x.reshape(B * S, d)
-        with _scope("router"):
+        with scope("router"):
             idx, gates, aux = self.router(x2, S)
             flat = idx.reshape(-1)
             order = torch.argsort(flat, stable=True)  # permute: rows grouped by expert
@@ -149,11 +149,11 @@ class MoEFFN(nn.Module):
             counts = torch.bincount(flat, minlength=self.E)
             rows = x2[token_of]
         impl = self.impl or select_impl(x.device, x.dtype)
-        with _scope("experts"):
+        with scope("experts"):
             h = grouped_linear(rows, self.w1, counts, impl)
             h = _ckpt(swiglu, h, enabled=self.recompute_act)
             y = grouped_linear(h, self.w2, counts, impl)
-        with _scope("router"):
+        with scope("router"):
             y = y * gates.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
             out = torch.zeros_like(x2).index_add(0, token_of, y)  # unpermute and combine
         if self.shared is not None:
@@ -236,7 +236,7 @@ class MoEDecoder(nn.Module):
             x, aux = _ckpt(blk, x, cos, sin, enabled=self.ckpt == "full")
             aux_total = aux_total + aux
         self._stage("head")
-        with _scope("head"):
+        with scope("head"):
             x = self.norm(x)
             w = self.embed.weight if self.head is None else self.head.weight
             logits = (x @ w.t()).float()  # fp32 upcast for the cross-entropy

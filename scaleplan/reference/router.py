@@ -162,24 +162,24 @@ class Router(nn.Module):
         self.k, self.tau, self.rho, self.mu_b, self.eps, self.c_r = k, tau, rho, mu_b, eps, c_r
         self.z_coef, self.aux_coef = z_coef, aux_coef
         self.mb_key = 0
-        self._counts: dict[int, torch.Tensor] = {}
+        self.counts: dict[int, torch.Tensor] = {}
         self.last_starved = 0
 
     def forward(self, h: torch.Tensor, seq_len: int):
         out = route(h, self.weight, self.phi, self.k, rho=self.rho, tau=self.tau if self.training else 0.0,
                     c_r=self.c_r)
         if self.training:
-            self._counts[self.mb_key] = out.counts
+            self.counts[self.mb_key] = out.counts
         aux = self.z_coef * z_loss(out.logits) + self.aux_coef * sequence_aux_loss(out.scores, out.idx, seq_len)
         return out.idx, out.gates, aux
 
     @torch.no_grad()
     def update_bias(self) -> None:
-        if not self._counts:
+        if not self.counts:
             return
-        total = torch.stack(list(self._counts.values())).sum(dim=0)
+        total = torch.stack(list(self.counts.values())).sum(dim=0)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(total)
         self.last_starved = starved_experts(total, self.k)
         self.phi.copy_(bias_update(self.phi, total, self.mu_b, self.eps))
-        self._counts.clear()
+        self.counts.clear()

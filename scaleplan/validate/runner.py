@@ -225,9 +225,9 @@ TRACE_STEPS = 2  # profiled steps after the timed ones (their times are not in t
 
 
 def _region(name: str):
-    from scaleplan.reference.model import _scope
+    from scaleplan.reference.model import scope
 
-    return _scope(name)
+    return scope(name)
 
 
 def _traced_steps(one_step, cfg: "RunConfig", rank: int, device) -> dict | None:

@@ -42,14 +42,14 @@ def test_cpu_active_time_stays_positive_when_host_noise_wins(monkeypatch):
     Forced here: every wall of the 1x1 chain is slower. active stays in (0, wall]."""
     from scaleplan.bench.runner import sanitize
 
-    real, calls = dispatch._wall, []
+    real, calls = dispatch.wall_times, []
 
     def slow_tiny(fn, ctx, reps):  # _chain_point times its chain first, then _active_cpu the 1x1 chain
         calls.append(fn)
         times = real(fn, ctx, reps)
         return times if len(calls) == 1 else [1000 * t for t in times]
 
-    monkeypatch.setattr(dispatch, "_wall", slow_tiny)
+    monkeypatch.setattr(dispatch, "wall_times", slow_tiny)
     p = dict(mode="gemm", m=4, n=16, k=16, dtype="fp32", chain_len=8)
     r = sanitize(dispatch.measure(p, _ctx()), "wall_per_kernel_s")
     assert r["active_per_kernel_s"] is not None and 0 < r["active_per_kernel_s"] <= r["wall_per_kernel_s"]

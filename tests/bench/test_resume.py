@@ -137,10 +137,10 @@ def test_a_stop_signal_during_a_write_is_held_until_it_commits():
     import pytest
 
     with pytest.raises(KeyboardInterrupt):
-        runner._SigtermAsInterrupt._raise(signal.SIGTERM, None)
+        runner.SigtermAsInterrupt.raise_interrupt(signal.SIGTERM, None)
     done = []
     with pytest.raises(KeyboardInterrupt), store.held_signals():
-        runner._SigtermAsInterrupt._raise(signal.SIGTERM, None)
+        runner.SigtermAsInterrupt.raise_interrupt(signal.SIGTERM, None)
         done.append("committed")
     assert done == ["committed"]
     with store.held_signals():  # nothing pending any more

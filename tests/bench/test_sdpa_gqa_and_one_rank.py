@@ -56,7 +56,7 @@ def test_refused_enable_gqa_falls_back_to_expanded_kv_with_the_same_gradients(mo
     for x in (q, k, v):
         x.grad = None
     monkeypatch.setattr(sdpa.F, "scaled_dot_product_attention", refuses_gqa)
-    fwd, note, leaves = sdpa._torch_attention({**GQA, "backend": "math"}, q, k, v, SDPBackend.MATH)
+    fwd, note, leaves = sdpa.torch_attention({**GQA, "backend": "math"}, q, k, v, SDPBackend.MATH)
     assert note.startswith("method=expand_kv") and "No available kernel" in note
     assert leaves == [q, k, v]  # the K/V leaves keep their GQA shape: the reduction is timed too
     out = fwd()

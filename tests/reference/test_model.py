@@ -52,7 +52,7 @@ def test_checkpointing_does_not_change_loss_or_gradients(ckpt):
         torch.testing.assert_close(grads[name], g, rtol=1e-9, atol=1e-12)
     # a full-block recompute replays the router; its counts are kept once per micro-batch
     for r in model.routers():
-        assert list(r._counts) == [0] and r._counts[0].sum().item() == 2 * 32 * 2
+        assert list(r.counts) == [0] and r.counts[0].sum().item() == 2 * 32 * 2
 
 
 def test_loss_starts_near_log_vocab():

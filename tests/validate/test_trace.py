@@ -75,7 +75,7 @@ def _profiled(impl: str | None, ckpt: str = "none"):
             t0 = time.perf_counter()
             opt.zero_grad()
             model(tok, tok).backward()
-            with vmodel._scope("optimizer"):
+            with vmodel.scope("optimizer"):
                 opt.step()
             wall = time.perf_counter() - t0
     finally:
