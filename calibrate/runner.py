@@ -80,20 +80,27 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
 
 
 def _dispatch_prior(profile: str, prev: tuple[int, dict] | None) -> tuple[dict[str, float], str]:
-    """The dispatch law in force before a fit: the previous calibration, else the profile's block."""
-    if prev is not None:
-        cid, co = prev
-        prior = {k: float(co[k]) for k in ("t_gap_s", "kappa0", "kappa1", "t_host_s") if k in co}
-        if co.get("t_gap_chain_s") is not None and co.get("t_gap_s") == co["t_gap_chain_s"]:
-            prior.pop("t_gap_s", None)  # that t_gap was itself a chain gap: refit it from today's rows
-        return prior, f"calibration {cid}"
+    """The dispatch law in force before a fit, by the estimator's own precedence
+    (:func:`scaleplan.estimator.dispatch.law_in_force`: defaults < the profile's block < the previous
+    calibration; the measured rows are what the fit replaces), as the fit's prior, and where it came from.
+    The t_gap of the module defaults, or one that was itself a chain gap, is left out: the fit identifies
+    it from today's rows."""
+    from types import SimpleNamespace
+
+    from scaleplan.estimator.dispatch import law_in_force
     from scaleplan.profiles import load_profile
 
     block = getattr(load_profile(profile), "dispatch", None)
-    if block is not None:
-        return ({"t_gap_s": block.t_gap_s, "kappa0": block.kappa0, "kappa1": block.kappa1,
-                 "t_host_s": block.t_host_s}, f"the profile's dispatch block ({block.source})")
-    return {}, "the estimator's defaults"
+    row = SimpleNamespace(id=prev[0], coefficients=prev[1]) if prev is not None else None
+    law, _ = law_in_force(block, None, None, row)
+    prior = {k: v for k, v in law_coefficients(law).items() if k != "t_ep_host_s"}
+    co = prev[1] if prev is not None else {}
+    if law.source == "default" or (co.get("t_gap_chain_s") is not None and co.get("t_gap_s") == co["t_gap_chain_s"]):
+        prior.pop("t_gap_s")
+    where = {"default": "the estimator's defaults"}.get(law.source, law.source)
+    if block is not None and prev is None:
+        where = f"the profile's dispatch block ({block.source})"
+    return prior, where
 
 
 def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bool = True) -> dict[str, Any]:
