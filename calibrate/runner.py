@@ -88,6 +88,7 @@ def _dispatch_prior(profile: str, prev: tuple[int, dict] | None) -> tuple[dict[s
     from types import SimpleNamespace
 
     from scaleplan.estimator.dispatch import law_in_force
+
     from scaleplan.profiles import load_profile
 
     block = getattr(load_profile(profile), "dispatch", None)
