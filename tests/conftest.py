@@ -63,6 +63,27 @@ def recorded_db(tmp_path_factory, recorded_dir) -> str:
     return url
 
 
+@pytest.fixture(scope="session")
+def runtime_fitted_db(tmp_path_factory, recorded_db, validation_dir) -> tuple[str, dict]:
+    """(SQLite URL, fit_runtime's result): a copy of recorded_db with the validation sweeps added as
+    observed runs and the runtime calibration fitted and stored (once per test session: the fit takes
+    ~10 s). Tests only read it; one that writes makes its own copy."""
+    import sqlite3
+
+    from scaleplan.calibrate.observations import add_runs
+    from scaleplan.calibrate.runner import fit_runtime
+
+    path = tmp_path_factory.mktemp("fitted") / "fitted.db"
+    src, dst = sqlite3.connect(recorded_db.removeprefix("sqlite:///")), sqlite3.connect(str(path))
+    with dst:
+        src.backup(dst)  # WAL-safe copy
+    src.close()
+    dst.close()
+    url = f"sqlite:///{path}"
+    add_runs(url, validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml")
+    return url, fit_runtime(url)
+
+
 @pytest.fixture()
 def sqlite_url(tmp_path) -> str:
     """A fresh, migrated SQLite database."""

@@ -2,17 +2,12 @@
 and a term at its bound is explained in words."""
 import pytest
 from scaleplan.calibrate.joint import BOUNDS, bound_note
-from scaleplan.calibrate.observations import add_runs
-from scaleplan.calibrate.runner import build_report, fit_runtime
-
-from .fakes import copy_sqlite
+from scaleplan.calibrate.runner import build_report
 
 
 @pytest.fixture(scope="module")
-def fitted(recorded_db, validation_dir, tmp_path_factory):
-    url = copy_sqlite(recorded_db, tmp_path_factory.mktemp("one") / "one.db")
-    add_runs(url, validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml")
-    fit = fit_runtime(url)
+def fitted(runtime_fitted_db):
+    url, fit = runtime_fitted_db  # the validation sweeps added, fit_runtime stored (tests/conftest.py)
     return url, fit, build_report(url, extrapolate="compose")
 
 

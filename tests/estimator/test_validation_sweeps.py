@@ -11,8 +11,6 @@ without calibration. Both sweeps are checked under the paper's own published cal
 Calibration row the way `scaleplan calibrate fit` stores ours. The absolute MFU error and the rank
 correlation are reported by benchmarks/estimator_accuracy.py, not asserted.
 """
-import shutil
-
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
@@ -40,20 +38,8 @@ def test_uncalibrated_700m_best_measured_is_in_predicted_top3(recorded_db, sweep
     _top3_check(est, sweeps, {"700m-32dev"})
 
 
-@pytest.fixture()
-def runtime_calibrated_db(recorded_db, validation_dir, tmp_path):
-    from scaleplan.calibrate.observations import add_runs
-    from scaleplan.calibrate.runner import fit_runtime
-
-    path = tmp_path / "calibrated.db"
-    shutil.copy(recorded_db.removeprefix("sqlite:///"), path)
-    url = f"sqlite:///{path}"
-    add_runs(url, validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml")
-    return url, fit_runtime(url)
-
-
-def test_runtime_calibrated_both_sweeps_best_measured_in_top3(runtime_calibrated_db, sweeps):
-    url, fit = runtime_calibrated_db
+def test_runtime_calibrated_both_sweeps_best_measured_in_top3(runtime_fitted_db, sweeps):
+    url, fit = runtime_fitted_db
     est = Estimator("p6-b200.48xlarge", db_url=url)
     assert "host_scale" in fit["free"] and est.host_scale == pytest.approx(fit["params"]["host_scale"])
     assert est.chi.c_level == pytest.approx(fit["params"]["c_level"])  # the stored calibration is in force
