@@ -64,6 +64,25 @@ def recorded_db(tmp_path_factory, recorded_dir) -> str:
 
 
 @pytest.fixture(scope="session")
+def recorded_holdouts(recorded_db):
+    """holdouts(name, peak) -> ``estimator.holdout.<name>(frames, peak)`` ("all_holdouts",
+    "depth_holdouts") on the recorded B200 tables, computed once per session and peak (several
+    seconds each): the composition tests and the search's evidence check read the same hold-outs."""
+    from scaleplan.db.measurements import load_frames
+    from scaleplan.estimator import holdout
+
+    frames = load_frames(recorded_db, "p6-b200.48xlarge")
+    memo: dict = {}
+
+    def holdouts(name: str, peak: float):
+        if (name, peak) not in memo:
+            memo[name, peak] = getattr(holdout, name)(frames, peak)
+        return memo[name, peak]
+
+    return holdouts
+
+
+@pytest.fixture(scope="session")
 def runtime_fitted_db(tmp_path_factory, recorded_db, validation_dir) -> tuple[str, dict]:
     """(SQLite URL, fit_runtime's result): a copy of recorded_db with the validation sweeps added as
     observed runs and the runtime calibration fitted and stored (once per test session: the fit takes

@@ -23,8 +23,8 @@ def frames(recorded_db):
 
 
 @pytest.mark.parametrize("table", sorted(BOUNDS))
-def test_composed_values_match_hidden_measurements(frames, table):
-    hs = [x for x in holdout.all_holdouts(frames, PEAK) if x.table == table]
+def test_composed_values_match_hidden_measurements(recorded_holdouts, table):
+    hs = [x for x in recorded_holdouts("all_holdouts", PEAK) if x.table == table]
     assert hs
     for h in hs:  # grouped GEMM: one hold-out per axis
         assert h.n >= 20, h
@@ -56,10 +56,10 @@ def test_gemm_below_the_range_is_memory_or_edge_throughput_bound(frames):
     assert h.n >= 500 and h.mape <= 0.10, h
 
 
-def test_rule_errors_name_each_table_kind_with_its_worst_hold_out(frames):
+def test_rule_errors_name_each_table_kind_with_its_worst_hold_out(frames, recorded_holdouts):
     errs = holdout.rule_errors(frames, PEAK)
     assert set(errs) == {"grouped_gemm", "gemm", "sdpa", "collectives"}
-    worst = max(h.mape for pair in holdout.depth_holdouts(frames, PEAK) for h in pair if h.table == "gemm")
+    worst = max(h.mape for pair in recorded_holdouts("depth_holdouts", PEAK) for h in pair if h.table == "gemm")
     assert errs["gemm"] == pytest.approx(worst) and 0 < errs["gemm"] < 0.5
 
 

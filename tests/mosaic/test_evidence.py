@@ -37,7 +37,7 @@ def test_plan_evidence_weights_each_rule_by_its_share():
     assert got["evidence_sigma"] == pytest.approx(want) and got["extrapolated_collectives"] == "ep_a2a"
 
 
-def test_rule_errors_are_the_holdouts_of_the_recorded_tables(recorded_db):
+def test_rule_errors_are_the_holdouts_of_the_recorded_tables(recorded_db, recorded_holdouts):
     """The search's rule errors on the recorded tables are what the hold-outs measure on them (computed here
     from the hold-outs themselves), and the RECORDED fallback is the same measurement typed in."""
     from scaleplan.db.measurements import load_frames
@@ -48,7 +48,7 @@ def test_rule_errors_are_the_holdouts_of_the_recorded_tables(recorded_db):
     peak = load_profile("p6-b200.48xlarge").peak("bf16")
     # each kind's worst hold-out over both cuts, both sides of the range, computed here from the hold-outs
     worst = {}
-    for pair in holdout.depth_holdouts(frames, peak):
+    for pair in recorded_holdouts("depth_holdouts", peak):
         for h in pair:
             if h.n:
                 worst[h.table] = max(worst.get(h.table, 0.0), h.mape)
