@@ -1,9 +1,8 @@
 """--by-sparsity (fig:mosaic-solution), the extrapolated flags and the --s-max guard."""
 import json
-import subprocess
-import sys
 
 import numpy as np
+import inproc
 import pytest
 from fakes import FakeEstimator
 
@@ -74,8 +73,10 @@ def test_extrapolated_flags_and_s_max_guard(res):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-c", "from scaleplan.cli import main; main()", *args],
-                          capture_output=True, text=True, check=False)
+    # in-process (tests/inproc.py); one search worker: the test process is not forked (the forked
+    # workers are checked by the real processes of test_search.py)
+    args = (*args, "--workers", "1") if args[0] == "search" else args
+    return inproc.cli(*args)
 
 
 def test_cli_by_sparsity_and_samples_json(recorded_db, tmp_path):

@@ -1,10 +1,9 @@
 """Joint law (eq:joint-law), per-G law (eq:abnar-law) and the model-FLOPs program (eq:compute-only-program)."""
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
+import inproc
 import pytest
 
 from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries
@@ -71,8 +70,7 @@ def test_sparsity_optimum_is_a_minimum():
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-c", "from scaleplan.cli import main; main()", *args],
-                          capture_output=True, text=True, check=False)
+    return inproc.cli(*args)  # in-process (tests/inproc.py)
 
 
 def test_cli_eval_and_optimum_json():

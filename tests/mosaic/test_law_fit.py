@@ -1,11 +1,11 @@
 """Fitting eq:joint-law: recovery on synthetic runs, hold-out, bootstrap intervals, CSV validation, storage."""
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import inproc
 import pytest
 
 from scaleplan.errors import SpecError
@@ -85,8 +85,7 @@ def test_bad_csvs_name_column_and_row(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-c", "from scaleplan.cli import main; main()", *args],
-                          capture_output=True, text=True, check=False)
+    return inproc.cli(*args)  # in-process (tests/inproc.py)
 
 
 def test_cli_fit_stores_runs_and_fit(tmp_path):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import inproc
 import pytest
 from pace import budget
 
@@ -20,26 +21,6 @@ EXTRA_KEYS = {"predicted_mem_allocated_gb", "predicted_mem_reserved_gb", "predic
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "from scaleplan.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=budget(timeout), check=False)
-
-
-@pytest.fixture()
-def cli_here(capsys):
-    """cli_here(*args) -> (exit status, stdout, stderr) of the CLI run in this process: the refusals
-    happen before any worker starts, so they need no process of their own (the exit status and the
-    one-line message come from the same ``main`` the console script runs)."""
-    from scaleplan.cli import main
-
-    def run(*args: str) -> subprocess.CompletedProcess:
-        capsys.readouterr()
-        try:
-            main(list(args))
-            code = 0
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        out = capsys.readouterr()
-        return subprocess.CompletedProcess(list(args), code, out.out, out.err)
-
-    return run
 
 
 def _observed(url: str):
@@ -83,35 +64,36 @@ def test_validate_json_and_observed_run(sqlite_url, nproc):
     assert o.extra["load"]["wall_s"] == pytest.approx(load["wall_s"])
 
 
-def test_refuses_model_parallel_layouts_with_one_line(sqlite_url, cli_here):
-    p = cli_here("validate", str(TINY), "--layout", "ep=2", "--db", sqlite_url)
+# the refusals come before any worker starts: they run in-process (tests/inproc.py)
+def test_refuses_model_parallel_layouts_with_one_line(sqlite_url):
+    p = inproc.cli("validate", str(TINY), "--layout", "ep=2", "--db", sqlite_url)
     assert p.returncode == 2
     assert "ep" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not _observed(sqlite_url)
 
 
 @pytest.mark.parametrize("field,value", [("dropout", "true"), ("sdpa_precision", "fp8")])
-def test_refuses_what_the_reference_model_cannot_run(sqlite_url, tmp_path, field, value, cli_here):
+def test_refuses_what_the_reference_model_cannot_run(sqlite_url, tmp_path, field, value):
     spec = tmp_path / "spec.yaml"
     spec.write_text(TINY.read_text().replace("  precision: fp32\n", f"  precision: fp32\n  {field}: {value}\n", 1)
                     .replace("  sdpa_precision: fp32\n", "" if field == "sdpa_precision" else "  sdpa_precision: fp32\n"))
-    p = cli_here("validate", str(spec), "--db", sqlite_url)
+    p = inproc.cli("validate", str(spec), "--db", sqlite_url)
     assert p.returncode == 2, p.stderr
     assert f"model.{field}" in p.stderr and "Traceback" not in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not _observed(sqlite_url)
 
 
-def test_refuses_gbs_not_divisible_by_dp_mbs(sqlite_url, cli_here):
-    p = cli_here("validate", str(TINY), "--layout", "mbs=3", "--db", sqlite_url)
+def test_refuses_gbs_not_divisible_by_dp_mbs(sqlite_url):
+    p = inproc.cli("validate", str(TINY), "--layout", "mbs=3", "--db", sqlite_url)
     assert p.returncode == 2 and "dp*mbs must divide gbs" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_cuda_without_gpu_is_a_one_line_error(sqlite_url, cli_here):
+def test_cuda_without_gpu_is_a_one_line_error(sqlite_url):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    p = cli_here("validate", str(TINY), "--device", "cuda", "--db", sqlite_url)
+    p = inproc.cli("validate", str(TINY), "--device", "cuda", "--db", sqlite_url)
     assert p.returncode == 2 and "--device" in p.stderr and "Traceback" not in p.stderr
 
 
