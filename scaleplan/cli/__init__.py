@@ -5,12 +5,21 @@ The planner commands (estimate, layouts, search, law) never import torch, so the
 from __future__ import annotations
 
 import math
+import os
 import sys
 
-import typer
+# OpenMP threads that sleep when idle, unless the user chose a policy: on a CPU that other processes
+# share, spinning threads wait at every small op's barrier for a core another process holds (an
+# 8x64x64 matmul took 12 ms instead of 30 us at load 8 on 2 cores), which stretched a CPU
+# `validate --bench` of the 4-layer d=256 model from 87 s to over 10 minutes (issue 28). The bench
+# and the validate run it predicts both start from here, so their CPU timings share the policy.
+# libgomp reads it once, when torch first loads, which is always after this line.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from scaleplan.cli._common import STATE, print_json, stderr, use_scaleplan_commands
-from scaleplan.errors import ScaleplanError, one_line
+import typer  # noqa: E402
+
+from scaleplan.cli._common import STATE, print_json, stderr, use_scaleplan_commands  # noqa: E402
+from scaleplan.errors import ScaleplanError, one_line  # noqa: E402
 
 # rich_markup_mode=None: click's plain help; typer's rich help imports rich.markdown (markdown-it),
 # 0.15-0.2 s of a 0.25 s start-up budget (benchmarks/startup.py). Output tables stay rich.
