@@ -58,6 +58,8 @@ class EstimateResult:
     warnings: list[str] = field(default_factory=list)
     n_clamped: int = 0
     composed_share: float = 0.0  # fraction of t_analytic_s read from composed (out-of-range) lookups
+    # components whose collectives this plan read at group sizes the tables did not measure (invariance)
+    extrapolated_collectives: list[str] = field(default_factory=list)
     # GB per device: what torch.cuda.max_memory_allocated sees, and torch.cuda.memory_reserved (plus the
     # allocator's overhead); mem_per_device_gb adds the memory outside the allocator (CUDA context)
     mem_allocated_gb: float = 0.0
@@ -402,7 +404,8 @@ class Estimator:
             n_act=float(g.n_act), n_tot=float(g.n_tot), breakdown_s=bd, sources=src,
             feasible=reason is None, reason=reason, warnings=warnings, n_clamped=int(ev.n_clamped[i]),
             composed_share=float(ev.composed_share[i]) if ev.composed_share is not None else 0.0,
-            mem_allocated_gb=alloc_gb, mem_reserved_gb=reserved_gb)
+            mem_allocated_gb=alloc_gb, mem_reserved_gb=reserved_gb,
+            extrapolated_collectives=sorted(k for k, where in ev.extrapolated.items() if where[i]))
 
 
 __all__ = [

@@ -125,6 +125,7 @@ def collective_time(tb, prof, rec, comp, coll, n, size, inter, layout="contiguou
         off_grid = sel & ((n < g_lo) | (n > g_hi))
         if off_grid.any():
             rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
+            rec.mark_extrapolated(comp, off_grid)
             _warn_off_grid(rec, comp, coll, layout, flag, g_lo, g_hi, flag and coll == "all_to_all"
                            and per_node is not None, off_grid)
     return out

@@ -135,6 +135,8 @@ class Evaluation:
     notes: dict[str, np.ndarray] = field(default_factory=dict)  # message -> bool mask over plans
     composed_share: np.ndarray | None = None  # fraction of t_analytic from composed lookups
     warned: dict[str, np.ndarray] = field(default_factory=dict)  # each of ``warnings`` -> the plans that raised it
+    # component -> plans whose collective of it was read at an unmeasured group size (Recorder.extrapolated)
+    extrapolated: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def components(self) -> dict[str, np.ndarray]:
@@ -237,7 +239,7 @@ class TimeModel(KernelModel):
         mfu, mfu_val, hfu = self._utilization(g, lay, gbs, seqlen, t_iter)
         return Evaluation(lay, n_mb, it, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
                           pp_nodes.astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
-                          rec.notes, composed_share, rec.warned)
+                          rec.notes, composed_share, rec.warned, rec.extrapolated)
 
     # -- evaluate's steps, in the order it runs them ---------------------------------------------
     def _framework_kernels(self, tb, rec: Recorder, ckc: np.ndarray) -> np.ndarray:

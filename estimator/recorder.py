@@ -39,6 +39,9 @@ class Recorder:
         self.warnings: list[str] = []  # component-scoped messages, in the order first said
         self.warned: dict[str, np.ndarray] = {}  # each warning -> the plans (bool (P,)) that raised it
         self.notes: dict[str, np.ndarray] = {}  # message -> plans it applies to
+        # component -> the plans (bool (P,)) whose collective of it was read at a group size outside the
+        # measured ones (busbw / NIC-bytes invariance): per plan, whatever else is evaluated with it
+        self.extrapolated: dict[str, np.ndarray] = {}
 
     def warn(self, msg: str, where=True) -> None:
         """A warning about component ``msg.split(":")[0]`` raised by the plans in ``where``: shown with a
@@ -48,6 +51,13 @@ class Recorder:
         self.warned[msg] = where.copy() if cur is None else (cur | where)
         if msg not in self.warnings:
             self.warnings.append(msg)
+
+    def mark_extrapolated(self, comp: str, where) -> None:
+        """Mark the plans in ``where`` as having read a collective of ``comp`` at a group size the table
+        did not measure (mosaic/evidence.py weighs that part with the group-size extrapolation error)."""
+        where = np.broadcast_to(np.asarray(where, dtype=bool), (self.P,))
+        cur = self.extrapolated.get(comp)
+        self.extrapolated[comp] = where.copy() if cur is None else (cur | where)
 
     def note(self, msg: str, where=True) -> None:
         """A per-plan note (shown in the warnings of the plans in ``where``)."""
@@ -78,6 +88,8 @@ class Recorder:
             self.note(msg, where[idx].any(axis=0))
         for msg, where in other.warned.items():
             self.warn(msg, where[idx].any(axis=0))
+        for comp, where in other.extrapolated.items():
+            self.mark_extrapolated(comp, where[idx].any(axis=0))
         self.warnings.extend(w for w in other.warnings if w not in self.warnings)
 
     def use(self, comp: str, res: LookupResult, active=True) -> np.ndarray:

@@ -2,8 +2,8 @@
 
 A plan's step time is a sum of components (estimator breakdown), each read from a measured table
 (measured / interpolated), composed beyond it by the table's physical rule, extrapolated to more ranks than
-the collective tables measured (busbw invariance, labelled analytic with an "invariance" warning), or costed
-analytically (no table at all). The MFU error the search draws (:mod:`scaleplan.mosaic.uncertainty`) is the
+the collective tables measured (busbw invariance, labelled analytic and marked per plan:
+EstimateResult.extrapolated_collectives), or costed analytically (no table at all). The MFU error the search draws (:mod:`scaleplan.mosaic.uncertainty`) is the
 estimator's error where its tables are measured; each unmeasured part adds the measured error of the rule
 that produced it, weighted by its share of the step time:
 
@@ -94,13 +94,9 @@ _LOGNORMAL = math.sqrt(math.pi / 2)
 NOT_TABLE_READ = ("dispatch_floor", "bubble")
 
 
-def _extrapolated_components(warnings) -> set[str]:
-    """Components the estimator extrapolated to more ranks than measured (its 'invariance' warnings)."""
-    return {w.split(":", 1)[0] for w in warnings or [] if "invariance" in w}
-
-
 def plan_evidence(res, errors: RuleErrors = RECORDED) -> dict:
-    """The evidence of one best plan (an EstimateResult; breakdown_s, sources, warnings, composed_share).
+    """The evidence of one best plan (an EstimateResult; breakdown_s, sources, extrapolated_collectives (the
+    plan's own mark, :attr:`Recorder.extrapolated`), composed_share).
 
     Returns {analytic_share, extrapolated_share (fractions of the step time costed without a table / by
     extrapolating a collective to more ranks), evidence_sigma (the log-normal sigma the plan's unmeasured parts
@@ -111,7 +107,7 @@ def plan_evidence(res, errors: RuleErrors = RECORDED) -> dict:
     bd = getattr(res, "breakdown_s", None) or {}
     src = getattr(res, "sources", None) or {}
     total = sum(v for v in bd.values() if v > 0)
-    extrap = _extrapolated_components(getattr(res, "warnings", None))
+    extrap = set(getattr(res, "extrapolated_collectives", None) or ())
     shares = {"analytic": 0.0, "extrapolated": 0.0, "composed": 0.0}
     sigma = 0.0
     for k, t in bd.items():

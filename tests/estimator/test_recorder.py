@@ -62,3 +62,22 @@ def test_distinct_tuples_match_a_dictionary_of_the_rows():
     assert sorted(first.tolist()) == sorted(seen.values())
     for i, r in enumerate(rows):
         assert rows[first[inv[i]]] == r
+
+
+def test_extrapolated_collectives_are_marked_per_plan():
+    # a table measured at 16 and 32 ranks: a 64-rank all-to-all is read by an invariance, a 16-rank one is
+    # not; each plan carries its own mark, whichever plans are evaluated with it
+    from scaleplan.estimator import Estimator
+    from scaleplan.estimator.comm import collective_time
+    from tests.estimator.conftest import frame
+
+    rows = [dict(collective="all_to_all", group_size=n, layout="contiguous", inter_node=True, size_bytes=s,
+                 dtype="bf16", t_s=s / 40e9) for n in (16, 32) for s in (1e6, 1e8)]
+    est = Estimator.from_frames("p6-b200.48xlarge", {"collectives": frame(rows)})
+    rec = Recorder(3, "compose")
+    collective_time(est.tables, est.profile, rec, "ep_a2a", "all_to_all", np.array([16.0, 64.0, 32.0]), 1e7, True)
+    assert rec.extrapolated["ep_a2a"].tolist() == [False, True, False]
+    # folded from distinct tuples back to plans: plan p takes its tuple's mark
+    top = Recorder(4, "compose")
+    top.fold(rec, np.array([1, 0, 2, 1]))
+    assert top.extrapolated["ep_a2a"].tolist() == [True, False, False, True]

@@ -29,7 +29,7 @@ def test_plan_evidence_weights_each_rule_by_its_share():
         breakdown_s={"experts": 2.0, "ep_a2a": 1.0, "optimizer": 1.0, "sdpa": 4.0, "bubble": 0.0},
         sources={"experts": "composed", "ep_a2a": "analytic", "optimizer": "analytic", "sdpa": "measured",
                  "bubble": "analytic"},
-        warnings=["ep_a2a: all_to_all group sizes outside the measured 16..32 use busbw invariance"])
+        extrapolated_collectives=["ep_a2a"])
     got = evidence.plan_evidence(res)
     k = math.sqrt(math.pi / 2)
     assert got["analytic_share"] == pytest.approx(1 / 8) and got["extrapolated_share"] == pytest.approx(1 / 8)
@@ -78,7 +78,7 @@ def test_unmeasured_rules_fall_back_to_the_recorded_figures():
 def test_measured_errors_follow_the_rule_errors_in_use():
     res = SimpleNamespace(breakdown_s={"experts": 1.0, "tp_comm": 1.0, "optimizer": 2.0},
                           sources={"experts": "composed", "tp_comm": "analytic", "optimizer": "analytic"},
-                          warnings=["tp_comm: all_gather group sizes outside the measured 2..8 use busbw invariance"])
+                          extrapolated_collectives=["tp_comm"])
     errs = evidence.RuleErrors({"grouped_gemm": 0.3, "gemm": 0.1, "sdpa": 0.1, "collectives": 0.1}, 0.5, 0.2, "test")
     k = math.sqrt(math.pi / 2)
     assert evidence.plan_evidence(res, errs)["evidence_sigma"] == pytest.approx((0.25 * 0.3 + 0.25 * 0.5 + 0.5 * 0.2) * k)
