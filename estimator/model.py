@@ -39,7 +39,8 @@ the overlap 1F1B allows, the optimizer step, and t_iter = chi_sys t_analytic (eq
 :mod:`dispatch` (the launch law), :mod:`desync` (eq:desync), :mod:`memory` (bytes per rank),
 :mod:`recorder` (sources, out-of-range lookups), :mod:`iteration` (the terms of t_analytic). This
 module composes them per plan into an :class:`IterationTime`; the tables every lookup reads are an
-argument of :meth:`TimeModel.evaluate`, never state.
+argument of :meth:`TimeModel.evaluate`, never state (a recording view of them,
+:class:`recording.RecordingTables`, lists what an evaluation looks up).
 
 **Dispatch law** (precedence: these module defaults < the profile's ``dispatch`` block < measured
 dispatch rows of the profile < a 'dispatch' calibration row). kappa0 = 642, kappa1 = 7.29 are kernel
