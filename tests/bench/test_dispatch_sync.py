@@ -80,3 +80,11 @@ def test_sync_rows_are_cuda_only_and_expand_from_the_chain_grid():
     assert sorted((p["mode"], p["m"]) for p in pts) == [("sync:1", 8), ("sync:1", 2048), ("sync:16", 8),
                                                          ("sync:16", 2048)]
     assert all(p["n"] == p["k"] == 2048 and p["chain_len"] == 512 for p in pts)
+
+
+def test_the_host_is_ahead_only_when_the_device_sets_the_pace():
+    """A host-bound chain's wall is its issue time plus the last kernel, so issue < wall always: the label
+    needs a margin (an H200 m=8 chain: 19.0 us issued, 19.0 us wall; m=8192: 21 us issued, 89 us wall)."""
+    assert dispatch.host_state(19.0e-6, 19.0e-6) == "host-bound"
+    assert dispatch.host_state(19.8e-6, 20.5e-6) == "host-bound"
+    assert dispatch.host_state(21.4e-6, 89.0e-6) == "host ahead"
