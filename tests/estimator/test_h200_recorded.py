@@ -12,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from scaleplan.estimator import Estimator
 from sqlalchemy import select
 
 from scaleplan.db import models as m
 from scaleplan.db import session as dbs
 from scaleplan.db.recorded import default_recorded_dir, import_recorded_dir
-from scaleplan.estimator import Estimator
 from scaleplan.specs import load_spec, parse_layout
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,8 +187,9 @@ def test_composition_meets_the_points_measured_above_the_h200_range(h200_db):
     2048 tokens 15.7% MAPE, composed 0.86x measured (the rule takes the fastest throughput of any shape;
     each shape's own throughput is flat from 2048 tokens on, so scaling its edge linearly errs by 4.3%),
     over issue 27's 10%; SDPA above 8192 tokens 9.9%."""
-    from scaleplan.db.measurements import load_frames
     from scaleplan.estimator import holdout
+
+    from scaleplan.db.measurements import load_frames
     from scaleplan.profiles import load_profile
 
     url, _ = h200_db
