@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
 from scaleplan.estimator.geom import Geometry, GeometryBatch, geometry, structure
-from scaleplan.estimator.memory import RESERVE_BYTES, allocated_reserved, memory_breakdown
+from scaleplan.estimator.memory import RESERVE_BYTES, allocated_reserved, memory_breakdown, state_bytes
 from scaleplan.estimator.layout import LayoutContext, ParallelLayout
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
+from scaleplan.estimator.recorder import distinct
 from scaleplan.estimator.tables import (
     ANALYTIC,
     EXTRAPOLATE_MODES,
@@ -219,6 +220,19 @@ class Estimator:
         return memory_breakdown(g, plans, gbs, seqlen, optimizer, allocator_fraction=frac, context_bytes=ctx,
                                 rope=rope)
 
+    def _state_fits(self, geoms: list[Geometry], owner: np.ndarray, plans: ParallelLayout, optimizer: str,
+                    limit: float) -> np.ndarray:
+        """Indices of the plans (of ``geoms[owner]``) whose model state alone (:func:`memory.state_bytes`)
+        stays within ``limit`` bytes: the total of :meth:`_memory` sums it first and adds only non-negative
+        bytes, so the others exceed the limit whatever their activations (4 in 5 plans on the paper grid).
+        Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP)."""
+        frac, ctx = self.tables.allocator if self.tables.allocator is not None else (0.0, 0.0)
+        if frac < 0 or ctx < 0:  # a measured allocator term below zero: no bound, every plan goes on
+            return np.arange(len(plans))
+        first, inv = distinct(owner, plans.tp, plans.cp, plans.pp, plans.dp, plans.ep, plans.etp)
+        g = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner[first])
+        return np.nonzero(~(state_bytes(g, plans.take(first), optimizer) > limit)[inv])[0]
+
     def _calibration_rows(self, cal_id) -> dict[str, Any]:
         from scaleplan.db.calibrations import calibrations_in_force
 
@@ -301,9 +315,11 @@ class Estimator:
         if len(owner) == 0:
             return out
         plans = ParallelLayout.concat(sets)
+        cap, frac = self.profile.hbm_bytes, constraints.mem_fraction
+        keep = self._state_fits(geoms, owner, plans, optimizer, frac * cap)
+        plans, owner = plans.take(keep), owner[keep]
         batch = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner)
         mem = self._memory(batch, plans, gbs, seqlen, optimizer, rope)
-        cap, frac = self.profile.hbm_bytes, constraints.mem_fraction
         fits = np.nonzero(~(sum(mem.values()) > frac * cap))[0]
         if len(fits) == 0:
             return out

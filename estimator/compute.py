@@ -55,32 +55,44 @@ def expert_times(tb, prof, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
     """
     P = rec.P
     ex_f, ex_b = np.zeros(P), np.zeros(P)
-    w1 = 2 if g.glu else 1
     # one grouped table per expert shape (d, d_expert / ETP); d and d_expert are per plan in a GeometryBatch
     shape_d = np.broadcast_to(np.asarray(g.d, dtype=np.int64), (P,))
     shape_f = np.broadcast_to(np.rint(np.asarray(g.dexp / np.asarray(etp, dtype=float))).astype(np.int64), (P,))
+    other = np.ones(P, dtype=bool)  # plans whose shape has no grouped table
     for d, f_loc in sorted(set(zip(shape_d.tolist(), shape_f.tolist()))):
-        sel = (shape_d == d) & (shape_f == f_loc)
         tabf, tabb = tb.grouped.get(("fwd", d, f_loc)), tb.grouped.get(("bwd", d, f_loc))
         if tabf is not None and tabb is not None:
+            sel = (shape_d == d) & (shape_f == f_loc)
             # the other shapes' plans ask this table nothing: their keys are one of this shape's
             e_s, t_s = (_only(x, sel, P) for x in (E_loc, tile))
             ex_f += rec.use("experts", tabf.lookup(e_s, t_s), sel)
             ex_b += rec.use("experts", tabb.lookup(e_s, t_s), sel)
-        elif tb.gemm is not None:
-            _grouped_envelope(tb, rec, E_loc, tile, sel)
-            f1, b1 = gemm_times(tb, prof, rec, "experts", tile, w1 * f_loc, d, peak, sel)
-            f2, b2 = gemm_times(tb, prof, rec, "experts", tile, d, f_loc, peak, sel)
-            ex_f += E_loc * (f1 + f2)
-            ex_b += E_loc * (b1 + b2)
-            rec.mark("experts", np.where(sel, INTERPOLATED, 0))
-            rec.note(f"experts from dense GEMM table (shape {d}x{f_loc} not in grouped table)", sel)
-        else:
-            rec.mark("experts", np.where(sel, ANALYTIC, 0))
-            fa = an.grouped_gemm_time(E_loc, tile, d, f_loc, peak, hbm, g.glu)
-            ex_f += np.where(sel, fa, 0.0)
-            ex_b += np.where(sel, 2 * fa, 0.0)
+            other &= ~sel
+    if other.any():
+        f, b = _untabled_expert_times(tb, prof, rec, g, E_loc, tile, shape_d, shape_f, other, peak, hbm)
+        ex_f, ex_b = ex_f + f, ex_b + b
     return ex_f, ex_b
+
+
+def _untabled_expert_times(tb, prof, rec, g: Geometry, E_loc, tile, shape_d, shape_f, sel, peak, hbm):
+    """The routed experts of the plans in ``sel``, whose shape (``shape_d`` x ``shape_f``, per plan) the
+    grouped table lacks (:func:`expert_times` 2 and 3): the dense-GEMM loop for all of them in one lookup
+    per GEMM (the shape is a coordinate of the dense table), else the analytic roofline."""
+    w1 = 2 if g.glu else 1
+    if tb.gemm is not None:
+        _grouped_envelope(tb, rec, E_loc, tile, sel)
+        P = rec.P  # the plans outside ``sel`` ask the dense table nothing: their keys are a selected plan's
+        t_s, d_s, f_s = (_only(x, sel, P) for x in (tile, shape_d, shape_f))
+        f1, b1 = gemm_times(tb, prof, rec, "experts", t_s, w1 * f_s, d_s, peak, sel)
+        f2, b2 = gemm_times(tb, prof, rec, "experts", t_s, d_s, f_s, peak, sel)
+        rec.mark("experts", np.where(sel, INTERPOLATED, 0))
+        for d, f_loc in sorted(set(zip(shape_d[sel].tolist(), shape_f[sel].tolist()))):
+            rec.note(f"experts from dense GEMM table (shape {d}x{f_loc} not in grouped table)",
+                     sel & (shape_d == d) & (shape_f == f_loc))
+        return E_loc * (f1 + f2), E_loc * (b1 + b2)
+    rec.mark("experts", np.where(sel, ANALYTIC, 0))
+    fa = an.grouped_gemm_time(E_loc, tile, shape_d, shape_f, peak, hbm, g.glu)
+    return np.where(sel, fa, 0.0), np.where(sel, 2 * fa, 0.0)
 
 
 def _only(x, sel, P):

@@ -160,10 +160,14 @@ class ParallelLayout:
     def reasons(self, ctx: LayoutContext) -> np.ndarray:
         """The first rule of :data:`RULES` each plan breaks (object array: the rule's name, None
         where the plan is structurally valid)."""
-        out = np.full(len(self), None, dtype=object)
-        for r in RULES:
-            bad = ~np.broadcast_to(np.asarray(r.check(self, ctx), dtype=bool), out.shape)
-            out[bad & (out == None)] = r.name  # noqa: E711  (object array)
+        return np.array([None] + [r.name for r in RULES], dtype=object)[self.rule_codes(ctx)]
+
+    def rule_codes(self, ctx: LayoutContext) -> np.ndarray:
+        """:meth:`reasons` as codes (int8 (P,): 0 valid, i + 1 where RULES[i] is the first rule broken)."""
+        out = np.zeros(len(self), dtype=np.int8)
+        for i, r in enumerate(RULES):
+            ok = np.broadcast_to(np.asarray(r.check(self, ctx), dtype=bool), out.shape)
+            out[~ok & (out == 0)] = i + 1
         return out
 
     def violation(self, ctx: LayoutContext) -> tuple[str, object, str] | None:
@@ -304,10 +308,8 @@ def enumerate_grid(axes: dict[str, Iterable[int]], ctx: LayoutContext) -> tuple[
     grid = np.concatenate([np.repeat(t3, len(rest), axis=0), np.tile(rest, (len(t3), 1))], axis=1)
     tp, cp, pp = grid[:, 0], grid[:, 1], grid[:, 2]
     lay = ParallelLayout(tp, cp, pp, ctx.n_devices // (tp * cp * pp), *grid[:, 3:].T)
-    why = lay.reasons(ctx)
-    bad = why != None  # noqa: E711  (object array)
-    for r in RULES[1:]:
-        n = int((why == r.name).sum())
+    why = lay.rule_codes(ctx)
+    for r, n in zip(RULES[1:], np.bincount(why, minlength=len(RULES) + 1)[2:]):
         if n:
-            counts[r.name] = n
-    return lay.take(np.nonzero(~bad)[0]), counts, total
+            counts[r.name] = int(n)
+    return lay.take(np.nonzero(why == 0)[0]), counts, total

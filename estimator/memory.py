@@ -268,7 +268,6 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     a = act_bytes(g.precision)
     n_mb, s = gbs / (dp * mbs), seqlen / cp
     pb = state_bytes_per_param(state, g.precision, optimizer)
-    opt_b = pb["master"] + pb["moments"]
     # Megatron's distributed optimizer shards the state except for optimizers it refuses (plain DDP)
     sharded = state.shard_optimizer and opt_spec(optimizer).sharded
 
@@ -280,19 +279,14 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
         # the first stage keeps min(PP, n_mb) micro-batches in flight, the last one
         act = np.where(st.has_embedding, inflight, 1.0) * (st.n_dense * act_den + st.n_moe * act_moe) + peak_layer
         n_p = st.total
-        shard = (st.dense / (dp * cp) + st.experts / pl.edp) if sharded else n_p
         outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, st.has_embedding, st.has_head)
-        # fp32 router weights in a low-precision model: 4-byte weights and grads, no master copy
+        out[name] = _state_terms(g, pl, st, pb, state, sharded)
+        grads = out[name]["grads"]
         n_r = st.router * float(state.router_fp32 and g.is_moe)
-        lift = 4.0 - pb["weights"]
-        grads = pb["grads"] * n_p + lift * n_r
-        out[name] = {
-            "weights": pb["weights"] * n_p + lift * n_r,
-            "grads": grads,
-            "optimizer": opt_b * shard - pb["master"] * n_r,
+        out[name].update({
             "activations": act + outside * np.where(st.has_head, 1.0, inflight),
             "logits": np.where(st.has_head, logits, 0.0),
-        }
+        })
         if state.ddp_buckets:
             out[name]["ddp_buckets"] = np.where(dp > 1, grads, 0.0)
         if state.master_grad:
@@ -307,6 +301,33 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     tot_l = sum(out["last"].values())
     worst_first = tot_f >= tot_l
     return {k: np.where(worst_first, out["first"][k], out["last"][k]) for k in out["first"]}
+
+
+def _state_terms(g: Geometry, pl, st, pb: dict, state: ModelState, sharded: bool) -> dict[str, np.ndarray]:
+    """Weights, gradients and optimizer state of one stage's parameters ``st`` (bytes per device, arrays
+    over plans): the first categories of :func:`memory_breakdown`, which sums them first."""
+    n_p = st.total
+    shard = (st.dense / (pl.dp.astype(float) * pl.cp.astype(float)) + st.experts / pl.edp) if sharded else n_p
+    # fp32 router weights in a low-precision model: 4-byte weights and grads, no master copy
+    n_r = st.router * float(state.router_fp32 and g.is_moe)
+    lift = 4.0 - pb["weights"]
+    return {"weights": pb["weights"] * n_p + lift * n_r, "grads": pb["grads"] * n_p + lift * n_r,
+            "optimizer": (pb["master"] + pb["moments"]) * shard - pb["master"] * n_r}
+
+
+def state_bytes(g: Geometry, pl, optimizer: str, state: ModelState = MEGATRON) -> np.ndarray:
+    """Weights + gradients + optimizer state of the heavier of the first and last pipeline stage (bytes
+    per device, arrays over plans), summed as :func:`memory_breakdown` sums its total, whose other
+    categories (activations, logits, allocator, context) are not negative: a total of at least this. It
+    depends on (geometry, TP, CP, PP, DP, EP, ETP) alone, so a search can drop the plans whose model
+    state alone exceeds the memory cap before costing their activations."""
+    pb = state_bytes_per_param(state, g.precision, optimizer)
+    sharded = state.shard_optimizer and opt_spec(optimizer).sharded
+    out = []
+    for s in (0.0, pl.pp - 1):
+        t = _state_terms(g, pl, stage_params(g, pl, s), pb, state, sharded)
+        out.append(sum(t.values()))
+    return np.maximum(*out)
 
 
 ALLOCATED = ("weights", "grads", "optimizer", "activations", "logits", "ddp_buckets", "master_grads")
