@@ -6,7 +6,9 @@ Imports ../shared/recorded/dmlc-scaleplan into a temporary SQLite database first
 Prints wall and CPU seconds per worker count, ms per geometry, the optimum, and the load average
 (other processes on the machine inflate the wall time); then the uncertainty pass of ``--samples N``
 (the paper law's ridge sampler, then the N draws over every candidate) timed on its own, since the plan
-search runs once per candidate whatever N is. Last, where the CPU goes (``--stages``, default on): the
+search runs once per candidate whatever N is. Then the plan search one geometry per evaluation against the
+batched evaluation (``Estimator.best_plans``; :func:`compare_paths`), CPU seconds of each in this one process
+and their ratio, per stage. Last, where the CPU goes (``--stages``, default on): the
 whole search (``mosaic.run.run_search``, the command minus its argument parsing and printing) on one worker
 under cProfile with a CPU-time clock, its CPU split by stage (table load, enumeration, kernels, collectives,
 composition, pipeline, memory, uncertainty draws; ``STAGES``) with call counts, scaled to the unprofiled CPU
@@ -74,8 +76,52 @@ def _speed(a, url: str) -> None:
               f"S={b.s:.3f} TPP={b.tpp:.0f} MFU={100 * b.mfu_plan:.2f}% loss={b.loss:.4f}")
     if a.samples:
         _uncertainty(res, a.nodes, a.samples)
+    compare_paths(url, a.nodes, a.stages)
     if a.stages:
         stage_profile(url, a.nodes, a.samples)
+
+
+def compare_paths(url: str, nodes: int, stages: bool = True) -> None:
+    """The plan search of the paper grid (``Estimator.best_plans`` over every geometry) one geometry per
+    evaluation (chunk 1, the path before batching) and in batches (search.CHUNK), in this one process:
+    CPU seconds (process_time) of each, fresh tables and plan caches for each, and with ``stages`` their
+    split by stage under cProfile (same stages as :func:`stage_profile`) with the ratio per stage."""
+    import cProfile
+    import pstats
+
+    from scaleplan.estimator import Estimator, plans, table_build
+    from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries, geometry_model
+    from scaleplan.mosaic.search import CHUNK
+
+    grid = LadderGrid()
+    models = [geometry_model(r, grid) for r in enumerate_geometries(grid).itertuples(index=False)]
+    n_dev = nodes * 8
+    cpu, split = {}, {}
+    for name, chunk in (("per geometry", 1), ("batched", CHUNK)):
+        for profiled in (False, True) if stages else (False,):
+            table_build.cached_tables.cache_clear()  # fresh tables: no lookup memoised by the other run
+            plans._PLAN_CACHE.clear()
+            est = Estimator("p6-b200.48xlarge", db_url=url)
+            run = lambda e=est, c=chunk: e.best_plans(models, n_dev, 1024, 2048, "adamw", chunk=c)  # noqa: E731
+            if not profiled:
+                c0 = time.process_time()
+                run()
+                cpu[name] = time.process_time() - c0
+                continue
+            prof = cProfile.Profile(time.process_time)
+            prof.runcall(run)
+            st = pstats.Stats(prof)
+            rows = {s: _inclusive(st, funcs)[0] for s, funcs in STAGES[1:9] if s != "uncertainty draws"}
+            total = sum(v[3] for k, v in st.stats.items() if k[2] == "best_plans")
+            split[name] = {k: v * cpu[name] / total for k, v in rows.items()}
+    ratio = cpu["per geometry"] / cpu["batched"]
+    print(f"plan search, {len(models)} geometries on {n_dev} devices, one process: per geometry "
+          f"{cpu['per geometry']:.2f} s CPU, batched {cpu['batched']:.2f} s CPU: {ratio:.1f}x")
+    if split:
+        print(f"  {'stage (inclusive)':<20} {'per geom':>9} {'batched':>9} {'ratio':>6}")
+        for s in split["batched"]:
+            a, b = split["per geometry"][s], split["batched"][s]
+            print(f"  {s:<20} {a:9.2f} {b:9.2f} {a / b if b else float('nan'):6.1f}")
 
 
 def _uncertainty(res, nodes: int, n: int) -> None:
@@ -102,13 +148,13 @@ def _uncertainty(res, nodes: int, n: int) -> None:
 STAGES = [
     ("table load", [("estimator/api.py", "__init__")]),
     ("enumeration", [("estimator/plans.py", "enumerate_plans"), ("mosaic/ladder.py", "enumerate_geometries")]),
-    ("collectives", [("estimator/comm.py", "_collective"), ("estimator/model.py", "_collective")]),
-    ("kernels", [("estimator/model.py", "_kernels_by_plan")]),
+    ("collectives", [("estimator/comm.py", "_collective")]),
+    ("kernels", [("estimator/kernels.py", "layer_kernels")]),
     ("pipeline", [("estimator/model.py", "_pipeline_terms"), ("estimator/model.py", "_pp_p2p"),
                   ("estimator/model.py", "_stages")]),
     ("DP and optimizer", [("estimator/model.py", "_dp_and_optimizer")]),
     ("composition", [("estimator/model.py", "evaluate")]),
-    ("memory", [("estimator/api.py", "_memory")]),
+    ("memory", [("estimator/api.py", "_memory"), ("estimator/api.py", "_state_fits")]),
     ("uncertainty draws", [("mosaic/run.py", "_uncertainty")]),
     ("whole search", [("mosaic/run.py", "run_search")]),
 ]

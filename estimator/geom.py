@@ -86,6 +86,12 @@ class Geometry:
         add them to their key."""
         return ()
 
+    @property
+    def dense_keys(self) -> tuple:
+        """Like :attr:`batch_keys`, for the fields outside the MoE block (:data:`DENSE_FIELDS`): the
+        attention, dense-MLP, TP/CP and vocabulary kernels are the same for geometries alike in them."""
+        return ()
+
     def take(self, idx) -> Geometry:
         """The geometry of the plans at ``idx``: one geometry serves every plan (GeometryBatch selects)."""
         return self
@@ -130,6 +136,8 @@ def geometry(m: ModelBlock) -> Geometry:
 #: the fields a batch holds once (the models branch on them), and the ones it holds per plan
 STRUCTURE_FIELDS = ("tie", "glu", "precision", "sdpa_precision", "dropout")
 PER_PLAN_FIELDS = tuple(f.name for f in fields(Geometry) if f.name not in STRUCTURE_FIELDS)
+#: the fields the kernels outside the MoE block read (attention, dense MLP, TP/CP, vocabulary)
+DENSE_FIELDS = ("d", "nq", "nkv", "hd", "gate", "dff", "n_dense", "vocab")
 
 
 def structure(g: Geometry) -> tuple:
@@ -149,6 +157,7 @@ class GeometryBatch(Geometry):
     """
 
     index: np.ndarray | None = None
+    dense_index: np.ndarray | None = None  # (P,): the plan's geometry's rank among the batch's DENSE_FIELDS tuples
     moe: bool = False
     gated: bool = False
     shared: bool = False
@@ -162,8 +171,10 @@ class GeometryBatch(Geometry):
         g0 = geoms[0]
         index = np.asarray(index, dtype=np.int64)
         cols = {f: np.array([getattr(g, f) for g in geoms])[index] for f in PER_PLAN_FIELDS}
-        return cls(**cols, **{f: getattr(g0, f) for f in STRUCTURE_FIELDS}, index=index, moe=g0.is_moe,
-                   gated=g0.has_gate, shared=g0.has_shared)
+        dense = sorted({tuple(getattr(g, f) for f in DENSE_FIELDS) for g in geoms})
+        rank = np.array([dense.index(tuple(getattr(g, f) for f in DENSE_FIELDS)) for g in geoms], dtype=np.int64)
+        return cls(**cols, **{f: getattr(g0, f) for f in STRUCTURE_FIELDS}, index=index, dense_index=rank[index],
+                   moe=g0.is_moe, gated=g0.has_gate, shared=g0.has_shared)
 
     @property
     def is_moe(self) -> bool:
@@ -181,5 +192,10 @@ class GeometryBatch(Geometry):
     def batch_keys(self) -> tuple:
         return (self.index,)
 
+    @property
+    def dense_keys(self) -> tuple:
+        return (self.dense_index,)
+
     def take(self, idx) -> GeometryBatch:
-        return replace(self, index=self.index[idx], **{f: getattr(self, f)[idx] for f in PER_PLAN_FIELDS})
+        return replace(self, index=self.index[idx], dense_index=self.dense_index[idx],
+                       **{f: getattr(self, f)[idx] for f in PER_PLAN_FIELDS})

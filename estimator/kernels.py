@@ -86,36 +86,57 @@ class KernelModel:
 
     def _kernels(self, tb, g: Geometry, lay: ParallelLayout, seqlen: int, rec: Recorder) -> dict[str, np.ndarray]:
         """Per-layer, per-micro-batch forward/backward times that depend only on (TP, CP, EP, ETP,
-        B_micro): evaluated once per distinct tuple and broadcast to the plans sharing it."""
+        B_micro): evaluated once per distinct tuple and broadcast to the plans sharing it. The kernels
+        outside the MoE block depend on fewer: :meth:`_dense_kernels` runs once per distinct (dense
+        fields of the geometry, TP, CP, B_micro); their lookups are recorded in the order they occur
+        (attention and dense MLP, the MoE block, TP, vocabulary and CP)."""
+        P = len(lay)
+        first, inv = distinct(*g.dense_keys, lay.tp, lay.cp, lay.mbs)
+        pre, post = Recorder(len(first), rec.mode), Recorder(len(first), rec.mode)
+        k = {name: v[inv] for name, v in self._dense_kernels(tb, g.take(first), lay.take(first), seqlen, pre,
+                                                             post).items()}
+        rec.fold(pre, inv)
+        sh = rank_shapes(g, lay, seqlen)  # the same shapes bench plan measures
+        if g.is_moe:
+            moe = self._moe_kernels(tb, rec, g, sh, lay, self.prof.peak(g.precision), self.prof.hbm_bandwidth)
+            ks = self.kernel_scale
+            if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
+                moe = {name: ks * v if name in _DEVICE_KERNELS else v for name, v in moe.items()}
+            k.update(moe)
+        else:
+            k.update(dict.fromkeys(_MOE_KERNELS, np.zeros(P)), E_loc=np.ones(P))
+        rec.fold(post, inv)
+        k.update(T=sh.T, Tsp=sh.Tsp)
+        return {name: np.broadcast_to(np.asarray(k[name], dtype=float), (P,)) for name in _NAMES}
+
+    def _dense_kernels(self, tb, g: Geometry, lay: ParallelLayout, seqlen: int, pre: Recorder,
+                       post: Recorder) -> dict[str, np.ndarray]:
+        """The kernels outside the MoE block (seconds per layer and micro-batch): attention and the dense
+        MLP (lookups in ``pre``), TP collectives, vocabulary and the exposed CP exchange (in ``post``)."""
         prof = self.prof
         peak = prof.peak(g.precision)
         hbm = prof.hbm_bandwidth
-        tp, cp, ep, etp, mbs = (getattr(lay, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
-        sh = rank_shapes(g, lay, seqlen)  # the same shapes bench plan measures
-        b_el, T, Tsp, kv_loc = sh.b_el, sh.T, sh.Tsp, sh.kv_loc
-        P = len(tp)
-        k = self._attention_kernels(tb, rec, g, sh, tp, cp, mbs, seqlen, peak, hbm)
+        tp, cp, mbs = (getattr(lay, f).astype(float) for f in ("tp", "cp", "mbs"))
+        sh = rank_shapes(g, lay, seqlen)
+        b_el, T, kv_loc = sh.b_el, sh.T, sh.kv_loc
+        k = self._attention_kernels(tb, pre, g, sh, tp, cp, mbs, seqlen, peak, hbm)
 
-        # dense MLP (first block(s)) and the MoE block
+        # dense MLP (first block(s))
         w1 = 2 if g.glu else 1
-        dm_f1, dm_b1 = gemm_times(tb, prof, rec, "dense_mlp", T, w1 * g.dff / tp, g.d, peak, active=g.n_dense > 0)
-        dm_f2, dm_b2 = gemm_times(tb, prof, rec, "dense_mlp", T, g.d, g.dff / tp, peak, active=g.n_dense > 0)
+        dm_f1, dm_b1 = gemm_times(tb, prof, pre, "dense_mlp", T, w1 * g.dff / tp, g.d, peak, active=g.n_dense > 0)
+        dm_f2, dm_b2 = gemm_times(tb, prof, pre, "dense_mlp", T, g.d, g.dff / tp, peak, active=g.n_dense > 0)
         act_dense = an.memory_time(b_el * T * g.dff / tp * 3, hbm)
         k["dense_f"], k["dense_b"] = dm_f1 + dm_f2 + act_dense, dm_b1 + dm_b2 + 2 * act_dense
-        if g.is_moe:
-            k.update(self._moe_kernels(tb, rec, g, sh, lay, peak, hbm))
-        else:
-            k.update(dict.fromkeys(_MOE_KERNELS, np.zeros(P)), E_loc=np.ones(P))
 
         # TP (sequence parallel): 2 all-gathers + 2 reduce-scatters of the full [T, d] per pass
         tp_inter = lay.spans_nodes("tp", self.gpn)
-        tp_one = collective_time(tb, prof, rec, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
-            collective_time(tb, prof, rec, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
+        tp_one = collective_time(tb, prof, post, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
+            collective_time(tb, prof, post, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
         k["tp_f"] = k["tp_b"] = 2 * tp_one
-        k["t_first"], k["t_last_f"], k["t_last_b"] = vocab_times(tb, prof, rec, g, T, tp, peak, hbm, b_el)
+        k["t_first"], k["t_last_f"], k["t_last_b"] = vocab_times(tb, prof, post, g, T, tp, peak, hbm, b_el)
         ks = self.kernel_scale
         if ks != 1.0:  # fitted for serial-dispatch (CPU) profiles only (calibrate/run_scales.py)
-            k.update({name: ks * k[name] for name in _DEVICE_KERNELS})
+            k.update({name: ks * v for name, v in k.items() if name in _DEVICE_KERNELS})
 
         # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
         kv_bytes = seqlen * mbs * 2 * kv_loc * g.hd * b_el
@@ -123,11 +144,11 @@ class KernelModel:
         # TE's ring attention exchanges K/V blocks peer to peer while it computes on the previous
         # block: only the part of the exchange longer than the attention itself is exposed
         sd_f, sd_b = k["sd_f"], k["sd_b"]
-        cp_f = np.maximum(collective_time(tb, prof, rec, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
-        cp_b = np.maximum(cp_f + collective_time(tb, prof, rec, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
+        cp_f = np.maximum(collective_time(tb, prof, post, "cp_comm", "all_gather", cp, kv_bytes, cp_inter) - sd_f, 0.0)
+        cp_b = np.maximum(cp_f + collective_time(tb, prof, post, "cp_comm", "reduce_scatter", cp, kv_bytes, cp_inter)
                           - sd_b, 0.0)
-        k.update(cp_f=cp_f, cp_b=cp_b, T=T, Tsp=Tsp)
-        return {name: np.broadcast_to(np.asarray(k[name], dtype=float), (P,)) for name in _NAMES}
+        k.update(cp_f=cp_f, cp_b=cp_b)
+        return {name: np.broadcast_to(np.asarray(v, dtype=float), (len(tp),)) for name, v in k.items()}
 
     def _attention_kernels(self, tb, rec: Recorder, g: Geometry, sh: RankShapes, tp: np.ndarray, cp: np.ndarray,
                            mbs: np.ndarray, seqlen: int, peak: float, hbm: float) -> dict[str, np.ndarray]:

@@ -153,7 +153,7 @@ def distinct(*cols) -> tuple[np.ndarray, np.ndarray]:
         dims.append(n)
     key = np.ravel_multi_index(codes, dims) if codes else np.zeros(0, np.int64)
     size = int(np.prod(dims, dtype=float)) if dims else 0
-    if 0 < size <= _DENSE_TUPLES and len(key) > 0:
+    if 0 < size <= min(_DENSE_TUPLES, 4 * len(key) + _DENSE_CODES) and len(key) > 0:
         inv, n = _codes(key, size)
         first = np.full(n, len(key), dtype=np.int64)
         np.minimum.at(first, inv, np.arange(len(key)))
@@ -169,8 +169,8 @@ def _codes(c: np.ndarray, bound: int | None = None) -> tuple[np.ndarray, int]:
         if hi < max(_DENSE_CODES, bound or 0) and int(c.min()) >= 0:
             seen = np.zeros(hi + 1, dtype=bool)
             seen[c] = True
-            rank = np.cumsum(seen) - 1
-            return rank[c], int(rank[-1]) + 1
+            rank = np.cumsum(seen, dtype=np.int32) - 1
+            return rank[c].astype(np.int64), int(rank[-1]) + 1
     u, ci = np.unique(c, return_inverse=True)
     return ci.reshape(-1), len(u)
 
