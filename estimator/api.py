@@ -19,7 +19,6 @@ from scaleplan.estimator.memory import RESERVE_BYTES, allocated_reserved, memory
 from scaleplan.estimator.layout import LayoutContext, ParallelLayout
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
-from scaleplan.estimator.recorder import distinct
 from scaleplan.estimator.tables import (
     ANALYTIC,
     EXTRAPOLATE_MODES,
@@ -220,16 +219,21 @@ class Estimator:
         return memory_breakdown(g, plans, gbs, seqlen, optimizer, allocator_fraction=frac, context_bytes=ctx,
                                 rope=rope)
 
-    def _state_fits(self, geoms: list[Geometry], owner: np.ndarray, plans: ParallelLayout, optimizer: str,
-                    limit: float) -> np.ndarray:
+    def _state_fits(self, geoms: list[Geometry], sets: list[ParallelLayout], owner: np.ndarray,
+                    plans: ParallelLayout, optimizer: str, limit: float) -> np.ndarray:
         """Indices of the plans (of ``geoms[owner]``) whose model state alone (:func:`memory.state_bytes`)
         stays within ``limit`` bytes: the total of :meth:`_memory` sums it first and adds only non-negative
         bytes, so the others exceed the limit whatever their activations (4 in 5 plans on the paper grid).
-        Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP)."""
+        Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP); ``plans``: ``sets`` concatenated,
+        ``owner`` the geometry of each plan."""
         frac, ctx = self.tables.allocator if self.tables.allocator is not None else (0.0, 0.0)
         if frac < 0 or ctx < 0:  # a measured allocator term below zero: no bound, every plan goes on
             return np.arange(len(plans))
-        first, inv = distinct(owner, plans.tp, plans.cp, plans.pp, plans.dp, plans.ep, plans.etp)
+        parts = [s.distinct("tp", "cp", "pp", "dp", "ep", "etp") for s in sets]  # memoised per plan set
+        starts = np.cumsum([0] + [len(s) for s in sets])
+        n_u = np.cumsum([0] + [len(f) for f, _ in parts])
+        first = np.concatenate([f + a for (f, _), a in zip(parts, starts)])
+        inv = np.concatenate([i + b for (_, i), b in zip(parts, n_u)])
         g = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner[first])
         return np.nonzero(~(state_bytes(g, plans.take(first), optimizer) > limit)[inv])[0]
 
@@ -316,7 +320,7 @@ class Estimator:
             return out
         plans = ParallelLayout.concat(sets)
         cap, frac = self.profile.hbm_bytes, constraints.mem_fraction
-        keep = self._state_fits(geoms, owner, plans, optimizer, frac * cap)
+        keep = self._state_fits(geoms, sets, owner, plans, optimizer, frac * cap)
         plans, owner = plans.take(keep), owner[keep]
         batch = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner)
         mem = self._memory(batch, plans, gbs, seqlen, optimizer, rope)

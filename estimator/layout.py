@@ -21,12 +21,14 @@ min(max(floor(gpn / s), 1), n) ranks per node and leaves the node when n exceeds
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
 import numpy as np
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.recorder import distinct
 
 from scaleplan.errors import SpecError
 from scaleplan.specs import Layout
@@ -101,6 +103,17 @@ class ParallelLayout:
     def spec(self, i: int) -> Layout:
         """Plan ``i`` as the user-input schema."""
         return Layout(**self.row(i))
+
+    def distinct(self, *names: str) -> tuple[np.ndarray, np.ndarray]:
+        """(first, inv) of :func:`~scaleplan.estimator.recorder.distinct` over the columns ``names``;
+        memoised for a read-only plan set (:meth:`readonly`: the enumeration's cached sets, which a search
+        asks about once per geometry)."""
+        if self.tp.flags.writeable:
+            return distinct(*(getattr(self, f) for f in names))
+        memo = _DISTINCT.setdefault(self, {})
+        if names not in memo:
+            memo[names] = distinct(*(getattr(self, f) for f in names))
+        return memo[names]
 
     def readonly(self) -> ParallelLayout:
         """Mark the columns read-only (a cached plan set is shared between callers)."""
@@ -192,6 +205,7 @@ class ParallelLayout:
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelLayout))
+_DISTINCT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ParallelLayout.distinct's memo
 MODEL_PARALLEL: tuple[str, ...] = ("tp", "cp", "pp")  # one model replica; DP is N_dev over their product
 assert FIELDS == tuple(Layout.model_fields), "ParallelLayout's columns are specs.Layout's fields, in order"
 

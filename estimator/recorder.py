@@ -146,6 +146,8 @@ def distinct(*cols) -> tuple[np.ndarray, np.ndarray]:
     combine exactly (no overflow, unlike packing the raw values into one integer). Small non-negative
     integer columns and code ranges (a plan set's degrees, geometry indices) go through lookup tables in
     O(P) instead of sorts: a batched search calls this on millions of plans."""
+    if not cols or np.size(cols[0]) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(np.size(cols[0]) if cols else 0, dtype=np.int64)
     codes, dims = [], []
     for c in cols:
         ci, n = _codes(np.asarray(c).reshape(-1))

@@ -121,8 +121,8 @@ def merged_plans(old_geoms: pd.DataFrame, old_plans: pd.DataFrame, new_geoms: pd
     better = extra["plan_ok"].to_numpy(bool) & (
         ~plans["plan_ok"].to_numpy(bool) | (extra["tokens_per_s"].to_numpy(float) >
                                             plans["tokens_per_s"].fillna(0).to_numpy(float)))
-    rows = [extra.iloc[i] if better[i] else plans.iloc[i] for i in range(len(plans))]
-    return pd.DataFrame(rows, columns=plans.columns).reset_index(drop=True).astype(old_plans.dtypes.to_dict())
+    merged = pd.concat([plans[~better], extra.loc[better, plans.columns]]).sort_index(kind="stable")
+    return merged.reset_index(drop=True).astype(old_plans.dtypes.to_dict())
 
 
 def search_edges(m, results: list, extend: bool, mem_fraction: float) -> tuple:

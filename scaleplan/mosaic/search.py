@@ -122,8 +122,9 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
     models = [geometry_model(r, grid) for r in geoms.itertuples(index=False)]
     step = on_step or (lambda n: None)
     rows: list[dict] = []
-    # two batches per worker balance the load (geometries differ in plan count) at little per-batch cost
-    size = max(1, min(CHUNK, -(-len(models) // (2 * max(workers, 1)))))
+    # four batches per worker: the workers take the next batch when done, which balances geometries of
+    # different plan counts, at little per-batch cost
+    size = max(1, min(CHUNK, -(-len(models) // (4 * workers)))) if workers > 1 else CHUNK
     chunks = [(i, min(i + size, len(models))) for i in range(0, len(models), size)]
     if workers > 1 and len(chunks) > 1:
         import multiprocessing as mp
