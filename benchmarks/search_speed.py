@@ -148,7 +148,7 @@ def _uncertainty(res, nodes: int, n: int) -> None:
 STAGES = [
     ("table load", [("estimator/api.py", "__init__")]),
     ("enumeration", [("estimator/plans.py", "enumerate_plans"), ("mosaic/ladder.py", "enumerate_geometries")]),
-    ("collectives", [("estimator/comm.py", "_collective")]),
+    ("collectives", [("estimator/comm.py", "collective_time")]),
     ("kernels", [("estimator/kernels.py", "layer_kernels")]),
     ("pipeline", [("estimator/model.py", "_pipeline_terms"), ("estimator/model.py", "_pp_p2p"),
                   ("estimator/model.py", "_stages")]),
