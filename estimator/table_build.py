@@ -301,21 +301,12 @@ def cached_tables(url: str, profile: str, peak_flops: float) -> Tables:
 
 
 def _disk_key(url: str) -> tuple | None:
-    """The state of an SQLite database file: (size, mtime) of the file and of its write-ahead log.
-    Any write changes it. None for a server database (no cheap state to read) or a missing file."""
-    if not url.startswith("sqlite:///") or url in ("sqlite://", "sqlite:///:memory:"):
-        return None
-    db = Path(url[len("sqlite:///"):])
-    try:
-        st = [db.stat()]
-    except OSError:
-        return None
-    for extra in (db.with_name(db.name + "-wal"),):
-        try:
-            st.append(extra.stat())
-        except OSError:
-            pass
-    return tuple((x.st_size, x.st_mtime_ns) for x in st)
+    """The state of an SQLite database (:func:`scaleplan.db.state_cache.db_state`: the file, its
+    write-ahead log and the wal-index's commit counter); any commit changes it. None for a server
+    database (no cheap state to read) or a missing file."""
+    from scaleplan.db.state_cache import db_state
+
+    return db_state(url)
 
 
 def _disk_path(url: str, profile: str, peak_flops: float) -> Path | None:
