@@ -194,8 +194,8 @@ class _Row:
             f = float(v)
         except (TypeError, ValueError):
             raise self.err(col, v, "a positive integer") from None
-        if not f.is_integer() or f <= 0:
-            raise self.err(col, v, "a positive integer")
+        if not f.is_integer() or f <= 0 or f >= 2**63:  # 2**63: the int64 arrays of ParallelLayout
+            raise self.err(col, v, "a positive integer below 2**63")
         return int(f)
 
     def float_(self, col: str, lo: float = 0.0, hi: float = math.inf, unit: str = "") -> float | None:
