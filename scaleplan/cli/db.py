@@ -7,8 +7,10 @@ import typer
 
 from scaleplan.cli._common import DbOpt, JsonOpt, db_url, lazy_module, print_json, stdout, want_json
 
-# loaded on first use: `scaleplan --help` must not pay for SQLAlchemy and the ORM
-sa = lazy_module("sqlalchemy")
+# loaded on first use: `scaleplan --help` must not pay for SQLAlchemy and the ORM. SQLAlchemy itself is
+# imported where it is used, never through lazy_module: a lazy `sqlalchemy` parent breaks its own
+# `from sqlalchemy.orm import ...` (sqlalchemy.sql.base missing half-way through), which the ORM and
+# the migrations' env.py do (`db upgrade` failed so in a fresh process)
 m = lazy_module("scaleplan.db.models")
 dbs = lazy_module("scaleplan.db.session")
 
@@ -54,6 +56,8 @@ def status(db: str = DbOpt, json_out: bool = JsonOpt) -> None:
 
 def table_stats(url: str) -> dict:
     """Row counts per measurement table and per profile, plus runs, observations, calibrations."""
+    import sqlalchemy as sa
+
     with dbs.session_scope(url) as s:
         tables = {}
         for suite, t in m.MEASUREMENT_TABLES.items():
