@@ -128,10 +128,13 @@ class RecordingTables:
 
     def collective(self, coll: str, layout: str, inter: bool, group, size):
         """Record the request (``group`` ranks, ``size`` bytes per rank; arrays over the plans that
-        ask) of :meth:`Tables.collective`; collectives are keyed in bytes, measured as bf16."""
+        ask) of :meth:`Tables.collective`. Collectives are keyed in bytes; they are measured in the dtype
+        on the wire: fp32 for an fp32 model (a CPU model: its bench asks for no bf16 point), else bf16
+        (Megatron exchanges bf16 activations and gradients, also for fp8 GEMMs)."""
+        wire = "fp32" if self._g.precision == "fp32" else "bf16"
         for n, s in _ints(group, size):
             self.add("collectives", {"collective": coll, "group_size": n, "layout": layout,
-                                     "inter_node": bool(inter), "size_bytes": s, "dtype": "bf16"})
+                                     "inter_node": bool(inter), "size_bytes": s, "dtype": wire})
         return self.collectives.get((coll, layout, inter))
 
     def vocab_lookup(self, op: str, dirn: str, tokens, vocab, hidden: int) -> LookupResult:

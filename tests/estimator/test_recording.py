@@ -62,3 +62,14 @@ def test_recording_answers_placeholders_and_keeps_the_wrapped_attributes():
     assert rt.t_kernel_min_s == est.tables.t_kernel_min_s
     with pytest.raises(AttributeError):
         _ = rt.no_such_table
+
+
+@pytest.mark.parametrize("precision, wire", [("fp32", "fp32"), ("bf16", "bf16"), ("fp8", "bf16")])
+def test_collectives_are_asked_in_the_dtype_on_the_wire(precision, wire):
+    # an fp32 model (a CPU model) exchanges fp32 tensors: its bench must not ask for bf16 collectives;
+    # bf16 and fp8-GEMM models exchange bf16 activations and gradients
+    spec = moe_spec()
+    spec["model"]["precision"] = precision
+    est = Estimator.from_frames("p6-b200.48xlarge", {})
+    pts = est.lookups(parse_spec(spec), 32, [Layout(tp=2, pp=2, ep=4, mbs=1, ckpt="full")])
+    assert pts["collectives"] and {p["dtype"] for p in pts["collectives"]} == {wire}
