@@ -115,6 +115,7 @@ class LookupResult:
     t_composed: np.ndarray | None = None
 
 
+_RESULT_ARRAYS = ("t", "code", "oor_axis", "oor_value", "lo", "hi", "t_composed")
 # memoised lookups per table (cleared when full; a cache entry is a few small arrays)
 _CACHE_MAX = 20000
 
@@ -123,6 +124,23 @@ def _readonly(a) -> np.ndarray:
     a = np.array(a)  # an owned copy
     a.flags.writeable = False
     return a
+
+
+#: lookups of this many points or more interpolate each distinct point once (the batched search repeats
+#: a point ~100 times: every plan of the same shape); per-point results are elementwise: same numbers
+_DISTINCT_MIN = 50_000
+
+
+def _distinct_points(cs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a flat index per distinct tuple, each element's tuple) of the broadcast coordinates ``cs``, hashed
+    (pandas.factorize: no sort; NaN is one value); None when under half the points repeat."""
+    code = 0
+    for c in cs:
+        ci, u = pd.factorize(c.reshape(-1), use_na_sentinel=False)
+        code = pd.factorize(code * len(u) + ci)[0]
+    rep = np.empty(int(code.max()) + 1, dtype=np.int64)
+    rep[code] = np.arange(len(code))
+    return (rep, code) if 2 * len(rep) <= len(code) else None
 
 
 def _frozen(res: LookupResult) -> LookupResult:
@@ -200,8 +218,19 @@ class GridTable:
         if hit is None:
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
-            hit = self._cache[key] = self._lookup(arrs)
+            hit = self._cache[key] = self._lookup_distinct(arrs)
         return hit
+
+    def _lookup_distinct(self, arrs) -> LookupResult:
+        """:meth:`_lookup` of each distinct point of a large request once (:func:`_distinct_points`)."""
+        cs = np.broadcast_arrays(*arrs)
+        d = _distinct_points(cs) if cs[0].size >= _DISTINCT_MIN else None
+        if d is None:
+            return self._lookup(arrs)
+        rep, inv = d
+        res = self._lookup([c.reshape(-1)[rep] for c in cs])
+        back = [getattr(res, f)[inv].reshape(cs[0].shape) for f in _RESULT_ARRAYS]
+        return _frozen(LookupResult(res.table, res.axes, *back))
 
     def _lookup(self, arrs) -> LookupResult:
         cs = np.broadcast_arrays(*arrs)
@@ -329,8 +358,17 @@ class CollectiveTable:
         if hit is None:
             if len(self._cache) >= _CACHE_MAX:
                 self._cache.clear()
-            hit = self._cache[key] = tuple(_readonly(x) for x in self._time(g, s))
+            hit = self._cache[key] = tuple(_readonly(x) for x in self._time_distinct(g, s))
         return hit
+
+    def _time_distinct(self, group: np.ndarray, size: np.ndarray):
+        """:meth:`_time` of each distinct (group, size) of a large request once (:func:`_distinct_points`)."""
+        g, s = np.broadcast_arrays(group, size)
+        d = _distinct_points([g, s]) if g.size >= _DISTINCT_MIN else None
+        if d is None:
+            return self._time(group, size)
+        rep, inv = d
+        return tuple(x[inv].reshape(g.shape) for x in self._time(g.reshape(-1)[rep], s.reshape(-1)[rep]))
 
     def composed(self, group: np.ndarray, size: np.ndarray) -> np.ndarray:
         """Seconds with the COMPOSE_RULES["collectives"] rule outside the measured sizes. Beyond the
