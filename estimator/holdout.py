@@ -216,37 +216,17 @@ def cached_errors(url: str, profile: str, peak: float) -> dict:
     """:func:`measured_errors` of the tables of (resolved url, profile), about 15 s to measure: once per
     content of the measurement rows (a copy of a database, or one whose other tables changed, reuses it),
     cached as JSON beside the compiled tables (``table_build.cache_path``: $SCALEPLAN_CACHE), and once
-    per process. An SQLite file's state (size and mtime, ``table_build._disk_key``) keys a second copy, read
-    first: a planner command on an unchanged database neither reads the rows nor hashes them (~0.35 s)."""
+    per process. An SQLite database's state (:func:`scaleplan.db.state_cache.cached_read`) keys a second
+    copy, read first: a planner command on an unchanged database neither reads the rows nor hashes them
+    (~0.35 s before its plan search)."""
     from scaleplan.db.measurements import load_frames
-    from scaleplan.estimator.table_build import _disk_key
+    from scaleplan.db.state_cache import cached_read
 
-    state = _disk_key(url)
-    by_state = None if state is None else cache_path("errors-by-state", "json",
-                                                      repr((url, profile, peak, state)).encode(), (__name__,))
-    out = _read_json(by_state)
-    if out is None:
-        out = _errors_by_content(load_frames(url, profile), profile, peak)
-        _write_json(by_state, out)
-    return out
-
-
-def _read_json(path):
-    """The JSON at ``path``; None when there is no path, no file or it cannot be read."""
-    if path is not None and path.exists():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass  # unreadable: measure again
-    return None
-
-
-def _write_json(path, out) -> None:
-    if path is not None:
-        try:
-            path.write_text(json.dumps(out))
-        except OSError:
-            pass
+    modules = ("scaleplan.estimator.table_build", "scaleplan.estimator.tables", "scaleplan.estimator.compose",
+               "scaleplan.db.measurements", "scaleplan.db.identity", __name__)
+    return cached_read("errors-by-state", url, (profile, peak), modules,
+                       lambda: _errors_by_content(load_frames(url, profile), profile, peak),
+                       valid=lambda v: isinstance(v, dict))
 
 
 def _errors_by_content(frames, profile: str, peak: float) -> dict:
@@ -255,8 +235,15 @@ def _errors_by_content(frames, profile: str, peak: float) -> dict:
     for name in sorted(frames):
         digest.update(name.encode() + pd.util.hash_pandas_object(frames[name], index=False).to_numpy().tobytes())
     path = cache_path("rule-errors", "json", digest.digest(), (__name__,))
-    out = _read_json(path)
-    if out is None:
-        out = measured_errors(frames, peak)
-        _write_json(path, out)
+    if path is not None and path.exists():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass  # unreadable: measure again
+    out = measured_errors(frames, peak)
+    if path is not None:
+        try:
+            path.write_text(json.dumps(out))
+        except OSError:
+            pass
     return out
