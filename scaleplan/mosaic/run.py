@@ -152,7 +152,11 @@ def run_search(r: SearchRequest) -> SearchReport:
                      tpp_min=r.tpp_min, tpp_max=r.tpp_max) for n in r.nodes for d in r.days]
     from scaleplan.mosaic.edges import search_edges
 
-    m, results, edges = search_edges(m, [(e, m.run(e)) for e in envs], r.extend_edges, r.mem_fraction)
+    m.keep_workers()  # the main pass and the edge extension share the forked workers
+    try:
+        m, results, edges = search_edges(m, [(e, m.run(e)) for e in envs], r.extend_edges, r.mem_fraction)
+    finally:
+        m.close()  # the extended Mosaic shares the first one's workers
     report = SearchReport(r, {}, results)
     report.out = _document(report, m, est, loaded)
     report.out["edges"] = edges

@@ -83,12 +83,46 @@ def _plan_row(res, errors) -> dict:
 
 #: geometries per batch of Estimator.best_plans (bounds the memory: their plans are evaluated at once)
 CHUNK = 256
-_FORK_STATE: tuple | None = None  # (est, models, n_devices, env, constraints, errors), inherited by forked workers
+_FORK_STATE: tuple | None = None  # (est, errors), inherited by forked workers
 
 
-def _plan_chunk(bounds: tuple[int, int]) -> list[dict]:
-    est, models, n_devices, env, constraints, errors = _FORK_STATE
-    return _plan_rows(est, models[bounds[0]:bounds[1]], n_devices, env, constraints, errors)
+def _plan_chunk(task: tuple) -> list[dict]:
+    est, errors = _FORK_STATE
+    models, n_devices, env, constraints = task
+    return _plan_rows(est, models, n_devices, env, constraints, errors)
+
+
+class PlanPool:
+    """Forked workers for :func:`plan_table`, started at the first batch they are given and kept for every
+    pass of one search over one estimator (the main pass and the edge extension's): each new worker faults
+    its arrays' pages in and warms its caches afresh (about 0.3 s of CPU a worker on the paper grid). The
+    workers inherit the estimator and its rule errors; a batch's models and envelope travel with it."""
+
+    def __init__(self, est, workers: int):
+        self.est, self.workers, self._pool = est, workers, None
+
+    def imap(self, tasks: list[tuple]):
+        """Each task's rows (:func:`_plan_chunk`), in order."""
+        global _FORK_STATE
+        if self._pool is None:
+            import multiprocessing as mp
+
+            _FORK_STATE = (self.est, errors_for(self.est))  # measured once, here, before the workers fork
+            # the parent's objects out of the collector's reach: a worker's collections would otherwise write
+            # to (and so copy) every page that holds one
+            gc.freeze()
+            try:
+                self._pool = mp.get_context("fork").Pool(self.workers)
+            finally:
+                _FORK_STATE = None
+                gc.unfreeze()
+        return self._pool.imap(_plan_chunk, tasks)
+
+    def close(self) -> None:
+        """Stop the workers (a later batch starts new ones)."""
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool = None
 
 
 #: arrays up to this size come from (and return to) the heap, which keeps this much freed at its top
@@ -123,24 +157,23 @@ def default_workers() -> int:
 
 
 def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: Envelope, constraints=None,
-               on_step: Callable[[int], None] | None = None, workers: int = 1) -> pd.DataFrame:
+               on_step: Callable[[int], None] | None = None, workers: int = 1,
+               pool: PlanPool | None = None) -> pd.DataFrame:
     """Best feasible plan per geometry (eq:best-layout). One row per geometry, aligned with ``geoms``.
 
     The geometries are evaluated in batches of up to ``CHUNK`` (``Estimator.best_plans``: one evaluation
     per batch); they are independent, so with ``workers`` > 1 the batches are split over forked processes
-    that inherit the estimator (its tables are loaded once, in this process). ``on_step(n)`` reports
-    progress, one batch at a time.
+    that inherit the estimator (its tables are loaded once, in this process): ``pool``'s, kept by the caller
+    for its next call, else workers of this call's own. ``on_step(n)`` reports progress, one batch at a time.
     Columns: plan_ok, tokens_per_s, mfu_plan (non-embedding N_act, eq:mfu), composed_share (fraction of
     the plan's predicted time read from lookups composed beyond the measured tables), mem_gb,
     tp, cp, pp, ep, dp, mbs, ckpt, analytic (comma-joined analytic components), analytic_share,
     extrapolated_share, evidence_sigma, extrapolated_collectives (:func:`scaleplan.mosaic.evidence.plan_evidence`).
     """
-    global _FORK_STATE
     from scaleplan.estimator import PlanConstraints
 
     constraints = constraints or PlanConstraints()
     _reuse_freed_memory()
-    errors = errors_for(est)  # measured once, here, before any worker forks
     models = [geometry_model(r, grid) for r in geoms.itertuples(index=False)]
     step = on_step or (lambda n: None)
     rows: list[dict] = []
@@ -149,21 +182,18 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
     size = max(1, min(CHUNK, -(-len(models) // (4 * workers)))) if workers > 1 else CHUNK
     chunks = [(i, min(i + size, len(models))) for i in range(0, len(models), size)]
     if workers > 1 and len(chunks) > 1:
-        import multiprocessing as mp
-
-        _FORK_STATE = (est, models, n_devices, env, constraints, errors)
-        # the parent's objects out of the collector's reach: a worker's collections would otherwise write
-        # to (and so copy) every page that holds one
-        gc.freeze()
+        own = pool is None or pool.est is not est
+        pool = PlanPool(est, workers) if own else pool
         try:
-            with mp.get_context("fork").Pool(workers) as pool:
-                for (lo, hi), part in zip(chunks, pool.imap(_plan_chunk, chunks)):
-                    rows.extend(part)
-                    step(hi - lo)
+            tasks = [(models[lo:hi], n_devices, env, constraints) for lo, hi in chunks]
+            for (lo, hi), part in zip(chunks, pool.imap(tasks)):
+                rows.extend(part)
+                step(hi - lo)
         finally:
-            _FORK_STATE = None
-            gc.unfreeze()
+            if own:
+                pool.close()
     else:
+        errors = errors_for(est)
         for lo, hi in chunks:
             rows.extend(_plan_rows(est, models[lo:hi], n_devices, env, constraints, errors))
             step(hi - lo)
@@ -290,6 +320,20 @@ class Mosaic:
         self.workers = workers
         self.geoms = enumerate_geometries(grid)
         self._plans: dict[tuple, pd.DataFrame] = {}
+        # workers kept across plan searches (and shared with the extended Mosaic) where the caller opens
+        # them (:meth:`keep_workers`) and closes them; else each plan search forks its own
+        self.pool: PlanPool | None = None
+
+    def keep_workers(self) -> None:
+        """Keep the plan workers from one plan search to the next (until :meth:`close`)."""
+        if self.workers > 1 and self.pool is None:
+            self.pool = PlanPool(self.est, self.workers)
+
+    def close(self) -> None:
+        """Stop the kept plan workers."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     @property
     def gpus_per_node(self) -> int:
@@ -319,7 +363,7 @@ class Mosaic:
             geoms = self.geoms if geoms is None else geoms
             task = p.add_task(f"best plans on {n_dev} devices", total=len(geoms))
             return plan_table(self.est, geoms, self.grid, n_dev, env, constraints or self.constraints,
-                              on_step=lambda n: p.advance(task, n), workers=self.workers)
+                              on_step=lambda n: p.advance(task, n), workers=self.workers, pool=self.pool)
 
     def extended(self, grid: LadderGrid, constraints, envs: list[Envelope]) -> Mosaic:
         """A Mosaic over ``grid`` and ``constraints`` (a superset of this one's: more axis values, more
@@ -331,6 +375,7 @@ class Mosaic:
 
         base = self.constraints or PlanConstraints()
         m = Mosaic(self.est, grid, self.law, constraints, self.progress, self.workers, self.support)
+        m.pool = self.pool
         added = tuple(sorted(set(constraints.mbs) - set(base.mbs)))
         for env in envs:
             n_dev = env.nodes * self.gpus_per_node
