@@ -28,6 +28,7 @@ from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.params import StageParams, dp_stages, stage_params
+from scaleplan.estimator.recorder import distinct
 
 from scaleplan.errors import SpecError
 
@@ -103,8 +104,11 @@ def slowest_step(opt: Optimizer, g: Geometry, lay: ParallelLayout, peak: float, 
     """The optimizer step of the stage whose own parameters take longest (seconds, arrays over plans):
     every stage steps its own shard once its gradients are reduced, and the step ends with the last.
     The stages considered are :func:`params.dp_stages`' (first, first middle, last), which hold every
-    distinct parameter set a stage can have."""
+    distinct parameter set a stage can have. Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP),
+    all it depends on (plans differing in B_micro, VPP or checkpointing share it)."""
+    first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
+    g, lay = g.take(first), lay.take(first)
     t = np.zeros(len(lay))
     for present, s in dp_stages(lay.pp):
         t = np.maximum(t, np.where(present, step_time(opt, g, lay, stage_params(g, lay, s), peak, hbm), 0.0))
-    return t
+    return t[inv]
