@@ -30,13 +30,13 @@ allocator: CUDA context, NCCL; default 1 GB); :func:`allocated_reserved` splits 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.geom import Geometry, vocab_shard
 from scaleplan.estimator.optimizer import optimizer as opt_spec
-from scaleplan.estimator.params import stage_params
+from scaleplan.estimator.params import StageParams, stage_params
 from scaleplan.estimator.recorder import distinct
 from scaleplan.units import BYTES_PER_ELEMENT
 
@@ -275,12 +275,12 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     inflight = np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
     logits = 4.0 * s * mbs * vocab_shard(g.vocab, pl.tp)  # fp32 logits forward, their gradient backward
     out = {}
-    for name, st in (("first", stage_params(g, pl, 0.0)), ("last", stage_params(g, pl, pl.pp - 1))):
+    for name, (st, terms) in _end_stages(g, pl, pb, state, sharded).items():
         # the first stage keeps min(PP, n_mb) micro-batches in flight, the last one
         act = np.where(st.has_embedding, inflight, 1.0) * (st.n_dense * act_den + st.n_moe * act_moe) + peak_layer
         n_p = st.total
         outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, st.has_embedding, st.has_head)
-        out[name] = _state_terms(g, pl, st, pb, state, sharded)
+        out[name] = terms
         grads = out[name]["grads"]
         n_r = st.router * float(state.router_fp32 and g.is_moe)
         out[name].update({
@@ -301,6 +301,20 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     tot_l = sum(out["last"].values())
     worst_first = tot_f >= tot_l
     return {k: np.where(worst_first, out["first"][k], out["last"][k]) for k in out["first"]}
+
+
+def _end_stages(g: Geometry, pl, pb: dict, state: ModelState, sharded: bool) -> dict[str, tuple]:
+    """{"first" | "last": (the stage's :class:`StageParams`, its :func:`_state_terms`)}, arrays over plans,
+    evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP), all they depend on, and gathered back."""
+    first, inv = distinct(*g.batch_keys, pl.tp, pl.cp, pl.pp, pl.dp, pl.ep, pl.etp)
+    gu, pu = g.take(first), pl.take(first)
+    out = {}
+    for name, s in (("first", 0.0), ("last", pu.pp - 1)):
+        st = stage_params(gu, pu, s)
+        terms = _state_terms(gu, pu, st, pb, state, sharded)
+        out[name] = (StageParams(*(getattr(st, f.name)[inv] for f in fields(StageParams))),
+                     {k: v[inv] for k, v in terms.items()})
+    return out
 
 
 def _state_terms(g: Geometry, pl, st, pb: dict, state: ModelState, sharded: bool) -> dict[str, np.ndarray]:
