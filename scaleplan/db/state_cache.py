@@ -21,9 +21,15 @@ T = TypeVar("T")
 
 def db_state(url: str) -> tuple | None:
     """What changes with every commit to an SQLite database: (inode, size, mtime) of the file and of
-    its ``-wal`` log, and the header of its ``-shm`` wal-index (which counts transactions, so two
-    commits within one mtime tick of a log that is rewritten in place still differ). None for a
-    server or in-memory database, or a file that does not exist."""
+    its ``-wal`` log, and the wal-index's description of the log's committed content (last valid
+    frame, database size in pages, the running checksum of the frames and the log's salts), so two
+    commits within one mtime tick of a log that is rewritten in place still differ. None for a server
+    or in-memory database, or a file that does not exist.
+
+    Not the whole ``-shm`` header: the first connection to open the database after all others closed
+    rebuilds the wal-index ("recovery"), which resets its change counter and header checksum while
+    the committed content stays the same; a planner command reading an unchanged database must not
+    see a new state (the WAL-index header in https://www.sqlite.org/walformat.html)."""
     if not url.startswith("sqlite:///") or url in ("sqlite://", "sqlite:///:memory:"):
         return None
     db = Path(url[len("sqlite:///"):])
@@ -36,7 +42,7 @@ def db_state(url: str) -> tuple | None:
         w = db.with_name(db.name + "-wal").stat()
         state.append((w.st_ino, w.st_size, w.st_mtime_ns))
         with open(db.with_name(db.name + "-shm"), "rb") as f:
-            state.append(f.read(48))  # WalIndexHdr: iChange, mxFrame, nPage, salts, checksums
+            state.append(f.read(40)[16:40])  # WalIndexHdr mxFrame, nPage, aFrameCksum, aSalt
     except OSError:
         pass
     return tuple(state)

@@ -2,6 +2,7 @@
 did not change reads the calibration rows and table runs from the cache, and every commit is seen."""
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 
@@ -46,6 +47,27 @@ def test_a_corrupt_entry_is_read_again(sqlite_url):
     assert state_cache.cached_read("t", sqlite_url, "k", (__name__,), lambda: [2]) == [2]
 
 
+def test_rebuilding_the_wal_index_is_not_a_new_state(tmp_path):
+    """A writer that exits without closing leaves its log and wal-index; the next connection to open
+    the database rebuilds the wal-index (new change counter and header checksum, same commits). The
+    state must stay the same, or every planner command after such a writer reads the database again."""
+    db = tmp_path / "x.db"
+    writer = (f"import os, sqlite3\nc = sqlite3.connect({str(db)!r}); c.execute('PRAGMA journal_mode=WAL')\n"
+              "c.execute('create table t(a)')\nfor i in range(5):\n    c.execute('insert into t values (?)', (i,)); c.commit()\n"
+              "os._exit(0)")
+    subprocess.run([sys.executable, "-c", writer], check=True)
+    before = state_cache.db_state(f"sqlite:///{db}")
+    shm_header = (db.parent / "x.db-shm").read_bytes()[:48]
+    reader = sqlite3.connect(db)
+    assert reader.execute("select count(*) from t").fetchone() == (5,)
+    assert (db.parent / "x.db-shm").read_bytes()[:48] != shm_header  # the reader did rebuild the index
+    assert state_cache.db_state(f"sqlite:///{db}") == before
+    reader.execute("insert into t values (5)")
+    reader.commit()
+    assert state_cache.db_state(f"sqlite:///{db}") != before
+    reader.close()
+
+
 @pytest.mark.parametrize("url", ["postgresql+psycopg://u@h/db", "sqlite://", "sqlite:////no/such/file.db"])
 def test_no_state_no_cache(url):
     assert state_cache.db_state(url) is None and state_cache.cache_path("t", url, "k", (__name__,)) is None
@@ -68,6 +90,9 @@ def test_a_planner_command_on_an_unchanged_database_does_not_import_sqlalchemy(r
     argv = [sys.executable, "-c", code, "--json", "layouts", str(spec), "--devices", "16", "--db", recorded_db]
     # the first command after a write may also checkpoint the write-ahead log when it closes the
     # database (a new state of the file, the same rows): the command after it reads once more
-    runs = [subprocess.run(argv, capture_output=True, text=True, check=True) for _ in range(3)]
+    states, runs = [], []
+    for _ in range(3):
+        states.append(state_cache.db_state(recorded_db))
+        runs.append(subprocess.run(argv, capture_output=True, text=True, check=True))
     assert runs[0].stdout == runs[1].stdout == runs[2].stdout
-    assert runs[2].stderr.strip().splitlines()[-1] == "[]", runs[2].stderr[-500:]
+    assert runs[2].stderr.strip().splitlines()[-1] == "[]", (states, runs[2].stderr[-300:])
