@@ -42,6 +42,10 @@ def resolve_url(url: str | None) -> str:
     """Normalise a ``--db`` value (URL or file path; None means the default). Raises SpecError."""
     if not url:
         url = default_url()
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:  # bytes of no UTF-8 text in argv arrive as lone surrogates
+        raise SpecError("--db", url.encode("utf-8", "backslashreplace").decode(), "UTF-8 text") from None
     if "://" not in url:
         return f"sqlite:///{Path(url).expanduser().resolve()}"
     if url.startswith("sqlite:///"):  # a file path: nothing to parse (and no SQLAlchemy import for a planner command)
@@ -57,6 +61,11 @@ def resolve_url(url: str | None) -> str:
                         "postgresql+psycopg://user@host/db") from None
     if u.host and "@" in u.host:  # an unencoded '@' in the password: the rest would be taken as host
         raise SpecError("--db", mask_url(url), "percent-encode '@' in the password as %40")
+    try:
+        (u.host or "").encode("idna")  # what the driver's name lookup does first
+    except UnicodeError as e:
+        raise SpecError("--db", mask_url(url), f"a host name of dot-separated labels of 1-63 letters, digits or "
+                        f"'-' ({e})") from None
     return url
 
 
