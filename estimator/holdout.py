@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from scaleplan.estimator.table_build import build_tables, cache_path
+from scaleplan.estimator.table_build import TABLE_MODULES, build_tables
 
 
 @dataclass
@@ -222,19 +222,19 @@ def cached_errors(url: str, profile: str, peak: float) -> dict:
     from scaleplan.db.measurements import load_frames
     from scaleplan.db.state_cache import cached_read
 
-    modules = ("scaleplan.estimator.table_build", "scaleplan.estimator.tables", "scaleplan.estimator.compose",
-               "scaleplan.db.measurements", "scaleplan.db.identity", __name__)
-    return cached_read("errors-by-state", url, (profile, peak), modules,
+    return cached_read("errors-by-state", url, (profile, peak), (*TABLE_MODULES, __name__),
                        lambda: _errors_by_content(load_frames(url, profile), profile, peak),
                        valid=lambda v: isinstance(v, dict))
 
 
 def _errors_by_content(frames, profile: str, peak: float) -> dict:
     """:func:`measured_errors` of ``frames``, cached per content of the rows (:func:`cached_errors`)."""
+    from scaleplan.db.state_cache import cache_file
+
     digest = hashlib.sha256(repr((profile, peak)).encode())
     for name in sorted(frames):
         digest.update(name.encode() + pd.util.hash_pandas_object(frames[name], index=False).to_numpy().tobytes())
-    path = cache_path("rule-errors", "json", digest.digest(), (__name__,))
+    path = cache_file("rule-errors", "json", digest.digest(), (*TABLE_MODULES, __name__))
     if path is not None and path.exists():
         try:
             return json.loads(path.read_text())

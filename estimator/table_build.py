@@ -5,10 +5,6 @@ and this code, so a planner command does not re-read and re-fit what the previou
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import pickle
-from pathlib import Path
 
 import numpy as np
 from scaleplan.estimator import compose
@@ -272,69 +268,20 @@ def _build_allocator(tb: Tables, df: pd.DataFrame) -> None:
         tb.n_points["allocator"] = len(ok)
 
 
+# the modules whose code shapes the compiled tables: a change to any of them rebuilds cached entries
+TABLE_MODULES = (__name__, "scaleplan.estimator.tables", "scaleplan.estimator.compose", "scaleplan.db.measurements",
+                 "scaleplan.db.identity")
+
+
 @functools.lru_cache(maxsize=32)
 def cached_tables(url: str, profile: str, peak_flops: float) -> Tables:
     """Tables of (resolved url, profile): once per process, and for an SQLite database also on disk
-    per database state (:func:`_disk_key`), so a planner command does not re-read and re-fit the
-    tables the previous one built (~0.6 s of an 18B ``layouts``)."""
-    path = _disk_path(url, profile, peak_flops)
-    if path is not None:
-        try:
-            with open(path, "rb") as f:
-                tb = pickle.load(f)
-            if isinstance(tb, Tables):
-                tb.source = (url, profile, peak_flops)
-                return tb
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
-            pass  # missing or unreadable: rebuild below
-    tb = build_tables(profile, load_frames(url, profile), peak_flops)
+    per database state (:func:`scaleplan.db.state_cache.cached_read`), so a planner command does not
+    re-read and re-fit the tables the previous one built (~0.6 s of an 18B ``layouts``)."""
+    from scaleplan.db.state_cache import cached_read
+
+    tb = cached_read("tables", url, (profile, peak_flops), TABLE_MODULES,
+                     lambda: build_tables(profile, load_frames(url, profile), peak_flops),
+                     valid=lambda v: isinstance(v, Tables))
     tb.source = (url, profile, peak_flops)  # what the tables were read from (mosaic.evidence measures it again)
-    if path is not None:
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                pickle.dump(tb, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
     return tb
-
-
-def _disk_key(url: str) -> tuple | None:
-    """The state of an SQLite database (:func:`scaleplan.db.state_cache.db_state`: the file, its
-    write-ahead log and the wal-index's commit counter); any commit changes it. None for a server
-    database (no cheap state to read) or a missing file."""
-    from scaleplan.db.state_cache import db_state
-
-    return db_state(url)
-
-
-def _disk_path(url: str, profile: str, peak_flops: float) -> Path | None:
-    """Cache file of the compiled tables under $SCALEPLAN_CACHE or ~/.cache/scaleplan, keyed by the
-    database state and the source of this module, the row query and the hardware-identity rule (a
-    code change rebuilds); None when there is no key or no cache folder can be made."""
-    state = _disk_key(url)
-    if state is None:
-        return None
-    return cache_path("tables", "pkl", repr((url, profile, peak_flops, state)).encode())
-
-
-def cache_path(kind: str, ext: str, key: bytes, modules: tuple[str, ...] = ()) -> Path | None:
-    """``$SCALEPLAN_CACHE/<kind>-<digest>.<ext>`` (default ~/.cache/scaleplan), the digest over ``key``
-    and the source of the table-building modules and of ``modules``; None when no cache folder can be
-    made. What is derived from the compiled tables (estimator/holdout.py's rule errors) is cached here
-    too, beside them."""
-    import importlib.util
-
-    code = b""
-    for mod in (__name__, "scaleplan.estimator.tables", "scaleplan.estimator.compose", "scaleplan.db.measurements",
-                "scaleplan.db.identity", *modules):
-        origin = importlib.util.find_spec(mod).origin
-        code += Path(origin).read_bytes() if origin else mod.encode()
-    digest = hashlib.sha256(key + code).hexdigest()[:24]
-    root = Path(os.environ.get("SCALEPLAN_CACHE") or Path.home() / ".cache" / "scaleplan")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return root / f"{kind}-{digest}.{ext}"

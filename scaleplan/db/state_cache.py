@@ -48,26 +48,32 @@ def db_state(url: str) -> tuple | None:
     return tuple(state)
 
 
-def cache_path(kind: str, url: str, key: Any, modules: tuple[str, ...]) -> Path | None:
-    """``$SCALEPLAN_CACHE/<kind>-<digest>.pkl`` (default ~/.cache/scaleplan) for ``key`` read from
-    ``url`` in its present state by the code of ``modules``; None when the database has no state
-    (:func:`db_state`) or no cache folder can be made."""
-    state = db_state(url)
-    if state is None:
-        return None
+def cache_file(kind: str, ext: str, key: bytes, modules: tuple[str, ...] = ()) -> Path | None:
+    """``$SCALEPLAN_CACHE/<kind>-<digest>.<ext>`` (default ~/.cache/scaleplan), the digest over ``key``
+    and the source of ``modules`` (a code change gives a new file); None when no cache folder can be
+    made (the caller then computes again). Every on-disk cache of scaleplan lives here."""
     import importlib.util
 
     code = b""
     for mod in modules:
         origin = importlib.util.find_spec(mod).origin
         code += Path(origin).read_bytes() if origin else mod.encode()
-    digest = hashlib.sha256(repr((url, key, state)).encode() + code).hexdigest()[:24]
+    digest = hashlib.sha256(key + code).hexdigest()[:24]
     root = Path(os.environ.get("SCALEPLAN_CACHE") or Path.home() / ".cache" / "scaleplan")
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
-    return root / f"{kind}-{digest}.pkl"
+    return root / f"{kind}-{digest}.{ext}"
+
+
+def cache_path(kind: str, url: str, key: Any, modules: tuple[str, ...]) -> Path | None:
+    """:func:`cache_file` for ``key`` read from ``url`` in its present state by the code of ``modules``;
+    None when the database has no state (:func:`db_state`) or no cache folder can be made."""
+    state = db_state(url)
+    if state is None:
+        return None
+    return cache_file(kind, "pkl", repr((url, key, state)).encode(), modules)
 
 
 def cached_read(kind: str, url: str, key: Any, modules: tuple[str, ...], read: Callable[[], T],

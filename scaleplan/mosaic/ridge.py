@@ -21,7 +21,6 @@ local basin the bootstrap describes; exponents are confined to law_fit's optimis
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 from functools import lru_cache
@@ -113,15 +112,11 @@ def ridge_samples(n: int, seed: int = 0, law: JointLaw = PAPER_JOINT_LAW, sigma:
 
 
 def _disk_path(key) -> Path | None:
-    """A cache file per sampler input (the samples are deterministic in them), under $SCALEPLAN_CACHE or
-    ~/.cache/scaleplan; None when no cache folder can be made (the samples are then just recomputed)."""
-    root = Path(os.environ.get("SCALEPLAN_CACHE") or Path.home() / ".cache" / "scaleplan")
-    digest = hashlib.sha256(repr((key[:2], key[2].vector().tolist(), key[3:], _VERSION)).encode()).hexdigest()[:24]
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return root / f"ridge-{digest}.npy"
+    """A cache file per sampler input (the samples are deterministic in them); None when no cache folder
+    can be made (the samples are then just recomputed)."""
+    from scaleplan.db.state_cache import cache_file
+
+    return cache_file("ridge", "npy", repr((key[:2], key[2].vector().tolist(), key[3:], _VERSION)).encode())
 
 
 def _save_atomic(path: Path, arr: np.ndarray) -> None:
