@@ -127,8 +127,10 @@ def _readonly(a) -> np.ndarray:
 
 
 #: lookups of this many points or more interpolate each distinct point once (the batched search repeats
-#: a point ~100 times: every plan of the same shape); per-point results are elementwise: same numbers
-_DISTINCT_MIN = 50_000
+#: a point ~100 times: every plan of the same shape); per-point results are elementwise: same numbers.
+#: From a few thousand points hashing them costs less than interpolating them all: the distinct kernel
+#: tuples of a 2-worker batch (~40K, 137 geometries) and of smaller batches are deduplicated too
+_DISTINCT_MIN = 2_000
 
 
 def _distinct_points(cs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
