@@ -197,8 +197,16 @@ def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw"):
 def bias_sync_time(tb, prof, rec, g, lay):
     """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs
     between the backward and the optimizer step. A few kB: below a GPU table's measured sizes this
-    is the analytic latency-bound ring time (labelled analytic)."""
-    n_layers, group, inter, size = bias_sync(g, lay, prof.gpus_per_node)
+    is the analytic latency-bound ring time (labelled analytic). Seconds, shape (P,).
+
+    It depends on the geometry and (TP, CP, PP, DP) alone (a few per geometry against thousands of
+    plans): each distinct tuple is evaluated once and handed to its plans (:meth:`Recorder.fold`)."""
+    first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp)
+    sub = Recorder(len(first), rec.mode)
+    g1, lay1 = g.take(first), lay.take(first)
+    n_layers, group, inter, size = bias_sync(g1, lay1, prof.gpus_per_node)
     act = (n_layers > 0) & (group > 1)
-    return n_layers * collective_time(tb, prof, rec, "bias_sync", "all_reduce", group, size, inter, "contiguous",
-                                      act, small_analytic=True)
+    t = n_layers * collective_time(tb, prof, sub, "bias_sync", "all_reduce", group, size, inter, "contiguous",
+                                   act, small_analytic=True)
+    rec.fold(sub, inv)
+    return np.broadcast_to(t, (len(first),))[inv]
