@@ -20,31 +20,49 @@ T = TypeVar("T")
 
 
 def db_state(url: str) -> tuple | None:
-    """What changes with every commit to an SQLite database: (inode, size, mtime) of the file and of
-    its ``-wal`` log, and the wal-index's description of the log's committed content (last valid
-    frame, database size in pages, the running checksum of the frames and the log's salts), so two
-    commits within one mtime tick of a log that is rewritten in place still differ. None for a server
-    or in-memory database, or a file that does not exist.
+    """What identifies the committed content of an SQLite database file: None for a server or
+    in-memory database, or a file that does not exist; else a tuple of
 
-    Not the whole ``-shm`` header: the first connection to open the database after all others closed
-    rebuilds the wal-index ("recovery"), which resets its change counter and header checksum while
-    the committed content stays the same; a planner command reading an unchanged database must not
-    see a new state (the WAL-index header in https://www.sqlite.org/walformat.html)."""
+    - the main file's (inode, size, mtime in ns) and its header's file change counter (bytes 24-28,
+      bumped by every commit that writes the file itself);
+    - while its ``-wal`` log holds frames: the wal-index header's description of the committed log
+      (last valid frame mxFrame, database size in pages, the running checksum of the frames and the
+      log's salts), so two commits within one mtime tick of a log rewritten in place still differ;
+      the log's (inode, size, mtime) instead where there is no readable wal-index.
+
+    Not the log's file times or the rest of the wal-index header: connections create an empty log
+    when they open the database and delete it when the last one closes, and the first connection
+    after all others closed rebuilds the wal-index, resetting its change counter and checksum. None
+    of these change a row; a command reading an unchanged database (and opening it itself midway)
+    must keep seeing one state (file formats: https://www.sqlite.org/fileformat2.html and the
+    WAL-index header in https://www.sqlite.org/walformat.html).
+    """
     if not url.startswith("sqlite:///") or url in ("sqlite://", "sqlite:///:memory:"):
         return None
     db = Path(url[len("sqlite:///"):])
     try:
         st = db.stat()
+        with open(db, "rb") as f:
+            counter = f.read(28)[24:28]
     except OSError:
         return None
-    state: list = [(st.st_ino, st.st_size, st.st_mtime_ns)]
+    state: list = [(st.st_ino, st.st_size, st.st_mtime_ns, counter)]
     try:
-        w = db.with_name(db.name + "-wal").stat()
-        state.append((w.st_ino, w.st_size, w.st_mtime_ns))
-        with open(db.with_name(db.name + "-shm"), "rb") as f:
-            state.append(f.read(40)[16:40])  # WalIndexHdr mxFrame, nPage, aFrameCksum, aSalt
+        wal = db.with_name(db.name + "-wal").stat()
     except OSError:
-        pass
+        return tuple(state)
+    if wal.st_size == 0:
+        return tuple(state)
+    try:
+        with open(db.with_name(db.name + "-shm"), "rb") as f:
+            index = f.read(40)
+    except OSError:
+        index = b""
+    if len(index) == 40 and index[12] == 1:  # isInit: the wal-index describes the log
+        if index[16:20] != bytes(4):  # mxFrame > 0: committed frames not yet in the main file
+            state.append(index[16:40])
+    else:
+        state.append((wal.st_ino, wal.st_size, wal.st_mtime_ns))
     return tuple(state)
 
 

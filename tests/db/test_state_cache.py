@@ -77,9 +77,36 @@ def test_no_state_no_cache(url):
     assert len(calls) == 2
 
 
+def test_opening_and_closing_the_database_is_not_a_new_state(tmp_path):
+    """A connection creates an empty log and wal-index when it opens a WAL database and the last one
+    to close deletes them: no row changed, so no new state (a command that opens the database midway
+    must key all its reads alike)."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    c = sqlite3.connect(tmp_path / "x.db")
+    c.execute("PRAGMA journal_mode=WAL")
+    c.execute("create table t(a)")
+    c.commit()
+    c.close()
+    assert not (tmp_path / "x.db-wal").exists()
+    before = state_cache.db_state(url)
+    c = sqlite3.connect(tmp_path / "x.db")
+    assert c.execute("select count(*) from t").fetchone() == (0,)
+    assert (tmp_path / "x.db-wal").exists() and state_cache.db_state(url) == before
+    c.close()
+    assert state_cache.db_state(url) == before
+
+
 def test_a_planner_command_on_an_unchanged_database_does_not_import_sqlalchemy(recorded_db, tmp_path):
-    """A `layouts` on an unchanged database reads tables, calibrations and provenance from the
-    cache: SQLAlchemy (~0.2 s of CPU) is not imported, and the answer is the same."""
+    """A `layouts` after one on the same unchanged database reads tables, calibrations and provenance
+    from the cache: SQLAlchemy (~0.2 s of CPU) is not imported, and the answer is the same. On a copy
+    of the recorded tables that no other connection holds, as a user's database between commands."""
+    db = tmp_path / "copy.db"
+    src, dst = sqlite3.connect(recorded_db.removeprefix("sqlite:///")), sqlite3.connect(db)
+    with dst:
+        src.backup(dst)
+    src.close()
+    dst.execute("PRAGMA journal_mode=WAL")
+    dst.close()
     spec = tmp_path / "s.yaml"
     spec.write_text("model: {n_layers: 4, hidden_sz: 1024, inter_sz: 2816, n_q_heads: 8, n_kv_heads: 8, "
                     "head_dim: 128, vocab_sz: 32000, moe: {n_experts: 16, experts_per_token: 2, "
@@ -87,12 +114,8 @@ def test_a_planner_command_on_an_unchanged_database_does_not_import_sqlalchemy(r
     code = ("import json, sys; from scaleplan.cli import main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('sqlalchemy.'))), file=sys.stderr)")
-    argv = [sys.executable, "-c", code, "--json", "layouts", str(spec), "--devices", "16", "--db", recorded_db]
-    # the first command after a write may also checkpoint the write-ahead log when it closes the
-    # database (a new state of the file, the same rows): the command after it reads once more
-    states, runs = [], []
-    for _ in range(3):
-        states.append(state_cache.db_state(recorded_db))
-        runs.append(subprocess.run(argv, capture_output=True, text=True, check=True))
+    argv = [sys.executable, "-c", code, "--json", "layouts", str(spec), "--devices", "16", "--db", f"sqlite:///{db}"]
+    runs = [subprocess.run(argv, capture_output=True, text=True, check=True) for _ in range(3)]
     assert runs[0].stdout == runs[1].stdout == runs[2].stdout
-    assert runs[2].stderr.strip().splitlines()[-1] == "[]", (states, runs[2].stderr[-300:])
+    imported = [r.stderr.strip().splitlines()[-1] for r in runs]
+    assert imported[0] != "[]" and imported[1:] == ["[]", "[]"], [i[:80] for i in imported]
