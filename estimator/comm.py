@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.layerwise import stage_tensors
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.optimizer import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_collectives, optimizer  # noqa: F401
 from scaleplan.estimator.params import dp_stages, stage_params  # noqa: F401  (dp_stages: re-exported)
@@ -152,14 +153,15 @@ def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw"):
     overlapped with the next first forward; the last bucket of each is always exposed.
     muon/scion (:class:`~scaleplan.estimator.optimizer.Optimizer`) run Megatron-Core's layer-wise distributed optimizer: DDP
     all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
-    reduce-scatter), and after the step the owners broadcast the updated bf16 parameters, which
-    nothing overlaps.
+    reduce-scatter); after the step, which waits for every stage (the global gradient norm), the
+    owners broadcast the updated bf16 parameters one tensor at a time (:func:`_broadcast_loop`,
+    estimator/layerwise.py): nothing, not the drain either, hides that; the slowest stage's counts.
     sgd (not sharded) runs plain DDP: the bucketed all-reduce alone.
     On a serial-dispatch profile (``prof.serial_dispatch``, a CPU) nothing overlaps: the collective
     runs on the computing cores.
     ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of one forward /
     backward pass of a stage, which a dispatch-bound pass sets by its host issue time. What a stage's
-    own passes leave (at least its last bucket, and a layer-wise gather after the step) runs on while
+    own passes leave (at least its last bucket) runs on while
     the earlier stages drain, and a ZeRO-1 gather's remainder while they fill the next step
     (:func:`dp_stages`); the step waits for the stage that leaves the most.
     """
@@ -174,25 +176,75 @@ def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw"):
     present, s = (np.concatenate(col) for col in zip(*stages))
     drain = s[idx] / np.asarray(lay.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
     sub = Recorder(k * U, rec.mode)
-    tail, fill = np.zeros((k, P)), np.zeros((k, P))  # after the stage's last backward; before its first forward
+    # after the stage's last backward; before its first forward; the layer-wise broadcasts after the step
+    tail, fill, bcast = np.zeros((k, P)), np.zeros((k, P)), np.zeros((k, P))
     opt = optimizer(optimizer_name)
     ortho, colls = opt.sharded and opt.orthogonalises, opt.dp_collectives
-    for params, group, layout, inter, nb in dp_buckets(g.take(np.tile(first, k)), lay_s, gpn, s):
+    g_s = g.take(np.tile(first, k))
+    per_tensor = stage_tensors(g_s, lay_s, s) if ortho else (None, None)
+    for (params, group, layout, inter, nb), tensors in zip(dp_buckets(g_s, lay_s, gpn, s), per_tensor):
         act = (group > 1) & (params > 0) & present
         rails = lay_s.ranks_per_node("edp", gpn) if layout == "strided" else None
         t = [nb * collective_time(tb, prof, sub, "dp_comm", coll, group, params / nb * nbytes, inter, layout, act,
                                   rails=rails) for coll, nbytes in colls]
+        if ortho:  # the layer-wise optimizer gathers by one broadcast per tensor (estimator/layerwise.py)
+            t[1] = _broadcast_loop(tb, prof, sub, tensors, group, inter, layout, act, rails)
         # gradient side, parameter side (none for plain DDP), per plan and stage
         rs, ag, nb = t[0][idx], (t[1][idx] if len(t) > 1 else 0.0), nb[idx]
         if serial:
             tail += rs + ag
             continue
-        tail += np.maximum(rs - w_bwd, rs / nb) + (ag if ortho else 0.0)
-        fill += 0.0 if ortho else np.maximum(ag - w_fwd, ag / nb)
+        tail += np.maximum(rs - w_bwd, rs / nb)
+        bcast, fill = (bcast + ag, fill) if ortho else (bcast, fill + np.maximum(ag - w_fwd, ag / nb))
     rec.fold(sub, idx)
     if not serial:  # the drain (fill) of the earlier stages hides what is left after (before) them
         tail, fill = np.maximum(tail - drain * w_bwd, 0.0), np.maximum(fill - drain * w_fwd, 0.0)
-    return (tail + fill).max(axis=0)  # an absent stage looked nothing up: 0
+    return (tail + fill).max(axis=0) + bcast.max(axis=0)  # an absent stage looked nothing up: 0
+
+
+def _broadcast_loop(tb, prof, rec, tensors, group, inter, layout, active, rails):
+    """Seconds (shape (rec.P,)) of the layer-wise optimizer's parameter broadcasts over ``group``: one call
+    per tensor of ``tensors`` ([(count, elements)], :func:`layerwise.stage_tensors`), bf16, each read
+    from the all-gather table at the size that puts the same bytes on every link of the ring
+    (S n / (n - 1) for a broadcast of S bytes). Most of these calls are latency-bound, so two rules of
+    the bandwidth-bound lookup change: a tensor below the table's smallest message costs that message's
+    time (the measured latency floor, as the collectives' compose rule has it below the range), and a
+    ring longer than the largest measured inter-node group adds the measured latency per extra rank
+    (:func:`_ring_hop_latency`: NCCL broadcasts along a ring, one hop per rank), where busbw invariance
+    would keep the largest group's time. Without a table: the analytic time."""
+    n = np.asarray(group, dtype=float)
+    per_link = n / np.maximum(n - 1, 1)
+    floor = np.where(inter, _smallest_size(tb, layout, True), _smallest_size(tb, layout, False)) * per_link
+    g_hi, hop = _ring_hop_latency(tb)
+    longer = np.where(inter, np.maximum(n - g_hi, 0.0) * hop, 0.0)
+    total = np.zeros(rec.P)
+    for count, numel in tensors:
+        on = active & (count > 0)
+        if np.any(on):
+            size = np.maximum(numel * PARAM_BYTES_COMM * per_link, floor)
+            t = collective_time(tb, prof, rec, "dp_comm", "all_gather", group, size, inter, layout, on,
+                                small_analytic=True, rails=rails)
+            total += count * (t + np.where(on, longer, 0.0))
+    return total
+
+
+def _ring_hop_latency(tb) -> tuple[float, float]:
+    """(largest measured group, seconds per added rank) of the inter-node contiguous all-gather at its
+    smallest message: the growth of the latency floor between the two largest measured groups (about
+    11 us per rank from 16 to 32 ranks on the recorded B200 tables); (inf, 0) with fewer than two."""
+    tab = tb.collective("all_gather", "contiguous", True)
+    if tab is None or len(tab.groups) < 2:
+        return np.inf, 0.0
+    (g0, g1), (t0, t1) = tab.groups[-2:], (float(np.exp(lt[0])) for lt in tab.log_t[-2:])
+    return float(g1), max((t1 - t0) / (g1 - g0), 0.0)
+
+
+def _smallest_size(tb, layout: str, inter: bool) -> float:
+    """The smallest message (bytes) the all-gather tables of a regime measure (the strided regime falls
+    back to the contiguous one, as :func:`collective_time` does); 0 where none is measured."""
+    tab = tb.collective("all_gather", layout, inter) or tb.collective("all_gather", "contiguous", inter)
+    return float(min(s[0] for s in tab.sizes)) if tab is not None and len(tab.sizes) else 0.0
+
 
 def bias_sync_time(tb, prof, rec, g, lay):
     """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs

@@ -9,8 +9,8 @@ step, :func:`step_time`; the DP traffic, :mod:`comm`), the memory model and benc
   (30 bytes/param).
 * muon / scion: Megatron-Core's layer-wise distributed optimizer (``LayerWiseDistributedOptimizer``):
   each DP rank owns whole weight matrices, orthogonalises only those (5 Newton-Schulz iterations,
-  ~5 (4 m^2 n + 2 m^3) FLOPs for an m x n matrix, m <= n, at half the GEMM peak) and the owners'
-  parameters are gathered; DDP all-reduces the gradients. Momentum: 8 bytes/param of state with the
+  ~5 (4 m^2 n + 2 m^3) FLOPs for an m x n matrix, m <= n, at half the GEMM peak) and the owners
+  broadcast their parameters, one call per tensor (estimator/layerwise.py); DDP all-reduces the gradients. Momentum: 8 bytes/param of state with the
   master, 18 bytes/param moved by the step. Why sharded and not plain ``--optimizer muon``, which
   replicates the state and the step on every DP rank (and which the paper's estimator charges, 0.18-0.72
   s on the 5.4B sweep): its measured pp=1 ep=8 layout would then need ~19e9 local parameters x 14 bytes,
