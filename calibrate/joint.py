@@ -162,19 +162,23 @@ def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarr
 
 def estimator_t_pred(profile: str, db_url: str | None, groups, extrapolate: str = "compose"):
     """A ``t_pred`` for :func:`fit_joint`: ``groups`` = [(Spec, n_devices, [Layout])], the runs in that
-    order; the estimator at each parameter vector (its stored calibrations ignored: this is the fit)."""
+    order; the estimator at each parameter vector (its stored calibrations ignored: this is the fit).
+    The host scales change the estimator; eq:desync's coefficients only multiply its t_analytic
+    (:meth:`~scaleplan.estimator.model.Evaluation.t_iter_with`), so the runs are evaluated once per
+    pair of host scales and a step of the c's costs no evaluation."""
     from scaleplan.estimator import Estimator
     from scaleplan.estimator.model import ChiCoefficients
 
-    cache: dict[float, object] = {}
+    cache: dict[tuple[float, float], list] = {}
 
     def t_pred(p: dict[str, float]) -> np.ndarray:
         hs = (round(float(p["host_scale"]), 12), round(float(p.get("ep_host_scale", 1.0)), 12))
-        est = cache.get(hs)
-        if est is None:
-            est = cache[hs] = Estimator(profile, db_url, extrapolate, use_calibration=False, host_scale=hs[0],
-                                        ep_host_scale=hs[1])
-        est.model.chi_c = ChiCoefficients(p["c_a2a"], p["c_pp"], 0.0, None, p["c_level"])
-        return np.concatenate([[r.t_iter_s for r in est.estimate(spec, n, lays)] for spec, n, lays in groups])
+        evs = cache.get(hs)
+        if evs is None:
+            est = Estimator(profile, db_url, extrapolate, use_calibration=False, host_scale=hs[0],
+                            ep_host_scale=hs[1])
+            evs = cache[hs] = [est.evaluate(spec, n, lays) for spec, n, lays in groups]
+        c = ChiCoefficients(p["c_a2a"], p["c_pp"], 0.0, None, p["c_level"])
+        return np.concatenate([ev.t_iter_with(c) for ev in evs])
 
     return t_pred

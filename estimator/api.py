@@ -247,6 +247,18 @@ class Estimator:
                  mem_fraction: float = 1.0) -> list[EstimateResult]:
         """Evaluate explicit layouts (default: the spec's own); a plan needing more than ``mem_fraction`` of HBM
         is marked infeasible (reason "memory"). Raises OutOfRangeError or SpecError."""
+        ev = self.evaluate(spec, n_devices, layouts)
+        g, plans = geometry(spec.model), ev.plans
+        mem = self._memory(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
+                           spec.model.rotary_embeds)
+        cap = self.profile.hbm_bytes
+        return [self._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, mem_fraction)
+                for i in range(len(plans))]
+
+    def evaluate(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> Evaluation:
+        """The time model's per-plan arrays for explicit layouts (default: the spec's own), validated as
+        :meth:`estimate` validates them but without the memory model or result rows: what a fit of step
+        times reads (:func:`scaleplan.calibrate.joint.estimator_t_pred`). Raises OutOfRangeError or SpecError."""
         _check_positive(n_devices=n_devices, gbs=spec.data.gbs, seqlen=spec.data.seqlen)
         layouts = layouts or [spec.default_layout()]
         g = geometry(spec.model)
@@ -259,11 +271,7 @@ class Estimator:
                 i = bad[0]
                 raise OutOfRangeError(str(ev.oor.table[i]), str(ev.oor.axis[i]), float(ev.oor.value[i]),
                                       float(ev.oor.lo[i]), float(ev.oor.hi[i]))
-        mem = self._memory(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
-                           spec.model.rotary_embeds)
-        cap = self.profile.hbm_bytes
-        return [self._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, mem_fraction)
-                for i in range(len(plans))]
+        return ev
 
     def layouts(self, spec: Spec, n_devices: int, constraints: PlanConstraints = PlanConstraints(),
                 top: int | None = 10) -> LayoutsResult:

@@ -144,6 +144,13 @@ class Evaluation:
         """{term: seconds per iteration}, summing to t_analytic (:meth:`IterationTime.as_dict`)."""
         return self.time.as_dict()
 
+    def t_iter_with(self, c: ChiCoefficients) -> np.ndarray:
+        """Seconds per iteration of every plan under other eq:desync coefficients ``c``: chi multiplies
+        t_analytic and reads only the placement features kept here, so a fit of ``c`` needs no new
+        evaluation (the same arithmetic as :meth:`TimeModel.evaluate`'s own t_iter)."""
+        return chi_sys(c, self.t_a2a, self.t_analytic, self.ep_nodes, self.pp_nodes - 1,
+                       self.deep_pp_in_node) * self.t_analytic
+
 
 @dataclass
 class _Stages:

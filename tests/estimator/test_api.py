@@ -57,3 +57,18 @@ def test_calibration_id_must_belong_to_profile(sqlite_url):
 
     with pytest.raises(SpecError):
         Estimator("p6-b200.48xlarge", db_url=sqlite_url, calibration_id=12345)
+
+
+def test_evaluate_under_other_chi_coefficients_is_the_estimate_under_them(sqlite_url):
+    """Estimator.evaluate + Evaluation.t_iter_with(c) (the runtime fit's shortcut) gives the step time the
+    estimator reports with c stored as its chi_sys calibration, plan by plan."""
+    from scaleplan.estimator.desync import ChiCoefficients
+
+    spec = parse_spec(moe_spec(data={"seqlen": 8192, "gbs": 512}))
+    lays = [Layout(pp=8, ep=16, mbs=1), Layout(pp=2, ep=8, mbs=2), Layout(pp=1, ep=4, mbs=1)]
+    ev = Estimator("p6-b200.48xlarge", db_url=sqlite_url).evaluate(spec, 128, lays)
+    _add(sqlite_url, "chi_sys", 1, {"c_a2a": 0.5, "c_pp": 0.1, "c_ovl": -0.2, "c_level": 0.03})
+    calibrated = Estimator("p6-b200.48xlarge", db_url=sqlite_url).estimate(spec, 128, lays)
+    got = ev.t_iter_with(ChiCoefficients(c_a2a=0.5, c_pp=0.1, c_ovl=-0.2, c_level=0.03))
+    assert got == pytest.approx([r.t_iter_s for r in calibrated], rel=1e-12)
+    assert len(set(got / ev.t_analytic)) == 3  # the three plans have three different chi
