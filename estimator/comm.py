@@ -231,9 +231,10 @@ def _broadcast_loop(tb, prof, rec, tensors, group, inter, layout, active, rails)
 def _ring_hop_latency(tb) -> tuple[float, float]:
     """(largest measured group, seconds per added rank) of the inter-node contiguous all-gather at its
     smallest message: the growth of the latency floor between the two largest measured groups (about
-    11 us per rank from 16 to 32 ranks on the recorded B200 tables); (inf, 0) with fewer than two."""
-    tab = tb.collective("all_gather", "contiguous", True)
-    if tab is None or len(tab.groups) < 2:
+    11 us per rank from 16 to 32 ranks on the recorded B200 tables); (inf, 0) with fewer than two
+    (or none measured: a recording view)."""
+    tab = _gather_table(tb, "contiguous", True)
+    if tab is None or len(tab.groups) < 2 or not hasattr(tab, "log_t"):
         return np.inf, 0.0
     (g0, g1), (t0, t1) = tab.groups[-2:], (float(np.exp(lt[0])) for lt in tab.log_t[-2:])
     return float(g1), max((t1 - t0) / (g1 - g0), 0.0)
@@ -242,8 +243,15 @@ def _ring_hop_latency(tb) -> tuple[float, float]:
 def _smallest_size(tb, layout: str, inter: bool) -> float:
     """The smallest message (bytes) the all-gather tables of a regime measure (the strided regime falls
     back to the contiguous one, as :func:`collective_time` does); 0 where none is measured."""
-    tab = tb.collective("all_gather", layout, inter) or tb.collective("all_gather", "contiguous", inter)
-    return float(min(s[0] for s in tab.sizes)) if tab is not None and len(tab.sizes) else 0.0
+    tab = _gather_table(tb, layout, inter) or _gather_table(tb, "contiguous", inter)
+    sizes = getattr(tab, "sizes", None)  # a recording view's table has none: the sizes asked are recorded
+    return float(min(s[0] for s in sizes)) if sizes else 0.0
+
+
+def _gather_table(tb, layout: str, inter: bool):
+    """The all-gather table of a regime, or None, read without a request (a recording view,
+    :class:`~scaleplan.estimator.recording.RecordingTables`, lists only the lookups collective_time makes)."""
+    return getattr(tb, "collectives", {}).get(("all_gather", layout, bool(inter)))
 
 
 def bias_sync_time(tb, prof, rec, g, lay):
