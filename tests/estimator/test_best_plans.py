@@ -82,3 +82,21 @@ def test_batched_best_is_the_full_rankings_first(est):
             assert math.isclose(got, float(want), rel_tol=1e-12), (i, name, got, want)
         for k, v in res.breakdown_s.items():
             assert math.isclose(v, float(ev.components[k][top]), rel_tol=1e-12, abs_tol=0.0), (i, k)
+
+
+def test_first_max_per_group_is_what_a_stable_sort_puts_first():
+    """The head of each geometry's plans: the first of highest MFU, as a stable sort by (geometry, -MFU)
+    orders them; ties, a -0.0 against a 0.0 and NaN (a group of NaN alone gives its first) included."""
+    from scaleplan.estimator.api import _first_max_per_group
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(0, 40))
+        group = np.sort(rng.integers(0, 6, n))
+        value = rng.choice([0.1, 0.2, 0.3, np.nan, 0.5, -0.0, 0.0], n)
+        where = np.arange(n) * 3 + 1
+        order = np.lexsort((-value, group))
+        heads = where[order][np.r_[True, group[order][1:] != group[order][:-1]]] if n else where[:0]
+        assert _first_max_per_group(value, group, where).tolist() == heads.tolist()
+    assert _first_max_per_group(np.array([np.nan, np.nan, 0.2, np.nan, 0.7, 0.7]), np.array([0, 0, 1, 1, 1, 1]),
+                                np.arange(6)).tolist() == [0, 4]
