@@ -24,7 +24,7 @@ import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.layerwise import stage_tensors
-from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.optimizer import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_collectives, optimizer  # noqa: F401
 from scaleplan.estimator.params import dp_stages, stage_params  # noqa: F401  (dp_stages: re-exported)
 from scaleplan.estimator.recorder import Recorder, _arr, distinct
@@ -143,7 +143,7 @@ def _multi_rail(tb, prof, rec, comp, coll, n, size, inter, active, per_node, sma
                          per_node, small_analytic)
     return np.where(multi, np.maximum(t1 / m, tc), t1)
 
-def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw"):
+def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw", degrees=None):
     """Exposed data-parallel traffic per iteration (seconds, shape (P,)): the most any pipeline
     stage leaves exposed (:func:`dp_stages`); groups and buckets: :func:`dp_buckets`; each
     collective's time: :func:`collective_time` on ``tb`` and ``prof``.
@@ -164,11 +164,13 @@ def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw"):
     own passes leave (at least its last bucket) runs on while
     the earlier stages drain, and a ZeRO-1 gather's remainder while they fill the next step
     (:func:`dp_stages`); the step waits for the stage that leaves the most.
+    ``degrees``: the plans' distinct (geometry, TP, CP, PP, DP, EP, ETP) as
+    :func:`~scaleplan.estimator.layout.degree_groups` gives them, when the caller has them.
     """
     # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
     # for the k stages at once (k U elements); the overlap windows are per plan
     P, gpn, serial = len(lay), prof.gpus_per_node, bool(getattr(prof, "serial_dispatch", False))
-    first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
+    first, inv = degrees if degrees is not None else degree_groups(g, lay)
     stages = dp_stages(lay.pp[first])
     k, U = len(stages), len(first)
     idx = np.arange(k)[:, None] * U + inv[None, :]  # (k, P): plan p's stage-j element
@@ -254,14 +256,17 @@ def _gather_table(tb, layout: str, inter: bool):
     return getattr(tb, "collectives", {}).get(("all_gather", layout, bool(inter)))
 
 
-def bias_sync_time(tb, prof, rec, g, lay):
+def bias_sync_time(tb, prof, rec, g, lay, degrees=None):
     """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs
     between the backward and the optimizer step. A few kB: below a GPU table's measured sizes this
     is the analytic latency-bound ring time (labelled analytic). Seconds, shape (P,).
 
     It depends on the geometry and (TP, CP, PP, DP) alone (a few per geometry against thousands of
-    plans): each distinct tuple is evaluated once and handed to its plans (:meth:`Recorder.fold`)."""
-    first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp)
+    plans): each distinct tuple is evaluated once and handed to its plans (:meth:`Recorder.fold`); found
+    among ``degrees`` (:func:`~scaleplan.estimator.layout.degree_groups`, finer) when the caller has them."""
+    first, inv = degrees if degrees is not None else degree_groups(g, lay)
+    f2, i2 = distinct(*(c[first] for c in (*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp)))
+    first, inv = first[f2], i2[inv]
     sub = Recorder(len(first), rec.mode)
     g1, lay1 = g.take(first), lay.take(first)
     n_layers, group, inter, size = bias_sync(g1, lay1, prof.gpus_per_node)

@@ -210,6 +210,13 @@ MODEL_PARALLEL: tuple[str, ...] = ("tp", "cp", "pp")  # one model replica; DP is
 assert FIELDS == tuple(Layout.model_fields), "ParallelLayout's columns are specs.Layout's fields, in order"
 
 
+def degree_groups(g: Geometry, lay: ParallelLayout) -> tuple[np.ndarray, np.ndarray]:
+    """(first, inv) of :func:`~scaleplan.estimator.recorder.distinct` over the plans' (geometry, TP, CP,
+    PP, DP, EP, ETP): all the DP traffic, the optimizer step and the model state depend on. An evaluation
+    groups its plans so once and hands the grouping to each of them."""
+    return distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
+
+
 def layout_text(row: dict) -> str:
     """One plan's fields (a :meth:`ParallelLayout.row` dict, fields it lacks left out) as one line:
     ``tp=1 cp=1 pp=2 dp=16 ep=8 etp=1 vpp=1 mbs=1 full``."""

@@ -96,7 +96,7 @@ from scaleplan.estimator.exchanges import critical_exchanges
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.iteration import TERMS, IterationTime, layer_terms
 from scaleplan.estimator.kernels import KernelModel, LayerKernels
-from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.optimizer import optimizer as optimizer_spec
 from scaleplan.estimator.optimizer import slowest_step
 from scaleplan.estimator.pipeline import (  # noqa: F401
@@ -220,7 +220,8 @@ class TimeModel(KernelModel):
         k = self.layer_kernels(tb, g, lay, seqlen, rec)
         s = self._stages(tb, g, k, lay, rec)
         t_disp, t_step_host, st = self._pipeline_terms(tb, g, k, s, lay, seqlen, rec)
-        t_dp, t_opt = self._dp_and_optimizer(tb, rec, g, lay, k, s, t_disp, t_step_host, optimizer)
+        deg = degree_groups(g, lay)  # shared by the DP traffic, the optimizer step and the bias all-reduce
+        t_dp, t_opt = self._dp_and_optimizer(tb, rec, g, lay, k, s, t_disp, t_step_host, optimizer, deg)
         vpp = np.asarray(lay.vpp, dtype=float)
         it = IterationTime(
             **layer_terms(k, s.fw, n_mb, s.L_stage, s.n_m, ckc, g.is_moe),
@@ -228,7 +229,7 @@ class TimeModel(KernelModel):
             bubble=st.ramp_disp / vpp,
             vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
             pp_p2p=self._pp_p2p(rec, g, k, lay, n_mb), dp_comm=t_dp,
-            bias_sync=bias_sync_time(tb, self.prof, rec, g, lay), optimizer=t_opt)
+            bias_sync=bias_sync_time(tb, self.prof, rec, g, lay, deg), optimizer=t_opt)
         if not self.serial:
             rec.mark("dispatch_floor", 0)
         rec.mark("bubble", rec.src.get("dispatch_floor", 0))
@@ -347,8 +348,10 @@ class TimeModel(KernelModel):
         return np.where(pp > 1, n_x * t_p2p, 0.0)
 
     def _dp_and_optimizer(self, tb, rec: Recorder, g: Geometry, lay: ParallelLayout, k: LayerKernels, s: _Stages,
-                          t_disp: np.ndarray, t_step_host: np.ndarray, optimizer: str) -> tuple[np.ndarray, np.ndarray]:
-        """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration."""
+                          t_disp: np.ndarray, t_step_host: np.ndarray, optimizer: str,
+                          deg: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration;
+        ``deg``: the plans' :func:`~scaleplan.estimator.layout.degree_groups`."""
         ckc = lay.ckpt
         moe = g.is_moe
         L_stage = s.L_stage
@@ -362,10 +365,10 @@ class TimeModel(KernelModel):
         share_f = 1.0 / kernel_units(ckc)
         w_bwd = np.maximum(L_stage * (s.common_b + k.moe_b + k.sh_b if moe else s.den_lb), (1 - share_f) * t_disp)
         w_fwd = np.maximum(L_stage * (s.common_f + k.moe_f + k.sh_f if moe else s.den_lf), share_f * t_disp)
-        t_dp = dp_comm_time(tb, self.prof, rec, g, lay, w_fwd, w_bwd, optimizer)
+        t_dp = dp_comm_time(tb, self.prof, rec, g, lay, w_fwd, w_bwd, optimizer, deg)
         peak, hbm = self.prof.peak(g.precision), self.prof.hbm_bandwidth
         rec.mark("optimizer", ANALYTIC)
-        t_opt = self.kernel_scale * slowest_step(optimizer_spec(optimizer), g, lay, peak, hbm)
+        t_opt = self.kernel_scale * slowest_step(optimizer_spec(optimizer), g, lay, peak, hbm, deg)
         # a CPU runs the step's ops on the host: they add; a GPU's host issues them while the device
         # runs the earlier ones: the slower of the two
         t_opt = t_opt + t_step_host if self.serial else np.maximum(t_opt, t_step_host)

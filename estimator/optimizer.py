@@ -100,13 +100,16 @@ def step_time(opt: Optimizer, g: Geometry, lay: ParallelLayout, p: StageParams, 
     return t
 
 
-def slowest_step(opt: Optimizer, g: Geometry, lay: ParallelLayout, peak: float, hbm: float) -> np.ndarray:
+def slowest_step(opt: Optimizer, g: Geometry, lay: ParallelLayout, peak: float, hbm: float,
+                 degrees: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """The optimizer step of the stage whose own parameters take longest (seconds, arrays over plans):
     every stage steps its own shard once its gradients are reduced, and the step ends with the last.
     The stages considered are :func:`params.dp_stages`' (first, first middle, last), which hold every
     distinct parameter set a stage can have. Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP),
-    all it depends on (plans differing in B_micro, VPP or checkpointing share it)."""
-    first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
+    all it depends on (plans differing in B_micro, VPP or checkpointing share it); ``degrees``: that
+    grouping when the caller has it (:func:`~scaleplan.estimator.layout.degree_groups`)."""
+    first, inv = degrees if degrees is not None else distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp,
+                                                              lay.ep, lay.etp)
     g, lay = g.take(first), lay.take(first)
     t = np.zeros(len(lay))
     for present, s in dp_stages(lay.pp):

@@ -171,8 +171,9 @@ def _codes(c: np.ndarray, bound: int | None = None) -> tuple[np.ndarray, int]:
         if hi < max(_DENSE_CODES, bound or 0) and int(c.min()) >= 0:
             seen = np.zeros(hi + 1, dtype=bool)
             seen[c] = True
-            rank = np.cumsum(seen, dtype=np.int32) - 1
-            return rank[c].astype(np.int64), int(rank[-1]) + 1
+            rank = np.cumsum(seen, dtype=np.int64)
+            rank -= 1
+            return rank[c], int(rank[-1]) + 1
     u, ci = np.unique(c, return_inverse=True)
     return ci.reshape(-1), len(u)
 
