@@ -236,32 +236,35 @@ class LayoutContext:
 @dataclass(frozen=True)
 class Rule:
     """One structural rule: ``name`` counts the plans it refuses, ``field`` and ``allowed`` (a format
-    string over the plan's fields and the context's facts) make the one-line error."""
+    string over the plan's fields and the context's facts) make the one-line error. ``geometric``:
+    the check reads the model (``ctx.g``); :func:`enumerate_grid` runs the others once per grid."""
 
     name: str
     field: str
     allowed: str
     check: Callable[[ParallelLayout, LayoutContext], np.ndarray]
+    geometric: bool = True
 
 
 RULES: list[Rule] = []  # in the order a plan's first failing rule is reported
 
 
-def rule(name: str, field: str, allowed: str):
+def rule(name: str, field: str, allowed: str, geometric: bool = True):
     """Register a validity rule (a function (layout, context) -> bool array, True where valid):
-    adding a rule is one decorated function."""
+    adding a rule is one decorated function. ``geometric=False`` only for a check that never reads
+    ``ctx.g`` (the model): enumeration then runs it once for every model searched on the grid."""
     def deco(check):
-        RULES.append(Rule(name, field, allowed, check))
+        RULES.append(Rule(name, field, allowed, check, geometric))
         return check
     return deco
 
 
-@rule("mesh_not_dividing_devices", "mesh", "tp*cp*pp*dp must equal --devices {n_devices}")
+@rule("mesh_not_dividing_devices", "mesh", "tp*cp*pp*dp must equal --devices {n_devices}", geometric=False)
 def _mesh(lo, c):
     return lo.n_devices == c.n_devices
 
 
-@rule("ep_not_dividing_dp", "ep", "must divide dp={dp} (eq:mesh-moe)")
+@rule("ep_not_dividing_dp", "ep", "must divide dp={dp} (eq:mesh-moe)", geometric=False)
 def _ep_in_dp(lo, c):
     return lo.dp % lo.ep == 0
 
@@ -271,7 +274,7 @@ def _experts(lo, c):
     return (c.g.E % lo.ep == 0) if c.g.is_moe else lo.ep == 1
 
 
-@rule("gbs_not_divisible", "mbs", "dp*mbs must divide gbs={gbs} (integral n_mb)")
+@rule("gbs_not_divisible", "mbs", "dp*mbs must divide gbs={gbs} (integral n_mb)", geometric=False)
 def _gbs(lo, c):
     return c.gbs % (lo.dp * lo.mbs) == 0
 
@@ -281,7 +284,7 @@ def _layers(lo, c):
     return c.g.L % lo.virtual_stages == 0
 
 
-@rule("vpp_needs_pp", "vpp", "interleaving needs pp > 1")
+@rule("vpp_needs_pp", "vpp", "interleaving needs pp > 1", geometric=False)
 def _vpp(lo, c):
     return (lo.vpp == 1) | (lo.pp > 1)
 
@@ -303,7 +306,7 @@ def _etp(lo, c):
 
 
 # Megatron's load-balanced causal CP cuts the sequence into 2 CP chunks
-@rule("cp_not_dividing_seq", "cp", "2*cp must divide seqlen={seqlen}")
+@rule("cp_not_dividing_seq", "cp", "2*cp must divide seqlen={seqlen}", geometric=False)
 def _cp(lo, c):
     return True if c.seqlen is None else (lo.cp == 1) | (c.seqlen % (2 * lo.cp) == 0)
 
@@ -312,25 +315,52 @@ def enumerate_grid(axes: dict[str, Iterable[int]], ctx: LayoutContext) -> tuple[
     """Every combination of the candidate values ``axes`` (keys: the fields but dp; ckpt by code), DP
     derived as N / (TP CP PP) -> (the valid plans, counts of the others by their first failing rule,
     the number of combinations). The mesh rule runs first on the (TP, CP, PP) product alone, so the
-    full product stays small."""
-    names = [f for f in FIELDS if f != "dp"]
-    ax = [np.asarray(list(axes[f]), dtype=np.int64) for f in names]
-    total = int(np.prod([len(a) for a in ax]))
-    if total == 0:
-        return ParallelLayout(*(np.zeros(0, dtype=np.int64) for _ in FIELDS)), {}, 0
-    t3 = np.stack(np.meshgrid(*ax[:3], indexing="ij"), -1).reshape(-1, 3)
-    mesh_ok = ctx.n_devices % t3.prod(axis=1) == 0
-    counts: dict[str, int] = {}
-    n_bad_mesh = int((~mesh_ok).sum()) * (total // max(len(t3), 1))
-    if n_bad_mesh:
-        counts[RULES[0].name] = n_bad_mesh
-    t3 = t3[mesh_ok]
-    rest = np.stack(np.meshgrid(*ax[3:], indexing="ij"), -1).reshape(-1, len(ax) - 3)
-    grid = np.concatenate([np.repeat(t3, len(rest), axis=0), np.tile(rest, (len(t3), 1))], axis=1)
-    tp, cp, pp = grid[:, 0], grid[:, 1], grid[:, 2]
-    lay = ParallelLayout(tp, cp, pp, ctx.n_devices // (tp * cp * pp), *grid[:, 3:].T)
-    why = lay.rule_codes(ctx)
+    full product stays small; the rules that do not read the model run once per grid and run
+    (:func:`_grid`, shared by every model searched on it), the others per call."""
+    ax = tuple(tuple(int(v) for v in axes[f]) for f in FIELDS if f != "dp")
+    lay, free, counts, total = _grid(ax, ctx)
+    geo = np.zeros(len(lay), dtype=np.int8)  # the first geometric rule each plan breaks (code i + 1)
+    for i, r in enumerate(RULES):
+        if r.geometric:
+            ok = np.broadcast_to(np.asarray(r.check(lay, ctx), dtype=bool), geo.shape)
+            geo[~ok & (geo == 0)] = i + 1
+    why = np.minimum(np.where(free == 0, 127, free), np.where(geo == 0, 127, geo)) % 127  # the first of either
+    counts = dict(counts)
     for r, n in zip(RULES[1:], np.bincount(why, minlength=len(RULES) + 1)[2:]):
         if n:
             counts[r.name] = int(n)
     return lay.take(np.nonzero(why == 0)[0]), counts, total
+
+
+_GRIDS: dict = {}  # _grid's memo
+
+
+def _grid(ax: tuple[tuple[int, ...], ...], ctx: LayoutContext) -> tuple[ParallelLayout, np.ndarray, dict[str, int], int]:
+    """The combinations of the axis values ``ax`` (the fields but dp, in order) that pass the mesh rule
+    (read-only), the code of the first other rule of :data:`RULES` that does not read the model each
+    breaks (int8, 0: none), the mesh rule's count and the number of combinations; memoised per
+    (ax, devices, gbs, seqlen, RULES)."""
+    key = (ax, ctx.n_devices, ctx.gbs, ctx.seqlen, tuple(RULES))
+    hit = _GRIDS.get(key)
+    if hit is not None:
+        return hit
+    arr = [np.asarray(a, dtype=np.int64) for a in ax]
+    total = int(np.prod([len(a) for a in arr]))
+    t3 = np.stack(np.meshgrid(*arr[:3], indexing="ij"), -1).reshape(-1, 3)
+    mesh_ok = ctx.n_devices % t3.prod(axis=1) == 0
+    n_bad_mesh = int((~mesh_ok).sum()) * (total // max(len(t3), 1))
+    t3 = t3[mesh_ok]
+    rest = np.stack(np.meshgrid(*arr[3:], indexing="ij"), -1).reshape(-1, len(arr) - 3)
+    grid = np.concatenate([np.repeat(t3, len(rest), axis=0), np.tile(rest, (len(t3), 1))], axis=1)
+    tp, cp, pp = grid[:, 0], grid[:, 1], grid[:, 2]
+    lay = ParallelLayout(tp, cp, pp, ctx.n_devices // (tp * cp * pp), *grid[:, 3:].T).readonly()
+    free = np.zeros(len(lay), dtype=np.int8)
+    for i, r in enumerate(RULES[1:], start=1):
+        if not r.geometric:
+            ok = np.broadcast_to(np.asarray(r.check(lay, ctx), dtype=bool), free.shape)
+            free[~ok & (free == 0)] = i + 1
+    free.flags.writeable = False
+    if len(_GRIDS) >= 64:
+        _GRIDS.clear()
+    hit = _GRIDS[key] = (lay, free, {RULES[0].name: n_bad_mesh} if n_bad_mesh else {}, total)
+    return hit

@@ -73,6 +73,30 @@ def test_enumeration_counts_every_combination_once():
     assert set(valid.mbs.tolist()) == {1} and (valid.reasons(_ctx()) == None).all()  # noqa: E711
 
 
+def test_enumeration_is_every_rule_on_every_combination():
+    """The rules that do not read the model run once per grid (shared by the models searched on it): the
+    plans and the counts are those of every rule run on every combination, for models of other layer,
+    head, expert and width counts on one grid, and for an empty axis."""
+    from scaleplan.geometry import ladder_model
+
+    axes = {"tp": [1, 2, 4, 8], "cp": [1, 2, 4], "pp": [1, 2, 3, 4, 8], "ep": [1, 2, 4, 8, 16], "etp": [1, 2],
+            "vpp": [1, 2], "mbs": [1, 2, 4], "ckpt": [0, 3]}
+    for model in (ladder_model(8, 16, 1, 1), ladder_model(12, 32, 2, 4), ladder_model(10, 6, 2, 2)):
+        ctx = LayoutContext(geometry(model), 64, 256, 8192)
+        names = [f for f in ParallelLayout.__dataclass_fields__ if f != "dp"]
+        grid = np.stack(np.meshgrid(*(axes[f] for f in names), indexing="ij"), -1).reshape(-1, len(names))
+        mp = grid[:, 0] * grid[:, 1] * grid[:, 2]
+        every = ParallelLayout(grid[:, 0], grid[:, 1], grid[:, 2], np.where(64 % mp == 0, 64 // mp, 1), *grid[:, 3:].T)
+        why = every.reasons(ctx)
+        valid, counts, total = enumerate_grid(axes, ctx)
+        assert total == len(grid) and len(valid) == (why == None).sum() > 0  # noqa: E711
+        assert counts == {r.name: int((why == r.name).sum()) for r in RULES if (why == r.name).any()}
+        ok = every.take(np.nonzero(why == None)[0])  # noqa: E711
+        assert all(np.array_equal(getattr(valid, f), getattr(ok, f)) for f in ParallelLayout.__dataclass_fields__)
+    empty, counts, total = enumerate_grid({**axes, "ep": []}, ctx)
+    assert (len(empty), counts, total) == (0, {}, 0)
+
+
 def test_placement_follows_megatron_rank_order():
     gpn = 8
     # TP is contiguous: it leaves a node only beyond 8
