@@ -208,7 +208,10 @@ def _broadcast_loop(tb, prof, rec, tensors, group, inter, layout, active, rails)
     """Seconds (shape (rec.P,)) of the layer-wise optimizer's parameter broadcasts over ``group``: one call
     per tensor of ``tensors`` ([(count, elements)], :func:`layerwise.stage_tensors`), bf16, each read
     from the all-gather table at the size that puts the same bytes on every link of the ring
-    (S n / (n - 1) for a broadcast of S bytes). Most of these calls are latency-bound, so two rules of
+    (S n / (n - 1) for a broadcast of S bytes). The calls are synchronous (``async_op`` False): each makes
+    the current stream wait for it and the next starts after the current stream, so the dense group's
+    and the expert group's loops add, though they run on two communicators' streams (the caller sums
+    them). Most of these calls are latency-bound, so two rules of
     the bandwidth-bound lookup change: a tensor below the table's smallest message costs that message's
     time (the measured latency floor, as the collectives' compose rule has it below the range), and a
     ring longer than the largest measured inter-node group adds the measured latency per extra rank
