@@ -99,9 +99,8 @@ SDPA_BACKENDS = ("te", "flash", "cudnn", "efficient", "math", "pt")
 class LookupResult:
     """Per-element result of a table lookup.
 
-    t: seconds (array); code: source code per element (MEASURED..CLAMPED);
-    oor_axis: index into ``axes`` of the first out-of-range axis per element, -1 when in range;
-    oor_value / lo / hi: the requested value and measured range of that axis (for the message).
+    t: seconds; code: source per element (MEASURED..CLAMPED); oor_axis: the index into ``axes`` of the
+    first out-of-range axis per element (-1: in range); oor_value / lo / hi: its value asked and range.
     """
 
     table: str
@@ -126,10 +125,9 @@ def _readonly(a) -> np.ndarray:
     return a
 
 
-#: lookups of this many points or more interpolate each distinct point once (the batched search repeats
-#: a point ~100 times: every plan of the same shape); per-point results are elementwise: same numbers.
-#: From a few thousand points hashing them costs less than interpolating them all: the distinct kernel
-#: tuples of a 2-worker batch (~40K, 137 geometries) and of smaller batches are deduplicated too
+#: lookups of this many points or more interpolate each distinct point once (a batched search repeats a
+#: point ~100 times: every plan of one shape; elementwise, so the same numbers). From a few thousand
+#: points hashing costs less than interpolating all (a 2-worker batch: ~40K distinct kernel tuples)
 _DISTINCT_MIN = 2_000
 
 
