@@ -94,6 +94,7 @@ def _build_grouped_dtype(out: dict, df: pd.DataFrame) -> None:
     rules = compose.grouped_rules({k: tuple(v[c].to_numpy(float) for c in cols) for k, v in built.items()})
     for key, tot in built.items():
         grid, vals = fill_grid(tot, ["num_gemms", "tokens_per_expert"], "t")
+        vals = compose.undominated_grid(vals.reshape(len(grid[0]), len(grid[1]))).reshape(-1)
         out[key] = GridTable(f"grouped_gemm[{key[1]}x{key[2]}]", ("num_gemms", "tokens_per_expert"), grid, vals,
                              ceiling=rules[key][0], floor=rules[key][1])
 
