@@ -265,7 +265,7 @@ class GridTable:
             elif not upper and self.floor is not None and i == self.floor.axis:
                 at_edge = list(cs)
                 at_edge[i] = np.full(np.shape(cs[i]), self.lo[i])
-                t_comp = self.floor.below(cs, at_edge, t_comp, t_comp, mask)
+                t_comp = self.floor.below(cs, at_edge, t_comp, t_comp, mask, self)
         return t_comp
 
     def _owned(self, i: int, upper: bool) -> bool:
