@@ -19,7 +19,9 @@ errors are in benchmarks/compose_accuracy.py):
   m n at the device's best measured bandwidth BW after its fastest kernel time t_min (alpha-beta
   in bytes), or the FLOPs W = 2 m n k at the edge's own throughput R_edge (throughput only falls
   as m shrinks). The affine rule ran the edge's compute slope down into the memory-bound regime
-  (hold-out m < 1024: 51%).
+  (hold-out m < 1024: 51%). Where the transposed problem (n, m', k) lies inside the table it is read
+  instead (:func:`transposed_time`).
+* grouped GEMM grids are undominated first (:func:`undominated_grid`): a disturbed point is no edge.
 
 Every quantity is read off the measured table itself (no fitted coefficient).
 """
