@@ -99,14 +99,16 @@ def sdpa(frames, peak: float, cut: float = 8192, below: bool = False) -> Holdout
 
 
 def collectives(frames, peak: float, frac: float = 0.25) -> Holdout:
-    """Every collective curve with its sizes above ``frac`` x its largest size hidden."""
+    """Every collective curve with its sizes above ``frac`` x its largest size hidden; the table is rebuilt
+    from what is left of every curve (a regime's rule reads its other group sizes: compose.collective_tail)."""
     df = frames["collectives"]
+    keys = ["collective", "layout", "inter_node", "group_size"]
+    cut = frac * df.groupby(keys)["size_bytes"].transform("max")
+    tb = _rebuilt(frames, "collectives", df[df["size_bytes"] <= cut], peak)
     pred, meas = [], []
-    for (coll, lay, inter, n), g in df.groupby(["collective", "layout", "inter_node", "group_size"]):
-        cut = frac * g["size_bytes"].max()
-        tb = _rebuilt(frames, "collectives", g[g["size_bytes"] <= cut], peak)
+    for (coll, lay, inter, n), g in df[df["size_bytes"] > cut].groupby(keys):
         tab = tb.collectives.get((str(coll), str(lay), bool(inter)))
-        hid = g[g["size_bytes"] > cut].groupby("size_bytes")["t_s"].median()
+        hid = g.groupby("size_bytes")["t_s"].median()
         if tab is None or hid.empty:
             continue
         pred.extend(tab.composed(np.full(len(hid), float(n)), hid.index.to_numpy(float)).tolist())

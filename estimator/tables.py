@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from scaleplan.estimator.compose import collective_tail
 from scaleplan.lazy import lazy_module
 
 pd = lazy_module("pandas")  # only building tables needs it: cached tables are read without pandas
@@ -66,9 +67,9 @@ COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {
                           "marginal throughput"),
     "elementwise": ((1.0, 1.0), "element-wise: affine in bytes (tokens x hidden) at the last measured "
                                 "interval's marginal bandwidth"),
-    "collectives": ((1.0,), "collective: beyond the largest measured message alpha-beta, the last measured "
-                            "interval's time per byte added to the edge time (never more per byte than the "
-                            "edge's average); below the smallest, its latency-bound time"),
+    "collectives": ((1.0,), "collective: beyond the largest measured message alpha-beta, the time per byte of "
+                            "the last three messages (at most the regime's saturated bus bandwidth) added to the "
+                            "edge time (compose.collective_tail); below the smallest, its latency-bound time"),
 }
 
 
@@ -348,7 +349,13 @@ class CollectiveTable:
     groups: np.ndarray
     sizes: list[np.ndarray]
     log_t: list[np.ndarray]
+    tail: object = None  # compose.CollectiveTail beyond each curve's largest message (built from the curves)
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.tail is None:
+            self.tail = collective_tail(self.name.split(".")[-1], self.groups, self.sizes,
+                                        [np.exp(x) for x in self.log_t])
 
     def time(self, group: np.ndarray, size: np.ndarray):
         """(seconds, size lo, size hi, exact) per element; memoised like :meth:`GridTable.lookup`."""
@@ -371,34 +378,29 @@ class CollectiveTable:
         return tuple(x[inv].reshape(g.shape) for x in self._time(g.reshape(-1)[rep], s.reshape(-1)[rep]))
 
     def composed(self, group: np.ndarray, size: np.ndarray) -> np.ndarray:
-        """Seconds with the COMPOSE_RULES["collectives"] rule outside the measured sizes. Beyond the
-        largest message ``hi``: alpha-beta, t(hi) + beta (size - hi), beta the time per byte over the
-        last measured interval (the marginal bus bandwidth, which the edge's average understates while
-        the latency still weighs), bounded to [0, t(hi) / hi]. Below the smallest: its (latency-bound)
-        time. On the recorded B200 curves this beats constant bus bandwidth on every hold-out
-        (benchmarks/compose_accuracy.py)."""
+        """Seconds with the COMPOSE_RULES["collectives"] rule outside the measured sizes: beyond a curve's
+        largest message its ``tail`` (alpha-beta, compose.collective_tail), the curves blended in log group
+        as :meth:`time` does; below the smallest, its (latency-bound) time."""
         size = np.asarray(size, dtype=float)
         t, _, hi, _ = self.time(group, size)
-        above = size > hi
+        above = size > hi * (1 + 1e-9)
         if not above.any():
             return t
-        prev = self._prev_size(group, hi)
-        return np.where(above, t * affine_growth(t, self.time(group, prev)[0], hi, prev, size), t)
-
-    def _prev_size(self, group: np.ndarray, hi: np.ndarray) -> np.ndarray:
-        """The measured message size below ``hi`` on the curve of the group nearest ``group`` (log)."""
-        g = np.clip(np.asarray(group, dtype=float), self.groups[0], self.groups[-1])
-        j = np.abs(np.log(g)[..., None] - np.log(self.groups)).argmin(axis=-1)
-        j, hi = np.broadcast_arrays(j, hi)
-        out = np.empty(hi.shape)
-        for gi in np.unique(j):
-            s = self.sizes[gi]
-            m = j == gi
-            k = np.clip(np.searchsorted(s, hi[m] * (1 - 1e-9)) - 1, 0, len(s) - 1)
-            out[m] = np.where(s[k] < hi[m], s[k], hi[m] / 2)
+        g = np.broadcast_to(np.asarray(group, dtype=float), above.shape)
+        out = np.array(t, dtype=float)
+        out[above] = self._time(g[above], size[above], tail=True)[0]
         return out
 
-    def _time(self, group: np.ndarray, size: np.ndarray):
+    def _curve(self, gi: int, ls: np.ndarray, tail: bool) -> np.ndarray:
+        """log seconds on curve ``gi`` at log sizes ``ls``: interpolated, clamped at its ends, or (``tail``)
+        beyond its largest message its tail."""
+        xs = np.log(self.sizes[gi])
+        lt = np.interp(ls, xs, self.log_t[gi])
+        if tail:
+            lt = np.where(ls > xs[-1], np.log(self.tail.time(gi, np.exp(ls))), lt)
+        return lt
+
+    def _time(self, group: np.ndarray, size: np.ndarray, tail: bool = False):
         g = np.clip(group, self.groups[0], self.groups[-1])
         lg = np.log(g)
         lgr = np.log(self.groups)
@@ -410,10 +412,8 @@ class CollectiveTable:
         t1 = np.empty(gb.shape)
         t2 = np.empty(gb.shape)
         for gi in np.unique(np.concatenate([jb.ravel(), j2b.ravel()])):
-            xs, ys = np.log(self.sizes[gi]), self.log_t[gi]
             m1, m2 = jb == gi, j2b == gi
-            t1[m1] = np.interp(lsb[m1], xs, ys)
-            t2[m2] = np.interp(lsb[m2], xs, ys)
+            t1[m1], t2[m2] = self._curve(gi, lsb[m1], tail), self._curve(gi, lsb[m2], tail)
         out = np.exp((1 - wb) * t1 + wb * t2)
         mins = np.array([s.min() for s in self.sizes])
         maxs = np.array([s.max() for s in self.sizes])
