@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scaleplan.estimator.compose import collective_tail
+from scaleplan.estimator.lookup_points import DISTINCT_MIN, distinct_points, memoised
 from scaleplan.lazy import lazy_module
 
 pd = lazy_module("pandas")  # only building tables needs it: cached tables are read without pandas
@@ -116,32 +117,12 @@ class LookupResult:
 
 
 _RESULT_ARRAYS = ("t", "code", "oor_axis", "oor_value", "lo", "hi", "t_composed")
-# memoised lookups per table (cleared when full; a cache entry is a few small arrays)
-_CACHE_MAX = 20000
 
 
 def _readonly(a) -> np.ndarray:
     a = np.array(a)  # an owned copy
     a.flags.writeable = False
     return a
-
-
-#: lookups of this many points or more interpolate each distinct point once (a batched search repeats a
-#: point ~100 times: every plan of one shape; elementwise, so the same numbers). From a few thousand
-#: points hashing costs less than interpolating all (a 2-worker batch: ~40K distinct kernel tuples)
-_DISTINCT_MIN = 2_000
-
-
-def _distinct_points(cs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
-    """(a flat index per distinct tuple, each element's tuple) of the broadcast coordinates ``cs``, hashed
-    (pandas.factorize: no sort; NaN is one value); None when under half the points repeat."""
-    code = 0
-    for c in cs:
-        ci, u = pd.factorize(c.reshape(-1), use_na_sentinel=False)
-        code = pd.factorize(code * len(u) + ci)[0]
-    rep = np.empty(int(code.max()) + 1, dtype=np.int64)
-    rep[code] = np.arange(len(code))
-    return (rep, code) if 2 * len(rep) <= len(code) else None
 
 
 def _frozen(res: LookupResult) -> LookupResult:
@@ -209,23 +190,17 @@ class GridTable:
     def lookup(self, *coords) -> LookupResult:
         """Interpolated times at ``coords`` (one array per axis, broadcast together).
 
-        Results are memoised per distinct request (the plan search asks for the same points many
-        times: e.g. the attention GEMMs of one seed q recur for every (E, K, G)); the cached arrays
-        are read-only, so a caller cannot alter a later lookup's answer.
+        Results of a request of fewer than DISTINCT_MIN points are memoised (:mod:`lookup_points`); the
+        returned arrays are read-only, so a caller cannot alter a later lookup's answer.
         """
         arrs = [np.asarray(c, dtype=float) for c in coords]
-        key = tuple((a.shape, a.tobytes()) for a in arrs)
-        hit = self._cache.get(key)
-        if hit is None:
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.clear()
-            hit = self._cache[key] = self._lookup_distinct(arrs)
-        return hit
+        return memoised(self._cache, max(a.size for a in arrs), lambda: tuple((a.shape, a.tobytes()) for a in arrs),
+                        lambda: self._lookup_distinct(arrs))
 
     def _lookup_distinct(self, arrs) -> LookupResult:
-        """:meth:`_lookup` of each distinct point of a large request once (:func:`_distinct_points`)."""
+        """:meth:`_lookup` of each distinct point of a large request once (:func:`distinct_points`)."""
         cs = np.broadcast_arrays(*arrs)
-        d = _distinct_points(cs) if cs[0].size >= _DISTINCT_MIN else None
+        d = distinct_points(cs) if cs[0].size >= DISTINCT_MIN else None
         if d is None:
             return self._lookup(arrs)
         rep, inv = d
@@ -360,18 +335,13 @@ class CollectiveTable:
     def time(self, group: np.ndarray, size: np.ndarray):
         """(seconds, size lo, size hi, exact) per element; memoised like :meth:`GridTable.lookup`."""
         g, s = np.asarray(group, dtype=float), np.asarray(size, dtype=float)
-        key = (g.shape, g.tobytes(), s.shape, s.tobytes())
-        hit = self._cache.get(key)
-        if hit is None:
-            if len(self._cache) >= _CACHE_MAX:
-                self._cache.clear()
-            hit = self._cache[key] = tuple(_readonly(x) for x in self._time_distinct(g, s))
-        return hit
+        return memoised(self._cache, max(g.size, s.size), lambda: (g.shape, g.tobytes(), s.shape, s.tobytes()),
+                        lambda: tuple(_readonly(x) for x in self._time_distinct(g, s)))
 
     def _time_distinct(self, group: np.ndarray, size: np.ndarray):
-        """:meth:`_time` of each distinct (group, size) of a large request once (:func:`_distinct_points`)."""
+        """:meth:`_time` of each distinct (group, size) of a large request once (:func:`distinct_points`)."""
         g, s = np.broadcast_arrays(group, size)
-        d = _distinct_points([g, s]) if g.size >= _DISTINCT_MIN else None
+        d = distinct_points([g, s]) if g.size >= DISTINCT_MIN else None
         if d is None:
             return self._time(group, size)
         rep, inv = d

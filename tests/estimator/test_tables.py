@@ -212,3 +212,20 @@ def test_multilinear_agrees_with_scipy_regular_grid_interpolator():
         pts = np.stack([rng.uniform(g[0] - 1, g[-1] + 1, 400) for g in grid], axis=-1)
         ref = RegularGridInterpolator(grid, vals, method="linear", bounds_error=False, fill_value=None)(pts)
         np.testing.assert_allclose(Multilinear(grid, vals)(pts), ref, rtol=0, atol=1e-12)
+
+
+def test_distinct_points_partition_the_requested_points():
+    """The points of a large lookup are interpolated once per distinct tuple: each point's tuple is its
+    representative's, two distinct tuples never share a code (NaN is one value), and a request of more
+    distinct values than an int64 can combine at once (2000^6 > 2^62) still is partitioned exactly."""
+    from scaleplan.estimator.lookup_points import distinct_points as _distinct_points
+
+    rng = np.random.default_rng(0)
+    few = [rng.choice(np.r_[rng.random(9) * 1e6, np.nan], 30000) for _ in range(3)]
+    many = [np.tile(rng.random(2000), 3) for _ in range(6)]
+    for cs in (few, many):
+        rep, code = _distinct_points(cs)
+        pts = np.stack(cs, 1)
+        assert np.array_equal(pts, pts[rep[code]], equal_nan=True)
+        assert len(rep) == len(np.unique(np.nan_to_num(pts, nan=-1.0), axis=0))
+    assert _distinct_points([rng.random(5000), rng.random(5000)]) is None  # under half repeat

@@ -1,0 +1,58 @@
+"""Which points a table lookup interpolates, and which lookups are kept (:mod:`tables`).
+
+A batched plan search asks each table for tens of thousands of points at once, most of them repeats
+(every plan of one shape asks for the same one): a request of :data:`DISTINCT_MIN` points or more is
+interpolated once per distinct point (:func:`distinct_points`; every lookup is elementwise, so the numbers
+are the same). Such a request is one batch's and is never asked again, so only smaller ones are memoised
+(:func:`memoised`): one geometry's evaluations repeat those (the attention GEMMs of one seed q recur for every
+(E, K, G)). Keeping the large ones held ~550 MB of result arrays by the end of a paper-grid search.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+import numpy as np
+
+from scaleplan.lazy import lazy_module
+
+pd = lazy_module("pandas")  # pandas.factorize: a hash per point, no sort
+
+T = TypeVar("T")
+#: from a few thousand points hashing them costs less than interpolating them all (a 2-worker batch of
+#: the paper grid: ~40K distinct kernel tuples)
+DISTINCT_MIN = 2_000
+#: memoised lookups per table (cleared when full; an entry is a few small arrays)
+CACHE_MAX = 20000
+
+
+def distinct_points(cs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """(a flat index per distinct tuple, each element's tuple) of the broadcast coordinates ``cs`` (equal
+    shapes), tuples numbered in the order first seen; None when under half the points repeat. Each axis is
+    hashed once (NaN is one value) and their codes combine into one integer, hashed again before a product
+    of their counts would reach 2^62."""
+    code, n = 0, 1
+    for c in cs:
+        ci, u = pd.factorize(c.reshape(-1), use_na_sentinel=False)
+        if n * len(u) >= 1 << 62:
+            code, n = pd.factorize(code)[0], int(code.max()) + 1
+        code, n = code * len(u) + ci, n * len(u)
+    code = pd.factorize(code)[0]
+    rep = np.empty(int(code.max()) + 1, dtype=np.int64)
+    rep[code] = np.arange(len(code))
+    return (rep, code) if 2 * len(rep) <= len(code) else None
+
+
+def memoised(cache: dict, n_points: int, key: Callable[[], Hashable], compute: Callable[[], T]) -> T:
+    """``compute()``, kept in ``cache`` under ``key()`` for a request of fewer than :data:`DISTINCT_MIN`
+    points (a larger one is computed each time: a batch's, never asked again); ``cache`` is cleared when it
+    holds :data:`CACHE_MAX` entries."""
+    if n_points >= DISTINCT_MIN:
+        return compute()
+    k = key()
+    hit = cache.get(k)
+    if hit is None:
+        if len(cache) >= CACHE_MAX:
+            cache.clear()
+        hit = cache[k] = compute()
+    return hit
