@@ -232,23 +232,22 @@ class Estimator:
         return memory_breakdown(g, plans, gbs, seqlen, optimizer, allocator_fraction=frac, context_bytes=ctx,
                                 rope=rope)
 
-    def _state_fits(self, geoms: list[Geometry], sets: list[ParallelLayout], owner: np.ndarray,
-                    plans: ParallelLayout, optimizer: str, limit: float) -> np.ndarray:
-        """Indices of the plans (of ``geoms[owner]``) whose model state alone (:func:`memory.state_bytes`)
-        stays within ``limit`` bytes: the total of :meth:`_memory` sums it first and adds only non-negative
-        bytes, so the others exceed the limit whatever their activations (4 in 5 plans on the paper grid).
-        Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP); ``plans``: ``sets`` concatenated,
-        ``owner`` the geometry of each plan."""
+    def _state_fits(self, geoms: list[Geometry], sets: list[ParallelLayout], optimizer: str,
+                    limit: float) -> list[np.ndarray]:
+        """Per plan set (``sets[j]`` the plans of ``geoms[j]``), the indices of the plans whose model state
+        alone (:func:`memory.state_bytes`) stays within ``limit`` bytes: the total of :meth:`_memory` sums it
+        first and adds only non-negative bytes, so the others exceed the limit whatever their activations
+        (4 in 5 plans on the paper grid). Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP)."""
         frac, ctx = self.tables.allocator if self.tables.allocator is not None else (0.0, 0.0)
         if frac < 0 or ctx < 0:  # a measured allocator term below zero: no bound, every plan goes on
-            return np.arange(len(plans))
+            return [np.arange(len(s)) for s in sets]
         parts = [s.distinct("tp", "cp", "pp", "dp", "ep", "etp") for s in sets]  # memoised per plan set
-        starts = np.cumsum([0] + [len(s) for s in sets])
-        n_u = np.cumsum([0] + [len(f) for f, _ in parts])
-        first = np.concatenate([f + a for (f, _), a in zip(parts, starts)])
-        inv = np.concatenate([i + b for (_, i), b in zip(parts, n_u)])
-        g = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner[first])
-        return np.nonzero(~(state_bytes(g, plans.take(first), optimizer) > limit)[inv])[0]
+        tuples = ParallelLayout.concat([s.take(f) for s, (f, _) in zip(sets, parts)])
+        owner = np.repeat(np.arange(len(sets)), [len(f) for f, _ in parts])
+        g = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner)
+        fits = ~(state_bytes(g, tuples, optimizer) > limit)
+        starts = np.cumsum([0] + [len(f) for f, _ in parts])
+        return [np.nonzero(fits[a + inv])[0] for (_, inv), a in zip(parts, starts)]
 
     def _calibration_rows(self, cal_id) -> dict[str, Any]:
         from scaleplan.db.calibrations import calibrations_in_force
@@ -335,14 +334,15 @@ class Estimator:
         in-range ones: the same plan as :meth:`layouts` ranks first (every evaluation is elementwise over
         plans, and the subset keeps the plans' order for ties)."""
         sets = [enumerate_plans(g, n_devices, gbs, constraints, seqlen)[0] for g in geoms]
-        owner = np.repeat(np.arange(len(geoms)), [len(s) for s in sets])  # each plan's geometry (sorted)
         out: list[EstimateResult | None] = [None] * len(geoms)
+        if not any(len(s) for s in sets):
+            return out
+        cap, frac = self.profile.hbm_bytes, constraints.mem_fraction
+        keep = self._state_fits(geoms, sets, optimizer, frac * cap)
+        owner = np.repeat(np.arange(len(geoms)), [len(k) for k in keep])  # each plan's geometry (sorted)
         if len(owner) == 0:
             return out
-        plans = ParallelLayout.concat(sets)
-        cap, frac = self.profile.hbm_bytes, constraints.mem_fraction
-        keep = self._state_fits(geoms, sets, owner, plans, optimizer, frac * cap)
-        plans, owner = plans.take(keep), owner[keep]
+        plans = ParallelLayout.concat([s.take(k) for s, k in zip(sets, keep)])
         batch = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner)
         mem = self._memory(batch, plans, gbs, seqlen, optimizer, rope)
         fits = np.nonzero(~(sum(mem.values()) > frac * cap))[0]
