@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from itertools import pairwise
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -91,6 +92,24 @@ def _check_positive(**kw) -> None:
             bad = True
         if bad:
             raise SpecError(k, v, "a positive integer")
+
+
+#: plans the time model evaluates at once: a batch's fitting plans go in pieces of whole geometries, up to
+#: this many plans each. Its arrays take ~1 kB per plan, and a worker's heap grows to its largest evaluation,
+#: every page of it faulted in (zeroed) once: past this size the per-call overhead saved is less than that
+EVAL_PLANS = 120_000
+
+
+def _pieces(owner: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """Ranges [lo, hi) covering the sorted ``owner`` (shape (n,)), cut only between runs of equal values,
+    each at most ``limit`` long or one run alone."""
+    runs = np.r_[0, np.nonzero(owner[1:] != owner[:-1])[0] + 1, len(owner)]
+    out, lo = [], 0
+    for a, b in pairwise(runs):
+        if b - lo > limit and a > lo:
+            out.append((lo, int(a)))
+            lo = int(a)
+    return out + [(lo, len(owner))]
 
 
 def _first_max_per_group(value: np.ndarray, group: np.ndarray, where: np.ndarray) -> np.ndarray:
@@ -348,15 +367,25 @@ class Estimator:
         fits = np.nonzero(~(sum(mem.values()) > frac * cap))[0]
         if len(fits) == 0:
             return out
-        ev = self.model.evaluate(batch.take(fits), plans.take(fits), gbs, seqlen, optimizer)
-        owner = owner[fits]
+        owner, mem = owner[fits], {k: v[fits] for k, v in mem.items()}
+        for lo, hi in _pieces(owner, EVAL_PLANS):
+            self._best_in(geoms, batch, plans, fits[lo:hi], owner[lo:hi], {k: v[lo:hi] for k, v in mem.items()},
+                          gbs, seqlen, optimizer, frac * cap, out)
+        return out
+
+    def _best_in(self, geoms: list[Geometry], batch, plans: ParallelLayout, sel: np.ndarray, owner: np.ndarray,
+                 mem: dict[str, np.ndarray], gbs: int, seqlen: int, optimizer: str, limit: float,
+                 out: list[EstimateResult | None]) -> None:
+        """Into ``out``, the best plan of each geometry whose fitting plans are ``sel`` (positions in ``plans``
+        and ``batch``; ``owner``: their geometries, sorted; ``mem``: their bytes; ``limit``: the memory cap)."""
+        ev = self.model.evaluate(batch.take(sel), plans.take(sel), gbs, seqlen, optimizer)
         ok = np.nonzero(ev.oor.reason == None)[0]  # noqa: E711 (an object array: elementwise)
-        mem = {k: v[fits] for k, v in mem.items()}
         bounds = np.searchsorted(owner, np.arange(len(geoms) + 1))
+        cap = self.profile.hbm_bytes
         for b in _first_max_per_group(ev.mfu[ok], owner[ok], ok):
             j = owner[b]
-            out[j] = self._result(geoms[j], ev, mem, b, gbs * seqlen, cap, frac, slice(bounds[j], bounds[j + 1]))
-        return out
+            out[j] = self._result(geoms[j], ev, mem, b, gbs * seqlen, cap, limit / cap,
+                                  slice(bounds[j], bounds[j + 1]))
 
     def evaluate_arrays(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str,
                         constraints: PlanConstraints = PlanConstraints()):

@@ -100,3 +100,19 @@ def test_first_max_per_group_is_what_a_stable_sort_puts_first():
         assert _first_max_per_group(value, group, where).tolist() == heads.tolist()
     assert _first_max_per_group(np.array([np.nan, np.nan, 0.2, np.nan, 0.7, 0.7]), np.array([0, 0, 1, 1, 1, 1]),
                                 np.arange(6)).tolist() == [0, 4]
+
+
+def test_pieces_of_a_batch_give_the_same_best_plans(est, monkeypatch):
+    """A batch's fitting plans are evaluated in pieces of whole geometries (api.EVAL_PLANS, bounding a
+    worker's memory): pieces of ~one geometry give every result the batch in one piece gives, warnings too."""
+    from scaleplan.estimator import api
+
+    models = _models()
+    whole = est.best_plans(models, N_DEV, GBS, SEQ, "adamw")
+    monkeypatch.setattr(api, "EVAL_PLANS", 500)
+    for a, b in zip(whole, est.best_plans(models, N_DEV, GBS, SEQ, "adamw")):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.to_dict() == b.to_dict()
+    cuts = api._pieces(np.array([0, 0, 0, 1, 1, 2, 3, 3, 3, 3, 4]), 4)
+    assert cuts == [(0, 3), (3, 6), (6, 10), (10, 11)] and api._pieces(np.zeros(9, int), 4) == [(0, 9)]
