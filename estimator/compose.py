@@ -228,3 +228,46 @@ def _alpha_beta_slope(s: np.ndarray, t: np.ndarray) -> float:
         return float(t[-1] / s[-1])
     a, b = np.linalg.lstsq(np.stack([1.0 / t, s / t], axis=1), np.ones(len(t)), rcond=None)[0]
     return max(float(b), 0.0)
+
+
+@dataclass(frozen=True)
+class SdpaFloor:
+    """Below the measured seq_len of a causal SDPA table (axes seq_len, micro_bs, n_q_heads, head_dim):
+    t = c + (t_edge - c) g(x) / g(edge), g = (l s + q s^2) B H D. The call's fixed part ``c`` (seconds:
+    launch and host, the same for every shape) stays; the edge's own GPU time scales with its linear
+    (Q, K, V, O and their gradients read and written: s B H D) and quadratic (the causal score tiles:
+    s^2 B H D) work, split as the whole table says (``l``, ``q``: seconds per unit). The affine rule
+    continued the edge interval's slope in s^2 alone: the linear and fixed parts, which dominate below
+    4k tokens, came out 2x too fast in the backward (hold-out seq_len < 8192: 16.5%)."""
+
+    axis: int
+    c: float
+    l: float
+    q: float
+
+    def work(self, cs) -> np.ndarray:
+        s = np.asarray(cs[0], dtype=float)
+        return (self.l * s + self.q * s * s) * cs[1] * cs[2] * cs[3]
+
+    def below(self, cs, at_edge, t_edge: np.ndarray, t_comp: np.ndarray, mask: np.ndarray,
+              table=None) -> np.ndarray:
+        w, w_edge = self.work(cs), self.work(at_edge)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = np.where(w_edge > 0, w / w_edge, 1.0)
+        return np.where(mask, self.c + np.maximum(t_edge - self.c, 0.0) * ratio, t_comp)
+
+
+def sdpa_floor(seq, micro_bs, heads, head_dim, t) -> SdpaFloor | None:
+    """The :class:`SdpaFloor` of an SDPA table from its measured points (arrays; seconds ``t``): c, l, q of
+    t = c + (l s + q s^2) B H D, non-negative least squares in relative error over every point. None with
+    fewer than 3 points (the affine rule then)."""
+    t = np.asarray(t, dtype=float)
+    if len(t) < 3:
+        return None
+    from scipy.optimize import nnls  # building only, like fill_grid
+
+    s, bhd = np.asarray(seq, dtype=float), np.asarray(micro_bs * heads * head_dim, dtype=float)
+    x = np.stack([np.ones_like(s), s * bhd, s * s * bhd], axis=1)
+    scale = x.max(axis=0)
+    w = nnls(x / scale / t[:, None], np.ones(len(t)))[0] / scale
+    return SdpaFloor(0, float(w[0]), float(w[1]), float(w[2]))

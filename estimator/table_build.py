@@ -126,7 +126,8 @@ def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
         tabs = {}
         for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
             grid, vals = fill_grid(d, axes, col)
-            tabs[dirn] = GridTable("sdpa", tuple(axes), grid, vals)
+            floor = compose.sdpa_floor(*(d[a].to_numpy(float) for a in axes), d[col].to_numpy(float))
+            tabs[dirn] = GridTable("sdpa", tuple(axes), grid, vals, floor=floor)
         tb.sdpa_by_dtype[dt] = tabs
 
 

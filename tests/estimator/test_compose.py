@@ -286,3 +286,28 @@ def test_collectives_within_10_percent_at_a_quarter_of_the_largest_message(frame
     # 17.0% before: the 16-rank inter-node all-to-all's disturbed 302 MB point was the edge (2.3x)
     h = holdout.collectives(frames, PEAK, 0.25)
     assert h.n >= 40 and h.mape <= 0.10, h
+
+
+def test_sdpa_below_the_measured_sequence_keeps_the_fixed_and_linear_parts():
+    # t = 200 us + (l s + q s^2) B H D measured at 4k and 8k tokens, micro-batch 1 and 2: the fit recovers
+    # c, l, q and a 1k-token call is c + its own linear and quadratic work; the affine rule in s^2 alone
+    # (the old one) would take the 4k -> 8k slope down and miss the linear part
+    from scaleplan.estimator.compose import sdpa_floor
+
+    c, l, q = 2e-4, 2e-13, 1e-16
+    seq, mbs = np.array([4096.0, 8192.0]), np.array([1.0, 2.0])
+    s, b = np.meshgrid(seq, mbs, indexing="ij")
+    t = c + (l * s + q * s * s) * b * 8 * 128
+    fl = sdpa_floor(s.ravel(), b.ravel(), np.full(4, 8.0), np.full(4, 128.0), t.ravel())
+    assert (fl.c, fl.l, fl.q) == pytest.approx((c, l, q), rel=1e-6)
+    tab = GridTable("sdpa", ("seq_len", "micro_bs", "n_q_heads", "head_dim"),
+                    [seq, mbs, np.array([8.0]), np.array([128.0])], t.reshape(2, 2, 1, 1), floor=fl)
+    want = c + (l * 1024 + q * 1024.0 ** 2) * 2 * 8 * 128
+    assert float(tab.lookup(1024.0, 2.0, 8.0, 128.0).t_composed) == pytest.approx(want, rel=1e-6)
+
+
+def test_sdpa_below_the_range_within_10_percent_at_both_depths(frames):
+    # 6.1 / 16.5% with the affine rule in s^2 (the backward's linear part and the fixed part lost)
+    for cut in (4096, 8192):
+        h = holdout.sdpa(frames, PEAK, cut, below=True)
+        assert h.n >= 20 and h.mape <= 0.10, h
