@@ -56,6 +56,7 @@ class MemoryFloor:
     axis: int
     t_min: float   # seconds
     bw: float      # bytes/s (in the units of gemm_bytes)
+    align: float = 8.0  # elements in 16 bytes (:func:`transposed_time`)
 
     def below(self, cs, at_edge, t_edge: np.ndarray, t_comp: np.ndarray, mask: np.ndarray,
               table=None) -> np.ndarray:
@@ -63,32 +64,32 @@ class MemoryFloor:
             r_edge = gemm_work(at_edge) / t_edge
             t = np.maximum(self.t_min + gemm_bytes(cs) / self.bw, gemm_work(cs) / r_edge)
         if table is not None:
-            t_tr = transposed_time(table, cs, mask)
+            t_tr = transposed_time(table, cs, mask, self.align)
             t = np.where(np.isfinite(t_tr), t_tr, t)
         return np.where(mask, t, t_comp)
 
 
-def transposed_time(table, cs, mask: np.ndarray) -> np.ndarray:
+def transposed_time(table, cs, mask: np.ndarray, align: float = 8.0) -> np.ndarray:
     """Seconds of the (m, n, k) GEMMs of ``mask`` below the table's measured m read off the transposed
-    problem C^T = B^T A^T, the (n, m', k) GEMM (the same FLOPs and bytes; cuBLAS picks a kernel for
-    either), at the fastest m' >= m of the table's n axis up to its smallest measured m (a GEMM of fewer
-    rows never takes longer: m = 2 or 4 as the transposed n is a misaligned row the library runs 2-3x
-    slower than 8). inf where (n, m', k) is not inside the table (the caller keeps its roofline). On
-    the recorded B200 table, hiding m < 1024 / 2048: 9.7 / 10.4% -> 8.0 / 9.2% (compose_accuracy.py)."""
+    problem C^T = B^T A^T, the measured (n, m, k) GEMM (the same FLOPs and bytes; cuBLAS picks a kernel
+    for either). A row count under ``align`` (16 bytes of elements: 8 in bf16) is a misaligned row of
+    the transposed problem, which the library runs 2-3x slower (recorded B200: 2 or 4 vs 8 rows), and a
+    GEMM of fewer rows never takes longer: the fastest measured row count from max(m, ``align``) up to the
+    table's smallest m. Only where that row count itself is measured on the n axis: across a sparse axis
+    (scaleplan's own H200 table: n = 32 then 640) a skinny GEMM is no log-linear blend, nor is 640 rows
+    a bound for 256. inf elsewhere (the caller keeps its roofline). On the recorded B200 table, hiding
+    m < 1024 / 2048: 9.7 / 10.4% -> 8.0 / 9.2%; own H200 table 40.4 / 21.6 -> 42.3 / 23.9% (its
+    transposed GEMMs of 1,024 rows run up to 1.3x slower than the direct ones; compose_accuracy.py)."""
     shape = np.shape(mask)
     m, n, k = (np.broadcast_to(np.asarray(c, dtype=float), shape) for c in cs)
+    rows = np.maximum(m, align)
     out = np.full(shape, np.inf)
-    sel = mask & (n >= table.lo[0]) & (n <= table.hi[0]) & (k >= table.lo[2]) & (k <= table.hi[2])
-    if not sel.any():
-        return out
-    ms, ns, ks = m[sel], n[sel], k[sel]
-    best = np.full(ms.shape, np.inf)
-    for mp in table.grid[1][table.grid[1] <= table.lo[0]]:
-        ok = mp >= ms
-        if ok.any():
-            res = table._lookup([ns[ok], np.full(int(ok.sum()), mp), ks[ok]])
-            best[ok] = np.minimum(best[ok], res.t)
-    out[sel] = best
+    sel = (mask & (n >= table.lo[0]) & (n <= table.hi[0]) & (k >= table.lo[2]) & (k <= table.hi[2])
+           & np.isin(rows, table.grid[1]))
+    for g in table.grid[1][(table.grid[1] >= align) & (table.grid[1] <= table.lo[0])]:
+        at = sel & (g >= rows)
+        if at.any():
+            out[at] = np.minimum(out[at], table._lookup([n[at], np.full(int(at.sum()), g), k[at]]).t)
     return out
 
 
@@ -140,10 +141,11 @@ def gemm_bytes(cs) -> np.ndarray:
     return m * k + k * n + m * n
 
 
-def gemm_floor(m, n, k, t) -> MemoryFloor:
+def gemm_floor(m, n, k, t, elem_bytes: float = 2.0) -> MemoryFloor:
     """The MemoryFloor of a GEMM table from its measured points (arrays m, n, k, seconds t): the
-    fastest kernel time and the best elements-per-second any point reached."""
-    return MemoryFloor(0, float(np.min(t)), float(np.max(gemm_bytes([m, n, k]) / t)))
+    fastest kernel time and the best elements-per-second any point reached; rows align at 16 bytes of
+    ``elem_bytes`` elements."""
+    return MemoryFloor(0, float(np.min(t)), float(np.max(gemm_bytes([m, n, k]) / t)), 16.0 / elem_bytes)
 
 
 def grouped_flops_per_point(hidden: int, ffn: int, direction: str) -> float:

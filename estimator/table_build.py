@@ -54,7 +54,8 @@ def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float) -> None:
             continue
         grid, vals = fill_grid(d, ["m", "n", "k"], "t_s", work=lambda p: 2.0 * p[:, 0] * p[:, 1] * p[:, 2] / peak)
         pts = [d[a].to_numpy(float) for a in ("m", "n", "k", "t_s")]
-        tab = GridTable("gemm", ("m", "n", "k"), grid, vals, floor=compose.gemm_floor(*pts))
+        floor = compose.gemm_floor(*pts, elem_bytes={"fp8": 1.0, "fp32": 4.0, "tf32": 4.0}.get(str(dt), 2.0))
+        tab = GridTable("gemm", ("m", "n", "k"), grid, vals, floor=floor)
         tb.by_dtype.setdefault(str(dt), {})["gemm"] = tab
         if dt == "bf16":
             tb.gemm = tab

@@ -230,18 +230,19 @@ def test_grouped_gemm_below_the_measured_group_count_within_10_percent(frames):
 
 
 def test_gemm_below_the_measured_m_reads_the_transposed_problem():
-    # m measured at 4 and 8, n at 2, 4, 8 (k = 64). A 2 x 8 GEMM is the 8 x 2 one transposed; its n = 2
-    # row is misaligned (5 us), 8 x 4 takes 3 us: a GEMM of fewer rows is never slower, so 3 us
+    # m measured at 16 and 32, n at 4, 8, 16, 32 (k = 64; bf16 rows align at 8). A 4 x 16 GEMM is the 16 x 4
+    # one transposed, a misaligned row (9 us): it reads the fastest of 8 and 16 rows (fewer rows never take
+    # longer), 16 x 8 at 3 us and 16 x 16 at 2.5 us -> 2.5 us
     from scaleplan.estimator.compose import MemoryFloor
 
-    t = np.array([[4e-6, 2e-6, 2.5e-6, 6e-6], [5e-6, 3e-6, 3.5e-6, 7e-6]])  # [m][n]
-    tab = GridTable("gemm", ("m", "n", "k"), [np.array([4.0, 8.0]), np.array([2.0, 4.0, 8.0, 16.0]),
+    t = np.array([[9e-6, 3e-6, 2.5e-6, 6e-6], [5e-6, 3.5e-6, 4e-6, 7e-6]])  # [m][n]
+    tab = GridTable("gemm", ("m", "n", "k"), [np.array([16.0, 32.0]), np.array([4.0, 8.0, 16.0, 32.0]),
                                               np.array([64.0])], t.reshape(2, 4, 1), floor=MemoryFloor(0, 1e-6, 1e12))
-    assert float(tab.lookup(2.0, 8.0, 64.0).t_composed) == pytest.approx(3e-6, rel=1e-9)
-    # n = 4 inside the measured m: (4, 2) 4 us and (4, 4) 2 us -> 2 us
-    assert float(tab.lookup(2.0, 4.0, 64.0).t_composed) == pytest.approx(2e-6, rel=1e-9)
-    # n = 16 is no measured m: the roofline, here the FLOPs at the (4, 16) edge's throughput, 6 us / 2
-    assert float(tab.lookup(2.0, 16.0, 64.0).t_composed) == pytest.approx(3e-6, rel=1e-9)
+    assert float(tab.lookup(4.0, 16.0, 64.0).t_composed) == pytest.approx(2.5e-6, rel=1e-9)
+    assert float(tab.lookup(2.0, 32.0, 64.0).t_composed) == pytest.approx(3.5e-6, rel=1e-9)  # 32 x 8; 32 x 16: 4 us
+    # n = 8 is no measured m (16, 32): the roofline, here the memory floor 1 us + the operands at 1e12 /s
+    want = max(1e-6 + (4 * 64 + 64 * 8 + 4 * 8) / 1e12, 3e-6 * 4 / 16)
+    assert float(tab.lookup(4.0, 8.0, 64.0).t_composed) == pytest.approx(want, rel=1e-9)
 
 
 def test_gemm_below_the_range_within_10_percent_at_both_depths(frames):
