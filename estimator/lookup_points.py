@@ -3,9 +3,10 @@
 A batched plan search asks each table for tens of thousands of points at once, most of them repeats
 (every plan of one shape asks for the same one): a request of :data:`DISTINCT_MIN` points or more is
 interpolated once per distinct point (:func:`distinct_points`; every lookup is elementwise, so the numbers
-are the same). Such a request is one batch's and is never asked again, so only smaller ones are memoised
-(:func:`memoised`): one geometry's evaluations repeat those (the attention GEMMs of one seed q recur for every
-(E, K, G)). Keeping the large ones held ~550 MB of result arrays by the end of a paper-grid search.
+are the same). Such a request is one batch's and is not asked again but at once, so only smaller ones
+are memoised (:func:`memoised`): one geometry's evaluations repeat those (the attention GEMMs of one seed
+q recur for every (E, K, G)). Keeping the large ones held ~550 MB of result arrays by the end of a
+paper-grid search.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ T = TypeVar("T")
 DISTINCT_MIN = 2_000
 #: memoised lookups per table (cleared when full; an entry is a few small arrays)
 CACHE_MAX = 20000
+_LAST = object()  # the cache key of the last large request
 
 
 def distinct_points(cs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -45,11 +47,15 @@ def distinct_points(cs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | Non
 
 def memoised(cache: dict, n_points: int, key: Callable[[], Hashable], compute: Callable[[], T]) -> T:
     """``compute()``, kept in ``cache`` under ``key()`` for a request of fewer than :data:`DISTINCT_MIN`
-    points (a larger one is computed each time: a batch's, never asked again); ``cache`` is cleared when it
-    holds :data:`CACHE_MAX` entries."""
-    if n_points >= DISTINCT_MIN:
-        return compute()
+    points; of larger ones (a batch's) only the last is kept, which a caller may ask for again at once
+    (:func:`~scaleplan.estimator.comm.collective_time` reads the composed time of what it just looked up).
+    ``cache`` is cleared when it holds :data:`CACHE_MAX` entries."""
     k = key()
+    if n_points >= DISTINCT_MIN:
+        last = cache.get(_LAST)
+        if last is None or last[0] != k:
+            last = cache[_LAST] = (k, compute())
+        return last[1]
     hit = cache.get(k)
     if hit is None:
         if len(cache) >= CACHE_MAX:

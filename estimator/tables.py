@@ -194,8 +194,8 @@ class GridTable:
         returned arrays are read-only, so a caller cannot alter a later lookup's answer.
         """
         arrs = [np.asarray(c, dtype=float) for c in coords]
-        return memoised(self._cache, max(a.size for a in arrs), lambda: tuple((a.shape, a.tobytes()) for a in arrs),
-                        lambda: self._lookup_distinct(arrs))
+        key = lambda: tuple((a.shape, a.tobytes()) for a in arrs)  # noqa: E731
+        return memoised(self._cache, max(a.size for a in arrs), key, lambda: self._lookup_distinct(arrs))
 
     def _lookup_distinct(self, arrs) -> LookupResult:
         """:meth:`_lookup` of each distinct point of a large request once (:func:`distinct_points`)."""
@@ -335,7 +335,8 @@ class CollectiveTable:
     def time(self, group: np.ndarray, size: np.ndarray):
         """(seconds, size lo, size hi, exact) per element; memoised like :meth:`GridTable.lookup`."""
         g, s = np.asarray(group, dtype=float), np.asarray(size, dtype=float)
-        return memoised(self._cache, max(g.size, s.size), lambda: (g.shape, g.tobytes(), s.shape, s.tobytes()),
+        key = lambda: (g.shape, g.tobytes(), s.shape, s.tobytes())  # noqa: E731
+        return memoised(self._cache, max(g.size, s.size), key,
                         lambda: tuple(_readonly(x) for x in self._time_distinct(g, s)))
 
     def _time_distinct(self, group: np.ndarray, size: np.ndarray):
