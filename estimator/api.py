@@ -440,15 +440,14 @@ class Estimator:
         """Plan ``i`` of ``ev`` as a result; ``scope``: the plans of its geometry (those whose warnings
         count, as when the geometry is evaluated alone)."""
         bd = {k: float(v[i]) for k, v in ev.components.items()}
-        src = {k: SOURCE_NAMES[int(ev.sources.get(k, np.zeros(1, np.int8))[i] if k in ev.sources else 0)]
-               for k in ev.components}
+        src = {k: SOURCE_NAMES[int(ev.sources[k][i]) if k in ev.sources else 0] for k in bd}
         memb = {k: float(v[i]) / GB for k, v in mem.items()}
         tot = sum(memb.values())
         alloc_gb, reserved_gb, _ = (float(x) / GB for x in allocated_reserved({k: v[i] for k, v in mem.items()}))
         reason = ev.oor.reason[i]
         if reason is None and tot * GB > frac * cap:
             reason = "memory"
-        warnings = [w for w in ev.warnings if w.split(":")[0] in bd and src.get(w.split(":")[0]) == "analytic"
+        warnings = [w for w in ev.warnings if src.get(w.split(":", 1)[0]) == "analytic"
                     and (w not in ev.warned or ev.warned[w][scope].any())]
         warnings += [msg for msg, where in ev.notes.items() if where[i]]
         ana = [k for k, v in src.items() if v == "analytic"]
