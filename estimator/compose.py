@@ -206,7 +206,9 @@ def collective_tail(coll: str, groups, sizes, times) -> CollectiveTail:
       bandwidth (busbw invariance across group sizes: bus factor / beta) read off its most
       bandwidth-bound curve (the largest share of its edge time above its smallest message's): a curve
       whose edge is still latency-bound (the 32-rank all-gather is flat at 0.38 ms to 64 MB) shows no
-      bandwidth of its own, only the overlap of the latency."""
+      bandwidth of its own, only the overlap of the latency. Not for all-to-all: NCCL runs it as n - 1
+      point-to-point sends, whose bandwidth per rank depends on the peer count (recorded B200 intra-node
+      at 1.2 GB: 412 / 584 / 586 GB/s bus bandwidth at 2 / 4 / 8 ranks); each curve keeps its own fit."""
     from scaleplan.estimator.analytic import bus_factor
 
     edge, t_edge, beta, share = [], [], [], []
@@ -217,6 +219,8 @@ def collective_tail(coll: str, groups, sizes, times) -> CollectiveTail:
         t_edge.append(float(tr[-1]))
         share.append(1.0 - float(tr.min()) / float(tr[-1]))
         beta.append(_alpha_beta_slope(s[-3:], tr[-3:]))
+    if coll == "all_to_all":  # point-to-point sends, no ring: no busbw invariance to lend (see above)
+        return CollectiveTail(tuple(edge), tuple(t_edge), tuple(beta))
     f = np.asarray(bus_factor(coll, np.asarray(groups, dtype=float)), dtype=float)
     j = int(np.argmax(share))
     beta_bus = beta[j] / max(float(f[j]), 1e-9)  # seconds per bus byte of the most bandwidth-bound curve

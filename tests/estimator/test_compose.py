@@ -312,3 +312,24 @@ def test_sdpa_below_the_range_within_10_percent_at_both_depths(frames):
     for cut in (4096, 8192):
         h = holdout.sdpa(frames, PEAK, cut, below=True)
         assert h.n >= 20 and h.mape <= 0.10, h
+
+
+def test_all_to_all_tail_keeps_each_group_sizes_own_bandwidth():
+    # the same two curves as an all-reduce lend the bandwidth-bound 2-rank curve's bus bandwidth to the
+    # latency-bound 8-rank one; as an all-to-all (point-to-point sends, no busbw invariance) the 8-rank
+    # curve composes exactly as it would alone
+    from scaleplan.estimator.tables import CollectiveTable
+
+    sizes = np.array([2.0 ** 20, 2.0 ** 22, 2.0 ** 24])
+    t2 = 20e-6 + sizes / 400e9
+    t8 = np.array([1.0e-3, 1.0e-3, 1.01e-3])  # its own slope: 10 us per 12 MiB
+    big = np.array([2.0 ** 26])
+
+    def composed(coll, groups, curves):
+        tab = CollectiveTable(f"collectives.{coll}", np.array(groups), [sizes] * len(curves),
+                              [np.log(c) for c in curves])
+        return float(tab.composed(np.array([8.0]), big)[0])
+
+    alone = composed("all_to_all", [8.0], [t8])
+    assert composed("all_to_all", [2.0, 8.0], [t2, t8]) == pytest.approx(alone, rel=1e-12)
+    assert composed("all_reduce", [2.0, 8.0], [t2, t8]) > 1.05 * composed("all_reduce", [8.0], [t8])
