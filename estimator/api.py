@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
-from itertools import pairwise
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -94,22 +93,22 @@ def _check_positive(**kw) -> None:
             raise SpecError(k, v, "a positive integer")
 
 
-#: plans the time model evaluates at once: a batch's fitting plans go in pieces of whole geometries, up to
-#: this many plans each. Its arrays take ~1 kB per plan, and a worker's heap grows to its largest evaluation,
+#: plans the memory and time models evaluate at once: a batch's plans go in pieces of whole geometries, up to
+#: this many plans each. The arrays take ~1 kB per plan, and a worker's heap grows to its largest evaluation,
 #: every page of it faulted in (zeroed) once: past this size the per-call overhead saved is less than that
 EVAL_PLANS = 120_000
 
 
-def _pieces(owner: np.ndarray, limit: int) -> list[tuple[int, int]]:
-    """Ranges [lo, hi) covering the sorted ``owner`` (shape (n,)), cut only between runs of equal values,
-    each at most ``limit`` long or one run alone."""
-    runs = np.r_[0, np.nonzero(owner[1:] != owner[:-1])[0] + 1, len(owner)]
-    out, lo = [], 0
-    for a, b in pairwise(runs):
-        if b - lo > limit and a > lo:
-            out.append((lo, int(a)))
-            lo = int(a)
-    return out + [(lo, len(owner))]
+def _pieces(counts, limit: int) -> list[tuple[int, int]]:
+    """Ranges [a, b) of items with ``counts`` (plans per geometry), in order, each holding at most ``limit``
+    in all or one item alone."""
+    out, a, n = [], 0, 0
+    for j, c in enumerate(counts):
+        if n + c > limit and j > a:
+            out.append((a, j))
+            a, n = j, 0
+        n += c
+    return out + [(a, len(counts))]
 
 
 def _first_max_per_group(value: np.ndarray, group: np.ndarray, where: np.ndarray) -> np.ndarray:
@@ -356,36 +355,33 @@ class Estimator:
         out: list[EstimateResult | None] = [None] * len(geoms)
         if not any(len(s) for s in sets):
             return out
-        cap, frac = self.profile.hbm_bytes, constraints.mem_fraction
-        keep = self._state_fits(geoms, sets, optimizer, frac * cap)
-        owner = np.repeat(np.arange(len(geoms)), [len(k) for k in keep])  # each plan's geometry (sorted)
+        keep = self._state_fits(geoms, sets, optimizer, constraints.mem_fraction * self.profile.hbm_bytes)
+        for a, b in _pieces([len(k) for k in keep], EVAL_PLANS):
+            self._best_in(geoms, rope, a, [s.take(k) for s, k in zip(sets[a:b], keep[a:b])], gbs, seqlen, optimizer,
+                          constraints.mem_fraction, out)
+        return out
+
+    def _best_in(self, geoms: list[Geometry], rope: bool, first: int, sets: list[ParallelLayout], gbs: int,
+                 seqlen: int, optimizer: str, frac: float, out: list[EstimateResult | None]) -> None:
+        """Into ``out``, the best plan of each of ``geoms[first:first + len(sets)]`` among its plans ``sets``
+        (those whose model state fits), under ``frac`` of HBM: memory first, then the time model on the
+        plans that fit."""
+        owner = np.repeat(np.arange(first, first + len(sets)), [len(s) for s in sets])  # sorted
         if len(owner) == 0:
-            return out
-        plans = ParallelLayout.concat([s.take(k) for s, k in zip(sets, keep)])
+            return
+        plans, cap = ParallelLayout.concat(sets), self.profile.hbm_bytes
         batch = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner)
         mem = self._memory(batch, plans, gbs, seqlen, optimizer, rope)
         fits = np.nonzero(~(sum(mem.values()) > frac * cap))[0]
         if len(fits) == 0:
-            return out
+            return
         owner, mem = owner[fits], {k: v[fits] for k, v in mem.items()}
-        for lo, hi in _pieces(owner, EVAL_PLANS):
-            self._best_in(geoms, batch, plans, fits[lo:hi], owner[lo:hi], {k: v[lo:hi] for k, v in mem.items()},
-                          gbs, seqlen, optimizer, frac * cap, out)
-        return out
-
-    def _best_in(self, geoms: list[Geometry], batch, plans: ParallelLayout, sel: np.ndarray, owner: np.ndarray,
-                 mem: dict[str, np.ndarray], gbs: int, seqlen: int, optimizer: str, limit: float,
-                 out: list[EstimateResult | None]) -> None:
-        """Into ``out``, the best plan of each geometry whose fitting plans are ``sel`` (positions in ``plans``
-        and ``batch``; ``owner``: their geometries, sorted; ``mem``: their bytes; ``limit``: the memory cap)."""
-        ev = self.model.evaluate(batch.take(sel), plans.take(sel), gbs, seqlen, optimizer)
+        ev = self.model.evaluate(batch.take(fits), plans.take(fits), gbs, seqlen, optimizer)
         ok = np.nonzero(ev.oor.reason == None)[0]  # noqa: E711 (an object array: elementwise)
         bounds = np.searchsorted(owner, np.arange(len(geoms) + 1))
-        cap = self.profile.hbm_bytes
         for b in _first_max_per_group(ev.mfu[ok], owner[ok], ok):
             j = owner[b]
-            out[j] = self._result(geoms[j], ev, mem, b, gbs * seqlen, cap, limit / cap,
-                                  slice(bounds[j], bounds[j + 1]))
+            out[j] = self._result(geoms[j], ev, mem, b, gbs * seqlen, cap, frac, slice(bounds[j], bounds[j + 1]))
 
     def evaluate_arrays(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str,
                         constraints: PlanConstraints = PlanConstraints()):
