@@ -198,6 +198,10 @@ def _build_collectives(tb: Tables, df: pd.DataFrame) -> None:
         if groups:
             tb.collectives[(str(coll), str(layout), bool(inter))] = CollectiveTable(
                 f"collectives.{coll}", np.array(groups, dtype=float), sizes, lts)
+    for (coll, layout, inter), ar in tb.collectives.items():
+        rs, ag = (tb.collectives.get((c, layout, inter)) for c in ("reduce_scatter", "all_gather"))
+        if coll == "all_reduce" and rs is not None and ag is not None:
+            ar.tail = compose.ring_all_reduce_bound(ar.tail, ar.groups, rs.tail, rs.groups, ag.tail, ag.groups)
 
 
 def _undominated(sizes: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
