@@ -36,9 +36,11 @@ fixed stage times costs only the exchanges' own time (once per slot at PP = 2, t
 What the 700M sweep says instead: its EP = 1 layouts pipeline at no cost beyond the layers (step =
 (n_mb + PP - 1)(26 ms + 48 ms x 16/PP) + 38 ms x 16/PP, within 1.1% at PP 1, 2, 4 and 8), while with
 EP > 1 a PP >= 4 slot is 40-70 ms longer than the layers explain. A mechanism must therefore couple
-the EP all-to-all with the pipeline; per-rank delays that every MoE layer's EP rendezvous and every
-stage exchange propagate (the coupled set grows as EP x PP) have that shape, but their input, the
-per-rank stall rate and length, is not measured for these runs.
+the EP all-to-all with the pipeline. Per-rank delays that every MoE layer's EP rendezvous and every
+stage exchange propagate were checked in estimator/jitter_ep.py: the EP ranks of a stage move
+together, so the block is this module's pipeline with the slowest of EP per segment; exponential
+delays give an EP level with 1F1B's own P shape, rare long stalls an EP x PP product that charges
+the 5.4B's PP = 4 layouts twice the 700M's (docs/architecture.md has the leave-one-sweep-out figures).
 """
 from __future__ import annotations
 
