@@ -153,7 +153,11 @@ def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarr
     def resid(x):
         return np.log(t_pred(_from_x(x, free))) - y
 
-    sol = least_squares(fun, np.clip(x0, lo + 1e-9, hi - 1e-9), bounds=(lo, hi))
+    # trf's first trust radius is |start| (1 where it is 0): started at the identity, 1e-9 inside the
+    # zero bound of c_a2a / c_pp and 0 for the log host scales, a first step of ~1e-9 met ftol and the
+    # fit stopped there. A thousandth of each range inside its bounds gives it a radius to move.
+    margin = 1e-3 * (hi - lo)
+    sol = least_squares(fun, np.clip(x0, lo + margin, hi - margin), bounds=(lo, hi))
     p = _from_x(sol.x, free)
     notes = [bound_note(n, p[n], v - a < b - v) for n, v, a, b in zip(free, sol.x, lo, hi)
              if min(v - a, b - v) < 1e-6 * (b - a)]

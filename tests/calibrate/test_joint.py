@@ -71,3 +71,18 @@ def test_level_and_host_scale_are_not_both_fitted_when_every_run_is_dispatch_bou
 def test_refuses_non_positive_times():
     with pytest.raises(ScaleplanError):
         fit_joint(_synthetic(np.ones(2), np.ones(2), np.zeros(2)), np.array([1.0, 0.0]))
+
+
+def test_a_fit_starting_at_the_identity_moves_off_it():
+    # every term starts at its identity (c_a2a on its zero bound, log host_scale at 0): the solver's first
+    # trust radius is the start's norm, which 1e-9 off the bound made so small that it stopped there
+    reps = 20
+    gpu = np.tile([1.0, 2.0, 3.0, 1.0, 4.0, 2.5], reps)
+    host = np.tile([2.0, 2.5, 2.0, 3.0, 1.0, 4.0], reps)
+    frac = np.tile([0.0, 0.3, 0.0, 0.2, 0.0, 0.4], reps)
+    tp = _synthetic(gpu, host, frac)
+    for hs, ca in ((1.2, 0.5), (0.9, 1.0), (1.1, 0.05)):
+        f = fit_joint(tp, tp({**IDENTITY, "host_scale": hs, "c_a2a": ca}))
+        assert f.params["host_scale"] == pytest.approx(hs, rel=0.02)
+        assert f.params["c_a2a"] == pytest.approx(ca, abs=0.08)
+        assert np.abs(f.residuals).max() < 0.02
