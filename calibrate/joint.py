@@ -68,9 +68,10 @@ _AT_LOWER = {
 _AT_UPPER = "the fit wanted more than its range allows: this term alone does not explain the gap (a missing cost)"
 
 
-def bound_note(name: str, value: float, lower: bool) -> str:
-    """The fit's note for a term that ended on its bound: the value and what it means for the runs."""
-    lo, hi = BOUNDS[name]
+def bound_note(name: str, value: float, lower: bool, bounds: dict | None = None) -> str:
+    """The fit's note for a term that ended on its bound: the value and what it means for the runs
+    (``bounds``: the fit's, default BOUNDS)."""
+    lo, hi = (bounds or BOUNDS)[name]
     if lower and name in _AT_LOWER:
         why = _AT_LOWER[name]
     elif lower:
@@ -93,24 +94,46 @@ class JointFit:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The terms a fit may free, in the greedy order, with their identity values, bounds and prior sd
+    (about the identity; in log space for LOG_PARAMS). The default is the runtime calibration's own;
+    :meth:`with_term` adds one (a diagnostic term, e.g. benchmarks/coupled_delay.py) the same way."""
+
+    names: tuple[str, ...] = PARAMS
+    identity: dict = field(default_factory=lambda: dict(IDENTITY))
+    bounds: dict = field(default_factory=lambda: dict(BOUNDS))
+    prior_sd: dict = field(default_factory=lambda: dict(PRIOR_SD))
+
+    def with_term(self, name: str, identity: float, bounds: tuple[float, float], prior_sd: float,
+                  before: str = "c_level") -> Terms:
+        """These terms plus ``name`` (linear, not log), tried by the greedy just before ``before``."""
+        i = self.names.index(before)
+        return Terms(self.names[:i] + (name,) + self.names[i:], {**self.identity, name: identity},
+                     {**self.bounds, name: bounds}, {**self.prior_sd, name: prior_sd})
+
+
 def _to_x(p: dict[str, float], names) -> np.ndarray:
     return np.array([np.log(p[n]) if n in LOG_PARAMS else p[n] for n in names])
 
 
-def _from_x(x, names) -> dict[str, float]:
-    out = dict(IDENTITY)
+def _from_x(x, names, identity=IDENTITY) -> dict[str, float]:
+    out = dict(identity)
     out.update({n: float(np.exp(v)) if n in LOG_PARAMS else float(v) for n, v in zip(names, x)})
     return out
 
 
-def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarray, sweeps=None) -> JointFit:
-    """Fit the identifiable subset of PARAMS (posterior mode of the two-level model, module docstring).
+def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarray, sweeps=None,
+              terms: Terms | None = None) -> JointFit:
+    """Fit the identifiable subset of ``terms`` (default :class:`Terms`: PARAMS; posterior mode of the
+    model in the module docstring).
 
     Args:
         t_pred: parameters -> predicted step times of the runs (seconds, shape (n,)).
         t_meas: measured step times (seconds, shape (n,)).
         sweeps: the sweep of each run (shape (n,)), or None; accepted for callers that group runs,
             it does not weigh them (module docstring: every run is one draw).
+        terms: the terms that may be freed, with identity, bounds and priors (default: the module's PARAMS).
 
     Raises:
         ScaleplanError: no runs, or a non-positive / non-finite measured time.
@@ -118,14 +141,16 @@ def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarr
     t_meas = np.asarray(t_meas, dtype=float)
     if t_meas.size == 0 or not np.all(np.isfinite(t_meas) & (t_meas > 0)):
         raise ScaleplanError("runtime calibration: needs observed runs with positive finite step times")
+    tm = terms or Terms()
+    ident = tm.identity
     y = np.log(t_meas)
-    r0 = np.log(t_pred(IDENTITY)) - y
+    r0 = np.log(t_pred(ident)) - y
     sens = {}
-    for n in PARAMS:
-        sens[n] = (np.log(t_pred(_from_x(_to_x(IDENTITY, [n]) + _H, [n]))) - y - r0) / _H
+    for n in tm.names:
+        sens[n] = (np.log(t_pred(_from_x(_to_x(ident, [n]) + _H, [n], ident))) - y - r0) / _H
     free: list[str] = []
     why: dict[str, str] = {}
-    for n in PARAMS:
+    for n in tm.names:
         if np.max(np.abs(sens[n])) < SENS_MIN:
             why[n] = "no run's step time depends on it"
             continue
@@ -139,27 +164,27 @@ def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarr
             continue
         free.append(n)
     if not free:
-        return JointFit(dict(IDENTITY), [], why, r0, r0)
-    lo = _to_x({n: BOUNDS[n][0] for n in PARAMS}, free)
-    hi = _to_x({n: BOUNDS[n][1] for n in PARAMS}, free)
+        return JointFit(dict(ident), [], why, r0, r0)
+    lo = _to_x({n: tm.bounds[n][0] for n in free}, free)
+    hi = _to_x({n: tm.bounds[n][1] for n in free}, free)
     # each run one draw with the scatter the estimator leaves at identity (module docstring)
     w = 1.0 / max(float(np.sqrt(np.mean(r0 ** 2))), READ_SD)
-    x0 = _to_x(IDENTITY, free)
-    sd = np.array([PRIOR_SD[n] for n in free])
+    x0 = _to_x(ident, free)
+    sd = np.array([tm.prior_sd[n] for n in free])
 
     def fun(x):
-        return np.concatenate([w * (np.log(t_pred(_from_x(x, free))) - y), (x - x0) / sd])
+        return np.concatenate([w * (np.log(t_pred(_from_x(x, free, ident))) - y), (x - x0) / sd])
 
     def resid(x):
-        return np.log(t_pred(_from_x(x, free))) - y
+        return np.log(t_pred(_from_x(x, free, ident))) - y
 
     # trf's first trust radius is |start| (1 where it is 0): started at the identity, 1e-9 inside the
     # zero bound of c_a2a / c_pp and 0 for the log host scales, a first step of ~1e-9 met ftol and the
     # fit stopped there. A thousandth of each range inside its bounds gives it a radius to move.
     margin = 1e-3 * (hi - lo)
     sol = least_squares(fun, np.clip(x0, lo + margin, hi - margin), bounds=(lo, hi))
-    p = _from_x(sol.x, free)
-    notes = [bound_note(n, p[n], v - a < b - v) for n, v, a, b in zip(free, sol.x, lo, hi)
+    p = _from_x(sol.x, free, ident)
+    notes = [bound_note(n, p[n], v - a < b - v, tm.bounds) for n, v, a, b in zip(free, sol.x, lo, hi)
              if min(v - a, b - v) < 1e-6 * (b - a)]
     return JointFit(p, free, why, resid(sol.x), r0, notes)
 

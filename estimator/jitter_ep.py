@@ -41,7 +41,6 @@ the rate and length of a rank's host stalls (q, D); none is published for the va
 from __future__ import annotations
 
 import numpy as np
-
 from scaleplan.estimator.jitter import schedule, simulate
 
 K_FWD_PER_MOE = 2  # EP rendezvous per MoE layer in a forward: dispatch and combine all-to-all

@@ -86,3 +86,24 @@ def test_a_fit_starting_at_the_identity_moves_off_it():
         assert f.params["host_scale"] == pytest.approx(hs, rel=0.02)
         assert f.params["c_a2a"] == pytest.approx(ca, abs=0.08)
         assert np.abs(f.residuals).max() < 0.02
+
+
+def test_an_added_term_is_fitted_with_its_prior_or_reported_not_separable():
+    from scaleplan.calibrate.joint import Terms
+
+    reps = 20
+    gpu = np.tile([1.0, 2.0, 3.0, 1.0, 4.0, 2.5], reps)
+    host = np.tile([2.0, 2.5, 2.0, 3.0, 1.0, 4.0], reps)
+    frac = np.tile([0.0, 0.3, 0.0, 0.2, 0.0, 0.4], reps)
+    base = _synthetic(gpu, host, frac)
+    terms = Terms().with_term("theta", 0.0, (0.0, 10.0), 1.0)
+    assert terms.names == ("host_scale", "ep_host_scale", "c_a2a", "c_pp", "theta", "c_level")
+    count = np.tile([0.0, 0.0, 1.0, 2.0, 0.5, 0.0], reps)  # seconds per unit theta, unlike anything else
+    tp = lambda p: base(p) + p["theta"] * count
+    f = fit_joint(tp, tp({**terms.identity, "host_scale": 1.1, "theta": 0.3}), terms=terms)
+    assert f.params["theta"] == pytest.approx(0.3, abs=0.02) and f.params["host_scale"] == pytest.approx(1.1, rel=0.02)
+    # a term that moves the runs exactly as c_a2a does is not separable from it: left at its identity
+    same = lambda p: base(p) * (1 + p["theta"] * frac)
+    g = fit_joint(same, same({**terms.identity, "c_a2a": 0.4}), terms=terms)
+    assert "theta" not in g.free and "not separable from" in g.unidentified["theta"] and g.params["theta"] == 0.0
+    assert "theta" not in Terms().names  # the calibration's own terms are unchanged

@@ -52,7 +52,8 @@ def test_slowest_of_ep_exponentials_has_mean_k_sigma_h_ep():
 @pytest.mark.parametrize("ep", [1, 2, 8])
 def test_one_stage_costs_exactly_the_slowest_of_ep_beyond_its_own_delay(ep):
     # P = 1: the ops run back to back, the step adds every op's mean delay
-    assert stall_exponential(ep, 1, 8, 4, samples=4000) == pytest.approx(mean_excess(ep, 1, 8, 4), abs=0.02 * 8 * 24 + 1)
+    # Monte Carlo (seeded): 4000 steps of 8 ops x 24 segments, sd ~17 segments each: a standard error of ~0.3
+    assert stall_exponential(ep, 1, 8, 4, samples=4000) == pytest.approx(mean_excess(ep, 1, 8, 4), abs=1.0)
     assert stall_rare(ep, 1, 8, 4) == pytest.approx((ep - 1) * 8 * 24, rel=1e-6, abs=1e-3)
 
 
