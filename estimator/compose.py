@@ -22,8 +22,15 @@ errors are in benchmarks/compose_accuracy.py):
   (hold-out m < 1024: 51%). Where the transposed problem (n, m', k) lies inside the table it is read
   instead (:func:`transposed_time`).
 * grouped GEMM grids are undominated first (:func:`undominated_grid`): a disturbed point is no edge.
+* causal SDPA below the measured seq_len: the call's fixed part plus the edge's GPU time scaled by its
+  linear + quadratic work (:class:`SdpaFloor`; affine rule in s^2: 16.5% at < 8192).
+* collectives beyond the largest message: alpha-beta from a robust edge, beta fitted over the last
+  messages and bounded by the regime's saturated bus bandwidth and, for an all-reduce, by its
+  reduce-scatter plus all-gather (:func:`collective_tail`, :func:`ring_all_reduce_bound`; last
+  interval's slope: 17.0% at a quarter of the largest message).
 
-Every quantity is read off the measured table itself (no fitted coefficient).
+Every quantity is read off the measured table itself: the SDPA and collective fits are least squares
+over the table's own points, no coefficient is set by hand.
 """
 from __future__ import annotations
 

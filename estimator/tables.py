@@ -62,7 +62,8 @@ COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {
     "grouped_gemm": ((1.0, 1.0), "grouped GEMM: affine in FLOPs (num_gemms x tokens_per_expert), a fixed "
                                  "per-call part plus the last measured interval's marginal cost"),
     "sdpa": ((2.0, 1.0, 1.0, 1.0), "causal SDPA: affine in FLOPs (quadratic in seq_len, linear in micro-batch, "
-                                   "heads, head_dim) at the last measured interval's marginal throughput"),
+                                   "heads, head_dim) at the last measured interval's marginal throughput; "
+                                   "below the measured seq_len compose.SdpaFloor"),
     "router": ((1.0, 1.0, 0.0), "router top-k: affine in the score count (tokens x experts), memory-bound"),
     "vocab": ((1.0, 1.0), "LM head / cross-entropy: affine in tokens x hidden at the last measured interval's "
                           "marginal throughput"),
