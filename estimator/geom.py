@@ -5,7 +5,7 @@ only adds per-layer shapes and the per-stage parameter split.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 
 import numpy as np
 from scaleplan.geometry import (
@@ -151,9 +151,11 @@ class GeometryBatch(Geometry):
     evaluate every plan of every geometry in one pass (``Estimator.best_plans``).
 
     Each field of :data:`PER_PLAN_FIELDS` is an array of shape (P,): the value of the plan's geometry
-    (same units as :class:`Geometry`); the :data:`STRUCTURE_FIELDS` and the flags ``is_moe``,
-    ``has_gate``, ``has_shared`` hold one value for the batch. ``index`` (int, (P,)): the position of
-    each plan's geometry in the list it was stacked from. Build with :meth:`stack`.
+    (same units as :class:`Geometry`), gathered from the geometries' values when first read (each level
+    of an evaluation, every plan or each distinct degree tuple, reads a few of them); the
+    :data:`STRUCTURE_FIELDS` and the flags ``is_moe``, ``has_gate``, ``has_shared`` hold one value for
+    the batch. ``index`` (int, (P,)): the position of each plan's geometry in the list it was stacked
+    from. Build with :meth:`stack`; :meth:`take` selects plans.
     """
 
     index: np.ndarray | None = None
@@ -168,13 +170,32 @@ class GeometryBatch(Geometry):
         kinds = {structure(g) for g in geoms}
         if len(kinds) != 1:
             raise ValueError(f"geometries of {len(kinds)} structures cannot share a batch: {sorted(map(str, kinds))}")
-        g0 = geoms[0]
-        index = np.asarray(index, dtype=np.int64)
-        cols = {f: np.array([getattr(g, f) for g in geoms])[index] for f in PER_PLAN_FIELDS}
+        table = {f: np.array([getattr(g, f) for g in geoms]) for f in PER_PLAN_FIELDS}
         dense = sorted({tuple(getattr(g, f) for f in DENSE_FIELDS) for g in geoms})
         rank = np.array([dense.index(tuple(getattr(g, f) for f in DENSE_FIELDS)) for g in geoms], dtype=np.int64)
-        return cls(**cols, **{f: getattr(g0, f) for f in STRUCTURE_FIELDS}, index=index, dense_index=rank[index],
-                   moe=g0.is_moe, gated=g0.has_gate, shared=g0.has_shared)
+        return cls._of(table, rank, np.asarray(index, dtype=np.int64), geoms[0])
+
+    @classmethod
+    def _of(cls, table: dict[str, np.ndarray], rank: np.ndarray, index: np.ndarray, like: Geometry) -> GeometryBatch:
+        """The batch whose plan p has the geometry ``index[p]`` of the per-geometry values ``table`` (dense
+        ranks ``rank``), the structure of ``like``. Only ``capacity_factor`` (a field with a class default)
+        is gathered now; :meth:`__getattr__` gathers the others when read."""
+        b = object.__new__(cls)
+        attrs = {f: getattr(like, f) for f in STRUCTURE_FIELDS}
+        attrs.update(index=index, dense_index=rank[index], moe=like.is_moe, gated=like.has_gate,
+                     shared=like.has_shared, _table=table, _rank=rank, capacity_factor=table["capacity_factor"][index])
+        for k, v in attrs.items():
+            object.__setattr__(b, k, v)
+        return b
+
+    def __getattr__(self, name: str):
+        """A per-plan field read for the first time: its geometries' values at ``index`` (kept)."""
+        table = self.__dict__.get("_table")
+        if table is None or name not in table:
+            raise AttributeError(name)
+        v = table[name][self.index]
+        object.__setattr__(self, name, v)
+        return v
 
     @property
     def is_moe(self) -> bool:
@@ -197,5 +218,4 @@ class GeometryBatch(Geometry):
         return (self.dense_index,)
 
     def take(self, idx) -> GeometryBatch:
-        return replace(self, index=self.index[idx], dense_index=self.dense_index[idx],
-                       **{f: getattr(self, f)[idx] for f in PER_PLAN_FIELDS})
+        return GeometryBatch._of(self._table, self._rank, self.index[idx], self)

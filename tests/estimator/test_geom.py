@@ -33,3 +33,22 @@ def test_geometry_of_the_700m_model_by_hand():
     assert g.expert_params == 128 * 3 * d * 1280           # every routed expert of one block
     assert g.moe_dense_params == 128 * d + 3 * d * 1280    # router + shared expert
     assert g.is_moe
+
+
+def test_a_batch_reads_each_plans_geometry_however_selected():
+    """GeometryBatch: every per-plan field of plan p is its geometry's (gathered when first read), after
+    any chain of selections; the batch-wide flags and unknown names behave as on one geometry."""
+    from scaleplan.estimator.geom import PER_PLAN_FIELDS, GeometryBatch
+    from scaleplan.geometry import ladder_model
+
+    geoms = [geometry(ladder_model(*z)) for z in ((8, 16, 1, 1), (12, 32, 2, 2), (10, 8, 2, 1))]
+    index = np.array([2, 0, 0, 1, 2, 1, 1])
+    batch = GeometryBatch.stack(geoms, index)
+    sub = batch.take(np.array([6, 4, 0])).take(np.array([True, False, True]))
+    for b, idx in ((batch, index), (sub, index[[6, 0]])):
+        assert list(b.index) == list(idx) and b.is_moe and b.batch_keys[0] is b.index
+        for f in PER_PLAN_FIELDS:
+            assert getattr(b, f).tolist() == [getattr(geoms[i], f) for i in idx], f
+    assert sub.dense_index.tolist() == batch.dense_index[[6, 0]].tolist()
+    with pytest.raises(AttributeError):
+        batch.no_such_field  # noqa: B018
