@@ -250,10 +250,11 @@ class Estimator:
         return memory_breakdown(g, plans, gbs, seqlen, optimizer, allocator_fraction=frac, context_bytes=ctx,
                                 rope=rope)
 
-    def _state_fits(self, geoms: list[Geometry], sets: list[ParallelLayout], optimizer: str,
+    def _state_fits(self, geoms: Geometry, sets: list[ParallelLayout], optimizer: str,
                     limit: float) -> list[np.ndarray]:
-        """Per plan set (``sets[j]`` the plans of ``geoms[j]``), the indices of the plans whose model state
-        alone (:func:`memory.state_bytes`) stays within ``limit`` bytes: the total of :meth:`_memory` sums it
+        """Per plan set (``sets[j]`` the plans of geometry j of ``geoms``: one Geometry, or a GeometryBatch
+        of one plan per geometry), the indices of the plans whose model state alone
+        (:func:`memory.state_bytes`) stays within ``limit`` bytes: the total of :meth:`_memory` sums it
         first and adds only non-negative bytes, so the others exceed the limit whatever their activations
         (4 in 5 plans on the paper grid). Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP)."""
         frac, ctx = self.tables.allocator if self.tables.allocator is not None else (0.0, 0.0)
@@ -262,8 +263,7 @@ class Estimator:
         parts = [s.distinct("tp", "cp", "pp", "dp", "ep", "etp") for s in sets]  # memoised per plan set
         tuples = ParallelLayout.concat([s.take(f) for s, (f, _) in zip(sets, parts)])
         owner = np.repeat(np.arange(len(sets)), [len(f) for f, _ in parts])
-        g = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner)
-        fits = ~(state_bytes(g, tuples, optimizer) > limit)
+        fits = ~(state_bytes(geoms.take(owner), tuples, optimizer) > limit)
         starts = np.cumsum([0] + [len(f) for f, _ in parts])
         return [np.nonzero(fits[a + inv])[0] for (_, inv), a in zip(parts, starts)]
 
@@ -355,22 +355,24 @@ class Estimator:
         out: list[EstimateResult | None] = [None] * len(geoms)
         if not any(len(s) for s in sets):
             return out
-        keep = self._state_fits(geoms, sets, optimizer, constraints.mem_fraction * self.profile.hbm_bytes)
+        # each geometry's fields once (GeometryBatch.take gives them to any selection of its plans)
+        each = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, np.arange(len(geoms)))
+        keep = self._state_fits(each, sets, optimizer, constraints.mem_fraction * self.profile.hbm_bytes)
         for a, b in _pieces([len(k) for k in keep], EVAL_PLANS):
-            self._best_in(geoms, rope, a, [s.take(k) for s, k in zip(sets[a:b], keep[a:b])], gbs, seqlen, optimizer,
-                          constraints.mem_fraction, out)
+            self._best_in(geoms, each, rope, a, [s.take(k) for s, k in zip(sets[a:b], keep[a:b])], gbs, seqlen,
+                          optimizer, constraints.mem_fraction, out)
         return out
 
-    def _best_in(self, geoms: list[Geometry], rope: bool, first: int, sets: list[ParallelLayout], gbs: int,
-                 seqlen: int, optimizer: str, frac: float, out: list[EstimateResult | None]) -> None:
+    def _best_in(self, geoms: list[Geometry], each: Geometry, rope: bool, first: int, sets: list[ParallelLayout],
+                 gbs: int, seqlen: int, optimizer: str, frac: float, out: list[EstimateResult | None]) -> None:
         """Into ``out``, the best plan of each of ``geoms[first:first + len(sets)]`` among its plans ``sets``
         (those whose model state fits), under ``frac`` of HBM: memory first, then the time model on the
-        plans that fit."""
+        plans that fit. ``each``: the geometries, one plan each (:meth:`_best_of_batch`)."""
         owner = np.repeat(np.arange(first, first + len(sets)), [len(s) for s in sets])  # sorted
         if len(owner) == 0:
             return
         plans, cap = ParallelLayout.concat(sets), self.profile.hbm_bytes
-        batch = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, owner)
+        batch = each.take(owner)
         mem = self._memory(batch, plans, gbs, seqlen, optimizer, rope)
         fits = np.nonzero(~(sum(mem.values()) > frac * cap))[0]
         if len(fits) == 0:
