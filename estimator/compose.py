@@ -6,10 +6,12 @@ Where the affine rule of tables.COMPOSE_RULES (continue the last measured interv
 transition as a trend, these bounds hold whatever regime the edge sits in (issue 27; the hold-out
 errors are in benchmarks/compose_accuracy.py):
 
-* grouped GEMM above the measured tokens per expert: ``max(t_edge, W / R_sat)``. A call with more
-  tokens per expert never takes less than one with fewer (its host and launch part is the same), and
+* grouped GEMM above the measured tokens per expert: ``max(t_edge, W / R_sat, t_dense)``. A call with
+  more tokens per expert never takes less than one with fewer (its host and launch part is the same),
   its GPU part cannot run faster than the fastest grouped-GEMM throughput measured on the device
-  (``R_sat``, FLOP/s, per direction and dtype, over every shape of the table). The affine rule
+  (``R_sat``, FLOP/s, per direction and dtype, over every shape of the table), nor than the dense GEMMs
+  of all its tokens concatenated where the dense table of the same dtype holds them
+  (:func:`concatenated_time`). The affine rule
   charges the edge interval's slope, which mid-ramp is the wave fill still improving and, where the
   edge is launch-bound, noise (hold-out: 14% / 26% at 2048 / 1024 tokens, worst 449%).
 * grouped GEMM below the measured tokens per expert: ``max(t_fixed(num_gemms), W / R_edge)``, the
@@ -41,18 +43,57 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Ceiling:
-    """Above axis ``axis``: t = max(t_composed_other_axes, W / r_sat), W = ``flops_per_point`` x the
-    product of the coordinates (FLOPs), r_sat in FLOP/s. Picklable (the tables are cached on disk)."""
+    """Above axis ``axis``: t = max(t_composed_other_axes, W / r_sat, t_dense), W = ``flops_per_point`` x
+    the product of the coordinates (FLOPs), r_sat in FLOP/s, t_dense (seconds) the GEMMs ``gemms`` of
+    the concatenated tokens (:func:`concatenated_time`) on ``dense``, the dense GEMM table of the same
+    dtype (None: no such bound). Picklable (the tables are cached on disk)."""
 
     axis: int
     flops_per_point: float
     r_sat: float
+    dense: object = None
+    gemms: tuple = ()
 
     def work(self, cs) -> np.ndarray:
         return self.flops_per_point * np.prod(np.broadcast_arrays(*cs), axis=0)
 
     def above(self, cs, t_comp: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return np.where(mask, np.maximum(t_comp, self.work(cs) / self.r_sat), t_comp)
+        t = np.maximum(t_comp, self.work(cs) / self.r_sat)
+        if self.dense is not None and np.any(mask):
+            tokens = np.asarray(cs[0], dtype=float) * np.asarray(cs[1], dtype=float)  # G T rows
+            tokens = np.broadcast_to(tokens, np.shape(mask))
+            t = np.fmax(t, concatenated_time(self.dense, self.gemms, tokens, mask))
+        return np.where(mask, t, t_comp)
+
+
+def expert_gemms(hidden: int, ffn: int, direction: str) -> tuple:
+    """One expert MLP's GEMMs as (m, n, k) of the dense table, 0 where the call's tokens go: fc1 (h -> 2 ffn,
+    SwiGLU gate and up) and fc2 (ffn -> h); backward, each layer's data gradient (tokens, in, out) and
+    weight gradient (in, out, tokens)."""
+    h, f2, f = float(hidden), 2.0 * ffn, float(ffn)
+    if direction == "fwd":
+        return ((0, f2, h), (0, h, f))
+    return ((0, h, f2), (h, f2, 0), (0, f, h), (f, h, 0))
+
+
+def concatenated_time(dense, gemms: tuple, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Seconds of the dense GEMMs ``gemms`` (:func:`expert_gemms`) over ``tokens`` rows (num_gemms x tokens
+    per expert), read off the dense GEMM table ``dense``: a grouped GEMM of G groups of T tokens does the
+    work of one dense GEMM of G T tokens and cannot run faster (the dense call is one launch, one tile
+    schedule over all the rows, one weight). Where ``mask`` holds and every GEMM's point lies inside the
+    table (measured or interpolated); NaN elsewhere (the caller keeps its other bounds). Hold-out above
+    2,048 / 1,024 tokens per expert: recorded B200 10.0 / 9.3% -> 9.8 / 9.3%, own H200 15.7 / 9.9% ->
+    13.8 / 8.2% (benchmarks/compose_accuracy.py)."""
+    out = np.full(np.shape(mask), np.nan)
+    x = tokens[mask]
+    if not x.size:
+        return out
+    # every GEMM's points in one lookup (one table call per grouped lookup, not one per GEMM)
+    c = [np.concatenate([x if g[a] == 0 else np.full(x.size, g[a]) for g in gemms]) for a in range(3)]
+    inside = np.all([(ci >= lo) & (ci <= hi) for ci, lo, hi in zip(c, dense.lo, dense.hi)], axis=0)
+    t = np.where(inside, dense.lookup(*c).t, np.nan).reshape(len(gemms), x.size)
+    out[mask] = t.sum(axis=0)  # NaN where any GEMM leaves the table
+    return out
 
 
 @dataclass(frozen=True)
@@ -161,12 +202,13 @@ def grouped_flops_per_point(hidden: int, ffn: int, direction: str) -> float:
     return 6.0 * hidden * ffn * (2.0 if direction == "bwd" else 1.0)
 
 
-def grouped_rules(points: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]]
+def grouped_rules(points: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]], dense=None
                   ) -> dict[tuple[str, int, int], tuple[Ceiling, LaunchFloor]]:
     """(Ceiling, LaunchFloor) on tokens_per_expert per grouped table, from every table's measured
     points: (direction, hidden, ffn) -> (num_gemms, tokens_per_expert, seconds). Per direction, R_sat
     is the fastest throughput any shape reached on the device and t_fixed(num_gemms) the fastest
-    time any shape took at that count."""
+    time any shape took at that count. ``dense``: the dense GEMM table of the same dtype, or None
+    (the Ceiling's concatenated-token bound, :func:`concatenated_time`)."""
     r_sat: dict[str, float] = {}
     fixed: dict[str, dict[float, float]] = {}
     for (dirn, h, f), (ng, tpe, t) in points.items():
@@ -178,7 +220,7 @@ def grouped_rules(points: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarra
     for key in points:
         fpp = grouped_flops_per_point(key[1], key[2], key[0])
         ns = sorted(fixed[key[0]])
-        out[key] = (Ceiling(1, fpp, r_sat[key[0]]),
+        out[key] = (Ceiling(1, fpp, r_sat[key[0]], dense, expert_gemms(key[1], key[2], key[0])),
                     LaunchFloor(1, fpp, tuple(ns), tuple(fixed[key[0]][n] for n in ns)))
     return out
 

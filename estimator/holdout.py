@@ -46,8 +46,10 @@ def _split(df: pd.DataFrame, axis: str, cut: float, below: bool):
     return df[~hide], df[hide]
 
 
-def _rebuilt(frames: dict[str, pd.DataFrame], suite: str, keep: pd.DataFrame, peak: float):
-    return build_tables("holdout", {**{k: pd.DataFrame() for k in frames}, suite: keep}, peak)
+def _rebuilt(frames: dict[str, pd.DataFrame], suite: str, keep: pd.DataFrame, peak: float, also: tuple = ()):
+    """Tables of ``keep`` for ``suite`` and the full rows of the suites ``also`` (a rule that reads them)."""
+    full = {k: frames[k] for k in also if k in frames}
+    return build_tables("holdout", {**{k: pd.DataFrame() for k in frames}, **full, suite: keep}, peak)
 
 
 def grouped(frames, peak: float, cut: float = 2048, axis: str = "tokens_per_expert", below: bool = False) -> Holdout:
@@ -56,7 +58,7 @@ def grouped(frames, peak: float, cut: float = 2048, axis: str = "tokens_per_expe
     df = frames["grouped_gemm"]
     df = df[(df["distribution"] == "balanced") & (df["dtype"] == "bf16")]
     keep, hid = _split(df, axis, cut, below)
-    tb = _rebuilt(frames, "grouped_gemm", keep, peak)
+    tb = _rebuilt(frames, "grouped_gemm", keep, peak, also=("gemm",))  # compose.concatenated_time's bound
     pred, meas = [], []
     for (h, f, ng, tpe), g in hid.groupby(["hidden", "ffn", "num_gemms", "tokens_per_expert"]):
         per = g.groupby("proj")[["fwd_s", "bwd_s"]].median()

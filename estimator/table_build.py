@@ -72,15 +72,18 @@ def _build_grouped(tb: Tables, df: pd.DataFrame) -> None:
     df = df[df["distribution"] == "balanced"]
     for dt, d in df.groupby("dtype"):
         out: dict = {}
-        _build_grouped_dtype(out, _newest(d, ["proj", "num_gemms", "tokens_per_expert", "hidden", "ffn"]))
+        dense = tb.by_dtype.get(str(dt), {}).get("gemm")  # this dtype's dense GEMM (_build_gemm ran first)
+        keys = ["proj", "num_gemms", "tokens_per_expert", "hidden", "ffn"]
+        _build_grouped_dtype(out, _newest(d, keys), dense)
         tb.by_dtype.setdefault(str(dt), {})["grouped"] = out
         if dt == "bf16":
             tb.grouped = out
 
 
-def _build_grouped_dtype(out: dict, df: pd.DataFrame) -> None:
+def _build_grouped_dtype(out: dict, df: pd.DataFrame, dense=None) -> None:
     """One dtype's grouped grids (every measured point is used, however few: a lookup between them
-    is interpolated, outside them out of range)."""
+    is interpolated, outside them out of range); ``dense``: that dtype's dense GEMM table or None
+    (compose.grouped_rules)."""
     built = {}
     for (h, f), g in df.groupby(["hidden", "ffn"]):
         for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
@@ -92,7 +95,8 @@ def _build_grouped_dtype(out: dict, df: pd.DataFrame) -> None:
             if len(tot) >= 1:
                 built[(dirn, int(h), int(f))] = tot
     cols = ("num_gemms", "tokens_per_expert", "t")
-    rules = compose.grouped_rules({k: tuple(v[c].to_numpy(float) for c in cols) for k, v in built.items()})
+    points = {k: tuple(v[c].to_numpy(float) for c in cols) for k, v in built.items()}
+    rules = compose.grouped_rules(points, dense)
     for key, tot in built.items():
         grid, vals = fill_grid(tot, ["num_gemms", "tokens_per_expert"], "t")
         vals = compose.undominated_grid(vals.reshape(len(grid[0]), len(grid[1]))).reshape(-1)

@@ -77,6 +77,26 @@ def test_ceiling_keeps_a_launch_bound_call_flat_until_its_work_needs_more():
     assert float(tab.lookup(4.0, 2048.0).t_composed) == pytest.approx(1e-4, rel=1e-9)
 
 
+def test_grouped_gemm_above_the_range_is_no_faster_than_the_dense_gemm_of_its_tokens():
+    # a flat 100 us grouped table (edge 2,048 tokens) and a dense table at 1 PFLOP/s (log-linear in every
+    # axis, so read exactly): 4 GEMMs x 8,192 tokens of h = f = 1000 forward are the dense GEMMs (32768, 2000,
+    # 1000) + (32768, 1000, 1000), 2 x 32768 x 3e6 / 1e15 = 197 us; backward the data and weight gradients,
+    # twice that. 8 x 16,384 = 131,072 rows leave the dense table: no bound there (the flat 100 us stays).
+    from scaleplan.estimator.compose import Ceiling, expert_gemms
+
+    ax = np.array([1000.0, 2000.0, 8192.0, 32768.0, 65536.0])
+    m, n, k = np.meshgrid(ax, ax, ax, indexing="ij")
+    dense = GridTable("gemm", ("m", "n", "k"), [ax, ax, ax], (2 * m * n * k / 1e15).reshape(-1))
+    tpe = np.array([1024.0, 2048.0])
+    for dirn, scale in (("fwd", 1.0), ("bwd", 2.0)):
+        ceil = Ceiling(1, 6e6 * scale, 1e17, dense, expert_gemms(1000, 1000, dirn))
+        tab = GridTable("grouped_gemm[1000x1000]", ("num_gemms", "tokens_per_expert"),
+                        [np.array([4.0, 8.0]), tpe], np.full((2, 2), 1e-4), ceiling=ceil)
+        got = tab.lookup(np.array([4.0, 8.0]), np.array([8192.0, 16384.0])).t_composed
+        assert got == pytest.approx([scale * 2 * 32768 * 3e6 / 1e15, 1e-4], rel=1e-9), dirn
+        assert float(tab.lookup(4.0, 2048.0).t_composed) == pytest.approx(1e-4, rel=1e-9)  # measured: as is
+
+
 def test_memory_floor_below_the_range():
     # edge m = 1024 at 1 PFLOP/s (n = k = 4096); below it max(t_min + B / bw, W / R_edge):
     # m = 256: W / R_edge = 2 256 4096^2 / 1e15 = 8.6 us; B = 256 4096 2 + 4096^2 = 1.89e7 elems at

@@ -184,9 +184,10 @@ def test_h200_sync_rows_hold_the_cost_of_a_device_synchronisation():
 def test_composition_meets_the_points_measured_above_the_h200_range(h200_db):
     """Grouped GEMM measured at 4096 and 8192 tokens per expert and SDPA at 32k tokens (preset
     single-gpu-holdout), hidden and composed from the rest (estimator/holdout.py). Seen: grouped GEMM above
-    2048 tokens 15.7% MAPE, composed 0.86x measured (the rule takes the fastest throughput of any shape;
-    each shape's own throughput is flat from 2048 tokens on, so scaling its edge linearly errs by 4.3%),
-    over issue 27's 10%; SDPA above 8192 tokens 9.9%."""
+    2048 tokens 13.8% MAPE, composed 0.865x measured (15.7%, 0.86x without the dense-GEMM bound of
+    compose.concatenated_time; the rule takes the fastest throughput of any shape; each shape's own
+    throughput is flat from 2048 tokens on, so scaling its edge linearly errs by 4.3%), over issue 27's
+    10%; SDPA above 8192 tokens 9.9%."""
     from scaleplan.estimator import holdout
 
     from scaleplan.db.measurements import load_frames
@@ -196,6 +197,6 @@ def test_composition_meets_the_points_measured_above_the_h200_range(h200_db):
     frames = load_frames(url, PROFILE)
     peak = load_profile(PROFILE).peak("bf16")
     g = holdout.grouped(frames, peak, cut=2048)
-    assert g.n == 216 and g.mape <= 0.20, g
+    assert g.n == 216 and g.mape <= 0.15, g
     a = holdout.sdpa(frames, peak, cut=8192)
     assert a.n == 24 and a.mape <= 0.12, a
