@@ -150,13 +150,11 @@ def staged_runs(est: Estimator) -> None:
     each geometry's embedding share, which is why a comparison must stay in one count.
 
     "Fits" is the planner's own rule, ``--mem-fraction`` 0.95 (scaleplan.units.MEM_FRACTION): the runs
-    were selected by a search, and both searches that could have selected them put ID 1 at full
-    recompute. Ours at 0.95 of HBM: ID 1's super-selective plan needs 177 of 179 GB (98.9%), over the
-    limit. The paper's reference search (dmlc/ScalePlan parallelism_search/searcher.py) caps memory at
-    0.9 of HBM and sweeps none/selective/full only: full again (selective needs 184 GB in ours). Both
-    are printed, and the 100%-of-HBM reading (super-selective for ID 1, 0.80 instead of 0.69) that
-    the previous headline used: no search would have chosen it, which is why the two computations
-    differed (the issue's 10.1% was the 0.95 reading at an earlier model state)."""
+    were selected by a search. Ours at 0.95 of HBM, with MoE blocks saving what Megatron-Core saves
+    (estimator/memory.py), ID 1's selective plan needs 169 of 179 GB (94.5%): it fits. The paper's
+    reference search (dmlc/ScalePlan parallelism_search/searcher.py) caps memory at 0.9 of HBM and
+    sweeps none/selective/full only: full recompute for ID 1. Both are printed, and the 100%-of-HBM
+    reading (no recompute for ID 1: 173 GB)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from paper_tables import STAGED_LAYOUT as lay
     from paper_tables import STAGED_RUNS as runs

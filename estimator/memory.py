@@ -14,7 +14,10 @@ Activations: :func:`block_activation_terms` lists, term by term, what a block sa
 (the reference model's structure, which is Megatron's: fused QKV buffer kept alive by V's view,
 RoPE'd Q/K copies, flash SDPA output + fp32 log-sum-exp, gate sigmoid, GEMM inputs, SwiGLU outputs,
 fp32 router tensors, permuted expert rows, int64 indices, fp32 norm statistics), checked per layer and
-checkpoint mode against the bytes torch saves (saved_tensors_hooks, within 0.4%). Checkpoint modes:
+checkpoint mode against the bytes torch saves (saved_tensors_hooks, within 0.4%). Under :data:`MEGATRON`
+an MoE block saves what Megatron-Core (0.13 on) saves instead (``mcore``): the router's GEMM keeps its
+model-dtype input, no fp32 copy, and the gate probabilities multiply the expert activation before fc2,
+so the combine keeps no expert-output rows. Checkpoint modes:
 none (all), selective (drops SDPA output, LSE and gate sigmoid), super-selective (also norm statistics
 and SwiGLU activation outputs), full (the block input only, plus one layer's activations while it is
 recomputed). :func:`dense_layer_activation_bytes` keeps Korthikanti et al. 2022's GPT formula
@@ -80,7 +83,8 @@ def sdpa_cast(g: Geometry) -> bool:
     return ACT_DTYPE.get(g.sdpa_precision, "bf16") != ACT_DTYPE.get(g.precision, "bf16")
 
 
-def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, rope: bool = True) -> dict:
+def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, rope: bool = True,
+                           mcore: bool = False) -> dict:
     """Bytes one block saves for its backward, per device and micro-batch, term by term, with no
     recomputation: ``{name: (bytes, freed_by)}``; ``freed_by`` is 'core' for tensors selective
     recompute drops (SDPA output and log-sum-exp, head-gate sigmoid), 'fine' for those
@@ -96,7 +100,8 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
     RowNorm, fp32 logits and scores, the top-K indices and gates, and per routed row (T K, times the
     capacity factor) the permuted input, fc1 output, activations, fc2 output and its gated copy, plus
     int64 permutation indices. Norm statistics: fp32 mean and rstd per token. TP with sequence
-    parallelism divides every per-token term by tp (the routed rows by tp / etp).
+    parallelism divides every per-token term by tp (the routed rows by tp / etp). ``mcore``: the MoE
+    block as Megatron-Core saves it (:func:`_moe_terms`).
     """
     T = s * b
     h, hd, nq = g.d, g.hd, g.nq
@@ -122,7 +127,8 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
         "norm2_in": (a * T * h, ""),
         # the FFN input is saved by a GEMM that reads it: the dense fc1, the shared expert or an fp32
         # router; a low-precision MoE block without a shared expert keeps only the router's fp32 copy
-        "ffn_in": (a * T * h if (not is_moe or g.has_shared or a == 4) else 0.0, ""),
+        # (Megatron-Core's router keeps this input itself)
+        "ffn_in": (a * T * h if (not is_moe or g.has_shared or a == 4 or mcore) else 0.0, ""),
         # hidden dropout after the attention and the FFN (Megatron's bias-dropout-add) keeps a 1-byte
         # mask each; attention dropout inside the flash kernel keeps only its RNG state
         "dropout_masks": (2.0 * T * h if g.dropout else 0.0, ""),
@@ -131,25 +137,35 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
         t.update(fc1_out=(a * T * w * g.dff, ""), act_out=(a * T * g.dff if g.glu else 0.0, "fine"),
                  fc2_in=(a * T * g.dff, ""))
         return {k: (v / tp, f) for k, (v, f) in t.items()}
-    t.update(_moe_terms(T, b, g, tp, etp, a))
+    t.update(_moe_terms(T, b, g, tp, etp, a, mcore))
     return {k: (v / tp, f_) for k, (v, f_) in t.items()}
 
 
-def _moe_terms(T, b, g: Geometry, tp, etp, a: float) -> dict:
+def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dict:
     """The MoE block's saved tensors of :func:`block_activation_terms` (bytes before the / tp):
-    router, routed rows and the shared expert."""
+    router, routed rows and the shared expert.
+
+    ``mcore``: as Megatron-Core saves them from 0.13 on (megatron/core/transformer/moe): the router's
+    gating GEMM (RouterGatingLinearFunction) saves its model-dtype input, the FFN input already
+    counted, and computes the fp32 logits without keeping an fp32 copy (no ``router_in_fp32``); the
+    grouped MLP multiplies the activation output by the permuted probabilities before fc2 and the
+    dispatcher's unpermute takes no probabilities, so no expert-output rows are saved (no
+    ``expert_out``) but the product keeps its input, the activation output (``expert_probs_in``, R f,
+    dropped with the activation under super-selective recompute)."""
     h, w = g.d, 2 if g.glu else 1
     R = T * g.K * g.capacity_factor * etp  # routed rows on this device, before the / tp
     E, f, fs = g.E, g.dexp / etp, g.dsh
     t = {}
     t.update({
-        "router_in_fp32": (4.0 * T * h if a != 4 else 0.0, ""),
+        "router_in_fp32": (4.0 * T * h if (a != 4 and not mcore) else 0.0, ""),
         "router_weight": (4.0 * E * (h + 2) * tp, ""),  # RowNorm'd W_r and its norms (not sharded)
         "router_logits_scores": (2 * 4.0 * T * E, ""),
         "router_topk": (8.0 * T * g.K + 4.0 * T * g.K + 3 * 4.0 * T + 4.0 * b * E * tp, ""),
         "expert_in": (a * R * h, ""), "expert_fc1_out": (a * R * w * f, ""),
         "expert_act_out": (a * R * f if g.glu else 0.0, "fine"), "expert_fc2_in": (a * R * f, ""),
-        "expert_out": (2 * a * R * h, ""),  # fc2 output and its gated copy (combine source)
+        # fc2 output and its gated copy (combine source); Megatron-Core gates before fc2 instead
+        "expert_out": (0.0 if mcore else 2 * a * R * h, ""),
+        "expert_probs_in": (a * R * f if mcore else 0.0, "fine"),
         "permute_idx": (2 * 8.0 * R + a * R + 8.0 * E * tp, ""),  # row->token, row order, gate per row, counts
     })
     if g.has_shared:
@@ -159,12 +175,12 @@ def _moe_terms(T, b, g: Geometry, tp, etp, a: float) -> dict:
 
 
 def block_activation_bytes(s, b, g: Geometry, tp, etp, is_moe: bool, mode_code, a: float = 2.0,
-                           rope: bool = True):
+                           rope: bool = True, mcore: bool = False):
     """One block's stored activations (bytes per device, one micro-batch) under checkpoint mode
     ``mode_code`` (array over plans): none keeps every term of :func:`block_activation_terms`,
     selective drops the 'core' terms, super-selective also the 'fine' ones, full keeps the block
-    input only."""
-    terms = block_activation_terms(s, b, g, tp, etp, is_moe, a, rope)
+    input only. ``mcore``: an MoE block as Megatron-Core saves it."""
+    terms = block_activation_terms(s, b, g, tp, etp, is_moe, a, rope, mcore)
     keep = {CkptMode.NONE: ("", "core", "fine"), CkptMode.SELECTIVE: ("", "fine"), CkptMode.SUPER_SELECTIVE: ("",)}
     by_mode = {m: sum(v for v, f in terms.values() if f in kinds) for m, kinds in keep.items()}
     by_mode[CkptMode.FULL] = a * s * b * g.d / tp  # the block input only
@@ -172,9 +188,10 @@ def block_activation_bytes(s, b, g: Geometry, tp, etp, is_moe: bool, mode_code, 
     return np.select([mode == m for m in CkptMode], [by_mode[m] for m in CkptMode])
 
 
-def moe_layer_activation_bytes(s, b, g: Geometry, tp, etp, mode_code, a: float = 2.0, rope: bool = True):
+def moe_layer_activation_bytes(s, b, g: Geometry, tp, etp, mode_code, a: float = 2.0, rope: bool = True,
+                               mcore: bool = False):
     """One MoE block's stored activations per device (see :func:`block_activation_terms`)."""
-    return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope)
+    return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope, mcore)
 
 
 def dense_block_bytes(s, b, g: Geometry, tp, mode_code, a: float = 2.0, rope: bool = True):
@@ -201,7 +218,8 @@ class ModelState:
     copy of each low-precision gradient (kept until the next zero_grad); shard_optimizer: master
     weights and moments sharded over the data-parallel group (distributed optimizer: dense params
     over DP x CP, expert params over EDP); ddp_buckets: torch DDP's reducer keeps its own copy of
-    every gradient in buckets when DP > 1 (gradient_as_bucket_view off).
+    every gradient in buckets when DP > 1 (gradient_as_bucket_view off); mcore_moe: MoE blocks save
+    for backward what Megatron-Core's MoE layer saves (:func:`_moe_terms`), not the reference model.
     """
 
     name: str
@@ -210,9 +228,11 @@ class ModelState:
     shard_optimizer: bool
     ddp_buckets: bool
     router_fp32: bool = False  # router weights stored in fp32 (the fp32 router island): no master copy
+    mcore_moe: bool = False
 
 
-MEGATRON = ModelState("megatron", grad_bytes=4.0, master_grad=False, shard_optimizer=True, ddp_buckets=False)
+MEGATRON = ModelState("megatron", grad_bytes=4.0, master_grad=False, shard_optimizer=True, ddp_buckets=False,
+                      mcore_moe=True)
 REFERENCE_DDP = ModelState("reference-ddp", grad_bytes=None, master_grad=True, shard_optimizer=False,
                            ddp_buckets=True, router_fp32=True)  # scaleplan.validate.runner: DDP + reference.optim.MasterAdamW
 # Allocator overhead when no bench measurement exists (bench suite 'allocator' measures both):
@@ -230,18 +250,19 @@ def state_bytes_per_param(state: ModelState, precision: str, optimizer: str) -> 
             "master_grads": 4.0 if (low and state.master_grad) else 0.0}
 
 
-def _layer_activations(g: Geometry, pl, s, a: float, rope: bool):
+def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = False):
     """(one dense block's, one MoE block's saved bytes, the extra peak of a full recompute) per device
     and micro-batch, arrays over plans: full recompute still materialises one layer's full
     activations during its backward. Computed once per distinct (geometry, TP, CP, ETP, B_micro, ckpt),
-    all they depend on (``s`` = seqlen / CP), and handed to the plans sharing it."""
+    all they depend on (``s`` = seqlen / CP), and handed to the plans sharing it. ``mcore``: MoE blocks
+    as Megatron-Core saves them."""
     first, inv = distinct(*g.batch_keys, pl.tp, pl.cp, pl.etp, pl.mbs, pl.ckpt)
     g, pl, s = g.take(first), pl.take(first), s[first]
     tp, etp, mbs, ck = pl.tp.astype(float), pl.etp.astype(float), pl.mbs.astype(float), pl.ckpt
-    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope) if g.is_moe else 0.0
+    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope, mcore) if g.is_moe else 0.0
     act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope)
     zero = np.zeros_like(ck)
-    whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope) if g.is_moe else 0.0,
+    whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope, mcore) if g.is_moe else 0.0,
                        dense_block_bytes(s, mbs, g, tp, zero, a, rope))
     out = (act_den, act_moe, np.where(ck == CkptMode.FULL, whole, 0.0))
     return tuple(np.broadcast_to(np.asarray(x, dtype=float), (len(first),))[inv] for x in out)
@@ -271,7 +292,7 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     # Megatron's distributed optimizer shards the state except for optimizers it refuses (plain DDP)
     sharded = state.shard_optimizer and opt_spec(optimizer).sharded
 
-    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope)
+    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe)
     inflight = np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
     logits = 4.0 * s * mbs * vocab_shard(g.vocab, pl.tp)  # fp32 logits forward, their gradient backward
     out = {}

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.memory import dense_block_bytes, dense_layer_activation_bytes, memory_breakdown
+from scaleplan.estimator.memory import MEGATRON, dense_block_bytes, dense_layer_activation_bytes, memory_breakdown
 from scaleplan.estimator.layout import ParallelLayout
 
 from scaleplan.specs import Layout, ModelBlock
@@ -94,3 +94,29 @@ def test_dp_collectives_follow_the_optimizer_megatron_runs(optimizer, expect):
     pts = recorded_lookups(est.model, est.tables, g, pl, gbs=64, seqlen=2048, optimizer=optimizer)
     dp_colls = {p["collective"] for p in pts["collectives"] if p["group_size"] == 16}
     assert dp_colls == expect
+
+
+@pytest.mark.parametrize("ckpt", ["none", "selective", "super-selective", "full"])
+def test_moe_blocks_save_what_megatron_core_saves(ckpt):
+    """Megatron-Core's MoE layer (0.13 on), against the reference model's (REFERENCE_DDP): its router
+    GEMM saves the bf16 input the shared expert saves too, not an fp32 copy (4 T h bytes less); the
+    probabilities multiply the SwiGLU output before fc2 and the unpermute takes none, so neither the
+    fc2 output nor its gated copy is kept (2 x 2 R h less) but the product keeps its bf16 input
+    (2 R f more, recomputed with the activation under super-selective); R = T K routed rows."""
+    from scaleplan.estimator.memory import REFERENCE_DDP
+    from scaleplan.geometry import ladder_model
+
+    m = ladder_model(10, 128, 2, 4)
+    h, f, K, L = m.hidden_sz, m.moe.expert_inter_sz, m.moe.experts_per_token, m.n_layers
+    s, b = 2048, 2
+    T = s * b
+    R = T * K
+    pl = ParallelLayout.from_specs([Layout(tp=1, pp=1, ep=8, dp=8, mbs=b, ckpt=ckpt)], 8)
+    g = geometry(m)
+    mcore, ref = (memory_breakdown(g, pl, gbs=64, seqlen=s, optimizer="adamw", state=st)["activations"][0]
+                  for st in (MEGATRON, REFERENCE_DDP))
+    per_block = 4 * T * h + 2 * 2 * R * h - (2 * R * f if ckpt != "super-selective" else 0)
+    # one stage holds all L - 1 MoE blocks; full recompute keeps only the block inputs (same in both)
+    # plus one MoE block's whole activations while it is recomputed
+    expect = per_block if ckpt == "full" else (L - 1) * per_block
+    assert ref - mcore == pytest.approx(expect, rel=1e-9)

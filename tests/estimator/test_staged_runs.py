@@ -2,13 +2,13 @@
 
 These are the only measured MFU figures of ladder geometries (the ones MOSAIC searches) that the
 paper publishes, as ratios to the best of the four. Compared as the table gives them: each geometry
-at its fastest checkpointing that fits under a search's memory rule (the planner's --mem-fraction
-0.95; the paper's reference search, 0.9 of HBM over none/selective/full, picks the same modes), our
+at its fastest checkpointing that fits under the planner's memory rule (--mem-fraction 0.95), our
 MFU in the FLOP count the runs logged (6 N tokens, N every active parameter), normalised by the
 best. Asserted, uncalibrated (every EP group inside a node and pp < GPUs/node, so eq:desync is 1):
-the order of the four runs is the measured one, and the normalised MAPE over IDs 1-3 is within 10%
-(9.5% today: ID 1 at full recompute, 0.69 against 0.84 measured; benchmarks/estimator_accuracy.py
-prints the three rules and the paper's own 19.7%).
+the order of the four runs is the measured one, and the normalised MAPE over IDs 1-3 is within 5%
+(3.6% today: ID 1 at selective recompute, 0.84 against 0.84 measured; under the paper's reference
+search's rule, 0.9 of HBM, it is at full recompute, 0.69; benchmarks/estimator_accuracy.py prints
+the three rules and the paper's own 19.7%).
 """
 import numpy as np
 import pytest
@@ -44,16 +44,19 @@ def test_staged_runs_ordered_and_normalised_as_measured(est):
     assert spearmanr(pred, measured).statistic == 1.0, pred
     keep = measured < 1  # ID 4 is 1 on both sides by construction
     mape = float(np.mean(np.abs(pred[keep] / pred.max() - measured[keep]) / measured[keep]))
-    assert mape <= 0.10, (mape, pred)
+    assert mape <= 0.05, (mape, pred)
 
 
-def test_both_search_rules_put_id1_at_full_recompute(est):
-    """ID 1's lighter modes need more than 0.95 of HBM (super-selective ~177 of 179 GB); full fits
-    under 0.9; the other three fit without recompute under either rule."""
+def test_id1_fits_selective_recompute_under_the_planners_rule_only(est):
+    """ID 1 (250 B total parameters) with MoE blocks saving what Megatron-Core saves: selective
+    recompute needs ~169 of 179 GB, within 0.95 of HBM, not within the reference search's 0.9, where
+    full recompute is the lightest that fits; no recompute fits neither. The other three fit without
+    recompute under either rule."""
     hbm_gb = est.profile.hbm_bytes / 1e9
     q, E, K, G = STAGED_RUNS[0][:4]
-    sup = staged_plan(est, q, E, K, G, 10.0, ("super-selective",))
-    assert sup.mem_per_device_gb > MEM_FRACTION * hbm_gb
-    for frac, modes in ((MEM_FRACTION, None), (0.9, ("none", "selective", "full"))):
+    none = staged_plan(est, q, E, K, G, 10.0, ("none",))
+    sel = staged_plan(est, q, E, K, G, 10.0, ("selective",))
+    assert 0.9 * hbm_gb < sel.mem_per_device_gb <= MEM_FRACTION * hbm_gb < none.mem_per_device_gb
+    for frac, modes, first in ((MEM_FRACTION, None, "selective"), (0.9, ("none", "selective", "full"), "full")):
         got = [staged_plan(est, *r[:4], frac, modes).layout["ckpt"] for r in STAGED_RUNS]
-        assert got == ["full", "none", "none", "none"], (frac, got)
+        assert got == [first, "none", "none", "none"], (frac, got)
