@@ -73,14 +73,16 @@ def test_refuses_non_positive_times():
         fit_joint(_synthetic(np.ones(2), np.ones(2), np.zeros(2)), np.array([1.0, 0.0]))
 
 
+def _six_shapes(reps: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(GPU seconds, host seconds, all-to-all share) of six run shapes, ``reps`` times each."""
+    return (np.tile([1.0, 2.0, 3.0, 1.0, 4.0, 2.5], reps), np.tile([2.0, 2.5, 2.0, 3.0, 1.0, 4.0], reps),
+            np.tile([0.0, 0.3, 0.0, 0.2, 0.0, 0.4], reps))
+
+
 def test_a_fit_starting_at_the_identity_moves_off_it():
     # every term starts at its identity (c_a2a on its zero bound, log host_scale at 0): the solver's first
     # trust radius is the start's norm, which 1e-9 off the bound made so small that it stopped there
-    reps = 20
-    gpu = np.tile([1.0, 2.0, 3.0, 1.0, 4.0, 2.5], reps)
-    host = np.tile([2.0, 2.5, 2.0, 3.0, 1.0, 4.0], reps)
-    frac = np.tile([0.0, 0.3, 0.0, 0.2, 0.0, 0.4], reps)
-    tp = _synthetic(gpu, host, frac)
+    tp = _synthetic(*_six_shapes())
     for hs, ca in ((1.2, 0.5), (0.9, 1.0), (1.1, 0.05)):
         f = fit_joint(tp, tp({**IDENTITY, "host_scale": hs, "c_a2a": ca}))
         assert f.params["host_scale"] == pytest.approx(hs, rel=0.02)
@@ -91,14 +93,11 @@ def test_a_fit_starting_at_the_identity_moves_off_it():
 def test_an_added_term_is_fitted_with_its_prior_or_reported_not_separable():
     from scaleplan.calibrate.joint import Terms
 
-    reps = 20
-    gpu = np.tile([1.0, 2.0, 3.0, 1.0, 4.0, 2.5], reps)
-    host = np.tile([2.0, 2.5, 2.0, 3.0, 1.0, 4.0], reps)
-    frac = np.tile([0.0, 0.3, 0.0, 0.2, 0.0, 0.4], reps)
+    gpu, host, frac = _six_shapes()
     base = _synthetic(gpu, host, frac)
     terms = Terms().with_term("theta", 0.0, (0.0, 10.0), 1.0)
     assert terms.names == ("host_scale", "ep_host_scale", "c_a2a", "c_pp", "theta", "c_level")
-    count = np.tile([0.0, 0.0, 1.0, 2.0, 0.5, 0.0], reps)  # seconds per unit theta, unlike anything else
+    count = np.tile([0.0, 0.0, 1.0, 2.0, 0.5, 0.0], len(gpu) // 6)  # seconds per unit theta, unlike anything else
     tp = lambda p: base(p) + p["theta"] * count
     f = fit_joint(tp, tp({**terms.identity, "host_scale": 1.1, "theta": 0.3}), terms=terms)
     assert f.params["theta"] == pytest.approx(0.3, abs=0.02) and f.params["host_scale"] == pytest.approx(1.1, rel=0.02)
