@@ -187,10 +187,11 @@ def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw", de
     for (params, group, layout, inter, nb), tensors in zip(dp_buckets(g_s, lay_s, gpn, s), per_tensor):
         act = (group > 1) & (params > 0) & present
         rails = lay_s.ranks_per_node("edp", gpn) if layout == "strided" else None
+        # the layer-wise optimizer gathers by one broadcast per tensor (layerwise.py): no all-gather lookup
         t = [nb * collective_time(tb, prof, sub, "dp_comm", coll, group, params / nb * nbytes, inter, layout, act,
-                                  rails=rails) for coll, nbytes in colls]
-        if ortho:  # the layer-wise optimizer gathers by one broadcast per tensor (estimator/layerwise.py)
-            t[1] = _broadcast_loop(tb, prof, sub, tensors, group, inter, layout, act, rails)
+                                  rails=rails) for coll, nbytes in (colls[:1] if ortho else colls)]
+        if ortho:
+            t.append(_broadcast_loop(tb, prof, sub, tensors, group, inter, layout, act, rails))
         # gradient side, parameter side (none for plain DDP), per plan and stage
         rs, ag, nb = t[0][idx], (t[1][idx] if len(t) > 1 else 0.0), nb[idx]
         if serial:
@@ -212,8 +213,9 @@ def _broadcast_loop(tb, prof, rec, tensors, group, inter, layout, active, rails)
     the current stream wait for it and the next starts after the current stream, so the dense group's
     and the expert group's loops add, though they run on two communicators' streams (the caller sums
     them). Most of these calls are latency-bound, so two rules of
-    the bandwidth-bound lookup change: a tensor below the table's smallest message costs that message's
-    time (the measured latency floor, as the collectives' compose rule has it below the range), and a
+    the bandwidth-bound lookup change: a tensor whose ring-equivalent size is below the table's smallest
+    message is read at that message's ring-equivalent size (smallest x n / (n - 1): the measured latency
+    floor, as the collectives' compose rule has it below the range), and a
     ring longer than the largest measured inter-node group adds the measured latency per extra rank
     (:func:`_ring_hop_latency`: NCCL broadcasts along a ring, one hop per rank), where busbw invariance
     would keep the largest group's time. Without a table: the analytic time."""
