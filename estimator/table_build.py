@@ -12,6 +12,7 @@ from scaleplan.estimator.tables import SDPA_BACKENDS, CollectiveTable, GridTable
 
 from scaleplan.db.measurements import load_frames
 from scaleplan.lazy import lazy_module
+from scaleplan.units import BYTES_PER_ELEMENT
 
 pd = lazy_module("pandas")
 
@@ -54,7 +55,7 @@ def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float) -> None:
             continue
         grid, vals = fill_grid(d, ["m", "n", "k"], "t_s", work=lambda p: 2.0 * p[:, 0] * p[:, 1] * p[:, 2] / peak)
         pts = [d[a].to_numpy(float) for a in ("m", "n", "k", "t_s")]
-        floor = compose.gemm_floor(*pts, elem_bytes={"fp8": 1.0, "fp32": 4.0, "tf32": 4.0}.get(str(dt), 2.0))
+        floor = compose.gemm_floor(*pts, elem_bytes=float(BYTES_PER_ELEMENT.get(str(dt), 2)))
         tab = GridTable("gemm", ("m", "n", "k"), grid, vals, floor=floor)
         tb.by_dtype.setdefault(str(dt), {})["gemm"] = tab
         if dt == "bf16":
