@@ -49,7 +49,8 @@ EXTRAPOLATE_MODES = ("compose", "error", "clamp")
 # below 16k, sub-MB collectives) constant throughput over-charges; on the recorded B200 tables the
 # affine rule beats it on every hold-out but the shallowest GEMM cut (estimator/holdout.py,
 # benchmarks/compose_accuracy.py). Collectives apply the same rule to message bytes (alpha-beta).
-# Below the smallest measured value the same affine rule runs down from the first measured interval,
+# Below the smallest measured value (GEMM and SDPA have rules of their own: COMPOSE_RULES' texts, compose.py)
+# the same affine rule runs down from the first measured interval,
 # never under its fixed part: an edge that already sits on its launch floor (flat first interval) keeps
 # it, one whose time still follows its work (e.g. 4 grouped GEMMs of 12k tokens: 1 GEMM is a quarter of
 # the work; an LM head of 2k tokens is half of 4k) scales down. (A floor at the table's fastest point
@@ -58,9 +59,12 @@ EXTRAPOLATE_MODES = ("compose", "error", "clamp")
 # (table name prefix) -> (work exponent per axis, rule text)
 COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {
     "gemm": ((1.0, 1.0, 1.0), "GEMM: affine in FLOPs (m n k) at the last measured interval's marginal "
-                              "throughput"),
+                              "throughput; below the measured m, the transposed problem (n, m', k) at the fastest "
+                              "measured m' >= m where n is measured (compose.transposed_time), else a roofline"),
     "grouped_gemm": ((1.0, 1.0), "grouped GEMM: affine in FLOPs (num_gemms x tokens_per_expert), a fixed "
-                                 "per-call part plus the last measured interval's marginal cost"),
+                                 "per-call part plus the last measured interval's marginal cost, on the "
+                                 "undominated grid (compose.undominated_grid); above the measured tokens no faster "
+                                 "than the dense GEMMs of the concatenated tokens (compose.concatenated_time)"),
     "sdpa": ((2.0, 1.0, 1.0, 1.0), "causal SDPA: affine in FLOPs (quadratic in seq_len, linear in micro-batch, "
                                    "heads, head_dim) at the last measured interval's marginal throughput; "
                                    "below the measured seq_len compose.SdpaFloor"),
@@ -70,8 +74,10 @@ COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {
     "elementwise": ((1.0, 1.0), "element-wise: affine in bytes (tokens x hidden) at the last measured "
                                 "interval's marginal bandwidth"),
     "collectives": ((1.0,), "collective: beyond the largest measured message alpha-beta, the time per byte of "
-                            "the last three messages (at most the regime's saturated bus bandwidth) added to the "
-                            "edge time (compose.collective_tail); below the smallest, its latency-bound time"),
+                            "the last three messages (at most the regime's saturated bus bandwidth; all-to-all: "
+                            "its own group size's) added to the edge time (compose.collective_tail), an all-reduce "
+                            "at most a reduce-scatter plus an all-gather; below the smallest, its latency-bound "
+                            "time"),
 }
 
 
