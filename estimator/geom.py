@@ -5,7 +5,7 @@ only adds per-layer shapes and the per-stage parameter split.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 import numpy as np
 from scaleplan.geometry import (
@@ -136,6 +136,8 @@ def geometry(m: ModelBlock) -> Geometry:
 #: the fields a batch holds once (the models branch on them), and the ones it holds per plan
 STRUCTURE_FIELDS = ("tie", "glu", "precision", "sdpa_precision", "dropout")
 PER_PLAN_FIELDS = tuple(f.name for f in fields(Geometry) if f.name not in STRUCTURE_FIELDS)
+# per-plan fields with a class default: the default would answer a read before __getattr__ could gather them
+DEFAULTED_FIELDS = tuple(f.name for f in fields(Geometry) if f.name in PER_PLAN_FIELDS and f.default is not MISSING)
 #: the fields the kernels outside the MoE block read (attention, dense MLP, TP/CP, vocabulary)
 DENSE_FIELDS = ("d", "nq", "nkv", "hd", "gate", "dff", "n_dense", "vocab")
 
@@ -178,12 +180,13 @@ class GeometryBatch(Geometry):
     @classmethod
     def _of(cls, table: dict[str, np.ndarray], rank: np.ndarray, index: np.ndarray, like: Geometry) -> GeometryBatch:
         """The batch whose plan p has the geometry ``index[p]`` of the per-geometry values ``table`` (dense
-        ranks ``rank``), the structure of ``like``. Only ``capacity_factor`` (a field with a class default)
-        is gathered now; :meth:`__getattr__` gathers the others when read."""
+        ranks ``rank``), the structure of ``like``. Only the fields with a class default (DEFAULTED_FIELDS)
+        are gathered now; :meth:`__getattr__` gathers the others when read."""
         b = object.__new__(cls)
         attrs = {f: getattr(like, f) for f in STRUCTURE_FIELDS}
         attrs.update(index=index, dense_index=rank[index], moe=like.is_moe, gated=like.has_gate,
-                     shared=like.has_shared, _table=table, _rank=rank, capacity_factor=table["capacity_factor"][index])
+                     shared=like.has_shared, _table=table, _rank=rank)
+        attrs.update({f: table[f][index] for f in DEFAULTED_FIELDS})
         for k, v in attrs.items():
             object.__setattr__(b, k, v)
         return b

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.geom import Geometry
-from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.params import StageParams, dp_stages, stage_params
-from scaleplan.estimator.recorder import distinct
 
 from scaleplan.errors import SpecError
 
@@ -108,8 +107,7 @@ def slowest_step(opt: Optimizer, g: Geometry, lay: ParallelLayout, peak: float, 
     distinct parameter set a stage can have. Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP),
     all it depends on (plans differing in B_micro, VPP or checkpointing share it); ``degrees``: that
     grouping when the caller has it (:func:`~scaleplan.estimator.layout.degree_groups`)."""
-    first, inv = degrees if degrees is not None else distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp,
-                                                              lay.ep, lay.etp)
+    first, inv = degrees if degrees is not None else degree_groups(g, lay)
     g, lay = g.take(first), lay.take(first)
     t = np.zeros(len(lay))
     for present, s in dp_stages(lay.pp):
