@@ -242,13 +242,6 @@ def test_undominated_grid_takes_the_faster_larger_call():
     assert undominated_grid(v).tolist() == [[1.0, 2.0, 2.0], [2.0, 2.5, 4.0]]
 
 
-def test_grouped_gemm_below_the_measured_group_count_within_10_percent(frames):
-    # composing 4 and 8 GEMMs down from 16 and 32: 15.4% while disturbed edge points (slower than a larger
-    # call of the same shape) were continued, 9.9% on the undominated grid
-    h = holdout.grouped(frames, PEAK, 16, "num_gemms", below=True)
-    assert h.n >= 200 and h.mape <= 0.10, h
-
-
 def test_gemm_below_the_measured_m_reads_the_transposed_problem():
     # m measured at 16 and 32, n at 4, 8, 16, 32 (k = 64; bf16 rows align at 8). A 4 x 16 GEMM is the 16 x 4
     # one transposed, a misaligned row (9 us): it reads the fastest of 8 and 16 rows (fewer rows never take
@@ -263,12 +256,6 @@ def test_gemm_below_the_measured_m_reads_the_transposed_problem():
     # n = 8 is no measured m (16, 32): the roofline, here the memory floor 1 us + the operands at 1e12 /s
     want = max(1e-6 + (4 * 64 + 64 * 8 + 4 * 8) / 1e12, 3e-6 * 4 / 16)
     assert float(tab.lookup(4.0, 8.0, 64.0).t_composed) == pytest.approx(want, rel=1e-9)
-
-
-def test_gemm_below_the_range_within_10_percent_at_both_depths(frames):
-    for cut in (1024, 2048):
-        h = holdout.gemm(frames, PEAK, cut, below=True)
-        assert h.n >= 500 and h.mape <= 0.10, h
 
 
 def test_collective_tail_takes_the_saturated_bus_bandwidth_of_the_most_bandwidth_bound_curve():
@@ -303,12 +290,6 @@ def test_collective_edge_never_moves_at_a_lower_bandwidth_than_a_smaller_message
     assert got == pytest.approx(2 * 4 * 4e-3, rel=1e-6)  # constant bandwidth from the 4 MiB point
 
 
-def test_collectives_within_10_percent_at_a_quarter_of_the_largest_message(frames):
-    # 17.0% before: the 16-rank inter-node all-to-all's disturbed 302 MB point was the edge (2.3x)
-    h = holdout.collectives(frames, PEAK, 0.25)
-    assert h.n >= 40 and h.mape <= 0.10, h
-
-
 def test_sdpa_below_the_measured_sequence_keeps_the_fixed_and_linear_parts():
     # t = 200 us + (l s + q s^2) B H D measured at 4k and 8k tokens, micro-batch 1 and 2: the fit recovers
     # c, l, q and a 1k-token call is c + its own linear and quadratic work; the affine rule in s^2 alone
@@ -325,13 +306,6 @@ def test_sdpa_below_the_measured_sequence_keeps_the_fixed_and_linear_parts():
                     [seq, mbs, np.array([8.0]), np.array([128.0])], t.reshape(2, 2, 1, 1), floor=fl)
     want = c + (l * 1024 + q * 1024.0 ** 2) * 2 * 8 * 128
     assert float(tab.lookup(1024.0, 2.0, 8.0, 128.0).t_composed) == pytest.approx(want, rel=1e-6)
-
-
-def test_sdpa_below_the_range_within_10_percent_at_both_depths(frames):
-    # 6.1 / 16.5% with the affine rule in s^2 (the backward's linear part and the fixed part lost)
-    for cut in (4096, 8192):
-        h = holdout.sdpa(frames, PEAK, cut, below=True)
-        assert h.n >= 20 and h.mape <= 0.10, h
 
 
 def test_all_to_all_tail_keeps_each_group_sizes_own_bandwidth():
@@ -373,7 +347,24 @@ def test_all_reduce_tail_costs_at_most_a_reduce_scatter_plus_an_all_gather_per_b
     assert tb.collectives[("all_gather", "contiguous", False)].tail.beta[0] == pytest.approx(2e-12, rel=1e-6)
 
 
-def test_collectives_within_10_percent_at_a_sixteenth_of_the_largest_message(frames):
-    # 16.3% with the last interval's slope from the measured edge
-    h = holdout.collectives(frames, PEAK, 1 / 16)
-    assert h.n >= 90 and h.mape <= 0.10, h
+# issue 27's composition target: every table's hold-out within 10% at the present cut and one twice as
+# deep (benchmarks/compose_accuracy.py). (hold-out, its arguments, fewest hidden points); the error each
+# had under the rule before this round's, and what changed it, in the comment
+HOLDOUTS_WITHIN_10 = [
+    # 15.4% while disturbed edge points (slower than a larger call of the same shape) were continued
+    ("grouped", (16, "num_gemms"), dict(below=True), 200),
+    # 10.4% at 2048 composing down the edge's compute slope; the transposed problem inside the table
+    ("gemm", (1024,), dict(below=True), 500), ("gemm", (2048,), dict(below=True), 500),
+    # 6.1 / 16.5% with the affine rule in s^2 (the backward's linear part and the fixed part lost)
+    ("sdpa", (4096,), dict(below=True), 20), ("sdpa", (8192,), dict(below=True), 20),
+    # 17.0%: the 16-rank inter-node all-to-all's disturbed 302 MB point was the edge (2.3x); 16.3% with the
+    # last interval's slope from the measured edge
+    ("collectives", (0.25,), {}, 40), ("collectives", (1 / 16,), {}, 90),
+]
+
+
+@pytest.mark.parametrize("name,args,kw,n_min", HOLDOUTS_WITHIN_10,
+                         ids=[f"{n}-{a[0]:g}" for n, a, _, _ in HOLDOUTS_WITHIN_10])
+def test_composition_hold_outs_within_10_percent(frames, name, args, kw, n_min):
+    h = getattr(holdout, name)(frames, PEAK, *args, **kw)
+    assert h.n >= n_min and h.mape <= 0.10, h
