@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -219,7 +218,7 @@ def depth_holdouts_present(frames, peak: float) -> list[tuple[Holdout, Holdout]]
 def cached_errors(url: str, profile: str, peak: float) -> dict:
     """:func:`measured_errors` of the tables of (resolved url, profile), about 15 s to measure: once per
     content of the measurement rows (a copy of a database, or one whose other tables changed, reuses it),
-    cached as JSON beside the compiled tables (``table_build.cache_path``: $SCALEPLAN_CACHE), and once
+    stored beside the compiled tables ($SCALEPLAN_CACHE, :func:`scaleplan.db.state_cache.stored`), and once
     per process. An SQLite database's state (:func:`scaleplan.db.state_cache.cached_read`) keys a second
     copy, read first: a planner command on an unchanged database neither reads the rows nor hashes them
     (~0.35 s before its plan search)."""
@@ -233,21 +232,10 @@ def cached_errors(url: str, profile: str, peak: float) -> dict:
 
 def _errors_by_content(frames, profile: str, peak: float) -> dict:
     """:func:`measured_errors` of ``frames``, cached per content of the rows (:func:`cached_errors`)."""
-    from scaleplan.db.state_cache import cache_file
+    from scaleplan.db.state_cache import cache_file, stored
 
     digest = hashlib.sha256(repr((profile, peak)).encode())
     for name in sorted(frames):
         digest.update(name.encode() + pd.util.hash_pandas_object(frames[name], index=False).to_numpy().tobytes())
-    path = cache_file("rule-errors", "json", digest.digest(), (*TABLE_MODULES, __name__))
-    if path is not None and path.exists():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass  # unreadable: measure again
-    out = measured_errors(frames, peak)
-    if path is not None:
-        try:
-            path.write_text(json.dumps(out))
-        except OSError:
-            pass
-    return out
+    path = cache_file("rule-errors", "pkl", digest.digest(), (*TABLE_MODULES, __name__))
+    return stored(path, lambda: measured_errors(frames, peak), valid=lambda v: isinstance(v, dict))

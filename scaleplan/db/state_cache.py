@@ -96,10 +96,16 @@ def cache_path(kind: str, url: str, key: Any, modules: tuple[str, ...]) -> Path 
 
 def cached_read(kind: str, url: str, key: Any, modules: tuple[str, ...], read: Callable[[], T],
                 valid: Callable[[Any], bool] = lambda v: True) -> T:
-    """``read()``, or what it returned for the same (url, key, database state, code) before. An
-    unreadable entry, or one ``valid`` rejects, is read again; exceptions of ``read`` propagate and
-    nothing is stored for them. Entries are written atomically (several commands may race)."""
-    path = cache_path(kind, url, key, modules)
+    """``read()``, or what it returned for the same (url, key, database state, code) before
+    (:func:`stored` at :func:`cache_path`)."""
+    return stored(cache_path(kind, url, key, modules), read, valid)
+
+
+def stored(path: Path | None, compute: Callable[[], T], valid: Callable[[Any], bool] = lambda v: True) -> T:
+    """What ``compute()`` returned when it was stored at ``path`` (a pickle), else ``compute()``, stored
+    there. An unreadable entry, or one ``valid`` rejects, is computed again; exceptions of ``compute``
+    propagate and nothing is stored for them. Entries are written atomically (several commands may race);
+    ``path`` None (no cache folder, or a database with no state) computes without storing."""
     if path is not None:
         try:
             with open(path, "rb") as f:
@@ -107,8 +113,8 @@ def cached_read(kind: str, url: str, key: Any, modules: tuple[str, ...], read: C
             if valid(value):
                 return value
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError):
-            pass  # missing or unreadable: read below
-    value = read()
+            pass  # missing or unreadable: computed below
+    value = compute()
     if path is not None:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
