@@ -324,8 +324,11 @@ class TimeModel(KernelModel):
         t_step_host = np.zeros(len(pp))
         if self.measured_host:
             t_disp, t_step_host = measured_host_times(tb, rec, g, ckc, L_stage, s.nd0, t_disp, seqlen * mbs / cp)
-        st = stage_periods(pp, s.t_stage0 - s.a2a0, s.t_other - s.a2a_o, k.t_first, k.t_last_f, k.t_last_b, t_disp,
-                           self.serial, s.a2a0, s.a2a_o)
+        # full recompute of an MoE block re-runs its dispatcher's host sync at the start of the last block's
+        # backward: the LM head's backward, issued just before, is exposed (pipeline.stage_periods)
+        x_lb = k.t_last_b * recomputes_block(ckc) if moe and not self.serial else 0.0
+        st = stage_periods(pp, s.t_stage0 - s.a2a0, s.t_other - s.a2a_o, k.t_first, k.t_last_f, k.t_last_b - x_lb,
+                           t_disp, self.serial, s.a2a0, s.a2a_o, x_lb)
         return t_disp, t_step_host, st
 
     def _pp_p2p(self, rec: Recorder, g: Geometry, k: LayerKernels, lay: ParallelLayout,

@@ -32,7 +32,7 @@ class StagePeriods:
 
 
 def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_last_bwd, t_disp, serial=False,
-                  a2a_first=0.0, a2a_other=0.0) -> StagePeriods:
+                  a2a_first=0.0, a2a_other=0.0, last_bwd_exposed=0.0) -> StagePeriods:
     """Per-micro-batch periods (seconds): the slowest stage's, and the other stages' summed (the
     fill and drain, :func:`pipeline_time`), first / middle / last stages considered.
 
@@ -49,6 +49,11 @@ def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_las
       waits for them. Their backward ``t_last_bwd`` is launched at once after the loss and runs while
       the host launches the layers' backward: it joins the GPU side of the max, as does the
       embedding ``t_first`` (first stage).
+    * ``last_bwd_exposed``: the part of the LM head + CE backward that no host work hides, added
+      outside the max like the forward. Under full recompute the last block's backward begins by
+      re-running its forward, whose token dispatcher syncs the host on the per-expert counts (the
+      sync above) before the host has issued more than the block's attention and router: the
+      host waits for the LM head's backward, which nothing overlapped (:meth:`TimeModel._pipeline_terms`).
 
     PP = 1: one stage runs the layers, the embedding and the LM head. ``serial``: the host dispatches
     on the cores that compute (a CPU device), so every term adds.
@@ -63,8 +68,8 @@ def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_las
     else:
         first = np.maximum(t_first_layers + t_first, t_disp) + a2a_first
         mid = np.maximum(t_other_layers, t_disp) + a2a_other
-        last = np.maximum(t_other_layers + t_last_bwd, t_disp) + a2a_other + t_last_fwd
-        one = np.maximum(t_first_layers + t_first + t_last_bwd, t_disp) + a2a_first + t_last_fwd
+        last = np.maximum(t_other_layers + t_last_bwd, t_disp) + a2a_other + t_last_fwd + last_bwd_exposed
+        one = np.maximum(t_first_layers + t_first + t_last_bwd, t_disp) + a2a_first + t_last_fwd + last_bwd_exposed
         d0 = np.maximum(t_first_layers, t_disp) + a2a_first
     # middle stages run the layers alone; the last stage is never lighter than they are
     period = np.where(pp > 1, np.maximum(first, last), one)

@@ -164,3 +164,38 @@ def test_all_to_all_adds_outside_the_dispatch_max():
     st = stage_periods(pp, np.array(40e-3), np.array(40e-3), z, z, z, np.array(30e-3), a2a_first=5e-3,
                        a2a_other=5e-3)
     assert st.period == pytest.approx(45e-3)
+
+
+def test_full_recompute_exposes_the_lm_head_backward_at_the_next_dispatcher_sync():
+    # same dispatch-bound last stage, but the last block's backward starts by re-running its forward,
+    # whose token dispatcher syncs the host: the 8 ms LM head backward issued just before is waited for
+    z, pp = np.array(0.0), np.array(2)
+    st = stage_periods(pp, np.array(10e-3), np.array(10e-3), z, np.array(4e-3), z, np.array(30e-3),
+                       last_bwd_exposed=np.array(8e-3))
+    assert st.period == pytest.approx(42e-3)
+    assert st.period_disp == pytest.approx(30e-3)  # the vocabulary-free period does not carry it
+    one = stage_periods(np.array(1), np.array(10e-3), z, z, np.array(4e-3), z, np.array(30e-3),
+                        last_bwd_exposed=np.array(8e-3))
+    assert one.period == pytest.approx(42e-3)
+
+
+@pytest.mark.parametrize("pp", [1, 4])
+def test_the_model_exposes_the_lm_head_backward_only_under_full_recompute(pp):
+    # host-bound 700M MoE plans (host_scale 50): the vocabulary term is n_mb (t_LM fwd + t_LM bwd) under
+    # full recompute (the recompute's dispatcher sync), n_mb t_LM fwd without recompute (hidden)
+    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.estimator.recorder import Recorder
+    from scaleplan.specs import Layout, parse_spec
+    from tests.estimator.conftest import moe_spec
+
+    spec = parse_spec(moe_spec())
+    est = Estimator.from_frames("p6-b200.48xlarge", {}, host_scale=50.0)
+    g, n_mb = geometry(spec.model), 256 // (32 // pp)
+    for ckpt, with_bwd in (("full", 1.0), ("none", 0.0)):
+        lay = Layout(pp=pp, ep=8, dp=32 // pp, mbs=1, ckpt=ckpt)
+        pl = ParallelLayout.from_specs([lay], 32)
+        k = est.model.layer_kernels(est.tables.view(g.precision), g, pl, 8192, Recorder(1, "compose"))
+        vocab = est.estimate(spec, 32, [lay])[0].breakdown_s["vocab"]
+        expect = n_mb * (float(k.t_last_f[0]) + with_bwd * float(k.t_last_b[0]))
+        assert vocab == pytest.approx(expect, rel=1e-9), ckpt
