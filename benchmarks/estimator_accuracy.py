@@ -89,6 +89,7 @@ def main() -> None:
                   + (" | not fitted: " + "; ".join(f"{k}: {v}" for k, v in f.unidentified.items())
                      if f.unidentified else ""))
     slot_pairs(sw, preds, t_meas)
+    slot_law(sw, preds, t_meas)
     if a.verbose:
         for name, spec, n, lays, real, _ in sw:
             for lo, r, m in zip(lays, preds[name], real):
@@ -139,6 +140,30 @@ def slot_pairs(sw, preds: dict, t_meas: dict) -> None:
         cells = [f"pp={lo.pp} ep={lo.ep} {m / base[lo.ep][0]:.2f} | {p / base[lo.ep][1]:.2f}"
                  for nm, lo, _, m, p, _ in rows if nm == name and lo.pp > 1 and lo.ep in base]
         print(f"   {name}: " + ";  ".join(cells))
+
+
+def slot_law(sw, preds: dict, t_meas: dict) -> None:
+    """A third structural check: at each EP, the pipelined layouts' slot time t_iter / (n_mb + PP - 1)
+    against the layers per stage L_s, fitted as a + b L_s (least squares, ms), measured and ours. b is
+    what one layer costs per micro-batch, a what every slot costs whatever its layers (the LM head
+    on the last stage, t_host, p2p). Where the two split differently, the model puts a cost per layer
+    that the runs pay per slot, or the reverse; only EPs with three or more depths are printed."""
+    print("slot time a + b L_stage at each EP, pipelined layouts (ms; measured | ours; rms residual):")
+    for name, spec, n, lays, real, _ in sw:
+        gbs, L = spec.data.gbs, spec.model.n_layers
+        for ep in sorted({lo.ep for lo in lays}):
+            rows = [(L / lo.pp, gbs / (lo.dp * lo.mbs) + lo.pp - 1, m, r.t_iter_s)
+                    for lo, r, m in zip(lays, preds[name], real) if lo.ep == ep and lo.pp > 1]
+            if len(rows) < 3:
+                continue
+            x = np.array([[1.0, r[0]] for r in rows])
+            cells = []
+            for col in (2, 3):
+                y = 1e3 * np.array([r[col] / r[1] for r in rows])
+                coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+                rms = float(np.sqrt(np.mean((x @ coef - y) ** 2)))
+                cells.append(f"a {coef[0]:5.0f} b {coef[1]:5.1f} ({rms:.0f})")
+            print(f"   {name} ep={ep} over L_stage {sorted({int(r[0]) for r in rows})}: " + " | ".join(cells))
 
 
 def staged_runs(est: Estimator) -> None:
