@@ -3,8 +3,9 @@
     python benchmarks/calibration_report.py [--db FILE] [--plot DIR] [--json]
 
 Builds a fresh SQLite database, imports ../shared/recorded/dmlc-scaleplan, adds
-../shared/validation/mfu_sweeps.csv (specs: models.yaml), fits the dispatch floor and chi_sys in
-both modes (absolute: real_step_s_est, the measured step time; normalized: scale-free on real_mfu_norm; and normalized with
+../shared/validation/mfu_sweeps.csv (specs: models.yaml), fits the runtime calibration (the default
+`scaleplan calibrate fit`, calibrate/joint.py; its report is what `scaleplan calibrate report` prints),
+then the dispatch floor and chi_sys alone in both modes (absolute: real_step_s_est, the measured step time; normalized: scale-free on real_mfu_norm; and normalized with
 the reference estimator's published coefficients as the prior of unidentifiable terms), and prints per
 sweep the step-time MAPE before/after, the leave-one-sweep-out (LOSO) MAPE, Spearman, top-k overlap and
 whether the best measured layout is in our predicted top 2, with the reference estimator's
@@ -46,6 +47,22 @@ def _row(r: dict) -> str:
                if "reference" in top else "-") + f"  {reft:<4}| {'MET' if ok else 'missed'}")
 
 
+def _header() -> str:
+    return (f"{'sweep':<13}{'n':>3}  {'scale':<6} {'before':>6} {'after':>6} {'LOSO':>6}  {'rho':>5}  "
+            f"{'top-1/5/10':<14}  {'t1t2':<4} {'loso':<4}| {'ref':>6} {'rho':>5} {'top-1/5/10':<14}  "
+            f"{'t1t2':<4}| target")
+
+
+def _print_runtime(res: dict) -> None:
+    fit = res["fit"]
+    print("== runtime (the default `calibrate fit`): " + "  ".join(f"{k}={fit['params'][k]:.4g}" for k in fit["free"]))
+    for k, why in fit["unidentified"].items():
+        print(f"   {k} not fitted: {why}")
+    print(_header())
+    for r in res["report"]["sweeps"]:
+        print(_row(r))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", help="SQLite file to build (default: a temporary one)")
@@ -55,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from scaleplan.calibrate.observations import add_runs
-    from scaleplan.calibrate.runner import build_report, fit_chi_sys, fit_dispatch_floor
+    from scaleplan.calibrate.runner import build_report, fit_chi_sys, fit_dispatch_floor, fit_runtime
 
     from scaleplan.db import session as dbs
     from scaleplan.db.importers import import_scaleplan_dir
@@ -77,24 +94,26 @@ def main(argv: list[str] | None = None) -> int:
         rep = build_report(url, calibration_id=fit["calibration_id"], plot=plot)
         results[name] = {"fit": {k: fit[k] for k in ("calibration_id", "coefficients", "free", "unidentified",
                                                      "cv_error", "notes")}, "report": rep}
+    rt = fit_runtime(url)  # last: it stores a dispatch row (law + host_scale) the chi_sys fits above would read
+    results["runtime"] = {"fit": {k: rt[k] for k in ("params", "free", "unidentified", "loso", "notes")},
+                          "report": build_report(url, extrapolate="compose")}
     results["seconds"] = time.perf_counter() - t0
     if args.json:
         json.dump(results, sys.stdout, indent=2, default=str)
         print()
         return 0
+    _print_runtime(results["runtime"])
     d = disp["coefficients"]
-    print(f"dispatch: t_gap {d['t_gap_s'] * 1e6:.2f} us, kappa0 {d['kappa0']:g}, kappa1 {d['kappa1']:g}, "
+    print(f"\ndispatch: t_gap {d['t_gap_s'] * 1e6:.2f} us, kappa0 {d['kappa0']:g}, kappa1 {d['kappa1']:g}, "
           f"t_host {d['t_host_s'] * 1e3:g} ms; chain gap {d['t_gap_chain_s'] * 1e6:.2f} us "
           f"(identified: {', '.join(disp['identified'])})")
-    for name, _, _ in VARIANTS:
+    for name, _, _ in VARIANTS:  # chi_sys alone, on the dispatch floor from the benchmarks
         fit, rep = results[name]["fit"], results[name]["report"]
         print(f"\n== {name}: calibration {fit['calibration_id']}  "
               + "  ".join(f"{k}={v:.4g}" for k, v in fit["coefficients"].items()))
         for n in fit["notes"]:
             print(f"   note: {n}")
-        print(f"{'sweep':<13}{'n':>3}  {'scale':<6} {'before':>6} {'after':>6} {'LOSO':>6}  {'rho':>5}  "
-              f"{'top-1/5/10':<14}  {'t1t2':<4} {'loso':<4}| {'ref':>6} {'rho':>5} {'top-1/5/10':<14}  "
-              f"{'t1t2':<4}| target")
+        print(_header())
         for r in rep["sweeps"]:
             print(_row(r))
         if args.detail:
