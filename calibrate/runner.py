@@ -273,7 +273,8 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
                 sources: list[str] | None = None, extrapolate: str = "compose", save: bool = True) -> dict[str, Any]:
     """Fit the runtime calibration (calibrate/joint.py: host_scale, c_a2a, c_pp, c_level, each only
     where the runs identify it) on the observed runs' absolute step times, with a leave-one-sweep-out
-    check; store a 'dispatch' version (the law in force + host_scale) and a 'chi_sys' version.
+    check; store a 'dispatch' version (the law in force + host_scale and ep_host_scale) and a 'chi_sys'
+    version.
 
     Raises ScaleplanError: no observed runs, none with an absolute measurement.
     """
@@ -326,8 +327,9 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
             row = {"inputs": inputs, "residuals": loso_rel if loso_rel else np.expm1(fit.residuals).tolist(),
                    "cv_error": cv, "n_obs": len(obs),
                    "notes": f"runtime fit ({', '.join(fit.free) or 'nothing identified'})"}
-            # fitted on the uncalibrated law: the row is that law + host_scale, nothing of an earlier row
-            d = write_dispatch(s, profile, {"host_scale": fit.params["host_scale"]}, base=law, **row)
+            # fitted on the uncalibrated law: the row is that law + the host scales, nothing of an earlier row
+            d = write_dispatch(s, profile, {k: fit.params[k] for k in ("host_scale", "ep_host_scale")}, base=law,
+                               **row)
             c = write_chi_sys(s, profile, chi, **row)
             out["calibration_ids"] += [d.id, c.id]
     return out

@@ -173,3 +173,26 @@ def test_runs_the_estimator_refuses_are_left_out_and_listed(synth_db):
     assert out["skipped"] and all(s["layout"]["pp"] == 16 for s in out["skipped"])
     # without pp=16 no pipeline spans nodes: c_pp is no longer identifiable
     assert "c_pp" not in out["free"] and out["coefficients"]["c_a2a"] == pytest.approx(TRUE["c_a2a"], abs=0.05)
+
+
+def test_the_stored_runtime_calibration_carries_every_fitted_host_scale(tmp_path, recorded_db, validation_dir,
+                                                                        monkeypatch):
+    # a runtime fit that frees ep_host_scale must store it: the estimator built on the calibration then
+    # runs the law the fit chose (the row used to carry host_scale alone, so ep_host_scale fell back to 1)
+    from scaleplan.calibrate import joint
+    from scaleplan.calibrate.runner import fit_runtime
+    from scaleplan.estimator import Estimator
+
+    url = copy_sqlite(recorded_db, tmp_path / "rt.db")
+    add_runs(url, validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml")
+    real = joint.fit_joint
+
+    def freeing_both(t_pred, t_meas, sweeps=None, terms=None):
+        f = real(t_pred, t_meas, sweeps, terms)
+        return joint.JointFit({**f.params, "host_scale": 0.9, "ep_host_scale": 1.3}, ["host_scale", "ep_host_scale"],
+                              {}, f.residuals, f.residuals_before)
+
+    monkeypatch.setattr(joint, "fit_joint", freeing_both)
+    fit_runtime(url, sweeps=["5p4b-256dev"])
+    est = Estimator("p6-b200.48xlarge", url)
+    assert (est.host_scale, est.ep_host_scale) == (0.9, 1.3)
