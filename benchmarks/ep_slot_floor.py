@@ -20,6 +20,7 @@ here is in the time model: no mechanism is known for any of the three.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +30,11 @@ from scaleplan.calibrate.joint import estimator_t_pred, fit_joint
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.ckpt import kernel_units
 from scaleplan.estimator.dispatch import dispatch_time
+from scipy.special import digamma
 
 PROFILE = "p6-b200.48xlarge"
-FORMS = {"log2": np.log2, "harmonic": lambda ep: np.array([np.sum(1.0 / np.arange(1, int(e) + 1)) - 1.0
-                                                            for e in np.ravel(ep)]).reshape(np.shape(ep))}
+# H_EP - 1 = digamma(EP + 1) + Euler's gamma - 1
+FORMS = {"log2": np.log2, "harmonic": lambda ep: digamma(ep + 1.0) + np.euler_gamma - 1.0}
 
 
 def law(variant: str, c_s: float, form):
@@ -43,7 +45,8 @@ def law(variant: str, c_s: float, form):
             return base
         u = kernel_units(ckc) / 4.0
         ep = np.asarray(ep, dtype=float)
-        per_layer = np.where(ep > 1, n_moe_stage * disp.t_ep_host_s * u, 0.0)
+        # the law's own per-MoE-layer EP term: what it adds over the same law without it
+        per_layer = base - dispatch_time(replace(disp, t_ep_host_s=0.0), L_stage, E_loc, ckc, n_moe_stage, ep)
         floor = np.where((ep > 1) & (np.asarray(n_moe_stage) > 0), c_s * form(np.maximum(ep, 1.0)) * u, 0.0)
         ep_term = {"replace": floor, "max": np.maximum(per_layer, floor), "add": per_layer + floor}[variant]
         return base - per_layer + ep_term

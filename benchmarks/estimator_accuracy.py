@@ -156,13 +156,13 @@ def slot_law(sw, preds: dict, t_meas: dict) -> None:
                     for lo, r, m in zip(lays, preds[name], real) if lo.ep == ep and lo.pp > 1]
             if len(rows) < 3:
                 continue
-            x = np.array([[1.0, r[0]] for r in rows])
+            l_s, slots = np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
             cells = []
             for col in (2, 3):
-                y = 1e3 * np.array([r[col] / r[1] for r in rows])
-                coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-                rms = float(np.sqrt(np.mean((x @ coef - y) ** 2)))
-                cells.append(f"a {coef[0]:5.0f} b {coef[1]:5.1f} ({rms:.0f})")
+                y = 1e3 * np.array([r[col] for r in rows]) / slots
+                b, a = np.polyfit(l_s, y, 1)
+                rms = float(np.sqrt(np.mean((a + b * l_s - y) ** 2)))
+                cells.append(f"a {a:5.0f} b {b:5.1f} ({rms:.0f})")
             print(f"   {name} ep={ep} over L_stage {sorted({int(r[0]) for r in rows})}: " + " | ".join(cells))
 
 
