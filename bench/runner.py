@@ -39,7 +39,7 @@ Event = Callable[[str, dict[str, Any]], None]
 _GPU_PROFILES = (
     ("B200", "p6-b200.48xlarge", "p6-b200.48xlarge"),
     ("H200", "h200-single", "p5en.48xlarge"),
-    ("H100", "p5.48xlarge", "p5.48xlarge"),
+    ("H100", "h100-single", "p5.48xlarge"),
     ("A100", "p4d.24xlarge", "p4d.24xlarge"),
 )
 

@@ -206,6 +206,7 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
         ("NVIDIA H200", 8, "p5en.48xlarge"),
         ("NVIDIA B200", 8, "p6-b200.48xlarge"),
         ("NVIDIA H100 80GB HBM3", 8, "p5.48xlarge"),
+        ("NVIDIA H100 80GB HBM3", 1, "h100-single"),
         ("NVIDIA A100-SXM4-40GB", 8, "p4d.24xlarge"),
     ],
 )
