@@ -146,7 +146,7 @@ def _components(res, pred: dict | None) -> dict | None:
     attributed = sum(t for c, t in tr["components_s"].items() if c != "host gaps/idle")
     return {"trace_path": tr["path"], "steps": tr["steps"], "step_wall_s": tr["step_wall_s"],
             "rows": vtrace.component_table(tr["components_s"], predicted), "top_ops": tr["top_ops"],
-            "in_trace": tr.get("in_trace"), "attributed_device_s": attributed}
+            "ops": tr.get("ops"), "in_trace": tr.get("in_trace"), "attributed_device_s": attributed}
 
 
 def _write_html(report: ValidateReport, sp, preds: list) -> None:

@@ -125,7 +125,9 @@ def _unclaimed_device_s(events) -> dict[str, float]:
 def attribute(events, wall_s: float, device: str, steps: int = 1) -> dict[str, Any]:
     """Seconds per component and step from profiler ``events`` (FunctionEvents of ``steps`` steps
     whose summed wall time is ``wall_s``). Returns {"components_s": {...}, "top_ops": {component:
-    [(name, seconds)]}, "regions_found": sorted regions}."""
+    [(name, seconds)]}, "ops": [(component, name, seconds, calls)] for every op with time, seconds and
+    calls per step, slowest first, "regions_found": sorted regions}. ``ops`` gives each op's seconds per
+    call (what a rate per op, e.g. of the index kernels, is read from)."""
     cuda = device == "cuda"
     fwd_region: dict[int, str] = {}
     for e in events:  # forward ops: the scope that encloses the op that created each autograd node
@@ -135,6 +137,7 @@ def attribute(events, wall_s: float, device: str, steps: int = 1) -> dict[str, A
                 fwd_region.setdefault(e.sequence_nr, r)
     comp_s: dict[str, float] = defaultdict(float)
     by_op: dict[tuple[str, str], float] = defaultdict(float)
+    calls: dict[tuple[str, str], int] = defaultdict(int)
     regions = set()
     claimed = 0.0
     for e in events:
@@ -156,6 +159,7 @@ def attribute(events, wall_s: float, device: str, steps: int = 1) -> dict[str, A
         comp = classify(e.name, region)
         comp_s[comp] += t
         by_op[(comp, e.name)] += t
+        calls[(comp, e.name)] += 1
         claimed += t
     if cuda:  # device work no CPU op launched (e.g. NCCL kernels): by kernel name
         for name, t in _unclaimed_device_s(events).items():
@@ -169,7 +173,8 @@ def attribute(events, wall_s: float, device: str, steps: int = 1) -> dict[str, A
     for (c, n), t in sorted(by_op.items(), key=lambda kv: -kv[1]):
         if len(top[c]) < 5:
             top[c].append([n, t / steps])
-    return {"components_s": out, "top_ops": dict(top), "regions_found": sorted(regions)}
+    ops = [[c, n, t / steps, calls[(c, n)] / steps] for (c, n), t in sorted(by_op.items(), key=lambda kv: -kv[1])]
+    return {"components_s": out, "top_ops": dict(top), "ops": ops, "regions_found": sorted(regions)}
 
 
 def predicted_components(breakdown_s: dict[str, float] | None) -> dict[str, float] | None:

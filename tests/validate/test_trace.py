@@ -103,6 +103,15 @@ def test_cpu_step_is_attributed_to_every_component_it_runs(impl, ckpt):
     # the LM head's forward and backward GEMMs: 2 T d V FLOP forward, twice that backward; they land in
     # LM head + CE, not in dense GEMMs
     assert "aten::mm" in [n for n, _ in got["top_ops"]["LM head + CE"]]
+    # every op with its calls: the per-op seconds add up to each component's, and every call is counted
+    # (the grouped GEMM or the loop's mm run 3 times per expert GEMM per MoE layer: forward, grad of the
+    # input, grad of the weight; the model has MoE layers, so at least 3 expert-GEMM calls per step)
+    ops = got["ops"]
+    for c in vtrace.COMPONENTS:
+        if c != "host gaps/idle":
+            assert sum(t for cc, _, t, _ in ops if cc == c) == pytest.approx(comp[c], rel=1e-9, abs=1e-12), c
+    assert all(n >= 1 for *_, n in ops)
+    assert sum(n for c, _, _, n in ops if c == "expert GEMMs") >= 3
 
 
 def test_predicted_components_sum_the_estimators_breakdown():
