@@ -195,7 +195,8 @@ def test_a_traced_step_counts_each_kernel_once(profile):
     equals the device time the saved trace itself holds (kernels + memcpy + memset, read from the file), not
     twice it (the double counting fixed in e6482b4 / dd834b3); one launch per kernel; the components sum to
     the traced step's wall time (host gaps/idle is the rest). Seen: 22347 kernels, 0.2589 s of device work,
-    0.2591 s attributed, of a 1.053 s traced step on the H200; 22347, 0.2867 s, 0.2868 s, 0.611 s on the H100."""
+    0.2591 s attributed, of a 1.053 s traced step on the H200; 22347, 0.2864 s, 0.2866 s, 0.609 s on the H100
+    (and at mbs=4: 11295, 0.2408 s, 0.2410 s, 0.373 s)."""
     df = pd.read_csv(OBSERVED / f"{profile}-trace.csv")
     assert set(df["gpu_name"]) == {GPUS[profile][0]}
     for _, g in df.groupby(["mbs", "ckpt"]):
@@ -252,3 +253,31 @@ def test_composition_meets_the_points_measured_above_the_single_gpu_range(gpu_db
     assert g.n == 216 and g.mape <= 0.15, g
     a = holdout.sdpa(frames, peak, cut=8192)
     assert a.n == 24 and a.mape <= 0.12, a
+
+
+def test_the_h100_trace_ops_hold_each_component_and_the_index_kernels_run_far_below_bandwidth():
+    """validate --trace's per-op table (components.ops) of the H100's mbs=2 and mbs=4 steps: per layout the
+    ops' seconds add up to the component totals of the same traced step (h100-single-trace.csv), and the
+    unpermute (index_add of the T K routed rows [T K, d] into [T, d], once per MoE layer and micro-batch:
+    7 MoE layers x n_mb calls) moves its bytes at a small fraction of HBM bandwidth (seen: 0.37 TB/s, 11% of
+    3.35 TB/s, at both widths). So a byte count at bandwidth cannot cost the reference model's index kernels
+    (docs/architecture.md, "Reference stack on a GPU"): they need a measured rate per op."""
+    from scaleplan.profiles import load_profile
+
+    ops = pd.read_csv(OBSERVED / "h100-single-trace-ops.csv")
+    comp = pd.read_csv(OBSERVED / "h100-single-trace.csv")
+    sp = load_spec(SPEC)
+    d, K = sp.model.hidden_sz, sp.model.moe.experts_per_token
+    n_moe = sp.model.n_layers - sp.model.moe.first_dense_layers
+    hbm = load_profile("h100-single").hbm_bandwidth
+    for mbs, g in ops.groupby("mbs"):
+        c = comp[comp["mbs"] == mbs].set_index("component")["measured_s"]
+        for name, t in g.groupby("component")["seconds_per_step"].sum().items():
+            assert t == pytest.approx(c[name], rel=1e-6), (mbs, name)
+        ia = g[g["op"] == "aten::index_add"].squeeze()
+        n_mb = 16 // mbs
+        assert ia["calls_per_step"] == n_moe * n_mb
+        T = mbs * sp.data.seqlen
+        bytes_per_call = (T * K * d + 2 * T * d) * 2  # read the routed rows, read-modify-write the output (bf16)
+        rate = bytes_per_call * ia["calls_per_step"] / ia["seconds_per_step"]
+        assert rate < 0.25 * hbm, (mbs, rate)
