@@ -148,6 +148,30 @@ def _grouped_envelope(tb, rec, E_loc, tile, sel):
     rec.use("experts", res, sel)
 
 
+def permute_times(tb, rec, g: Geometry, Tsp, R, b_el: float, hbm: float, serial: bool):
+    """Token permute + unpermute of one MoE layer and micro-batch: (forward, backward) seconds, arrays (P,).
+
+    Measured where the tables have them (router suite variants ``permute``: sort of the [T, K] expert ids
+    and gather of [T, d] into [T K, d]; ``unpermute``: gate scaling and index-add of [T K, d] back into
+    [T, d]; bench/suites/router.py), looked up at (T_sp, E, K, d) in the activations' dtype, on the plans
+    where every one of the four lookups is inside the measured range. Elsewhere, and on a serial-dispatch
+    profile (whose measured host rows ``ops:*`` already hold these ops' compute), the bytes of T_sp tokens
+    and R routed rows read and written at HBM bandwidth ``hbm`` (B/s), the same each way: a lookup outside
+    the range falls back to that analytic form, it is not extrapolated (sec:microbenchmarks: the
+    permutation kernels are memory-bound, and scattered index kernels run far below bandwidth, e.g. the
+    H100's index-add at 11% of HBM in cluster_profiles/observed/h100-single-trace-ops.csv)."""
+    t_an = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)
+    keys = [(v, dirn, g.precision) for v in ("permute", "unpermute") for dirn in ("fwd", "bwd")]
+    if serial or not all(k in tb.permute for k in keys):
+        rec.mark("permute", ANALYTIC)
+        return t_an, t_an
+    res = [tb.permute[k].lookup(Tsp, g.E, g.K, g.d) for k in keys]
+    ok = np.all([r.oor_axis < 0 for r in res], axis=0)
+    rec.mark("permute", np.where(ok, np.max([r.code for r in res], axis=0), ANALYTIC))
+    pf, pb, uf, ub = (r.t for r in res)
+    return np.where(ok, pf + uf, t_an), np.where(ok, pb + ub, t_an)
+
+
 def measured_host_times(tb, rec, g, ckc, L_stage, nd0, t_law, T):
     """Measured host seconds of the reference model's ops: (per micro-batch and stage, per step),
     arrays (P,) (sec:iteration-time-model, "Compute versus dispatch", kappa measured).

@@ -89,7 +89,7 @@ def layer_terms(k, fw, n_mb, L_stage, n_moe, ckpt, is_moe: bool) -> dict[str, np
         n_d = L_stage - n_moe
         out["experts"] = n_mb * n_moe * (k.ex_f * (1 + rc) + k.ex_b)
         out["router"] = n_mb * n_moe * ((k.rg_f + k.tk_f) * (1 + rc) + k.rg_b + k.tk_b)
-        out["permute"] = n_mb * n_moe * k.perm * (2 + rp)
+        out["permute"] = n_mb * n_moe * (k.perm * (1 + rp) + k.perm_b)
         out["shared_expert"] = n_mb * n_moe * (k.sh_f * (1 + rc) + k.sh_b)
         out["ep_a2a"] = n_mb * n_moe * (np.maximum(k.a2a_f - k.sh_f, 0) * (1 + rc) + np.maximum(k.a2a_b - k.sh_b, 0))
     else:

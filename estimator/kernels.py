@@ -12,7 +12,8 @@ from dataclasses import dataclass, fields
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.comm import collective_time
-from scaleplan.estimator.compute import elementwise_times, expert_times, gemm_times, sdpa_times, vocab_times
+from scaleplan.estimator.compute import (elementwise_times, expert_times, gemm_times, permute_times, sdpa_times,
+                                         vocab_times)
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder, distinct
@@ -44,7 +45,8 @@ class LayerKernels:
     rg_b: np.ndarray
     tk_f: np.ndarray      # top-k
     tk_b: np.ndarray
-    perm: np.ndarray      # permute + unpermute, one pass
+    perm: np.ndarray      # permute + unpermute, forward
+    perm_b: np.ndarray    # their backward
     ex_f: np.ndarray      # routed experts (grouped GEMMs and their SwiGLU)
     ex_b: np.ndarray
     tp_f: np.ndarray      # TP all-gathers + reduce-scatters (sequence parallel)
@@ -64,10 +66,11 @@ class LayerKernels:
 _NAMES = tuple(f.name for f in fields(LayerKernels))
 # the MoE block's terms (zero for a dense model), and the device-kernel times kernel_scale multiplies
 # (never collectives or shapes)
-_MOE_KERNELS = ("moe_f", "moe_b", "a2a_f", "a2a_b", "sh_f", "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f",
-                "ex_b")
+_MOE_KERNELS = ("moe_f", "moe_b", "a2a_f", "a2a_b", "sh_f", "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "perm_b",
+                "ex_f", "ex_b")
 _DEVICE_KERNELS = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b", "sh_f",
-                   "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "ex_f", "ex_b", "t_first", "t_last_f", "t_last_b")
+                   "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "perm_b", "ex_f", "ex_b", "t_first", "t_last_f",
+                   "t_last_b")
 
 
 class KernelModel:
@@ -192,8 +195,7 @@ class KernelModel:
             rec.mark("router", ANALYTIC)
             tk_f = an.memory_time(4.0 * Tsp * g.E * 3, hbm)
             tk_b = tk_f
-        perm = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)   # permute + unpermute
-        rec.mark("permute", ANALYTIC)
+        perm_f, perm_b = permute_times(tb, rec, g, Tsp, R, b_el, hbm, bool(getattr(prof, "serial_dispatch", False)))
         ffn_loc = sh.ffn_loc
         ex_f, ex_b = expert_times(tb, prof, rec, g, E_loc, tile, etp, peak, hbm)
         ex_act = an.memory_time(b_el * R * ffn_loc * 3, hbm)        # SwiGLU on routed rows
@@ -208,6 +210,7 @@ class KernelModel:
         a2a_one = collective_time(tb, prof, rec, "ep_a2a", "all_to_all", ep, sh.a2a_bytes,
                                   lay.spans_nodes("ep", self.gpn), active=ep > 1,
                                   per_node=lay.ranks_per_node("ep", self.gpn))
-        return {"moe_f": rg_f + tk_f + perm + ex_f, "moe_b": rg_b + tk_b + perm + ex_b,
+        return {"moe_f": rg_f + tk_f + perm_f + ex_f, "moe_b": rg_b + tk_b + perm_b + ex_b,
                 "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": E_loc,
-                "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm, "ex_f": ex_f, "ex_b": ex_b}
+                "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm_f, "perm_b": perm_b, "ex_f": ex_f,
+                "ex_b": ex_b}

@@ -95,6 +95,8 @@ class RecordingTables:
         topk = _Grid(self, "router", lambda t, e, k: [{"variant": "topk", "num_tokens": t, "num_experts": e, "k": k,
                                                       "hidden": 0, "dtype": "fp32"}])
         self.topk = {"fwd": topk, "bwd": topk}
+        self.permute = _Keyed(lambda key: _Grid(self, "router", lambda t, e, k, h: [
+            {"variant": key[0], "num_tokens": t, "num_experts": e, "k": k, "hidden": h, "dtype": key[2]}]))
         self.vocab, self.vocab_size = _Keyed(lambda key: None), 1
         self.elementwise = _Keyed(lambda key: _Grid(self, "elementwise", lambda t, h: [
             {"op": key[0], "tokens": t, "hidden": h, "dtype": dt}]))

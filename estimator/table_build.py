@@ -37,6 +37,7 @@ def build_tables(profile: str, frames: dict[str, pd.DataFrame], peak_flops: floa
     _build_grouped(tb, frames.get("grouped_gemm", pd.DataFrame()))
     _build_sdpa(tb, frames.get("sdpa", pd.DataFrame()))
     _build_topk(tb, frames.get("router", pd.DataFrame()))
+    _build_permute(tb, frames.get("router", pd.DataFrame()))
     _build_vocab(tb, frames.get("vocab", pd.DataFrame()))
     _build_collectives(tb, frames.get("collectives", pd.DataFrame()))
     _build_elementwise(tb, frames.get("elementwise", pd.DataFrame()))
@@ -151,6 +152,25 @@ def _build_topk(tb: Tables, df: pd.DataFrame) -> None:
             continue
         grid, vals = fill_grid(gg, ["num_tokens", "num_experts", "k"], col)
         tb.topk[dirn] = GridTable("router", ("num_tokens", "num_experts", "k"), grid, vals)
+
+
+PERMUTE_AXES = ("num_tokens", "num_experts", "k", "hidden")
+
+
+def _build_permute(tb: Tables, df: pd.DataFrame) -> None:
+    """Token permute and unpermute (router suite variants ``permute``, ``unpermute``; bench/suites/router.py)
+    over (num_tokens, num_experts, k, hidden), per dtype of the activations they move."""
+    if df.empty:
+        return
+    df = df[df["variant"].isin(("permute", "unpermute"))]
+    for (variant, dt), d in df.groupby(["variant", "dtype"]):
+        d = _newest(d, [*PERMUTE_AXES, "dtype"])
+        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+            gg = d.dropna(subset=[col])
+            if not gg.empty:
+                # a hole inherits its neighbour's time per routed row and hidden unit (bytes moved)
+                grid, vals = fill_grid(gg, list(PERMUTE_AXES), col, work=lambda p: p[:, 0] * p[:, 2] * p[:, 3])
+                tb.permute[(str(variant), dirn, str(dt))] = GridTable("router", PERMUTE_AXES, grid, vals)
 
 
 def _build_vocab(tb: Tables, df: pd.DataFrame) -> None:

@@ -409,6 +409,9 @@ class Tables:
     grouped: dict[tuple[str, int, int], GridTable] = field(default_factory=dict)  # (fwd|bwd, hidden, ffn)
     sdpa_by_dtype: dict[str, dict[str, GridTable]] = field(default_factory=dict)  # dtype -> fwd|bwd (bf16 first)
     topk: dict[str, GridTable] = field(default_factory=dict)  # fwd|bwd
+    # token permute / unpermute (router suite variants): (permute|unpermute, fwd|bwd, dtype) -> grid over
+    # (num_tokens, num_experts, k, hidden); see kernels.permute_times
+    permute: dict[tuple[str, str, str], GridTable] = field(default_factory=dict)
     vocab: dict[tuple[str, str], GridTable] = field(default_factory=dict)  # (op, fwd|bwd)
     vocab_size: int | None = None
     collectives: dict[tuple[str, str, bool], CollectiveTable] = field(default_factory=dict)
