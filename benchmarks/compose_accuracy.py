@@ -20,6 +20,7 @@ import argparse
 
 from scaleplan.estimator import holdout
 from scaleplan.db.measurements import load_frames
+from scaleplan.db.recorded import own_tables_db
 
 from scaleplan.profiles import load_profile
 
@@ -31,7 +32,7 @@ def main() -> None:
     ap.add_argument("--own-tables", action="store_true",
                     help="scaleplan's own recorded tables (cluster_profiles/recorded) in a temporary database")
     a = ap.parse_args()
-    frames = load_frames(_own_tables_db() if a.own_tables else a.db, a.profile)
+    frames = load_frames(own_tables_db() if a.own_tables else a.db, a.profile)
     peak = load_profile(a.profile).peak("bf16")
     print(f"{'table':<14}{'hidden':>22}{'n':>6}{'MAPE':>8}{'median c/m':>12}{'worst':>8}   (present cut, then twice as deep)")
     errs: dict[str, float] = {}
@@ -47,20 +48,6 @@ def main() -> None:
             errs[h.table] = max(errs.get(h.table, 0.0), h.mape)
     print("composed-lookup uncertainty per table kind (worst hold-out MAPE above; estimator.holdout.rule_errors): "
           + ", ".join(f"{k} {100 * v:.1f}%" for k, v in errs.items()))
-
-
-def _own_tables_db() -> str:
-    """A temporary SQLite database holding cluster_profiles/recorded (db import-recorded's loader)."""
-    import tempfile
-
-    from scaleplan.db import session as dbs
-    from scaleplan.db.recorded import default_recorded_dir, import_recorded_dir
-
-    url = f"sqlite:///{tempfile.mkdtemp(prefix='scaleplan-own-')}/own.db"
-    dbs.upgrade(url)
-    with dbs.session_scope(url) as s:
-        import_recorded_dir(s, default_recorded_dir())
-    return url
 
 
 if __name__ == "__main__":

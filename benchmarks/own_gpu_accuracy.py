@@ -12,7 +12,6 @@ Usage: python benchmarks/own_gpu_accuracy.py [--profiles h200-single,h100-single
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -21,17 +20,6 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 OBSERVED = REPO / "cluster_profiles" / "observed"
 SPEC = REPO / "tests" / "data" / "validate_specs" / "gpu_small.yaml"
-
-
-def _db() -> str:
-    from scaleplan.db import session as dbs
-    from scaleplan.db.recorded import default_recorded_dir, import_recorded_dir
-
-    url = f"sqlite:///{tempfile.mkdtemp(prefix='own-gpu-')}/own.db"
-    dbs.upgrade(url)
-    with dbs.session_scope(url) as s:
-        import_recorded_dir(s, default_recorded_dir())
-    return url
 
 
 def steps(url: str, profile: str) -> None:
@@ -70,7 +58,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profiles", default="h200-single,h100-single")
     args = ap.parse_args()
-    url = _db()
+    from scaleplan.db.recorded import own_tables_db
+
+    url = own_tables_db()
     for p in args.profiles.split(","):
         steps(url, p)
         traces(p)

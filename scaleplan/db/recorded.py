@@ -77,3 +77,17 @@ def import_recorded_dir(sess: Session, directory: str | Path) -> list[ImportResu
     if not results:
         raise ScaleplanError(f"DIR: no recorded <suite>.csv tables in {str(directory)!r}")
     return results
+
+
+def own_tables_db() -> str:
+    """The URL of a new temporary SQLite database holding scaleplan's own recorded tables
+    (:func:`default_recorded_dir`, every profile), for scripts that read them without a user database."""
+    import tempfile
+
+    from scaleplan.db import session as dbs
+
+    url = f"sqlite:///{tempfile.mkdtemp(prefix='scaleplan-own-')}/own.db"
+    dbs.upgrade(url)
+    with dbs.session_scope(url) as s:
+        import_recorded_dir(s, default_recorded_dir())
+    return url
