@@ -126,8 +126,9 @@ def attribute(events, wall_s: float, device: str, steps: int = 1) -> dict[str, A
     """Seconds per component and step from profiler ``events`` (FunctionEvents of ``steps`` steps
     whose summed wall time is ``wall_s``). Returns {"components_s": {...}, "top_ops": {component:
     [(name, seconds)]}, "ops": [(component, name, seconds, calls)] for every op with time, seconds and
-    calls per step, slowest first, "regions_found": sorted regions}. ``ops`` gives each op's seconds per
-    call (what a rate per op, e.g. of the index kernels, is read from)."""
+    calls per step (None for device work no CPU op launched), slowest first, "regions_found": sorted
+    regions}. ``ops`` gives each op's seconds per call (what a rate per op, e.g. of the index kernels,
+    is read from)."""
     cuda = device == "cuda"
     fwd_region: dict[int, str] = {}
     for e in events:  # forward ops: the scope that encloses the op that created each autograd node
@@ -173,7 +174,9 @@ def attribute(events, wall_s: float, device: str, steps: int = 1) -> dict[str, A
     for (c, n), t in sorted(by_op.items(), key=lambda kv: -kv[1]):
         if len(top[c]) < 5:
             top[c].append([n, t / steps])
-    ops = [[c, n, t / steps, calls[(c, n)] / steps] for (c, n), t in sorted(by_op.items(), key=lambda kv: -kv[1])]
+    # calls None: device work no CPU op launched (its kernels are counted by name, not by launch)
+    ops = [[c, n, t / steps, calls[(c, n)] / steps if (c, n) in calls else None]
+           for (c, n), t in sorted(by_op.items(), key=lambda kv: -kv[1])]
     return {"components_s": out, "top_ops": dict(top), "ops": ops, "regions_found": sorted(regions)}
 
 

@@ -153,7 +153,12 @@ def test_cuda_device_time_is_counted_once():
               _Evt("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "DeviceType.CUDA", span_us=200.0),  # no op holds it
               _Evt("sp::router", "DeviceType.CUDA", span_us=5000.0, annotation=True),
               _Evt("ProfilerStep#3", "DeviceType.CUDA", span_us=9000.0)]  # an older build: no flag, by name
-    got = vtrace.attribute([scope, topk, gmm, *device], wall_s=0.01, device="cuda")["components_s"]
+    out = vtrace.attribute([scope, topk, gmm, *device], wall_s=0.01, device="cuda")
+    got = out["components_s"]
+    # per op: a launched kernel has its op's calls; NCCL work no op launched has none to count
+    ops = {n: (t, calls) for _, n, t, calls in out["ops"]}
+    assert ops["aten::topk"] == (pytest.approx(300e-6), 1)
+    assert ops["ncclDevKernel_AllReduce_Sum_bf16_RING_LL"] == (pytest.approx(200e-6), None)
     assert got["router/permute"] == pytest.approx(300e-6)
     assert got["expert GEMMs"] == pytest.approx(900e-6)
     assert got["dense GEMMs"] == 0.0 and got["element-wise"] == 0.0
