@@ -159,7 +159,10 @@ def permute_times(tb, rec, g: Geometry, Tsp, R, b_el: float, hbm: float, serial:
     and R routed rows read and written at HBM bandwidth ``hbm`` (B/s), the same each way: a lookup outside
     the range falls back to that analytic form, it is not extrapolated (sec:microbenchmarks: the
     permutation kernels are memory-bound, and scattered index kernels run far below bandwidth, e.g. the
-    H100's index-add at 11% of HBM in cluster_profiles/observed/h100-single-trace-ops.csv)."""
+    H100's index-add at 11% of HBM in cluster_profiles/observed/h100-single-trace-ops.csv). The rows time
+    unfused torch index ops, which is what both stacks run: the reference model, and Megatron-Core with
+    its default ``moe_permute_fusion = False`` (TransformerConfig), which scaleplan's emitted arguments
+    keep (no ``--moe-permute-fusion``)."""
     t_an = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)
     keys = [(v, dirn, g.precision) for v in ("permute", "unpermute") for dirn in ("fwd", "bwd")]
     if serial or not all(k in tb.permute for k in keys):
