@@ -136,6 +136,21 @@ def test_every_emitted_flag_is_documented(over):
             assert f"`{flag[0]}" in doc or f" {flag[0]}" in doc, flag[0]
 
 
+def test_emitted_plans_keep_megatrons_unfused_token_permutation():
+    """The estimator costs the token permute / unpermute from the router suite's unfused torch index ops
+    (estimator/compute.py permute_times), which Megatron-Core runs by default (moe_permute_fusion False):
+    an emitted plan must not switch on the fused kernels that timing does not describe."""
+    from scaleplan.emit import megatron_args
+
+    spec = parse_spec(yaml.safe_load(yaml.safe_dump(SPEC)))
+    for mode in ("none", "selective", "full"):
+        for ep in (1, 8):
+            args = megatron_args(spec, {**spec.default_layout().model_dump(), "dp": 8, "ep": ep, "ckpt": mode})
+            flags = {a[0] for a in args}
+            assert "--moe-token-dispatcher-type" in flags or ep == 1, flags  # a MoE plan was emitted
+            assert not any("permute" in f for f in flags), flags
+
+
 def test_moe_layer_pattern_counts_the_geometry_moe_blocks():
     from scaleplan.emit import moe_layer_pattern
     from scaleplan.geometry import moe_layer_count
