@@ -146,12 +146,7 @@ def _build_topk(tb: Tables, df: pd.DataFrame) -> None:
     if (df["dtype"] == "fp32").any():
         df = df[df["dtype"] == "fp32"]
     df = _newest(df, ["num_tokens", "num_experts", "k", "dtype"])
-    for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
-        gg = df.dropna(subset=[col])
-        if gg.empty:
-            continue
-        grid, vals = fill_grid(gg, ["num_tokens", "num_experts", "k"], col)
-        tb.topk[dirn] = GridTable("router", ("num_tokens", "num_experts", "k"), grid, vals)
+    tb.topk.update(_direction_grids(df, ("num_tokens", "num_experts", "k"), "router"))
 
 
 PERMUTE_AXES = ("num_tokens", "num_experts", "k", "hidden")
@@ -164,13 +159,10 @@ def _build_permute(tb: Tables, df: pd.DataFrame) -> None:
         return
     df = df[df["variant"].isin(("permute", "unpermute"))]
     for (variant, dt), d in df.groupby(["variant", "dtype"]):
-        d = _newest(d, [*PERMUTE_AXES, "dtype"])
-        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
-            gg = d.dropna(subset=[col])
-            if not gg.empty:
-                # a hole inherits its neighbour's time per routed row and hidden unit (bytes moved)
-                grid, vals = fill_grid(gg, list(PERMUTE_AXES), col, work=lambda p: p[:, 0] * p[:, 2] * p[:, 3])
-                tb.permute[(str(variant), dirn, str(dt))] = GridTable("router", PERMUTE_AXES, grid, vals)
+        # a hole inherits its neighbour's time per routed row and hidden unit (bytes moved)
+        grids = _direction_grids(_newest(d, [*PERMUTE_AXES, "dtype"]), PERMUTE_AXES, "router",
+                                 work=lambda p: p[:, 0] * p[:, 2] * p[:, 3])
+        tb.permute.update({(str(variant), dirn, str(dt)): tab for dirn, tab in grids.items()})
 
 
 def _build_vocab(tb: Tables, df: pd.DataFrame) -> None:
@@ -251,13 +243,19 @@ def _build_elementwise(tb: Tables, df: pd.DataFrame) -> None:
 def _per_op_grids(df: pd.DataFrame, suite: str) -> dict[tuple[str, str], GridTable]:
     """(op, fwd|bwd) -> GridTable over (tokens, hidden) of the rows that have that direction's time
     (one row is enough: a single-point table answers that point and reports the rest out of range)."""
+    return {(str(op), dirn): tab for op, g in df.groupby("op")
+            for dirn, tab in _direction_grids(g, ("tokens", "hidden"), f"{suite}.{op}").items()}
+
+
+def _direction_grids(df: pd.DataFrame, axes: tuple[str, ...], name: str, work=None) -> dict[str, GridTable]:
+    """fwd|bwd -> GridTable ``name`` over ``axes`` of the rows of ``df`` that have that direction's time
+    (``fwd_s``, ``bwd_s``; a direction no row has is left out); ``work``: fill_grid's hole filling."""
     out = {}
-    for op, g in df.groupby("op"):
-        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
-            gg = g.dropna(subset=[col])
-            if not gg.empty:
-                grid, vals = fill_grid(gg, ["tokens", "hidden"], col)
-                out[(str(op), dirn)] = GridTable(f"{suite}.{op}", ("tokens", "hidden"), grid, vals)
+    for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+        gg = df.dropna(subset=[col])
+        if not gg.empty:
+            grid, vals = fill_grid(gg, list(axes), col, work=work)
+            out[dirn] = GridTable(name, tuple(axes), grid, vals)
     return out
 
 

@@ -410,7 +410,7 @@ class Tables:
     sdpa_by_dtype: dict[str, dict[str, GridTable]] = field(default_factory=dict)  # dtype -> fwd|bwd (bf16 first)
     topk: dict[str, GridTable] = field(default_factory=dict)  # fwd|bwd
     # token permute / unpermute (router suite variants): (permute|unpermute, fwd|bwd, dtype) -> grid over
-    # (num_tokens, num_experts, k, hidden); see kernels.permute_times
+    # (num_tokens, num_experts, k, hidden); see compute.permute_times
     permute: dict[tuple[str, str, str], GridTable] = field(default_factory=dict)
     vocab: dict[tuple[str, str], GridTable] = field(default_factory=dict)  # (op, fwd|bwd)
     vocab_size: int | None = None
