@@ -86,7 +86,8 @@ def test_the_breakdown_charges_forward_recompute_and_backward():
     T = 8192.0
     f = (1.0 + 3.0) * 1e-12 * T * 3 * 2048
     b = (2.0 + 5.0) * 1e-12 * T * 3 * 2048
-    n_mb, n_moe = 256 // (32 * 1), 16 - spec.model.moe.first_dense_layers
+    n_mb = spec.data.gbs // 32  # pp = tp = cp = 1 on 32 GPUs: dp = 32, mbs = 1
+    n_moe = spec.model.n_layers - spec.model.moe.first_dense_layers
     # no recompute: forward + backward; super-selective re-runs the permutation's forward
     assert res[0].breakdown_s["permute"] == pytest.approx(n_mb * n_moe * (f + b), rel=1e-9)
     assert res[1].breakdown_s["permute"] == pytest.approx(n_mb * n_moe * (2 * f + b), rel=1e-9)
