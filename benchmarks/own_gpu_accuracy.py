@@ -24,6 +24,7 @@ SPEC = REPO / "tests" / "data" / "validate_specs" / "gpu_small.yaml"
 
 def steps(url: str, profile: str) -> None:
     from scaleplan.estimator import Estimator
+
     from scaleplan.specs import load_spec, parse_layout
 
     obs = pd.read_csv(OBSERVED / f"{profile}-validate.csv")

@@ -12,8 +12,14 @@ from dataclasses import dataclass, fields
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.comm import collective_time
-from scaleplan.estimator.compute import (elementwise_times, expert_times, gemm_times, permute_times, sdpa_times,
-                                         vocab_times)
+from scaleplan.estimator.compute import (
+    elementwise_times,
+    expert_times,
+    gemm_times,
+    permute_times,
+    sdpa_times,
+    vocab_times,
+)
 from scaleplan.estimator.geom import Geometry
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.recorder import Recorder, distinct

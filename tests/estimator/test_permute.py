@@ -43,7 +43,7 @@ def _kernels(profile: str, spec_over: dict, lays):
 
 def test_measured_rows_give_the_permute_and_unpermute_each_way():
     # 700M geometry: d 2048, E 128, K 3, seqlen 8192; mbs 1 and 2 -> 8192 and 16384 tokens, on the grid
-    k, rec, g = _kernels("p6-b200.48xlarge", {}, [Layout(pp=2, ep=8, mbs=1), Layout(pp=2, ep=8, mbs=2)])
+    k, rec, _ = _kernels("p6-b200.48xlarge", {}, [Layout(pp=2, ep=8, mbs=1), Layout(pp=2, ep=8, mbs=2)])
     T = np.array([8192.0, 16384.0])
     f = _law("permute", "fwd")(T, 128, 3, 2048) + _law("unpermute", "fwd")(T, 128, 3, 2048)
     b = _law("permute", "bwd")(T, 128, 3, 2048) + _law("unpermute", "bwd")(T, 128, 3, 2048)
@@ -63,7 +63,7 @@ def test_between_measured_points_the_lookup_interpolates():
 def test_outside_the_measured_range_the_analytic_form_is_kept_not_extrapolated():
     # K = 8 lies above the measured k (2..4): no extrapolation, no refusal, the bytes-at-HBM form
     moe = {**moe_spec()["model"]["moe"], "experts_per_token": 8}
-    k, rec, g = _kernels("p6-b200.48xlarge", {"model": {"moe": moe}}, [Layout(pp=2, ep=8, mbs=1)])
+    k, rec, _ = _kernels("p6-b200.48xlarge", {"model": {"moe": moe}}, [Layout(pp=2, ep=8, mbs=1)])
     prof = load_profile("p6-b200.48xlarge")
     R = 8192 * 8  # balanced routed rows on a rank (EP cancels: EP ranks each send T K / EP)
     want = an.memory_time(2 * (8192 + R) * 2048 * 2 * 2, prof.hbm_bandwidth)
