@@ -331,3 +331,75 @@ def list_(profile: str = typer.Option(None, "--profile", help="Only this profile
     for o in obs:
         t2.add_row(o["profile"], o["sweep"] or "-", o["source"], str(o["n"]))
     wide.print(t2)
+
+
+@app.command("trace")
+def trace(traces: list[Path] = typer.Argument(..., help="torch.profiler Chrome traces (JSON or .json.gz) of one "
+                                              "rank each, with CUDA activity (Megatron-LM: --profile "
+                                              "--use-pytorch-profiler)."),
+          megatron_log: list[Path] = typer.Option(..., "--megatron-log", help="The run's Megatron-LM log (its "
+                                                  "argument dump gives the model and layout): one for every "
+                                                  "trace, or one per trace in the same order."),
+          profile: str = typer.Option("p6-b200.48xlarge", "--profile", help="Hardware profile the run used."),
+          stage: int = typer.Option(None, "--stage", help="Pipeline stage the traced rank ran (default: from "
+                                    "the trace's rank in Megatron-Core's tp-cp-ep-dp-pp order)."),
+          store: bool = typer.Option(False, "--store", help="Store a 'dispatch' calibration fitted on the traces "
+                                     "(kappa0, kappa1 from the kernel counts; t_gap from the host seconds)."),
+          db: str = DbOpt, json_out: bool = JsonOpt) -> None:
+    """Measure the dispatch law's inputs in profiler traces: kernels, launches, blocking syncs and their callers,
+    host and device busy time per step, beside the law in force (calibrate/trace.py)."""
+    from scaleplan.calibrate.trace import compare, read_trace, store_law
+    from scaleplan.estimator import Estimator
+    from scaleplan.megatron.log import read_plan
+    from scaleplan.profiles import profile_names
+
+    if profile not in profile_names():
+        raise SpecError("--profile", profile, f"one of {', '.join(profile_names())}")
+    if len(megatron_log) not in (1, len(traces)):
+        raise SpecError("--megatron-log", f"{len(megatron_log)} files for {len(traces)} traces",
+                        "one log for every trace, or one per trace")
+    logs = megatron_log * len(traces) if len(megatron_log) == 1 else megatron_log
+    plans = {p: read_plan(p, profile) for p in dict.fromkeys(logs)}
+    url = db_url(db)
+    est = Estimator(profile, db_url=url)
+    rows = [compare(read_trace(t), *plans[lg], est, stage) for t, lg in zip(traces, logs)]
+    out: dict = {"profile": profile, "law": {"kappa0": est.dispatch.kappa0, "kappa1": est.dispatch.kappa1,
+                                             "t_gap_s": est.dispatch.t_gap_s, "t_ep_host_s": est.dispatch.t_ep_host_s,
+                                             "t_host_s": est.dispatch.t_host_s, "source": est.dispatch.source},
+                 "traces": rows}
+    if store:
+        out["stored"] = store_law(url, profile, rows, est.dispatch)
+    if want_json(json_out):
+        print_json(out)
+        return
+    for r in rows:
+        _print_trace(r)
+    if store:
+        st = out["stored"]
+        c = st["coefficients"]
+        stdout.print(f"stored dispatch calibration id {st['calibration_id']} (version {st['version']}) for {profile}: "
+                     f"kappa0={c['kappa0']:.4g} kappa1={c['kappa1']:.4g} t_gap={c['t_gap_s'] * 1e6:.2f} us "
+                     f"(host_scale 1); host time per micro-batch refitted within "
+                     f"{max(abs(x) for x in st['host_time_rel_err']):.1%}", highlight=False)
+        for n in st["notes"]:
+            stdout.print(f"  note: {n}", highlight=False)
+
+
+def _print_trace(r: dict) -> None:
+    ms = 1e3
+    stdout.print(f"{r['file']} ({r['steps']} steps; stage {r['stage']}: {r['stage_from']}; n_mb {r['n_mb']:g}, "
+                 f"{r['L_stage']:g} layers ({r['n_moe_stage']:g} MoE), E_loc {r['E_loc']:g}, {r['ckpt']})",
+                 highlight=False)
+    stdout.print(f"  step wall {r['wall_s']:.3f} s (estimator: {r['predicted_t_iter_s']:.3f} s); device busy "
+                 f"{r['device_busy_s']:.3f} s, host busy {r['host_busy_s']:.3f} s, blocked in {r['syncs']:g} syncs "
+                 f"{r['sync_s']:.3f} s", highlight=False)
+    stdout.print(f"  kernels {r['kernels']:g} ({r['launches']:g} launch calls, {r['copies']:g} copies/sets): "
+                 f"{r['kappa_measured']:.0f} per layer-micro-batch (full-recompute units; the law: "
+                 f"{r['kappa_law']:.0f})", highlight=False)
+    gap = (f"t_gap that gives it {r['t_gap_implied_s'] * 1e6:.1f} us" if r["t_gap_implied_s"] > 0 else
+           f"less than the law's {r['law_fixed_per_mb_s'] * ms:.1f} ms of t_ep_host and t_host alone")
+    stdout.print(f"  host per micro-batch {r['host_per_mb_s'] * ms:.1f} ms (the law: {r['t_disp_law_s'] * ms:.1f} ms); "
+                 f"{gap} (the law's t_gap: {r['t_gap_law_s'] * 1e6:.1f} us)", highlight=False)
+    for c in r["sync_callers"]:
+        stdout.print(f"    sync {c['per_step']:7.1f}/step {c['seconds_per_step'] * ms:8.2f} ms/step  {c['caller']}",
+                     highlight=False)

@@ -241,14 +241,9 @@ def read_log(path: str | Path, node_type: str, warmup: int = 10) -> MegatronRun:
     """One Megatron-LM log: spec, layout, step time after the first ``warmup`` iterations (module docstring).
     Raises SpecError (one line, naming the file) on an unreadable, truncated or malformed log."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise SpecError("--megatron-log", str(path), f"a readable file ({e.strerror})") from None
+    raw, lines = _read(p)
     where = p.name
-    lines = raw.decode("utf-8", errors="replace").splitlines()
-    a = parse_args_dump(lines, where)
-    spec, lay, n = spec_and_layout(a, where, node_type)
+    spec, lay, n = spec_and_layout(parse_args_dump(lines, where), where, node_type)
     intervals = parse_iterations(lines, where)
     kept = [iv for iv in intervals if iv.iteration > warmup and not iv.bad]
     if not kept:
@@ -268,3 +263,18 @@ def read_log(path: str | Path, node_type: str, warmup: int = 10) -> MegatronRun:
     if dropped:
         run.notes.append(f"{dropped} logged intervals left out (warm-up up to iteration {warmup}, or skipped/NaN)")
     return run
+
+
+def _read(p: Path) -> tuple[bytes, list[str]]:
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise SpecError("--megatron-log", str(p), f"a readable file ({e.strerror})") from None
+    return raw, raw.decode("utf-8", errors="replace").splitlines()
+
+
+def read_plan(path: str | Path, node_type: str) -> tuple[Any, dict[str, Any], int]:
+    """(Spec, layout, N_dev) from a Megatron-LM log's argument dump alone (no iteration lines needed).
+    Raises SpecError as :func:`read_log`."""
+    p = Path(path)
+    return spec_and_layout(parse_args_dump(_read(p)[1], p.name), p.name, node_type)

@@ -36,7 +36,8 @@ def test_each_kind_has_exactly_one_writer():
 
 def test_the_fits_write_through_the_owners():
     assert _callers("write_dispatch") == {"calibrate/runner.py:fit_dispatch_floor",
-                                          "calibrate/runner.py:fit_scales_from_runs", "calibrate/runner.py:fit_runtime"}
+                                          "calibrate/runner.py:fit_scales_from_runs", "calibrate/runner.py:fit_runtime",
+                                          "calibrate/trace.py:store_law"}
     assert _callers("write_chi_sys") == {"calibrate/runner.py:fit_chi_sys", "calibrate/runner.py:fit_runtime"}
 
 

@@ -1,0 +1,317 @@
+"""`scaleplan calibrate trace`: the dispatch law's inputs measured in a profiler trace of a training step.
+
+The dispatch law (sec:iteration-time-model, "Compute versus dispatch"; :mod:`scaleplan.estimator.dispatch`)
+says what the host spends to launch one micro-batch of one pipeline stage,
+t_disp = L_stage kappa(E_loc) t_gap + n_moe [EP > 1] t_ep_host + t_host, kappa(E_loc) = kappa0 + kappa1 E_loc
+kernels per layer and micro-batch in full-recompute units. Its counts were read off rank-0 profiler traces
+of the paper's stack (two points); whether a cluster's step is host- or device-bound, and what its syncs
+cost, is what held-out layouts turn on. This module measures those inputs in a trace of one rank:
+
+* a **torch.profiler Chrome trace** (JSON, or .json.gz): what Megatron-LM writes with
+  ``--profile --use-pytorch-profiler``, or any ``torch.profiler.profile(activities=[CPU, CUDA])`` export.
+  Each ``ProfilerStep#N`` annotation is one step (no annotation: the whole trace is one);
+* per step: the device **kernels** it launched (``kernel`` events, joined to their launch call by
+  ``correlation``; memory copies and sets counted apart), the host's **launch calls**, the **device busy**
+  seconds (the union of the step's kernel, copy and set intervals over every stream), and the host's
+  **blocking syncs** (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``,
+  synchronous ``cudaMemcpy``): their count, seconds, and where each was called (the innermost Python
+  function or op of the same thread that encloses it: the token dispatcher's count read, the loss
+  check's ``item``, the pipeline's batched p2p sync);
+* **host busy** = step wall - blocked seconds: the time the host spent issuing work. Threads are taken to
+  take turns (the forward on the main thread, the backward on autograd's), as they do in a training step.
+
+Against the law in force for the same plan (:func:`compare`): kernels per layer-micro-batch measured
+(the step's count over n_mb L_stage, in full-recompute units; it includes the embedding, loss and optimizer
+kernels, so it bounds the per-layer count from above) against kappa(E_loc); host seconds per micro-batch
+against t_disp; the t_gap that makes the law give the measured host time with the measured count; the
+estimator's step time against the wall. :func:`fit_law` turns traces into a 'dispatch' calibration
+(``--store``): kappa0, kappa1 from the counts (both with two or more E_loc, else kappa0 with kappa1 kept),
+t_gap from the host seconds, host_scale 1 (the trace measured the host itself). Seconds throughout.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import statistics
+from bisect import bisect_right
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scaleplan.errors import SpecError
+
+#: host calls that launch device work (the kernels themselves are counted on the device side)
+LAUNCH_PREFIXES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchCooperativeKernel", "cudaGraphLaunch")
+#: host calls that block the calling thread until the device has caught up
+SYNC_CALLS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
+DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+HOST_CATS = frozenset({"cuda_runtime", "cuda_driver"})
+#: events that can enclose a sync and name its caller (innermost wins)
+CALLER_CATS = frozenset({"python_function", "cpu_op", "user_annotation"})
+STEP_PREFIX = "ProfilerStep#"
+TOP_CAUSES = 8
+
+
+@dataclass
+class TraceStep:
+    """One profiled step of one rank (seconds; counts)."""
+
+    wall_s: float
+    kernels: int            # device kernels launched in the step
+    copies: int             # device memory copies and sets
+    launches: int           # host launch calls
+    device_busy_s: float    # union of the step's device intervals, every stream
+    syncs: int              # blocking host syncs
+    sync_s: float           # seconds the host spent blocked in them
+    causes: dict[str, list] = field(default_factory=dict)  # caller -> [count, seconds]
+
+    @property
+    def host_busy_s(self) -> float:
+        return max(self.wall_s - self.sync_s, 0.0)
+
+
+@dataclass
+class Trace:
+    """A rank's trace: its steps and where it came from."""
+
+    file: str
+    sha256: str
+    rank: int | None
+    world_size: int | None
+    steps: list[TraceStep]
+
+    def median(self, attr: str) -> float:
+        return float(statistics.median(getattr(s, attr) for s in self.steps))
+
+    def causes(self) -> list[dict[str, Any]]:
+        """Sync callers over all steps, most seconds first, per step (count and seconds)."""
+        tot: dict[str, list] = defaultdict(lambda: [0, 0.0])
+        for s in self.steps:
+            for k, (n, t) in s.causes.items():
+                tot[k][0] += n
+                tot[k][1] += t
+        k = len(self.steps)
+        rows = sorted(tot.items(), key=lambda kv: -kv[1][1])[:TOP_CAUSES]
+        return [{"caller": c, "per_step": n / k, "seconds_per_step": t / k} for c, (n, t) in rows]
+
+
+def _load(path: Path) -> tuple[list[dict], dict, bytes]:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise SpecError("TRACE", str(path), f"a readable file ({e.strerror})") from None
+    try:  # a corrupt gzip stream raises BadGzipFile (an OSError), EOFError or zlib.error (not one)
+        doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+    except Exception:
+        raise SpecError("TRACE", str(path), "a torch.profiler Chrome trace (JSON, optionally gzip)") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise SpecError("TRACE", str(path), "a Chrome trace with a traceEvents list")
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"], doc if isinstance(doc, dict) else {}, raw
+
+
+def _windows(host: list[dict]) -> list[tuple[float, float]]:
+    """[start, end) in us of each ProfilerStep annotation, else of the whole host timeline."""
+    steps = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in host
+                   if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(STEP_PREFIX))
+    if steps:
+        return steps
+    return [(min(e["ts"] for e in host), max(e["ts"] + e.get("dur", 0) for e in host))]
+
+
+def _busy_us(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [a, b) intervals (us)."""
+    total, end = 0.0, -np.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+class _Callers:
+    """The innermost caller-category event of a thread that encloses a time interval."""
+
+    def __init__(self, events: list[dict]):
+        by_tid: dict[Any, list] = defaultdict(list)
+        for e in events:
+            if e.get("cat") in CALLER_CATS and not str(e.get("name", "")).startswith(STEP_PREFIX):
+                by_tid[(e.get("pid"), e.get("tid"))].append((e["ts"], e["ts"] + e.get("dur", 0), str(e["name"])))
+        self.by_tid = {k: sorted(v) for k, v in by_tid.items()}
+        self.starts = {k: [x[0] for x in v] for k, v in self.by_tid.items()}
+
+    def of(self, e: dict, scan: int = 4000) -> str:
+        key = (e.get("pid"), e.get("tid"))
+        evs, starts = self.by_tid.get(key, []), self.starts.get(key, [])
+        a, b = e["ts"], e["ts"] + e.get("dur", 0)
+        i = bisect_right(starts, a) - 1
+        for j in range(i, max(i - scan, -1), -1):
+            if evs[j][1] >= b:  # the latest-starting enclosing event: nesting makes it the innermost
+                return evs[j][2][:100]
+        return "(no enclosing op: an explicit synchronize)"
+
+
+def read_trace(path: str | Path) -> Trace:
+    """The steps of one rank's trace (module docstring). Raises SpecError (one line) on a file that is not
+    a Chrome trace, or one with no device kernels (a CPU-only trace: nothing for the law to count)."""
+    p = Path(path)
+    events, doc, raw = _load(p)
+    host = [e for e in events if e.get("cat") not in DEVICE_CATS and "ts" in e]
+    dev = [e for e in events if e.get("cat") in DEVICE_CATS and "ts" in e]
+    if not any(e.get("cat") == "kernel" for e in dev):
+        raise SpecError("TRACE", p.name, "a trace with CUDA activity (device kernels): this one has none")
+    windows = _windows(host)
+    starts = [w[0] for w in windows]
+
+    def step_of(ts: float) -> int | None:
+        i = bisect_right(starts, ts) - 1
+        return i if i >= 0 and ts < windows[i][1] else None
+
+    launch_at = {e["args"]["correlation"]: e["ts"] for e in host
+                 if e.get("cat") in HOST_CATS and "correlation" in (e.get("args") or {})}
+    steps = [TraceStep(b - a, 0, 0, 0, 0.0, 0, 0.0, {}) for a, b in windows]
+    busy: list[list] = [[] for _ in windows]
+    for e in dev:
+        k = step_of(launch_at.get((e.get("args") or {}).get("correlation"), e["ts"]))
+        if k is None:
+            continue
+        busy[k].append((e["ts"], e["ts"] + e.get("dur", 0)))
+        if e["cat"] == "kernel":
+            steps[k].kernels += 1
+        else:
+            steps[k].copies += 1
+    callers = _Callers(host)
+    for e in host:
+        k = step_of(e["ts"]) if e.get("cat") in HOST_CATS else None
+        if k is None:
+            continue
+        name = str(e.get("name", ""))
+        if name.startswith(LAUNCH_PREFIXES):
+            steps[k].launches += 1
+        elif name in SYNC_CALLS:
+            c = steps[k].causes.setdefault(callers.of(e), [0, 0.0])
+            c[0] += 1
+            c[1] += e.get("dur", 0) * 1e-6
+            steps[k].syncs += 1
+            steps[k].sync_s += e.get("dur", 0) * 1e-6
+    for s, iv in zip(steps, busy):
+        s.wall_s *= 1e-6
+        s.device_busy_s = _busy_us(iv) * 1e-6
+    steps = [s for s in steps if s.kernels]
+    if not steps:
+        raise SpecError("TRACE", p.name, "device kernels launched inside a profiled step (ProfilerStep#N)")
+    dist = doc.get("distributedInfo") or {}
+    return Trace(p.name, hashlib.sha256(raw).hexdigest(), dist.get("rank"), dist.get("world_size"), steps)
+
+
+def stage_of(trace: Trace, layout: dict, stage: int | None = None) -> tuple[int, str]:
+    """The pipeline stage the traced rank runs, and how it was found: ``stage`` when given, else the trace's
+    rank in Megatron-Core's default rank order tp-cp-ep-dp-pp (pipeline outermost: rank // (TP CP DP))."""
+    pp = int(layout["pp"])
+    if stage is not None:
+        if not 0 <= stage < pp:
+            raise SpecError("--stage", stage, f"a pipeline stage in 0..{pp - 1}")
+        return stage, "given"
+    if trace.rank is None:
+        return 0, "the trace names no rank: stage 0 assumed"
+    s = int(trace.rank) // (int(layout["tp"]) * int(layout["cp"]) * int(layout["dp"])) % pp
+    return s, f"rank {trace.rank} in Megatron-Core's tp-cp-ep-dp-pp order"
+
+
+def compare(trace: Trace, spec, layout: dict, n_devices: int, est, stage: int | None = None) -> dict[str, Any]:
+    """The trace's medians beside the dispatch law in force (``est``: an Estimator on the run's profile) for
+    the traced stage of the plan ``layout`` (Layout fields) of ``spec`` on ``n_devices``. Seconds; kernels
+    per layer and micro-batch in full-recompute units. Keys: module docstring and the CLI's output."""
+    from scaleplan.estimator.ckpt import CkptMode, kernel_units
+    from scaleplan.estimator.dispatch import dispatch_time
+    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.estimator.params import stage_params
+
+    from scaleplan.specs import Layout
+
+    g = geometry(spec.model)
+    lay = ParallelLayout.from_specs([Layout(**layout)], n_devices)
+    s, how = stage_of(trace, layout, stage)
+    sp = stage_params(g, lay, s)
+    L, n_moe, ep = float(sp.n_layers[0]), float(sp.n_moe[0]), int(layout["ep"])
+    n_mb = float(lay.n_mb(spec.data.gbs)[0])
+    e_loc = g.E / (ep * int(layout.get("etp", 1))) if g.is_moe else 0.0
+    code = CkptMode.parse(layout["ckpt"]).value
+    u = float(kernel_units([code])[0]) / 4.0
+    law = est.dispatch
+    kernels, host = trace.median("kernels"), trace.median("host_busy_s")
+    kappa = kernels / (n_mb * L * u)
+    fixed = (n_moe * law.t_ep_host_s * u if ep > 1 else 0.0) + law.t_host_s  # the law's non-kernel host terms
+    pred = est.estimate(spec, n_devices, [Layout(**layout)])[0]
+    return {
+        "file": trace.file, "sha256": trace.sha256, "steps": len(trace.steps), "stage": s, "stage_from": how,
+        "n_mb": n_mb, "L_stage": L, "n_moe_stage": n_moe, "E_loc": e_loc, "ckpt": layout["ckpt"], "kernel_units": u,
+        "wall_s": trace.median("wall_s"), "predicted_t_iter_s": pred.t_iter_s,
+        "kernels": kernels, "copies": trace.median("copies"), "launches": trace.median("launches"),
+        "device_busy_s": trace.median("device_busy_s"), "host_busy_s": host,
+        "syncs": trace.median("syncs"), "sync_s": trace.median("sync_s"), "sync_callers": trace.causes(),
+        "kappa_measured": kappa, "kappa_law": law.kappa0 + law.kappa1 * e_loc,
+        "host_per_mb_s": host / n_mb,
+        "t_disp_law_s": float(dispatch_time(law, L, e_loc, np.array([code]), n_moe, np.array([ep]))[0]),
+        "t_gap_law_s": law.t_gap_s, "t_gap_implied_s": (host / n_mb - fixed) / (L * kappa * u),
+        "law_fixed_per_mb_s": fixed, "law_source": law.source,
+    }
+
+
+def fit_law(rows: list[dict], kappa1_prior: float) -> tuple[dict[str, float], list[str]]:
+    """kappa0, kappa1, t_gap_s of a 'dispatch' calibration from :func:`compare` rows (kernel counts per
+    layer-micro-batch at each E_loc; each row's implied t_gap recomputed on the fitted kappa). Two or more
+    distinct E_loc fit both kappa terms (least squares), one keeps ``kappa1_prior``. Raises SpecError when the
+    counts fall with E_loc (kappa1 < 0: not the law's shape) or the host time is all in the fixed terms."""
+    e = np.array([r["E_loc"] for r in rows])
+    k = np.array([r["kappa_measured"] for r in rows])
+    notes = []
+    if len(set(e.tolist())) >= 2:
+        kappa1, kappa0 = (float(x) for x in np.polyfit(e, k, 1))
+        if kappa1 < 0:
+            raise SpecError("TRACE", ", ".join(r["file"] for r in rows),
+                            f"kernel counts that grow with E_loc (they fall: kappa1 = {kappa1:.3g})")
+    else:
+        kappa1 = float(kappa1_prior)
+        kappa0 = float(np.mean(k - kappa1 * e))
+        notes.append(f"one E_loc ({e[0]:g}): kappa1 = {kappa1:g} kept from the law in force")
+    gaps = [(r["host_per_mb_s"] - r["law_fixed_per_mb_s"])
+            / (r["L_stage"] * (kappa0 + kappa1 * r["E_loc"]) * r["kernel_units"]) for r in rows]
+    t_gap = float(np.median(gaps))
+    if not t_gap > 0:
+        raise SpecError("TRACE", ", ".join(r["file"] for r in rows),
+                        "host time beyond the law's fixed per-micro-batch terms (t_ep_host, t_host); "
+                        f"the traces leave t_gap = {t_gap:.3g} s")
+    return {"kappa0": kappa0, "kappa1": kappa1, "t_gap_s": t_gap}, notes
+
+
+def store_law(url: str | None, profile: str, rows: list[dict], law) -> dict[str, Any]:
+    """Fit (:func:`fit_law`) and store a new 'dispatch' version of ``profile``: kappa0, kappa1, t_gap_s from
+    the traces, the law's non-kernel host terms as they were in force (``law``, scales applied) and the
+    host scales at 1 (the traces measured the host); what else the previous row carried (kernel_scale, the
+    chain gap) stays. It stores no step-time residuals: the errors of a new law are not known until runs are
+    compared under it (`calibrate report`), so `search --samples` falls back to its default sigma until then."""
+    from scaleplan.calibrate.kinds import keys_not_in, write_dispatch
+
+    from scaleplan.db import session as dbs
+
+    fitted, notes = fit_law(rows, law.kappa1)
+    coeffs = {**fitted, "t_ep_host_s": law.t_ep_host_s, "t_host_s": law.t_host_s, "host_scale": 1.0,
+              "ep_host_scale": 1.0}
+    host_err = [((r["L_stage"] * (fitted["kappa0"] + fitted["kappa1"] * r["E_loc"]) * r["kernel_units"]
+                  * fitted["t_gap_s"] + r["law_fixed_per_mb_s"]) / r["host_per_mb_s"] - 1) for r in rows]
+    inputs = {"traces": [{"file": r["file"], "sha256": r["sha256"], "E_loc": r["E_loc"],
+                          "kappa_measured": r["kappa_measured"], "host_per_mb_s": r["host_per_mb_s"]} for r in rows],
+              "host_time_rel_err": host_err}
+    dbs.ensure_schema(url)
+    with dbs.session_scope(url) as s:
+        row = write_dispatch(s, profile, coeffs, keep=keys_not_in(coeffs), inputs=inputs, residuals=[],
+                             cv_error=None, n_obs=len(rows), notes="; ".join(["from profiler traces", *notes]))
+        cid, version, stored = row.id, row.version, dict(row.coefficients)
+    return {"calibration_id": cid, "version": version, "profile": profile, "coefficients": stored,
+            "fitted": sorted(fitted), "host_time_rel_err": host_err, "notes": notes}

@@ -1,0 +1,140 @@
+"""`calibrate trace` (calibrate/trace.py): a profiler trace read into kernels, launches, syncs and busy time,
+set beside the dispatch law, and fitted into a 'dispatch' calibration. The traces are written by a
+discrete-event host/device simulation (tests/calibrate/trace_gen.py) that keeps its own totals."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from scaleplan.calibrate.trace import Trace, compare, fit_law, read_trace, stage_of, store_law
+
+from scaleplan.errors import SpecError
+from tests.calibrate.trace_gen import Rank, host_bound_rank
+
+PROFILE = "p6-b200.48xlarge"
+DISPATCHER = "megatron/core/transformer/moe/token_dispatcher.py(412): preprocess"
+LOSS = "megatron/training/training.py(1510): loss_func"
+
+
+def _device_bound_step(r: Rank) -> None:
+    for i in range(40):
+        r.kernel(dur_us=20.0, gap_us=8.0)
+        if i == 19:
+            r.sync(DISPATCHER)
+    r.sync(LOSS, copy_us=2.0)
+
+
+def test_reader_recovers_what_the_simulation_launched_waited_and_ran(tmp_path):
+    r = Rank(rank=3)
+    for n in (1, 2, 3):
+        r.step(n, _device_bound_step)
+    tr = read_trace(r.write(tmp_path / "rank3.pt.trace.json"))
+    tot, k = r.tot, 3
+    assert (tr.rank, tr.world_size, len(tr.steps)) == (3, 8, k)
+    for s, wall in zip(tr.steps, tot.step_us):
+        assert (s.kernels, s.copies, s.launches, s.syncs) == (tot.kernels / k, tot.copies / k, tot.launches / k,
+                                                               tot.syncs / k)
+        assert s.wall_s == pytest.approx(wall * 1e-6)
+        assert s.sync_s == pytest.approx(tot.sync_us / k * 1e-6)
+        assert s.device_busy_s == pytest.approx(tot.device_us / k * 1e-6)  # one stream: the sum of durations
+        assert s.host_busy_s == pytest.approx((wall - tot.sync_us / k) * 1e-6)
+    got = {c["caller"]: (c["per_step"], c["seconds_per_step"]) for c in tr.causes()}
+    assert got.keys() == tot.causes.keys()
+    for caller, (n, us) in tot.causes.items():
+        assert got[caller] == pytest.approx((n / k, us / k * 1e-6))
+    # device-bound: the host waits at the dispatcher's count read for the kernels it ran ahead of
+    assert got[DISPATCHER][1] > 19 * (20.0 - 8.0) * 1e-6
+
+
+def test_gzip_and_a_trace_without_step_annotations_read_as_one_step(tmp_path):
+    r = Rank(rank=None)
+    _device_bound_step(r)
+    tr = read_trace(r.write(tmp_path / "t.json.gz", gz=True))
+    assert len(tr.steps) == 1 and tr.rank is None
+    assert tr.steps[0].kernels == r.tot.kernels and tr.steps[0].syncs == r.tot.syncs
+
+
+@pytest.mark.parametrize("content, why", [
+    ("not json", "Chrome trace"),
+    (b"\x1f\x8b\x08\x00 a cut gzip stream", "Chrome trace"),
+    (json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}]}),
+     "CUDA activity"),
+])
+def test_a_file_that_is_no_gpu_trace_is_refused_in_one_line(tmp_path, content, why):
+    p = tmp_path / "x.json"
+    p.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(SpecError, match=why):
+        read_trace(p)
+
+
+def _spec():
+    from scaleplan.specs import parse_spec
+
+    return parse_spec({"model": {"n_layers": 2, "hidden_sz": 1024, "inter_sz": 2048, "n_q_heads": 8,
+                                 "n_kv_heads": 8, "head_dim": 128, "vocab_sz": 32000,
+                                 "moe": {"n_experts": 32, "experts_per_token": 2, "expert_inter_sz": 512,
+                                         "first_dense_layers": 0}},
+                       "data": {"gbs": 4, "seqlen": 2048}, "hardware": {"node_type": PROFILE}})
+
+
+def test_compare_recovers_the_simulated_kernel_count_and_gap(tmp_path):
+    from scaleplan.estimator import Estimator
+
+    est = Estimator(PROFILE, use_calibration=False)
+    law = est.dispatch
+    layout = {"tp": 1, "cp": 1, "pp": 1, "dp": 2, "ep": 2, "etp": 1, "vpp": 1, "mbs": 1, "ckpt": "full"}
+    n_mb, layers, kappa, gap = 4 // 2, 2, 300, 30.0  # gbs / dp micro-batches; every layer MoE
+    fixed_us = (layers * law.t_ep_host_s + law.t_host_s) * 1e6
+    r = host_bound_rank(kappa, gap, n_mb, layers, fixed_us)
+    row = compare(read_trace(r.write(tmp_path / "t.json")), _spec(), layout, 2, est)
+    assert (row["n_mb"], row["L_stage"], row["n_moe_stage"], row["E_loc"], row["kernel_units"]) == (2, 2, 2, 16, 1.0)
+    assert row["stage"] == 0 and "rank 1" in row["stage_from"]
+    assert row["kappa_measured"] == pytest.approx(kappa)
+    assert row["kappa_law"] == pytest.approx(law.kappa0 + law.kappa1 * 16)
+    # the host time is the simulated gaps and fixed work (the closing sync and step padding add ~10 us)
+    assert row["t_gap_implied_s"] == pytest.approx(gap * 1e-6, rel=1e-3)
+    assert row["host_per_mb_s"] == pytest.approx((layers * kappa * gap + fixed_us) * 1e-6, rel=1e-3)
+
+
+def _row(e_loc, kappa, t_gap, fixed=0.03, L=4.0, n_mb=8.0, u=1.0):
+    return {"file": f"e{e_loc}.json", "sha256": "0", "E_loc": e_loc, "kappa_measured": kappa, "kernel_units": u,
+            "L_stage": L, "n_mb": n_mb, "law_fixed_per_mb_s": fixed, "kernels": kappa * L * n_mb * u,
+            "host_per_mb_s": L * kappa * u * t_gap + fixed}
+
+
+def test_fit_law_takes_both_kappa_terms_from_two_expert_counts_and_the_gap_from_the_host_time():
+    k0, k1, gap = 640.0, 7.5, 25e-6
+    fitted, notes = fit_law([_row(e, k0 + k1 * e, gap) for e in (4, 16, 64)], kappa1_prior=99.0)
+    assert fitted == pytest.approx({"kappa0": k0, "kappa1": k1, "t_gap_s": gap})
+    assert notes == []
+    one, notes = fit_law([_row(16, k0 + 2.0 * 16, gap)], kappa1_prior=2.0)
+    assert one == pytest.approx({"kappa0": k0, "kappa1": 2.0, "t_gap_s": gap}) and "kept" in notes[0]
+
+
+def test_fit_law_refuses_counts_that_fall_with_local_experts_and_host_time_inside_the_fixed_terms():
+    with pytest.raises(SpecError, match="grow with E_loc"):
+        fit_law([_row(4, 700.0, 2e-5), _row(64, 600.0, 2e-5)], 7.0)
+    with pytest.raises(SpecError, match="fixed per-micro-batch"):
+        fit_law([{**_row(16, 700.0, 2e-5), "host_per_mb_s": 0.01}], 7.0)
+
+
+def test_stored_trace_law_is_the_law_the_estimator_then_uses(sqlite_url):
+    from scaleplan.estimator import Estimator
+
+    law = Estimator(PROFILE, db_url=sqlite_url).dispatch
+    rows = [_row(e, 600.0 + 8.0 * e, 20e-6, fixed=law.t_host_s) for e in (16, 32)]
+    out = store_law(sqlite_url, PROFILE, rows, law)
+    after = Estimator(PROFILE, db_url=sqlite_url)
+    assert (after.dispatch.kappa0, after.dispatch.kappa1, after.dispatch.t_gap_s) == pytest.approx((600.0, 8.0, 20e-6))
+    assert after.host_scale == 1.0 and after.dispatch.t_host_s == pytest.approx(law.t_host_s)
+    assert f"calibration {out['calibration_id']}" in after.dispatch.source
+    assert max(abs(x) for x in out["host_time_rel_err"]) < 1e-9
+
+
+def test_stage_follows_megatrons_rank_order_pipeline_outermost():
+    lay = {"tp": 4, "cp": 1, "pp": 2, "dp": 8}
+    tr = Trace("f", "0", 40, 64, [])
+    assert stage_of(tr, lay)[0] == 40 // (4 * 8)
+    assert stage_of(tr, lay, stage=0)[0] == 0
+    with pytest.raises(SpecError, match="--stage"):
+        stage_of(tr, lay, stage=2)
