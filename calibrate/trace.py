@@ -18,7 +18,11 @@ cost, is what held-out layouts turn on. This module measures those inputs in a t
   function or op of the same thread that encloses it: the token dispatcher's count read, the loss
   check's ``item``, the pipeline's batched p2p sync);
 * **host busy** = step wall - blocked seconds: the time the host spent issuing work. Threads are taken to
-  take turns (the forward on the main thread, the backward on autograd's), as they do in a training step.
+  take turns (the forward on the main thread, the backward on autograd's), as they do in a training step;
+* the step's two **overlap bounds** over its segments between blocking syncs (:func:`_segments`): the max
+  of the summed host and device times, which is what the law's max(GPU, t_disp) assumes, and the sum of the
+  per-segment maxes, which is what a step lasts when every sync drains the device before the host goes on.
+  Where the wall sits between them says how much overlap the syncs leave.
 
 Against the law in force for the same plan (:func:`compare`): kernels per layer-micro-batch measured
 (the step's count over n_mb L_stage, in full-recompute units; it includes the embedding, loss and optimizer
@@ -68,6 +72,8 @@ class TraceStep:
     syncs: int              # blocking host syncs
     sync_s: float           # seconds the host spent blocked in them
     causes: dict[str, list] = field(default_factory=dict)  # caller -> [count, seconds]
+    overlap_bound_s: float = 0.0  # max(sum host, sum device) over the segments between syncs (the law's max)
+    serial_bound_s: float = 0.0   # sum over those segments of max(host, device): what the syncs allow
 
     @property
     def host_busy_s(self) -> float:
@@ -155,6 +161,26 @@ class _Callers:
         return "(no enclosing op: an explicit synchronize)"
 
 
+def _segments(window: tuple[float, float], syncs: list[tuple[float, float]],
+              dev: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(max of sums, sum of maxes) in us over the step's segments between blocking syncs: per segment the
+    host's busy time (its wall less the wait that closes it) and the device time of the work launched in it
+    (``dev``: (launch ts, start, end)). A step whose syncs let host and device overlap throughout lasts the
+    max of the sums (the dispatch law's max(GPU, t_disp)); one whose every segment drains the device before
+    the host issues more lasts the sum of the per-segment maxes."""
+    a, b = window
+    cuts = sorted((ts + dur, dur) for ts, dur in syncs)
+    bounds = [a] + [c for c, _ in cuts] + [b]
+    waits = [w for _, w in cuts] + [0.0]
+    by_seg: list[list] = [[] for _ in waits]
+    ends = bounds[1:-1]
+    for launch, start, end in dev:
+        by_seg[bisect_right(ends, launch)].append((start, end))
+    h = [max(bounds[j + 1] - bounds[j] - waits[j], 0.0) for j in range(len(waits))]
+    d = [_busy_us(iv) for iv in by_seg]
+    return max(sum(h), sum(d)), sum(max(x, y) for x, y in zip(h, d))
+
+
 def read_trace(path: str | Path) -> Trace:
     """The steps of one rank's trace (module docstring). Raises SpecError (one line) on a file that is not
     a Chrome trace, or one with no device kernels (a CPU-only trace: nothing for the law to count)."""
@@ -175,11 +201,13 @@ def read_trace(path: str | Path) -> Trace:
                  if e.get("cat") in HOST_CATS and "correlation" in (e.get("args") or {})}
     steps = [TraceStep(b - a, 0, 0, 0, 0.0, 0, 0.0, {}) for a, b in windows]
     busy: list[list] = [[] for _ in windows]
+    syncs: list[list] = [[] for _ in windows]
     for e in dev:
-        k = step_of(launch_at.get((e.get("args") or {}).get("correlation"), e["ts"]))
+        launch = launch_at.get((e.get("args") or {}).get("correlation"), e["ts"])
+        k = step_of(launch)
         if k is None:
             continue
-        busy[k].append((e["ts"], e["ts"] + e.get("dur", 0)))
+        busy[k].append((launch, e["ts"], e["ts"] + e.get("dur", 0)))
         if e["cat"] == "kernel":
             steps[k].kernels += 1
         else:
@@ -196,11 +224,12 @@ def read_trace(path: str | Path) -> Trace:
             c = steps[k].causes.setdefault(callers.of(e), [0, 0.0])
             c[0] += 1
             c[1] += e.get("dur", 0) * 1e-6
-            steps[k].syncs += 1
-            steps[k].sync_s += e.get("dur", 0) * 1e-6
-    for s, iv in zip(steps, busy):
+            syncs[k].append((e["ts"], e.get("dur", 0)))
+    for s, w, iv, sy in zip(steps, windows, busy, syncs):
         s.wall_s *= 1e-6
-        s.device_busy_s = _busy_us(iv) * 1e-6
+        s.device_busy_s = _busy_us([(x, y) for _, x, y in iv]) * 1e-6
+        s.syncs, s.sync_s = len(sy), sum(dur for _, dur in sy) * 1e-6
+        s.overlap_bound_s, s.serial_bound_s = (x * 1e-6 for x in _segments(w, sy, iv))
     steps = [s for s in steps if s.kernels]
     if not steps:
         raise SpecError("TRACE", p.name, "device kernels launched inside a profiled step (ProfilerStep#N)")
@@ -255,6 +284,7 @@ def compare(trace: Trace, spec, layout: dict, n_devices: int, est, stage: int | 
         "kernels": kernels, "copies": trace.median("copies"), "launches": trace.median("launches"),
         "device_busy_s": trace.median("device_busy_s"), "host_busy_s": host,
         "syncs": trace.median("syncs"), "sync_s": trace.median("sync_s"), "sync_callers": trace.causes(),
+        "overlap_bound_s": trace.median("overlap_bound_s"), "serial_bound_s": trace.median("serial_bound_s"),
         "kappa_measured": kappa, "kappa_law": law.kappa0 + law.kappa1 * e_loc,
         "host_per_mb_s": host / n_mb,
         "t_disp_law_s": float(dispatch_time(law, L, e_loc, np.array([code]), n_moe, np.array([ep]))[0]),

@@ -46,6 +46,25 @@ def test_reader_recovers_what_the_simulation_launched_waited_and_ran(tmp_path):
     assert got[DISPATCHER][1] > 19 * (20.0 - 8.0) * 1e-6
 
 
+def test_overlap_bounds_split_the_step_at_its_syncs(tmp_path):
+    """A host-bound segment (20 kernels of 2 us issued 20 us apart) then a device-bound one (20 of 40 us
+    issued 2 us apart), a sync after each: the law's max(host, device) over the whole step is the device's
+    840 us, but the sync between them lets nothing overlap, so the step lasts 400 + 800 us."""
+    def body(r):
+        for _ in range(20):
+            r.kernel(dur_us=2.0, gap_us=20.0)
+        r.sync(DISPATCHER)
+        for _ in range(20):
+            r.kernel(dur_us=40.0, gap_us=2.0)
+
+    r = Rank()
+    r.step(1, body)
+    s = read_trace(r.write(tmp_path / "t.json")).steps[0]
+    assert s.overlap_bound_s == pytest.approx((20 * 2 + 20 * 40) * 1e-6, rel=0.02)
+    assert s.serial_bound_s == pytest.approx((20 * 20 + 20 * 40) * 1e-6, rel=0.03)
+    assert s.wall_s == pytest.approx(s.serial_bound_s, rel=0.03)
+
+
 def test_gzip_and_a_trace_without_step_annotations_read_as_one_step(tmp_path):
     r = Rank(rank=None)
     _device_bound_step(r)
