@@ -12,7 +12,8 @@ cost, is what held-out layouts turn on. This module measures those inputs in a t
   Each ``ProfilerStep#N`` annotation is one step (no annotation: the whole trace is one);
 * per step: the device **kernels** it launched (``kernel`` events, joined to their launch call by
   ``correlation``; memory copies and sets counted apart), the host's **launch calls**, the **device busy**
-  seconds (the union of the step's kernel, copy and set intervals over every stream), and the host's
+  seconds (the union of the step's kernel, copy and set intervals over every stream; the NCCL kernels'
+  share apart, since they hold the device while they wait for peers), and the host's
   **blocking syncs** (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ``cudaEventSynchronize``,
   synchronous ``cudaMemcpy``): their count, seconds, and where each was called (the innermost Python
   function or op of the same thread that encloses it: the token dispatcher's count read, the loss
@@ -72,6 +73,7 @@ class TraceStep:
     syncs: int              # blocking host syncs
     sync_s: float           # seconds the host spent blocked in them
     causes: dict[str, list] = field(default_factory=dict)  # caller -> [count, seconds]
+    nccl_s: float = 0.0     # union of its NCCL kernels' intervals (they occupy the device while they wait for peers)
     overlap_bound_s: float = 0.0  # max(sum host, sum device) over the segments between syncs (the law's max)
     serial_bound_s: float = 0.0   # sum over those segments of max(host, device): what the syncs allow
 
@@ -123,7 +125,7 @@ def _load(path: Path) -> tuple[list[dict], dict, bytes]:
 def _windows(host: list[dict]) -> list[tuple[float, float]]:
     """[start, end) in us of each ProfilerStep annotation, else of the whole host timeline."""
     steps = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in host
-                   if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(STEP_PREFIX))
+                   if e.get("cat") in ("user_annotation", "cpu_op") and str(e.get("name", "")).startswith(STEP_PREFIX))
     if steps:
         return steps
     return [(min(e["ts"] for e in host), max(e["ts"] + e.get("dur", 0) for e in host))]
@@ -186,7 +188,7 @@ def read_trace(path: str | Path) -> Trace:
     a Chrome trace, or one with no device kernels (a CPU-only trace: nothing for the law to count)."""
     p = Path(path)
     events, doc, raw = _load(p)
-    host = [e for e in events if e.get("cat") not in DEVICE_CATS and "ts" in e]
+    host = [e for e in events if e.get("cat") not in DEVICE_CATS | {"gpu_user_annotation"} and "ts" in e]
     dev = [e for e in events if e.get("cat") in DEVICE_CATS and "ts" in e]
     if not any(e.get("cat") == "kernel" for e in dev):
         raise SpecError("TRACE", p.name, "a trace with CUDA activity (device kernels): this one has none")
@@ -202,12 +204,15 @@ def read_trace(path: str | Path) -> Trace:
     steps = [TraceStep(b - a, 0, 0, 0, 0.0, 0, 0.0, {}) for a, b in windows]
     busy: list[list] = [[] for _ in windows]
     syncs: list[list] = [[] for _ in windows]
+    comm: list[list] = [[] for _ in windows]
     for e in dev:
         launch = launch_at.get((e.get("args") or {}).get("correlation"), e["ts"])
         k = step_of(launch)
         if k is None:
             continue
         busy[k].append((launch, e["ts"], e["ts"] + e.get("dur", 0)))
+        if str(e.get("name", "")).startswith("nccl"):
+            comm[k].append((e["ts"], e["ts"] + e.get("dur", 0)))
         if e["cat"] == "kernel":
             steps[k].kernels += 1
         else:
@@ -225,9 +230,10 @@ def read_trace(path: str | Path) -> Trace:
             c[0] += 1
             c[1] += e.get("dur", 0) * 1e-6
             syncs[k].append((e["ts"], e.get("dur", 0)))
-    for s, w, iv, sy in zip(steps, windows, busy, syncs):
+    for s, w, iv, sy, cm in zip(steps, windows, busy, syncs, comm):
         s.wall_s *= 1e-6
         s.device_busy_s = _busy_us([(x, y) for _, x, y in iv]) * 1e-6
+        s.nccl_s = _busy_us(cm) * 1e-6
         s.syncs, s.sync_s = len(sy), sum(dur for _, dur in sy) * 1e-6
         s.overlap_bound_s, s.serial_bound_s = (x * 1e-6 for x in _segments(w, sy, iv))
     steps = [s for s in steps if s.kernels]
@@ -282,7 +288,7 @@ def compare(trace: Trace, spec, layout: dict, n_devices: int, est, stage: int | 
         "n_mb": n_mb, "L_stage": L, "n_moe_stage": n_moe, "E_loc": e_loc, "ckpt": layout["ckpt"], "kernel_units": u,
         "wall_s": trace.median("wall_s"), "predicted_t_iter_s": pred.t_iter_s,
         "kernels": kernels, "copies": trace.median("copies"), "launches": trace.median("launches"),
-        "device_busy_s": trace.median("device_busy_s"), "host_busy_s": host,
+        "device_busy_s": trace.median("device_busy_s"), "nccl_s": trace.median("nccl_s"), "host_busy_s": host,
         "syncs": trace.median("syncs"), "sync_s": trace.median("sync_s"), "sync_callers": trace.causes(),
         "overlap_bound_s": trace.median("overlap_bound_s"), "serial_bound_s": trace.median("serial_bound_s"),
         "kappa_measured": kappa, "kappa_law": law.kappa0 + law.kappa1 * e_loc,

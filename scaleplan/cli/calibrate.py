@@ -391,7 +391,7 @@ def _print_trace(r: dict) -> None:
                  f"{r['L_stage']:g} layers ({r['n_moe_stage']:g} MoE), E_loc {r['E_loc']:g}, {r['ckpt']})",
                  highlight=False)
     stdout.print(f"  step wall {r['wall_s']:.3f} s (estimator: {r['predicted_t_iter_s']:.3f} s); device busy "
-                 f"{r['device_busy_s']:.3f} s, host busy {r['host_busy_s']:.3f} s, blocked in {r['syncs']:g} syncs "
+                 f"{r['device_busy_s']:.3f} s (NCCL {r['nccl_s']:.3f} s), host busy {r['host_busy_s']:.3f} s, blocked in {r['syncs']:g} syncs "
                  f"{r['sync_s']:.3f} s", highlight=False)
     stdout.print(f"  overlap between syncs: the wall is {r['wall_s'] / r['overlap_bound_s']:.2f}x the law's "
                  f"max(host, device) and {r['wall_s'] / r['serial_bound_s']:.2f}x the sum of per-segment maxes",

@@ -65,6 +65,23 @@ def test_overlap_bounds_split_the_step_at_its_syncs(tmp_path):
     assert s.wall_s == pytest.approx(s.serial_bound_s, rel=0.03)
 
 
+def test_nccl_kernels_on_their_own_stream_overlap_compute_and_are_counted_apart(tmp_path):
+    """A 100 us all-to-all on the communication stream beside ten 20 us GEMMs on the compute stream: the
+    device is busy for the union (the GEMMs' 200 us cover the all-to-all), NCCL for its own 100 us."""
+    def body(r):
+        r.kernel(dur_us=100.0, gap_us=5.0, op="c10d::alltoall_base_", name="ncclDevKernel_SendRecv", stream=13)
+        for _ in range(10):
+            r.kernel(dur_us=20.0, gap_us=5.0)
+
+    r = Rank()
+    r.step(1, body)
+    tr = read_trace(r.write(tmp_path / "t.json"))
+    s = tr.steps[0]
+    assert len(tr.steps) == 1 and s.kernels == 11
+    assert s.nccl_s == pytest.approx(100e-6)
+    assert s.device_busy_s == pytest.approx((10 * 20.0 + 5.0) * 1e-6)  # the GEMMs start one gap after it
+
+
 def test_gzip_and_a_trace_without_step_annotations_read_as_one_step(tmp_path):
     r = Rank(rank=None)
     _device_bound_step(r)

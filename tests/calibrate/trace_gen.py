@@ -30,7 +30,8 @@ class Rank:
     """Builds the events; ``kernel``, ``sync`` and ``step`` advance the host clock ``t`` (us)."""
 
     def __init__(self, rank: int | None = 0, world_size: int = 8):
-        self.t, self.dev_end, self.corr = 0.0, 0.0, 0
+        self.t, self.corr = 0.0, 0
+        self.stream_end: dict[int, float] = {}  # per device stream: when its last kernel ends
         self.events: list[dict] = []
         self.tot = Totals()
         self.meta = {} if rank is None else {"distributedInfo": {"backend": "nccl", "rank": rank,
@@ -42,18 +43,24 @@ class Rank:
             ev["args"] = args
         self.events.append(ev)
 
-    def _device(self, cat, name, launch_ts, dur):
-        start = max(launch_ts + LATENCY_US, self.dev_end)
-        self.dev_end = start + dur
-        self._x(cat, name, start, dur, DEV, correlation=self.corr, device=0, stream=7)
+    @property
+    def dev_end(self) -> float:
+        return max(self.stream_end.values(), default=0.0)
+
+    def _device(self, cat, name, launch_ts, dur, stream=DEV[1]):
+        start = max(launch_ts + LATENCY_US, self.stream_end.get(stream, 0.0))
+        self.stream_end[stream] = start + dur
+        self._x(cat, name, start, dur, (DEV[0], stream), correlation=self.corr, device=0, stream=stream)
         self.tot.device_us += dur
 
-    def kernel(self, dur_us: float, gap_us: float, op: str = "aten::mm"):
-        """One op: its cpu_op spans the host gap, the launch call sits inside it, the kernel follows."""
+    def kernel(self, dur_us: float, gap_us: float, op: str = "aten::mm", name: str = "sm100_xmma_gemm",
+               stream: int = DEV[1]):
+        """One op: its cpu_op spans the host gap, the launch call sits inside it, the kernel follows on
+        ``stream`` (each stream runs its kernels in order; streams run side by side)."""
         self.corr += 1
         self._x("cpu_op", op, self.t, gap_us)
         self._x("cuda_runtime", "cudaLaunchKernel", self.t + 0.25 * gap_us, 0.5 * gap_us, correlation=self.corr)
-        self._device("kernel", "sm100_xmma_gemm", self.t + 0.25 * gap_us, dur_us)
+        self._device("kernel", name, self.t + 0.25 * gap_us, dur_us, stream)
         self.tot.kernels += 1
         self.tot.launches += 1
         self.t += gap_us
@@ -87,6 +94,8 @@ class Rank:
         self.sync(None)  # the step ends with the device drained, as a logged iteration does
         self.t += 5.0
         self._x("user_annotation", f"ProfilerStep#{n}", t0, self.t - t0)
+        # the profiler mirrors the annotation on the device timeline: not a host step
+        self._x("gpu_user_annotation", f"ProfilerStep#{n}", t0 + LATENCY_US, self.t - t0, DEV)
         self.tot.step_us.append(self.t - t0)
 
     def write(self, path: Path, gz: bool = False) -> Path:
