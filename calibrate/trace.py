@@ -119,7 +119,10 @@ def _load(path: Path) -> tuple[list[dict], dict, bytes]:
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise SpecError("TRACE", str(path), "a Chrome trace with a traceEvents list")
-    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X"], doc if isinstance(doc, dict) else {}, raw
+    num = (int, float)
+    kept = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("ts"), num)
+            and isinstance(e.get("dur", 0), num)]
+    return kept, doc if isinstance(doc, dict) else {}, raw
 
 
 def _windows(host: list[dict]) -> list[tuple[float, float]]:
@@ -188,10 +191,12 @@ def read_trace(path: str | Path) -> Trace:
     a Chrome trace, or one with no device kernels (a CPU-only trace: nothing for the law to count)."""
     p = Path(path)
     events, doc, raw = _load(p)
-    host = [e for e in events if e.get("cat") not in DEVICE_CATS | {"gpu_user_annotation"} and "ts" in e]
-    dev = [e for e in events if e.get("cat") in DEVICE_CATS and "ts" in e]
+    host = [e for e in events if e.get("cat") not in DEVICE_CATS | {"gpu_user_annotation"}]
+    dev = [e for e in events if e.get("cat") in DEVICE_CATS]
     if not any(e.get("cat") == "kernel" for e in dev):
         raise SpecError("TRACE", p.name, "a trace with CUDA activity (device kernels): this one has none")
+    if not host:
+        raise SpecError("TRACE", p.name, "a trace with host activity (CPU ops and CUDA runtime calls) as well")
     windows = _windows(host)
     starts = [w[0] for w in windows]
 

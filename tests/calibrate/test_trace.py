@@ -95,6 +95,10 @@ def test_gzip_and_a_trace_without_step_annotations_read_as_one_step(tmp_path):
     (b"\x1f\x8b\x08\x00 a cut gzip stream", "Chrome trace"),
     (json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}]}),
      "CUDA activity"),
+    (json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 5}]}),
+     "host activity"),
+    (json.dumps({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": "soon", "dur": 5}]}),
+     "CUDA activity"),
 ])
 def test_a_file_that_is_no_gpu_trace_is_refused_in_one_line(tmp_path, content, why):
     p = tmp_path / "x.json"
