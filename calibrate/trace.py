@@ -308,7 +308,8 @@ def fit_law(rows: list[dict], kappa1_prior: float) -> tuple[dict[str, float], li
     """kappa0, kappa1, t_gap_s of a 'dispatch' calibration from :func:`compare` rows (kernel counts per
     layer-micro-batch at each E_loc; each row's implied t_gap recomputed on the fitted kappa). Two or more
     distinct E_loc fit both kappa terms (least squares), one keeps ``kappa1_prior``. Raises SpecError when the
-    counts fall with E_loc (kappa1 < 0: not the law's shape) or the host time is all in the fixed terms."""
+    counts fall with E_loc (kappa1 < 0: not the law's shape), leave kappa0 < 0, or the host time is all in
+    the fixed terms."""
     e = np.array([r["E_loc"] for r in rows])
     k = np.array([r["kappa_measured"] for r in rows])
     notes = []
@@ -321,6 +322,9 @@ def fit_law(rows: list[dict], kappa1_prior: float) -> tuple[dict[str, float], li
         kappa1 = float(kappa1_prior)
         kappa0 = float(np.mean(k - kappa1 * e))
         notes.append(f"one E_loc ({e[0]:g}): kappa1 = {kappa1:g} kept from the law in force")
+    if kappa0 < 0:
+        raise SpecError("TRACE", ", ".join(r["file"] for r in rows),
+                        f"kernel counts above kappa1 E_loc (they leave kappa0 = {kappa0:.3g} < 0)")
     gaps = [(r["host_per_mb_s"] - r["law_fixed_per_mb_s"])
             / (r["L_stage"] * (kappa0 + kappa1 * r["E_loc"]) * r["kernel_units"]) for r in rows]
     t_gap = float(np.median(gaps))

@@ -154,6 +154,8 @@ def test_fit_law_takes_both_kappa_terms_from_two_expert_counts_and_the_gap_from_
 def test_fit_law_refuses_counts_that_fall_with_local_experts_and_host_time_inside_the_fixed_terms():
     with pytest.raises(SpecError, match="grow with E_loc"):
         fit_law([_row(4, 700.0, 2e-5), _row(64, 600.0, 2e-5)], 7.0)
+    with pytest.raises(SpecError, match="kappa0"):
+        fit_law([_row(128, 500.0, 2e-5)], 7.29)  # 500 kernels cannot hold 128 x 7.29 per-expert ones
     with pytest.raises(SpecError, match="fixed per-micro-batch"):
         fit_law([{**_row(16, 700.0, 2e-5), "host_per_mb_s": 0.01}], 7.0)
 
