@@ -29,7 +29,9 @@ Against the law in force for the same plan (:func:`compare`): kernels per layer-
 (the step's count over n_mb L_stage, in full-recompute units; it includes the embedding, loss and optimizer
 kernels, so it bounds the per-layer count from above) against kappa(E_loc); host seconds per micro-batch
 against t_disp; the t_gap that makes the law give the measured host time with the measured count; the
-estimator's step time against the wall. :func:`fit_law` turns traces into a 'dispatch' calibration
+estimator's step time against the wall. Across the traces of several ranks of one stage
+(:func:`peer_waits`): how long their collectives wait for the last rank. :func:`fit_law` turns traces into a
+'dispatch' calibration
 (``--store``): kappa0, kappa1 from the counts (both with two or more E_loc, else kappa0 with kappa1 kept),
 t_gap from the host seconds, host_scale 1 (the trace measured the host itself). Seconds throughout.
 """
@@ -76,6 +78,8 @@ class TraceStep:
     nccl_s: float = 0.0     # union of its NCCL kernels' intervals (they occupy the device while they wait for peers)
     overlap_bound_s: float = 0.0  # max(sum host, sum device) over the segments between syncs (the law's max)
     serial_bound_s: float = 0.0   # sum over those segments of max(host, device): what the syncs allow
+    number: int | None = None     # the N of ProfilerStep#N
+    nccl_calls: list = field(default_factory=list)  # (kernel name, seconds) of each NCCL kernel, in issue order
 
     @property
     def host_busy_s(self) -> float:
@@ -125,13 +129,19 @@ def _load(path: Path) -> tuple[list[dict], dict, bytes]:
     return kept, doc if isinstance(doc, dict) else {}, raw
 
 
-def _windows(host: list[dict]) -> list[tuple[float, float]]:
-    """[start, end) in us of each ProfilerStep annotation, else of the whole host timeline."""
-    steps = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in host
+def _windows(host: list[dict]) -> list[tuple[float, float, int | None]]:
+    """[start, end) in us and the step number of each ProfilerStep annotation, else the whole host timeline
+    (number None)."""
+    steps = sorted((e["ts"], e["ts"] + e.get("dur", 0), _step_number(e["name"])) for e in host
                    if e.get("cat") in ("user_annotation", "cpu_op") and str(e.get("name", "")).startswith(STEP_PREFIX))
     if steps:
         return steps
-    return [(min(e["ts"] for e in host), max(e["ts"] + e.get("dur", 0) for e in host))]
+    return [(min(e["ts"] for e in host), max(e["ts"] + e.get("dur", 0) for e in host), None)]
+
+
+def _step_number(name: str) -> int | None:
+    tail = name[len(STEP_PREFIX):]
+    return int(tail) if tail.isdigit() else None
 
 
 def _busy_us(intervals: list[tuple[float, float]]) -> float:
@@ -206,7 +216,7 @@ def read_trace(path: str | Path) -> Trace:
 
     launch_at = {e["args"]["correlation"]: e["ts"] for e in host
                  if e.get("cat") in HOST_CATS and "correlation" in (e.get("args") or {})}
-    steps = [TraceStep(b - a, 0, 0, 0, 0.0, 0, 0.0, {}) for a, b in windows]
+    steps = [TraceStep(b - a, 0, 0, 0, 0.0, 0, 0.0, {}, number=n) for a, b, n in windows]
     busy: list[list] = [[] for _ in windows]
     syncs: list[list] = [[] for _ in windows]
     comm: list[list] = [[] for _ in windows]
@@ -218,6 +228,7 @@ def read_trace(path: str | Path) -> Trace:
         busy[k].append((launch, e["ts"], e["ts"] + e.get("dur", 0)))
         if str(e.get("name", "")).startswith("nccl"):
             comm[k].append((e["ts"], e["ts"] + e.get("dur", 0)))
+            steps[k].nccl_calls.append((launch, str(e["name"]), e.get("dur", 0) * 1e-6))
         if e["cat"] == "kernel":
             steps[k].kernels += 1
         else:
@@ -239,13 +250,72 @@ def read_trace(path: str | Path) -> Trace:
         s.wall_s *= 1e-6
         s.device_busy_s = _busy_us([(x, y) for _, x, y in iv]) * 1e-6
         s.nccl_s = _busy_us(cm) * 1e-6
+        s.nccl_calls = [(name, dur) for _, name, dur in sorted(s.nccl_calls)]  # in launch (issue) order
         s.syncs, s.sync_s = len(sy), sum(dur for _, dur in sy) * 1e-6
-        s.overlap_bound_s, s.serial_bound_s = (x * 1e-6 for x in _segments(w, sy, iv))
+        s.overlap_bound_s, s.serial_bound_s = (x * 1e-6 for x in _segments(w[:2], sy, iv))
     steps = [s for s in steps if s.kernels]
     if not steps:
         raise SpecError("TRACE", p.name, "device kernels launched inside a profiled step (ProfilerStep#N)")
     dist = doc.get("distributedInfo") or {}
     return Trace(p.name, hashlib.sha256(raw).hexdigest(), dist.get("rank"), dist.get("world_size"), steps)
+
+
+def peer_waits(traces: list[Trace]) -> dict[str, Any]:
+    """How long each rank's collectives wait for their peers, from the traces of several ranks that run the
+    same program (one pipeline stage: each issues the same collectives in the same order). Clock-free: the
+    k-th NCCL kernel of a name in a step is the same collective on every rank, the one that started it last
+    waited least, so its duration there stands for the transfer and each rank's excess over it for its wait
+    (a lower bound: the last rank's own wait counts as 0). This is the input of the coupled-delay check
+    (estimator/jitter_ep.py: per-rank delays that every MoE layer's all-to-all makes the group wait for).
+
+    Returns seconds per step and rank: ``wait_s`` (the excesses summed), ``nccl_s`` (NCCL kernel time), and per
+    kernel name its calls per step, mean and 90th-percentile excess per call; ``steps`` matched by
+    ProfilerStep number, ``unmatched`` calls (a name called more often on some ranks). Raises SpecError
+    with fewer than two traces or no step number common to all."""
+    if len(traces) < 2:
+        raise SpecError("TRACE", len(traces), "traces of two or more ranks to compare their collectives")
+    numbers = set.intersection(*({s.number for s in t.steps} for t in traces))
+    if not numbers:
+        raise SpecError("TRACE", ", ".join(t.file for t in traces), "traces with a ProfilerStep number in common")
+    excess: dict[str, list] = defaultdict(list)
+    wait, nccl, unmatched = 0.0, 0.0, 0
+    for n in sorted(numbers, key=lambda x: (x is None, x)):
+        seqs = [next(s for s in t.steps if s.number == n).nccl_calls for t in traces]
+        nccl += float(np.mean([sum(d for _, d in q) for q in seqs]))
+        for name in sorted({nm for q in seqs for nm, _ in q}):
+            per_rank = [[d for nm, d in q if nm == name] for q in seqs]
+            m = min(len(x) for x in per_rank)
+            unmatched += sum(len(x) - m for x in per_rank)
+            if m == 0:
+                continue
+            d = np.array([x[:m] for x in per_rank])  # ranks x calls
+            e = d - d.min(axis=0)
+            excess[name].extend(e.mean(axis=0).tolist())
+            wait += float(e.mean(axis=0).sum())
+    k = len(numbers)
+    kinds = [{"kernel": name, "calls_per_step": len(v) / k, "mean_wait_s": float(np.mean(v)),
+              "p90_wait_s": float(np.percentile(v, 90))} for name, v in excess.items()]
+    return {"ranks": [t.rank for t in traces], "files": [t.file for t in traces], "steps": k,
+            "wait_s": wait / k, "nccl_s": nccl / k, "unmatched": unmatched,
+            "by_kernel": sorted(kinds, key=lambda r: -r["calls_per_step"] * r["mean_wait_s"])}
+
+
+def group_waits(traces: list[Trace], rows: list[dict], runs: list) -> list[dict[str, Any]]:
+    """:func:`peer_waits` of each group of two or more traces of one run (``runs``: a key per trace, the log
+    it was paired with) at one pipeline stage (``rows``: their :func:`compare` rows); a group whose steps do
+    not match carries a ``note`` instead."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for t, r, run in zip(traces, rows, runs):
+        groups[(str(run), r["stage"])].append(t)
+    out = []
+    for (_, stage), g in groups.items():
+        if len(g) < 2:
+            continue
+        try:
+            out.append({"stage": stage, **peer_waits(g)})
+        except SpecError as e:
+            out.append({"stage": stage, "files": [t.file for t in g], "note": str(e)})
+    return out
 
 
 def stage_of(trace: Trace, layout: dict, stage: int | None = None) -> tuple[int, str]:

@@ -348,7 +348,7 @@ def trace(traces: list[Path] = typer.Argument(..., help="torch.profiler Chrome t
           db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     """Measure the dispatch law's inputs in profiler traces: kernels, launches, blocking syncs and their callers,
     host and device busy time per step, beside the law in force (calibrate/trace.py)."""
-    from scaleplan.calibrate.trace import compare, read_trace, store_law
+    from scaleplan.calibrate.trace import compare, group_waits, read_trace, store_law
     from scaleplan.estimator import Estimator
     from scaleplan.megatron.log import read_plan
     from scaleplan.profiles import profile_names
@@ -362,11 +362,12 @@ def trace(traces: list[Path] = typer.Argument(..., help="torch.profiler Chrome t
     plans = {p: read_plan(p, profile) for p in dict.fromkeys(logs)}
     url = db_url(db)
     est = Estimator(profile, db_url=url)
-    rows = [compare(read_trace(t), *plans[lg], est, stage) for t, lg in zip(traces, logs)]
+    trs = [read_trace(t) for t in traces]
+    rows = [compare(tr, *plans[lg], est, stage) for tr, lg in zip(trs, logs)]
     out: dict = {"profile": profile, "law": {"kappa0": est.dispatch.kappa0, "kappa1": est.dispatch.kappa1,
                                              "t_gap_s": est.dispatch.t_gap_s, "t_ep_host_s": est.dispatch.t_ep_host_s,
                                              "t_host_s": est.dispatch.t_host_s, "source": est.dispatch.source},
-                 "traces": rows}
+                 "traces": rows, "peer_waits": group_waits(trs, rows, logs)}
     if store:
         out["stored"] = store_law(url, profile, rows, est.dispatch)
     if want_json(json_out):
@@ -374,6 +375,8 @@ def trace(traces: list[Path] = typer.Argument(..., help="torch.profiler Chrome t
         return
     for r in rows:
         _print_trace(r)
+    for w in out["peer_waits"]:
+        _print_waits(w)
     if store:
         st = out["stored"]
         c = st["coefficients"]
@@ -406,3 +409,17 @@ def _print_trace(r: dict) -> None:
     for c in r["sync_callers"]:
         stdout.print(f"    sync {c['per_step']:7.1f}/step {c['seconds_per_step'] * ms:8.2f} ms/step  {c['caller']}",
                      highlight=False)
+
+
+def _print_waits(w: dict) -> None:
+    if "note" in w:
+        stdout.print(f"peer waits, stage {w['stage']} ({', '.join(w['files'])}): not compared: {w['note']}",
+                     highlight=False)
+        return
+    stdout.print(f"peer waits, stage {w['stage']}, ranks {w['ranks']} ({w['steps']} steps matched): "
+                 f"{w['wait_s'] * 1e3:.2f} ms per step and rank waiting for the last rank in collectives, of "
+                 f"{w['nccl_s'] * 1e3:.2f} ms of NCCL kernel time" + (f"; {w['unmatched']} calls unmatched"
+                                                                     if w["unmatched"] else ""), highlight=False)
+    for k in w["by_kernel"][:6]:
+        stdout.print(f"    {k['calls_per_step']:7.1f} calls/step  wait {k['mean_wait_s'] * 1e6:8.1f} us mean, "
+                     f"{k['p90_wait_s'] * 1e6:8.1f} us p90  {k['kernel'][:80]}", highlight=False)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
-from scaleplan.calibrate.trace import Trace, compare, fit_law, read_trace, stage_of, store_law
+from scaleplan.calibrate.trace import Trace, compare, fit_law, peer_waits, read_trace, stage_of, store_law
 
 from scaleplan.errors import SpecError
-from tests.calibrate.trace_gen import Rank, host_bound_rank
+from tests.calibrate.trace_gen import Rank, collective_group, host_bound_rank
 
 PROFILE = "p6-b200.48xlarge"
 DISPATCHER = "megatron/core/transformer/moe/token_dispatcher.py(412): preprocess"
@@ -180,3 +181,33 @@ def test_stage_follows_megatrons_rank_order_pipeline_outermost():
     assert stage_of(tr, lay, stage=0)[0] == 0
     with pytest.raises(SpecError, match="--stage"):
         stage_of(tr, lay, stage=2)
+
+
+def test_peer_waits_recover_each_collectives_wait_for_the_last_rank(tmp_path):
+    """Four ranks, six all-to-alls, each rank late by its own delay before each: a rank's kernel lasts the
+    transfer plus the time from its arrival to the last one's, so the mean wait of collective j is
+    mean_r (max_q delay_qj - delay_rj), whatever the clocks."""
+    rng = np.random.default_rng(7)
+    delays = rng.exponential(50.0, size=(4, 6))
+    traces = [read_trace(r.write(tmp_path / f"rank{i}.json")) for i, r in
+              enumerate(collective_group(delays.tolist(), transfer_us=200.0, compute_us=300.0))]
+    out = peer_waits(traces)
+    expect = float((delays.max(axis=0) - delays).mean(axis=0).sum()) * 1e-6
+    assert out["steps"] == 1 and out["unmatched"] == 0 and out["ranks"] == [0, 1, 2, 3]
+    assert out["wait_s"] == pytest.approx(expect)
+    (k,) = out["by_kernel"]
+    assert k["calls_per_step"] == 6 and k["mean_wait_s"] == pytest.approx(expect / 6)
+    assert out["nccl_s"] == pytest.approx(float(np.mean([6 * 200.0 + (delays.max(axis=0) - d).sum()
+                                                          for d in delays])) * 1e-6)
+
+
+def test_peer_waits_need_two_ranks_with_a_common_step(tmp_path):
+    a = Rank(rank=0)
+    a.step(1, lambda r: r.kernel(5.0, 5.0))
+    b = Rank(rank=1)
+    b.step(2, lambda r: r.kernel(5.0, 5.0))
+    ta, tb = (read_trace(x.write(tmp_path / f"{i}.json")) for i, x in enumerate((a, b)))
+    with pytest.raises(SpecError, match="two or more"):
+        peer_waits([ta])
+    with pytest.raises(SpecError, match="in common"):
+        peer_waits([ta, tb])

@@ -122,3 +122,24 @@ def host_bound_rank(kappa: int, gap_us: float, n_mb: int, layers: int, fixed_us:
 
     r.step(1, body)
     return r
+
+
+def collective_group(delays_us: list[list[float]], transfer_us: float, compute_us: float) -> list[Rank]:
+    """Ranks of one group that each run, per layer j, compute_us of work plus their own delay delays_us[r][j]
+    and then one all-to-all: every rank's NCCL kernel starts when that rank arrives and ends together with
+    the others', transfer_us after the last one arrived. One ProfilerStep#1 around it all."""
+    n = len(delays_us)
+    ranks = [Rank(rank=r, world_size=n) for r in range(n)]
+    t_end = 0.0  # when the previous all-to-all ended (on every rank)
+    for j in range(len(delays_us[0])):
+        arrive = [t_end + compute_us + delays_us[r][j] for r in range(n)]
+        t_end = max(arrive) + transfer_us
+        for r, rk in enumerate(ranks):
+            rk.corr += 1
+            launch = arrive[r] - LATENCY_US
+            rk._x("cuda_runtime", "cudaLaunchKernel", launch, 1.0, correlation=rk.corr)
+            rk._device("kernel", "ncclDevKernel_SendRecv", launch, t_end - arrive[r], stream=13)
+            rk.tot.kernels += 1
+    for rk in ranks:
+        rk._x("user_annotation", "ProfilerStep#1", -10.0, t_end + 20.0)
+    return ranks

@@ -6,9 +6,10 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from tests.calibrate.trace_gen import host_bound_rank
+from tests.calibrate.trace_gen import collective_group, host_bound_rank
 
 PROFILE = "p6-b200.48xlarge"
 LOG = Path(__file__).resolve().parents[1] / "data" / "megatron" / "5p4b_tp4_pp2_ep8.log"
@@ -55,3 +56,19 @@ def test_cli_refuses_bad_input_in_one_line(run, tmp_path):
     assert code == 2 and "--megatron-log" in err
     code, _, err = run("calibrate", "trace", bad, "--megatron-log", LOG, "--profile", "nope")
     assert code == 2 and "--profile" in err
+
+
+def test_cli_compares_the_collectives_of_ranks_on_one_stage(run, tmp_path, sqlite_url):
+    """Ranks 0-3 and 32 of the fixture run (tp 4, dp 8: ranks 0-31 are stage 0, 32-63 stage 1): the four of
+    stage 0 are compared, rank 32 alone on its stage is not."""
+    delays = np.random.default_rng(3).exponential(40.0, size=(5, 4))
+    paths = []
+    for i, r in enumerate(collective_group(delays.tolist(), transfer_us=100.0, compute_us=200.0)):
+        r.meta["distributedInfo"].update(rank=[0, 1, 2, 3, 32][i], world_size=64)
+        paths.append(r.write(tmp_path / f"r{i}.json"))
+    code, out, err = run("calibrate", "trace", *paths, "--megatron-log", LOG, "--db", sqlite_url, "--json")
+    assert code == 0, err
+    (w,) = json.loads(out)["peer_waits"]
+    assert w["stage"] == 0 and w["ranks"] == [0, 1, 2, 3]
+    d = delays[:4]  # rank 32's delays shaped the collectives' timing, but its kernels are not compared
+    assert w["wait_s"] == pytest.approx(float(((d.max(axis=0) - d).mean(axis=0)).sum()) * 1e-6)
