@@ -347,7 +347,8 @@ def trace(traces: list[Path] = typer.Argument(..., help="torch.profiler Chrome t
                                      "(kappa0, kappa1 from the kernel counts; t_gap from the host seconds)."),
           db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     """Measure the dispatch law's inputs in profiler traces: kernels, launches, blocking syncs and their callers,
-    host and device busy time per step, beside the law in force (calibrate/trace.py)."""
+    host and device busy time per step, beside the law in force; across several ranks of one pipeline stage,
+    how long their collectives wait for the last rank (calibrate/trace.py, docs/megatron.md)."""
     from scaleplan.calibrate.trace import compare, group_waits, read_trace, store_law
     from scaleplan.estimator import Estimator
     from scaleplan.megatron.log import read_plan
