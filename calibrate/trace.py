@@ -196,6 +196,67 @@ def _segments(window: tuple[float, float], syncs: list[tuple[float, float]],
     return max(sum(h), sum(d)), sum(max(x, y) for x, y in zip(h, d))
 
 
+class _Steps:
+    """The steps of a trace being read: which step a host time falls in, and what each step gathered (device
+    intervals with their launch time, NCCL intervals, blocking syncs), in us."""
+
+    def __init__(self, windows: list[tuple[float, float, int | None]]):
+        self.windows = windows
+        self.starts = [w[0] for w in windows]
+        self.steps = [TraceStep(b - a, 0, 0, 0, 0.0, 0, 0.0, {}, number=n) for a, b, n in windows]
+        self.busy: list[list] = [[] for _ in windows]
+        self.comm: list[list] = [[] for _ in windows]
+        self.syncs: list[list] = [[] for _ in windows]
+
+    def of(self, ts: float) -> int | None:
+        i = bisect_right(self.starts, ts) - 1
+        return i if i >= 0 and ts < self.windows[i][1] else None
+
+    def add_device(self, dev: list[dict], launch_at: dict) -> None:
+        """Each device event to the step its launch call fell in (its own start without one)."""
+        for e in dev:
+            launch = launch_at.get((e.get("args") or {}).get("correlation"), e["ts"])
+            k = self.of(launch)
+            if k is None:
+                continue
+            iv = (e["ts"], e["ts"] + e.get("dur", 0))
+            self.busy[k].append((launch, *iv))
+            if str(e.get("name", "")).startswith("nccl"):
+                self.comm[k].append(iv)
+                self.steps[k].nccl_calls.append((launch, str(e["name"]), e.get("dur", 0) * 1e-6))
+            if e["cat"] == "kernel":
+                self.steps[k].kernels += 1
+            else:
+                self.steps[k].copies += 1
+
+    def add_host(self, host: list[dict]) -> None:
+        """Launch calls counted; blocking syncs kept with their callers."""
+        callers = _Callers(host)
+        for e in host:
+            k = self.of(e["ts"]) if e.get("cat") in HOST_CATS else None
+            if k is None:
+                continue
+            name = str(e.get("name", ""))
+            if name.startswith(LAUNCH_PREFIXES):
+                self.steps[k].launches += 1
+            elif name in SYNC_CALLS:
+                c = self.steps[k].causes.setdefault(callers.of(e), [0, 0.0])
+                c[0] += 1
+                c[1] += e.get("dur", 0) * 1e-6
+                self.syncs[k].append((e["ts"], e.get("dur", 0)))
+
+    def finish(self) -> list[TraceStep]:
+        """The steps that launched device work, with their times in seconds."""
+        for s, w, iv, sy, cm in zip(self.steps, self.windows, self.busy, self.syncs, self.comm):
+            s.wall_s *= 1e-6
+            s.device_busy_s = _busy_us([(x, y) for _, x, y in iv]) * 1e-6
+            s.nccl_s = _busy_us(cm) * 1e-6
+            s.nccl_calls = [(name, dur) for _, name, dur in sorted(s.nccl_calls)]  # in launch (issue) order
+            s.syncs, s.sync_s = len(sy), sum(dur for _, dur in sy) * 1e-6
+            s.overlap_bound_s, s.serial_bound_s = (x * 1e-6 for x in _segments(w[:2], sy, iv))
+        return [s for s in self.steps if s.kernels]
+
+
 def read_trace(path: str | Path) -> Trace:
     """The steps of one rank's trace (module docstring). Raises SpecError (one line) on a file that is not
     a Chrome trace, or one with no device kernels (a CPU-only trace: nothing for the law to count)."""
@@ -207,53 +268,11 @@ def read_trace(path: str | Path) -> Trace:
         raise SpecError("TRACE", p.name, "a trace with CUDA activity (device kernels): this one has none")
     if not host:
         raise SpecError("TRACE", p.name, "a trace with host activity (CPU ops and CUDA runtime calls) as well")
-    windows = _windows(host)
-    starts = [w[0] for w in windows]
-
-    def step_of(ts: float) -> int | None:
-        i = bisect_right(starts, ts) - 1
-        return i if i >= 0 and ts < windows[i][1] else None
-
-    launch_at = {e["args"]["correlation"]: e["ts"] for e in host
-                 if e.get("cat") in HOST_CATS and "correlation" in (e.get("args") or {})}
-    steps = [TraceStep(b - a, 0, 0, 0, 0.0, 0, 0.0, {}, number=n) for a, b, n in windows]
-    busy: list[list] = [[] for _ in windows]
-    syncs: list[list] = [[] for _ in windows]
-    comm: list[list] = [[] for _ in windows]
-    for e in dev:
-        launch = launch_at.get((e.get("args") or {}).get("correlation"), e["ts"])
-        k = step_of(launch)
-        if k is None:
-            continue
-        busy[k].append((launch, e["ts"], e["ts"] + e.get("dur", 0)))
-        if str(e.get("name", "")).startswith("nccl"):
-            comm[k].append((e["ts"], e["ts"] + e.get("dur", 0)))
-            steps[k].nccl_calls.append((launch, str(e["name"]), e.get("dur", 0) * 1e-6))
-        if e["cat"] == "kernel":
-            steps[k].kernels += 1
-        else:
-            steps[k].copies += 1
-    callers = _Callers(host)
-    for e in host:
-        k = step_of(e["ts"]) if e.get("cat") in HOST_CATS else None
-        if k is None:
-            continue
-        name = str(e.get("name", ""))
-        if name.startswith(LAUNCH_PREFIXES):
-            steps[k].launches += 1
-        elif name in SYNC_CALLS:
-            c = steps[k].causes.setdefault(callers.of(e), [0, 0.0])
-            c[0] += 1
-            c[1] += e.get("dur", 0) * 1e-6
-            syncs[k].append((e["ts"], e.get("dur", 0)))
-    for s, w, iv, sy, cm in zip(steps, windows, busy, syncs, comm):
-        s.wall_s *= 1e-6
-        s.device_busy_s = _busy_us([(x, y) for _, x, y in iv]) * 1e-6
-        s.nccl_s = _busy_us(cm) * 1e-6
-        s.nccl_calls = [(name, dur) for _, name, dur in sorted(s.nccl_calls)]  # in launch (issue) order
-        s.syncs, s.sync_s = len(sy), sum(dur for _, dur in sy) * 1e-6
-        s.overlap_bound_s, s.serial_bound_s = (x * 1e-6 for x in _segments(w[:2], sy, iv))
-    steps = [s for s in steps if s.kernels]
+    st = _Steps(_windows(host))
+    st.add_device(dev, {e["args"]["correlation"]: e["ts"] for e in host
+                        if e.get("cat") in HOST_CATS and "correlation" in (e.get("args") or {})})
+    st.add_host(host)
+    steps = st.finish()
     if not steps:
         raise SpecError("TRACE", p.name, "device kernels launched inside a profiled step (ProfilerStep#N)")
     dist = doc.get("distributedInfo") or {}
