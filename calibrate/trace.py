@@ -68,12 +68,12 @@ class TraceStep:
     """One profiled step of one rank (seconds; counts)."""
 
     wall_s: float
-    kernels: int            # device kernels launched in the step
-    copies: int             # device memory copies and sets
-    launches: int           # host launch calls
-    device_busy_s: float    # union of the step's device intervals, every stream
-    syncs: int              # blocking host syncs
-    sync_s: float           # seconds the host spent blocked in them
+    kernels: int = 0             # device kernels launched in the step
+    copies: int = 0              # device memory copies and sets
+    launches: int = 0            # host launch calls
+    device_busy_s: float = 0.0   # union of the step's device intervals, every stream
+    syncs: int = 0               # blocking host syncs
+    sync_s: float = 0.0          # seconds the host spent blocked in them
     causes: dict[str, list] = field(default_factory=dict)  # caller -> [count, seconds]
     nccl_s: float = 0.0     # union of its NCCL kernels' intervals (they occupy the device while they wait for peers)
     overlap_bound_s: float = 0.0  # max(sum host, sum device) over the segments between syncs (the law's max)
@@ -203,7 +203,7 @@ class _Steps:
     def __init__(self, windows: list[tuple[float, float, int | None]]):
         self.windows = windows
         self.starts = [w[0] for w in windows]
-        self.steps = [TraceStep(b - a, 0, 0, 0, 0.0, 0, 0.0, {}, number=n) for a, b, n in windows]
+        self.steps = [TraceStep(b - a, number=n) for a, b, n in windows]
         self.busy: list[list] = [[] for _ in windows]
         self.comm: list[list] = [[] for _ in windows]
         self.syncs: list[list] = [[] for _ in windows]
@@ -355,7 +355,7 @@ def compare(trace: Trace, spec, layout: dict, n_devices: int, est, stage: int | 
     """The trace's medians beside the dispatch law in force (``est``: an Estimator on the run's profile) for
     the traced stage of the plan ``layout`` (Layout fields) of ``spec`` on ``n_devices``. Seconds; kernels
     per layer and micro-batch in full-recompute units. Keys: module docstring and the CLI's output."""
-    from scaleplan.estimator.ckpt import CkptMode, kernel_units
+    from scaleplan.estimator.ckpt import CkptMode, full_recompute_units
     from scaleplan.estimator.dispatch import dispatch_time
     from scaleplan.estimator.geom import geometry
     from scaleplan.estimator.layout import ParallelLayout
@@ -370,12 +370,12 @@ def compare(trace: Trace, spec, layout: dict, n_devices: int, est, stage: int | 
     L, n_moe, ep = float(sp.n_layers[0]), float(sp.n_moe[0]), int(layout["ep"])
     n_mb = float(lay.n_mb(spec.data.gbs)[0])
     e_loc = g.E / (ep * int(layout.get("etp", 1))) if g.is_moe else 0.0
-    code = CkptMode.parse(layout["ckpt"]).value
-    u = float(kernel_units([code])[0]) / 4.0
+    codes, eps = np.array([CkptMode.parse(layout["ckpt"]).value]), np.array([ep])
+    u = float(full_recompute_units(codes)[0])
     law = est.dispatch
     kernels, host = trace.median("kernels"), trace.median("host_busy_s")
     kappa = kernels / (n_mb * L * u)
-    fixed = (n_moe * law.t_ep_host_s * u if ep > 1 else 0.0) + law.t_host_s  # the law's non-kernel host terms
+    fixed = float(dispatch_time(law, 0.0, e_loc, codes, n_moe, eps)[0])  # the law without its layers' kernels
     pred = est.estimate(spec, n_devices, [Layout(**layout)])[0]
     return {
         "file": trace.file, "sha256": trace.sha256, "steps": len(trace.steps), "stage": s, "stage_from": how,
@@ -385,9 +385,9 @@ def compare(trace: Trace, spec, layout: dict, n_devices: int, est, stage: int | 
         "device_busy_s": trace.median("device_busy_s"), "nccl_s": trace.median("nccl_s"), "host_busy_s": host,
         "syncs": trace.median("syncs"), "sync_s": trace.median("sync_s"), "sync_callers": trace.causes(),
         "overlap_bound_s": trace.median("overlap_bound_s"), "serial_bound_s": trace.median("serial_bound_s"),
-        "kappa_measured": kappa, "kappa_law": law.kappa0 + law.kappa1 * e_loc,
+        "kappa_measured": kappa, "kappa_law": law.kappa(e_loc),
         "host_per_mb_s": host / n_mb,
-        "t_disp_law_s": float(dispatch_time(law, L, e_loc, np.array([code]), n_moe, np.array([ep]))[0]),
+        "t_disp_law_s": float(dispatch_time(law, L, e_loc, codes, n_moe, eps)[0]),
         "t_gap_law_s": law.t_gap_s, "t_gap_implied_s": (host / n_mb - fixed) / (L * kappa * u),
         "law_fixed_per_mb_s": fixed, "law_source": law.source,
     }

@@ -54,6 +54,11 @@ def kernel_units(codes) -> np.ndarray:
     return _KERNEL_UNITS[np.asarray(codes, dtype=np.int64)]
 
 
+def full_recompute_units(codes) -> np.ndarray:
+    """:func:`kernel_units` as a share of full recompute's (the unit the dispatch law's kappa is counted in)."""
+    return kernel_units(codes) / _KERNEL_UNITS[CkptMode.FULL]
+
+
 def recomputes_block(codes) -> np.ndarray:
     """1.0 where the whole block forward is re-run (full), else 0.0 (float arrays, a multiplier)."""
     return np.where(np.asarray(codes) == CkptMode.FULL, 1.0, 0.0)

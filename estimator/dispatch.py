@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scaleplan.estimator.ckpt import CkptMode, kernel_units
+from scaleplan.estimator.ckpt import CkptMode, full_recompute_units, kernel_units
 
 # Kernel-count law kappa(E_loc) = kappa0 + kappa1 E_loc per transformer layer and micro-batch
 # (forward + backward + full recompute). Defaults: GPU kernel counts read from rank-0 profiler
@@ -49,6 +49,10 @@ class DispatchLaw:
     source: str = "default"
     t_ep_host_s: float = 0.0
 
+    def kappa(self, E_loc):
+        """kappa(E_loc) = kappa0 + kappa1 E_loc: kernels per layer and micro-batch, full-recompute units."""
+        return self.kappa0 + self.kappa1 * E_loc
+
 
 RUNTIME_SCALES = ("host_scale", "kernel_scale", "ep_host_scale")  # carried by a 'dispatch' calibration
 
@@ -84,7 +88,7 @@ def law_in_force(profile_law, table_t_gap_s: float | None, table_t_host_s: float
 def dispatch_time(law: DispatchLaw, L_stage, E_loc, ckc, n_moe_stage, ep):
     """Host seconds to launch one micro-batch of one stage (arrays over plans): L_stage kappa(E_loc)
     t_gap + n_moe_stage [EP > 1] t_ep_host + t_host, in the checkpoint mode's kernel units."""
-    units = kernel_units(ckc) / 4.0
-    kappa = (law.kappa0 + law.kappa1 * E_loc) * units
+    units = full_recompute_units(ckc)
+    kappa = law.kappa(E_loc) * units
     t_ep_host = np.where(ep > 1, n_moe_stage * law.t_ep_host_s * units, 0.0)
     return L_stage * kappa * law.t_gap_s + t_ep_host + law.t_host_s
