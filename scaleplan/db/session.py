@@ -139,6 +139,26 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
         sess.close()
 
 
+def read_back(url: str | None, model: type, ids: list[int]) -> None:
+    """Check that the rows ``ids`` of ``model`` (an ORM class) are there for a new connection, outside this
+    process's pool, before a command reports them stored: a commit that only this process's own connection
+    can see (an SQLite log deleted under it by another process) would otherwise be reported and lost.
+    Raises ScaleplanError naming the table and the missing ids."""
+    from sqlalchemy import create_engine, select
+    from sqlalchemy.pool import NullPool
+
+    eng = create_engine(resolve_url(url), poolclass=NullPool)
+    try:
+        with eng.connect() as conn:
+            found = set(conn.execute(select(model.id).where(model.id.in_(ids))).scalars())
+    finally:
+        eng.dispose()
+    missing = sorted(set(ids) - found)
+    if missing:
+        raise ScaleplanError(f"{model.__tablename__} rows {missing} were committed but a new connection does not "
+                             f"see them in {mask_url(resolve_url(url))}; they are not stored")
+
+
 def with_retry(fn: Callable[[], T], attempts: int = 8, base_delay_s: float = 0.05) -> T:
     """Run ``fn`` retrying transient lock/serialization errors with jittered exponential backoff.
 

@@ -19,6 +19,43 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+# Descriptors of the database files this process has read, by (device, inode), kept open while that inode
+# is the file at its path: closing any descriptor of a file drops every POSIX advisory lock the process holds
+# on it, SQLite's included (https://www.sqlite.org/howtocorrupt.html, 2.2). A read-and-close here while an
+# engine of this process held the database let another process take itself for the last connection,
+# checkpoint and delete the -wal log that this process went on committing into: `validate --nproc 2 --bench`
+# lost its stored run that way. A descriptor whose path now names another file (or none) is closed: no other
+# process can reach that inode by name, so its locks guard nothing.
+_KEPT_FDS: dict[tuple[int, int], tuple[Path, int]] = {}
+
+
+def _pread(path: Path, n: int) -> bytes:
+    """The first ``n`` bytes of ``path`` through a descriptor kept open (see _KEPT_FDS).
+    Raises OSError when the file cannot be opened."""
+    st = os.stat(path)
+    kept = _KEPT_FDS.get((st.st_dev, st.st_ino))
+    if kept is None:
+        _close_orphans()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        fst = os.fstat(fd)
+        # a second descriptor of a kept inode (the file changed between stat and open) is left open too
+        kept = _KEPT_FDS.setdefault((fst.st_dev, fst.st_ino), (path, fd))
+        return os.pread(fd, n, 0)
+    return os.pread(kept[1], n, 0)
+
+
+def _close_orphans() -> None:
+    for key, (path, fd) in list(_KEPT_FDS.items()):
+        try:
+            st = os.stat(path)
+            current = (st.st_dev, st.st_ino) == key
+        except OSError:
+            current = False
+        if not current:
+            del _KEPT_FDS[key]
+            os.close(fd)
+
+
 def db_state(url: str) -> tuple | None:
     """What identifies the committed content of an SQLite database file: None for a server or
     in-memory database, or a file that does not exist; else a tuple of
@@ -42,8 +79,7 @@ def db_state(url: str) -> tuple | None:
     db = Path(url[len("sqlite:///"):])
     try:
         st = db.stat()
-        with open(db, "rb") as f:
-            counter = f.read(28)[24:28]
+        counter = _pread(db, 28)[24:28]
     except OSError:
         return None
     state: list = [(st.st_ino, st.st_size, st.st_mtime_ns, counter)]
@@ -54,8 +90,7 @@ def db_state(url: str) -> tuple | None:
     if wal.st_size == 0:
         return tuple(state)
     try:
-        with open(db.with_name(db.name + "-shm"), "rb") as f:
-            index = f.read(40)
+        index = _pread(db.with_name(db.name + "-shm"), 40)
     except OSError:
         index = b""
     if len(index) == 40 and index[12] == 1:  # isInit: the wal-index describes the log

@@ -86,7 +86,7 @@ def store_observation(db_url: str | None, spec: Spec, spec_name: str, layout: La
                       sweep: str, steps: int, warmup: int, device: str) -> int:
     """Insert one ObservedRun (source 'validate', provenance in ``extra``); return its id."""
     from scaleplan.db.models import ObservedRun
-    from scaleplan.db.session import ensure_schema, session_scope
+    from scaleplan.db.session import ensure_schema, read_back, session_scope
     from scaleplan.estimator.layout import ParallelLayout
 
     ensure_schema(db_url)
@@ -125,7 +125,9 @@ def store_observation(db_url: str | None, spec: Spec, spec_name: str, layout: La
     with session_scope(db_url) as s:
         s.add(row)
         s.flush()
-        return int(row.id)
+        oid = int(row.id)
+    read_back(db_url, ObservedRun, [oid])
+    return oid
 
 
 def comparison_row(layout: Layout, n_devices: int, result, measured_mfu: float,

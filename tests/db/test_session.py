@@ -22,3 +22,15 @@ def test_argv_bytes_of_no_utf8_text_are_a_db_error(tmp_path):
     r = subprocess.run(argv, capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--db" in r.stderr and "UTF-8" in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+def test_read_back_names_the_rows_a_new_connection_does_not_see(tmp_path):
+    from scaleplan.db.models import ObservedRun
+    from scaleplan.db.session import ensure_schema, read_back
+    from scaleplan.errors import ScaleplanError
+
+    url = f"sqlite:///{tmp_path / 'rb.db'}"
+    ensure_schema(url)
+    read_back(url, ObservedRun, [])  # nothing to check
+    with pytest.raises(ScaleplanError, match=r"observed_run rows \[7\]"):
+        read_back(url, ObservedRun, [7])

@@ -119,3 +119,27 @@ def test_a_planner_command_on_an_unchanged_database_does_not_import_sqlalchemy(r
     assert runs[0].stdout == runs[1].stdout == runs[2].stdout
     imported = [r.stderr.strip().splitlines()[-1] for r in runs]
     assert imported[0] != "[]" and imported[1:] == ["[]", "[]"], [i[:80] for i in imported]
+
+
+def test_reading_the_state_keeps_this_process_s_sqlite_locks(tmp_path):
+    """db_state reads the database's header and wal-index while this process's engine holds the database.
+    Closing a descriptor of a file drops every POSIX lock the process holds on it, so a read-and-close let
+    another process take itself for the last connection, checkpoint and delete the -wal log this process
+    then committed into, unseen by anyone else (`validate --nproc 2 --bench` lost its stored run so). Every
+    commit made after the state was read must be visible to a fresh process."""
+    from sqlalchemy import text
+
+    db = tmp_path / "locks.db"
+    url = f"sqlite:///{db}"
+    with session_scope(url) as s:  # the engine keeps its connection pooled: the database stays open here
+        s.execute(text("create table t(a)"))
+        s.execute(text("insert into t values (1)"))
+    assert (tmp_path / "locks.db-wal").exists()
+    assert state_cache.db_state(url) is not None
+    other = f"import sqlite3\nc = sqlite3.connect({str(db)!r})\nc.execute('select count(*) from t').fetchall()\nc.close()"
+    subprocess.run([sys.executable, "-c", other], check=True)  # opens and closes, as a bench torchrun rank does
+    with session_scope(url) as s:
+        s.execute(text("insert into t values (2)"))
+    count = f"import sqlite3\nprint(sqlite3.connect({str(db)!r}).execute('select count(*) from t').fetchone()[0])"
+    seen = subprocess.run([sys.executable, "-c", count], check=True, capture_output=True, text=True).stdout
+    assert seen.strip() == "2"

@@ -119,14 +119,21 @@ def test_mfu_is_eq_mfu_with_n_act():
     assert m.moe.n_experts == 8
 
 
-def test_bench_then_predict_on_the_same_machine(sqlite_url):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_bench_then_predict_on_the_same_machine(sqlite_url, nproc):
     """README step 5: `validate --bench` measures exactly the points the prediction looks up (one of
-    each for one layout), so the prediction exists and reads measured tables, not analytic fallbacks."""
-    p = _cli("--json", "validate", str(TINY), "--steps", "2", "--warmup", "1", "--bench", "--db", sqlite_url)
+    each for one layout), so the prediction exists and reads measured tables, not analytic fallbacks.
+    With 2 processes the collectives' torchrun ranks open the database too: the run it reports is stored."""
+    from scaleplan.db.session import get_engine
+
+    get_engine(sqlite_url).dispose()  # the command is the only process holding the database, as a user's is
+    p = _cli("--json", "validate", str(TINY), "--steps", "2", "--warmup", "1", "--bench", "--nproc", str(nproc),
+             "--db", sqlite_url)
     assert p.returncode == 0, p.stderr
     (r,) = json.loads(p.stdout)
     assert r["predicted_t_iter_s"] and r["predicted_t_iter_s"] > 0 and r["predicted_mfu"] > 0
-    o = _observed(sqlite_url)[0]
+    (o,) = _observed(sqlite_url)
+    assert o.id == r["observation_id"] and o.n_devices == nproc
     src = o.extra["predicted_sources"]
     for comp in ("attn_proj", "sdpa", "experts", "router", "vocab", "dispatch_floor"):
         assert src[comp] in ("measured", "interpolated"), (comp, src[comp])
