@@ -142,8 +142,9 @@ class HardwareBlock(BaseModel):
     node_type: str = "p6-b200.48xlarge"
 
 
-class Layout(BaseModel):
-    """An execution plan P_l = (TP, CP, PP, DP, EP, ETP, VPP, B_micro, A_ckpt).
+class Degrees(BaseModel):
+    """The parallel degrees of a layout (eq:mesh-moe), defined once for :class:`Layout` and the spec's
+    ``parallelism`` block: TP, CP, PP, DP, EP, ETP (expert tensor parallelism), VPP (virtual stages).
 
     ``dp`` may be left ``None`` and is then derived as N_dev / (tp*cp*pp) by the estimator.
     EP repartitions DP (eq:mesh-moe): EP must divide DP.
@@ -157,19 +158,20 @@ class Layout(BaseModel):
     ep: int = Field(default=1, gt=0, le=MAX_DEGREE)
     etp: int = Field(default=1, gt=0, le=MAX_DEGREE)
     vpp: int = Field(default=1, gt=0, le=MAX_VPP)
+
+
+class Layout(Degrees):
+    """An execution plan P_l = (TP, CP, PP, DP, EP, ETP, VPP, B_micro, A_ckpt): the degrees plus the
+    micro-batch size ``mbs`` (sequences) and the activation checkpointing mode."""
+
     mbs: int = Field(default=1, gt=0, le=MAX_MBS)
     ckpt: CkptMode = "full"
 
 
-class ParallelismBlock(BaseModel):
-    model_config = _Strict
-    tp: int = Field(default=1, gt=0, le=MAX_DEGREE)
-    cp: int = Field(default=1, gt=0, le=MAX_DEGREE)
-    pp: int = Field(default=1, gt=0, le=MAX_DEGREE)
-    dp: int | None = Field(default=None, gt=0, le=MAX_DEGREE)
-    ep: int = Field(default=1, gt=0, le=MAX_DEGREE)
-    etp: int | None = Field(default=None, gt=0, le=MAX_DEGREE)
-    vpp: int = Field(default=1, gt=0, le=MAX_VPP)
+class ParallelismBlock(Degrees):
+    """``parallelism``: the layout a spec names. An ``etp`` it leaves out is the model's
+    ``model.moe.expert_tp_degree`` (:class:`Spec` fills it in before validation)."""
+
     # dmlc/ScalePlan's own fields, read so its configs load unchanged; Spec.ignored() says why each is not used
     sp: bool = True
     zero_level: int | None = Field(default=None, ge=0, le=3)
@@ -196,6 +198,19 @@ class Spec(BaseModel):
     data: DataBlock = DataBlock()
     hardware: HardwareBlock = HardwareBlock()
     parallelism: ParallelismBlock | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _etp_from_the_model(cls, data):
+        """A parallelism block without ``etp`` (or with ``etp: null``, as older stored specs have it) takes
+        the model's ``moe.expert_tp_degree``: the spec names expert TP once, in the paper's field."""
+        if not isinstance(data, dict) or not isinstance(par := data.get("parallelism"), dict):
+            return data
+        moe = data.get("model", {}).get("moe") if isinstance(data.get("model"), dict) else None
+        etp = moe.get("expert_tp_degree", 1) if isinstance(moe, dict) else 1
+        if par.get("etp") is None and isinstance(etp, int) and not isinstance(etp, bool):
+            return {**data, "parallelism": {**par, "etp": etp}}
+        return data
 
     @model_validator(mode="after")
     def _known_node(self) -> Spec:
@@ -228,10 +243,8 @@ class Spec(BaseModel):
 
     def default_layout(self) -> Layout:
         """The layout the spec itself names (parallelism block, data.microbatch_sz, ckpt mode)."""
-        p = self.parallelism or ParallelismBlock()
-        etp = p.etp or (self.model.moe.expert_tp_degree if self.model.moe else 1)
-        degrees = {k: getattr(p, k) for k in Layout.model_fields if k in ParallelismBlock.model_fields}
-        return Layout(**{**degrees, "etp": etp}, mbs=self.data.microbatch_sz,
+        p = self.parallelism or ParallelismBlock(etp=self.model.moe.expert_tp_degree if self.model.moe else 1)
+        return Layout(**{k: getattr(p, k) for k in Degrees.model_fields}, mbs=self.data.microbatch_sz,
                       ckpt=self.performance.activation_checkpointing_type)
 
 

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from scaleplan.errors import SpecError
-from scaleplan.specs import Layout, parse_layout, parse_spec
+from scaleplan.specs import Degrees, Layout, ParallelismBlock, parse_layout, parse_spec
 
 GOOD = {
     "model": {"n_layers": 48, "hidden_sz": 6144, "inter_sz": 15360, "n_q_heads": 48, "n_kv_heads": 8,
@@ -37,6 +37,31 @@ def test_paper_listing_loads_and_gives_its_layout():
     lay = spec.default_layout()
     assert (lay.tp, lay.ep, lay.pp, lay.mbs, lay.ckpt) == (1, 8, 16, 2, "full")
     assert lay.dp is None  # derived later from the device count
+
+
+@pytest.mark.parametrize("par,moe_etp,etp", [
+    ({"tp": 4, "ep": 8}, 2, 2),                 # not named in parallelism: the model's expert_tp_degree
+    ({"tp": 4, "ep": 8, "etp": None}, 2, 2),    # null, as specs stored before the field had a default
+    ({"tp": 4, "ep": 8, "etp": 4}, 2, 4),       # named in parallelism: that value
+    ({"tp": 4, "ep": 8}, None, 1),              # neither: ETP 1
+])
+def test_expert_tp_is_named_once(par, moe_etp, etp):
+    """The spec's layout takes ETP from parallelism.etp, else model.moe.expert_tp_degree, else 1; the dumped
+    spec parses back to the same layout (stored specs are re-read by calibrate and validate)."""
+    moe = {**GOOD["model"]["moe"], **({"expert_tp_degree": moe_etp} if moe_etp else {})}
+    spec = parse_spec({**GOOD, "model": {**GOOD["model"], "moe": moe}, "parallelism": par})
+    assert spec.default_layout().etp == etp
+    assert parse_spec(spec.model_dump(mode="json")).default_layout() == spec.default_layout()
+    no_block = parse_spec({k: v for k, v in GOOD.items() if k != "parallelism"} | {"model": spec.model.model_dump()})
+    assert no_block.default_layout().etp == (moe_etp or 1)
+
+
+def test_layout_and_parallelism_block_share_the_degree_fields():
+    """One definition of the degrees: both schemas take them, with their bounds and defaults, from Degrees."""
+    degrees = Degrees.model_fields
+    for schema in (Layout, ParallelismBlock):
+        assert {k: repr(schema.model_fields[k]) for k in degrees} == {k: repr(v) for k, v in degrees.items()}
+    assert set(Layout.model_fields) - set(degrees) == {"mbs", "ckpt"}
 
 
 def test_validation_models_yaml_loads(validation_dir):
