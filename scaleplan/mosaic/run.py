@@ -169,7 +169,7 @@ def run_search(r: SearchRequest) -> SearchReport:
 def _document(report: SearchReport, m, est, loaded) -> dict[str, Any]:
     """The search JSON before its launchable outputs: the first budget in full, the sweep, the views."""
     r, results = report.request, report.results
-    unc = _uncertainty(results, loaded, r.db_url, est, r.samples, r.seed)
+    unc = _uncertainty(results, loaded, r, est)
     out = report.result.to_json(r.top)
     out["law"] = loaded.source
     out["law_support"] = loaded.support.to_dict()
@@ -203,16 +203,18 @@ def _add_sweep(out: dict, results: list, unc: list | None, axis: str) -> None:
             row.update(sweep_fields(u, row["best"]))
 
 
-def _uncertainty(results, loaded, url, est, samples, seed):
-    """Per budget, the --samples JSON (and per-candidate columns in each result's table); None for 0 draws."""
-    if samples == 0:
+def _uncertainty(results, loaded, r: SearchRequest, est):
+    """Per budget, the --samples JSON (and per-candidate columns in each result's table); None for 0 draws.
+    The MFU error is the calibration in force in the database the estimator reads (r.db_url, None: the default)."""
+    if r.samples == 0:
         return None
     from scaleplan.mosaic.evidence import errors_for
     from scaleplan.mosaic.report import attach_uncertainty
     from scaleplan.mosaic.uncertainty import mfu_error
 
-    return attach_uncertainty(results, loaded.law, loaded.ridge, loaded.source, mfu_error(url, est.profile.name),
-                              samples, seed, evidence=errors_for(est))
+    mfu = mfu_error(r.db_url, est.profile.name, r.calibration_id, r.use_calibration)
+    return attach_uncertainty(results, loaded.law, loaded.ridge, loaded.source, mfu, r.samples, r.seed,
+                              evidence=errors_for(est))
 
 
 def _write_files(report: SearchReport) -> None:

@@ -76,14 +76,20 @@ def sigma_from_residuals(residuals) -> float | None:
     return float(np.sqrt(np.mean(np.square(vals)))) if vals else None
 
 
-def mfu_error(db_url: str | None, profile: str) -> MfuError:
-    """sigma from the newest kind='dispatch' calibration of ``profile`` (see module docstring), else the fallback."""
+def mfu_error(db_url: str | None, profile: str, calibration_id: int | None = None,
+              use_calibration: bool = True) -> MfuError:
+    """sigma from the dispatch calibration in force for ``profile`` (the newest kind='dispatch' row, or the row
+    ``calibration_id`` names when it is a dispatch calibration; see module docstring), else the fallback.
+
+    ``db_url``: a URL or path; None is the default database (``$SCALEPLAN_DB``, else the user data dir), the
+    same one the estimator reads, so a search prints one sigma whichever way the database was named.
+    ``use_calibration`` False (``--calibration none``): the uncalibrated estimator's error, the fallback."""
     fallback = MfuError(FALLBACK_SIGMA, "fallback: paper sec:mfu-pred MAPE 13.2% as a log-normal sigma")
-    if db_url is None:
+    if not use_calibration:
         return fallback
     from scaleplan.db.calibrations import calibrations_in_force
 
-    row = calibrations_in_force(db_url, profile).get("dispatch")
+    row = calibrations_in_force(db_url, profile, calibration_id).get("dispatch")
     sigma = None if row is None else sigma_from_residuals(row.residuals)
     if sigma is None:
         return fallback
