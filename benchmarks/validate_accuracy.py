@@ -122,7 +122,7 @@ def memory_check(name: str, path: Path) -> dict:
     import numpy as np
     import torch
     from scaleplan.estimator import memory as mm
-    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.layout import ParallelLayout
 
     from scaleplan.reference.model import build_model

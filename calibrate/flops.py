@@ -39,7 +39,7 @@ def logged_params(g) -> float:
 
 def megatron_flops_per_token(g, seqlen: int, tp: int = 1) -> float:
     """FLOPs per token of one training step (fwd + bwd) in Megatron-LM's count (module docstring)."""
-    from scaleplan.estimator.geom import padded_vocab
+    from scaleplan.estimator.model_dims import padded_vocab
 
     f = 3 if g.glu else 2
     q, kv = g.nq * g.hd, g.nkv * g.hd
@@ -59,7 +59,7 @@ def flops_per_step(model, gbs: int, seqlen: int, count: str, tp: int = 1) -> flo
     Raises:
         SpecError: an unknown count.
     """
-    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.model_dims import geometry
 
     if count not in COUNTS:
         raise SpecError("--mfu-flops", count, f"one of {', '.join(COUNTS)}")

@@ -58,7 +58,7 @@ import yaml
 from sqlalchemy import select
 
 from scaleplan.errors import ScaleplanError, SpecError
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import FIELDS, LayoutContext, ParallelLayout
 from scaleplan.specs import CKPT_MODES, Layout, Spec, load_spec, parse_spec
 

@@ -357,7 +357,7 @@ def compare(trace: Trace, spec, layout: dict, n_devices: int, est, stage: int | 
     per layer and micro-batch in full-recompute units. Keys: module docstring and the CLI's output."""
     from scaleplan.estimator.ckpt import CkptMode, full_recompute_units
     from scaleplan.estimator.dispatch import dispatch_time
-    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.layout import ParallelLayout
     from scaleplan.estimator.params import stage_params
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
-from scaleplan.estimator.geom import Geometry, GeometryBatch, geometry, structure
+from scaleplan.estimator.model_dims import Geometry, GeometryBatch, geometry, structure
 from scaleplan.estimator.memory import RESERVE_BYTES, allocated_reserved, memory_breakdown, state_bytes
 from scaleplan.estimator.layout import LayoutContext, ParallelLayout
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
@@ -319,8 +319,8 @@ class Estimator:
     def best_plans(self, models: list[ModelBlock], n_devices: int, gbs: int, seqlen: int, optimizer: str = "adamw",
                    constraints: PlanConstraints = PlanConstraints(), chunk: int = 256) -> list[EstimateResult | None]:
         """:meth:`best_plan` of each of ``models`` (a list aligned with them), evaluated in batches: the plans
-        of up to ``chunk`` geometries of one structure (:func:`~scaleplan.estimator.geom.structure`) form one
-        plan set, each plan carrying its geometry's fields (:class:`~scaleplan.estimator.geom.GeometryBatch`),
+        of up to ``chunk`` geometries of one structure (:func:`~scaleplan.estimator.model_dims.structure`) form one
+        plan set, each plan carrying its geometry's fields (:class:`~scaleplan.estimator.model_dims.GeometryBatch`),
         so the memory and time models run once per batch instead of once per geometry (the per-call numpy
         overhead of small arrays dominated a search). Every evaluation is elementwise over plans, so each
         plan's numbers are best_plan's; a result's warnings are those its own geometry's plans raised.
@@ -423,9 +423,9 @@ class Estimator:
 
     def lookups(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> dict[str, list[dict]]:
         """The exact table points the evaluation of ``layouts`` (default: the spec's) looks up, recorded
-        while it runs (:func:`recording.recorded_lookups`); the host rows ``ops:*`` of the reference model
+        while it runs (:func:`lookup_listing.recorded_lookups`); the host rows ``ops:*`` of the reference model
         wherever the evaluation reads them (a serial-dispatch profile, or ``stack="reference"``)."""
-        from scaleplan.estimator.recording import recorded_lookups
+        from scaleplan.estimator.lookup_listing import recorded_lookups
 
         layouts = layouts or [spec.default_layout()]
         return recorded_lookups(self.model, self.tables, geometry(spec.model),

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 from scaleplan.estimator import analytic as an
-from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.layerwise import stage_tensors
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.optimizer import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_collectives, optimizer  # noqa: F401
 from scaleplan.estimator.params import dp_stages, stage_params  # noqa: F401  (dp_stages: re-exported)
-from scaleplan.estimator.recorder import Recorder, _arr, distinct
+from scaleplan.estimator.sources import Recorder, _arr, distinct
 from scaleplan.estimator.tables import ANALYTIC, LookupResult
 
 # Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
@@ -257,7 +257,7 @@ def _smallest_size(tb, layout: str, inter: bool) -> float:
 
 def _gather_table(tb, layout: str, inter: bool):
     """The all-gather table of a regime, or None, read without a request (a recording view,
-    :class:`~scaleplan.estimator.recording.RecordingTables`, lists only the lookups collective_time makes)."""
+    :class:`~scaleplan.estimator.lookup_listing.RecordingTables`, lists only the lookups collective_time makes)."""
     return getattr(tb, "collectives", {}).get(("all_gather", layout, bool(inter)))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.ckpt import CkptMode
-from scaleplan.estimator.geom import Geometry, vocab_shard
+from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED, LookupResult
 
 

@@ -20,9 +20,9 @@ from scaleplan.estimator.compute import (
     sdpa_times,
     vocab_times,
 )
-from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.layout import ParallelLayout
-from scaleplan.estimator.recorder import Recorder, distinct
+from scaleplan.estimator.sources import Recorder, distinct
 from scaleplan.estimator.shapes import RankShapes, rank_shapes
 from scaleplan.estimator.tables import ANALYTIC
 
@@ -85,7 +85,7 @@ class KernelModel:
     def layer_kernels(self, tb, g: Geometry, lay: ParallelLayout, seqlen: int, rec: Recorder) -> LayerKernels:
         """:class:`LayerKernels` of every plan of ``lay`` (arrays of length P) from the tables ``tb``
         (:meth:`Tables.view` of the spec precision), each distinct (TP, CP, EP, ETP, B_micro) evaluated
-        once (per geometry of a :class:`~scaleplan.estimator.geom.GeometryBatch`); lookups recorded in
+        once (per geometry of a :class:`~scaleplan.estimator.model_dims.GeometryBatch`); lookups recorded in
         ``rec``."""
         first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.ep, lay.etp, lay.mbs)
         rec_u = Recorder(len(first), rec.mode)

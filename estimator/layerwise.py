@@ -29,7 +29,7 @@ stage holds the word embedding, the last the final norm and the LM head (or a ti
 from __future__ import annotations
 
 import numpy as np
-from scaleplan.estimator.geom import Geometry, vocab_shard
+from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.params import stage_params
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 from scaleplan.estimator.ckpt import CkptMode
-from scaleplan.estimator.geom import Geometry
-from scaleplan.estimator.recorder import distinct
+from scaleplan.estimator.model_dims import Geometry
+from scaleplan.estimator.sources import distinct
 
 from scaleplan.errors import SpecError
 from scaleplan.specs import Layout
@@ -105,7 +105,7 @@ class ParallelLayout:
         return Layout(**self.row(i))
 
     def distinct(self, *names: str) -> tuple[np.ndarray, np.ndarray]:
-        """(first, inv) of :func:`~scaleplan.estimator.recorder.distinct` over the columns ``names``;
+        """(first, inv) of :func:`~scaleplan.estimator.sources.distinct` over the columns ``names``;
         memoised for a read-only plan set (:meth:`readonly`: the enumeration's cached sets, which a search
         asks about once per geometry)."""
         if self.tp.flags.writeable:
@@ -211,7 +211,7 @@ assert FIELDS == tuple(Layout.model_fields), "ParallelLayout's columns are specs
 
 
 def degree_groups(g: Geometry, lay: ParallelLayout) -> tuple[np.ndarray, np.ndarray]:
-    """(first, inv) of :func:`~scaleplan.estimator.recorder.distinct` over the plans' (geometry, TP, CP,
+    """(first, inv) of :func:`~scaleplan.estimator.sources.distinct` over the plans' (geometry, TP, CP,
     PP, DP, EP, ETP): all the DP traffic, the optimizer step and the model state depend on. An evaluation
     groups its plans so once and hands the grouping to each of them."""
     return distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)

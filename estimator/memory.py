@@ -37,10 +37,10 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 from scaleplan.estimator.ckpt import CkptMode
-from scaleplan.estimator.geom import Geometry, vocab_shard
+from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.optimizer import optimizer as opt_spec
 from scaleplan.estimator.params import StageParams, stage_params
-from scaleplan.estimator.recorder import distinct
+from scaleplan.estimator.sources import distinct
 from scaleplan.units import BYTES_PER_ELEMENT
 
 WEIGHT_BYTES, GRAD_BYTES = 2.0, 4.0

@@ -37,10 +37,10 @@ the overlap 1F1B allows, the optimizer step, and t_iter = chi_sys t_analytic (eq
 **Where each piece lives.** :mod:`compute` (kernel times from the tables, a CPU's host time),
 :mod:`comm` (collectives, DP traffic, bias all-reduce), :mod:`pipeline` (bubble, stage periods),
 :mod:`dispatch` (the launch law), :mod:`desync` (eq:desync), :mod:`memory` (bytes per rank),
-:mod:`recorder` (sources, out-of-range lookups), :mod:`iteration` (the terms of t_analytic). This
+:mod:`sources` (sources, out-of-range lookups), :mod:`iteration` (the terms of t_analytic). This
 module composes them per plan into an :class:`IterationTime`; the tables every lookup reads are an
 argument of :meth:`TimeModel.evaluate`, never state (a recording view of them,
-:class:`recording.RecordingTables`, lists what an evaluation looks up).
+:class:`lookup_listing.RecordingTables`, lists what an evaluation looks up).
 
 **Dispatch law** (precedence: these module defaults < the profile's ``dispatch`` block < measured
 dispatch rows of the profile < a 'dispatch' calibration row). kappa0 = 642, kappa1 = 7.29 are kernel
@@ -93,7 +93,7 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
     dispatch_time,
 )
 from scaleplan.estimator.exchanges import critical_exchanges
-from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.iteration import TERMS, IterationTime, layer_terms
 from scaleplan.estimator.kernels import KernelModel, LayerKernels
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
@@ -105,7 +105,7 @@ from scaleplan.estimator.pipeline import (  # noqa: F401
     pipeline_time,
     stage_periods,
 )
-from scaleplan.estimator.recorder import OOR, Recorder
+from scaleplan.estimator.sources import OOR, Recorder
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
 from scaleplan.profiles import ClusterProfile

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scaleplan.estimator import analytic as an
-from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.params import StageParams, dp_stages, stage_params
 

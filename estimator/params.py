@@ -6,7 +6,7 @@ n_dense of the model) among them; the input embedding sits on the first stage, t
 (``output_layer``) and the final norm on the last. With tied embeddings and PP > 1 the last stage keeps
 a copy of the embedding for the LM head (its gradient is all-reduced with the first stage's); with one
 stage a tied model holds one matrix, an untied one two. Both are Megatron's padded vocabulary
-(:func:`scaleplan.estimator.geom.vocab_shard`), split over TP. Attention, the dense and shared MLPs and
+(:func:`scaleplan.estimator.model_dims.vocab_shard`), split over TP. Attention, the dense and shared MLPs and
 the router are split over TP, the routed experts over EP x ETP; the final norm is replicated.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scaleplan.estimator.geom import Geometry, vocab_shard
+from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.layout import ParallelLayout
 
 

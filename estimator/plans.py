@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from scaleplan.estimator.ckpt import codes as ckpt_codes
-from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.layout import LayoutContext, ParallelLayout, enumerate_grid
 
 from scaleplan.specs import CKPT_MODES

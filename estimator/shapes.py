@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scaleplan.estimator.geom import Geometry, vocab_shard
+from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.layout import ParallelLayout
 
 from scaleplan.units import BYTES_PER_ELEMENT

@@ -452,7 +452,7 @@ class Tables:
     def collective(self, coll: str, layout: str, inter: bool, group=None, size=None) -> CollectiveTable | None:
         """The collective table of a regime (None: unmeasured). ``group`` / ``size`` (ranks, bytes per
         rank; arrays over the plans that ask) are the request, which these tables do not need and a
-        recording view (:class:`~scaleplan.estimator.recording.RecordingTables`) lists."""
+        recording view (:class:`~scaleplan.estimator.lookup_listing.RecordingTables`) lists."""
         return self.collectives.get((coll, layout, bool(inter)))
 
     def vocab_lookup(self, op: str, dirn: str, tokens, vocab, hidden) -> LookupResult | None:

@@ -60,7 +60,7 @@ def test_attention_wider_than_the_residual_stream_and_both_gates():
 
 def test_estimator_qkv_gemm_carries_the_gate_columns():
     """The QKV GEMM's output per TP rank: query width + gate columns over TP, plus the local K and V."""
-    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.layout import ParallelLayout
     from scaleplan.estimator.shapes import rank_shapes
 

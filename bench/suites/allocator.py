@@ -76,7 +76,7 @@ def spec_for(p: dict) -> dict:
 def predicted_allocated(spec_d: dict, ckpt: str) -> float:
     """The memory model's peak allocated bytes of the reference runner for one process."""
     from scaleplan.estimator import memory as mm
-    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.layout import ParallelLayout
 
     from scaleplan.specs import Layout, parse_spec

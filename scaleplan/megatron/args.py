@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scaleplan.errors import SpecError
-from scaleplan.estimator.geom import VOCAB_DIVISOR, padded_vocab
+from scaleplan.estimator.model_dims import VOCAB_DIVISOR, padded_vocab
 from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 from scaleplan.specs import Layout, ModelBlock, Spec
 
@@ -194,7 +194,7 @@ def megatron_notes(spec: Spec, layout: dict[str, Any] | Layout) -> list[str]:
         notes.append(GATE_NOTE.format(head=m.hidden_sz * m.n_q_heads, element=m.hidden_sz * m.n_q_heads * m.head_dim))
     v = spec.model.vocab_sz
     padded = int(padded_vocab(v, lo["tp"]))
-    if padded != v:  # the LM head's time and logits are costed on the padded vocabulary (estimator.geom)
+    if padded != v:  # the LM head's time and logits are costed on the padded vocabulary (estimator.model_dims)
         notes.append(f"Megatron-LM pads the vocabulary {v} to {padded} (a multiple of {VOCAB_DIVISOR} x TP "
                      f"{lo['tp']}), the size the plan's LM head is costed at; your tokenizer keeps {v} ids")
     return notes

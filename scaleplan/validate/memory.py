@@ -102,7 +102,7 @@ def predict_reference_memory(spec, layout, device: str, overhead: tuple[float, f
     import numpy as np
 
     from scaleplan.estimator import memory as mm
-    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.layout import ParallelLayout
 
     if overhead is None:

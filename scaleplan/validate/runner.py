@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import ScaleplanError, SpecError
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import LayoutContext, ParallelLayout
 from scaleplan.specs import Layout, Spec
 from scaleplan.validate.load import machine_busy_s

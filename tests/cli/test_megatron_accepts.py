@@ -117,7 +117,7 @@ def test_megatron_accepts_the_grid(models, name, model, over, n, layout):
     built = m.vocab_sz
     while built % (ns["make_vocab_size_divisible_by"] * lo["tp"]):
         built += 1
-    from scaleplan.estimator.geom import padded_vocab
+    from scaleplan.estimator.model_dims import padded_vocab
 
     assert built == padded_vocab(m.vocab_sz, lo["tp"])
     pattern = ns["moe_layer_freq"]
@@ -199,7 +199,7 @@ def test_planner_tp_rule_is_megatrons():
     and divides or is a multiple of the KV heads (with TP > KV heads Megatron-LM's attention all-gathers the QKV
     output over TP: supported, so the issue's 'TP divides the KV heads' would refuse layouts Megatron runs)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
-    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
 
     from scaleplan.specs import ModelBlock

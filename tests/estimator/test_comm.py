@@ -2,7 +2,7 @@
 test_dp_rails.py cover those): the expert-bias all-reduce (eq:bias-update)."""
 import numpy as np
 from scaleplan.estimator.comm import bias_sync
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import ParallelLayout
 
 from scaleplan.specs import parse_spec

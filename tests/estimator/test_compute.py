@@ -9,8 +9,8 @@ import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.comm import collective_time
 from scaleplan.estimator.compute import expert_times
-from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.model_dims import geometry
+from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import ANALYTIC, CLAMPED, INTERPOLATED
 
 from scaleplan.geometry import ladder_model

@@ -12,9 +12,9 @@ from scaleplan.estimator.comm import (
     dp_buckets,
     dp_comm_time,
 )
-from scaleplan.estimator.geom import geometry, padded_vocab
+from scaleplan.estimator.model_dims import geometry, padded_vocab
 from scaleplan.estimator.layout import ParallelLayout
-from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.sources import Recorder
 
 from scaleplan.specs import Layout, parse_spec
 from tests.estimator.conftest import moe_spec

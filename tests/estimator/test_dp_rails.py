@@ -4,7 +4,7 @@ import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.comm import collective_time
 from scaleplan.estimator.layout import ParallelLayout
-from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.sources import Recorder
 
 
 def test_ranks_per_node_follow_the_stride():

@@ -1,7 +1,7 @@
 """Parameter counts of the geometry ladder (paper tab:scale-ladder, E=128, K=3, G=4)."""
 import pytest
 from paper_tables import SCALE_LADDER
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 
 from scaleplan.geometry import ladder_model
 

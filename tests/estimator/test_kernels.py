@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import ParallelLayout
-from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.sources import Recorder
 
 from scaleplan.specs import Layout, parse_spec
 

@@ -7,11 +7,11 @@ import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.analytic import ALPHA_INTER_S
 from scaleplan.estimator.comm import collective_time, dp_buckets
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layerwise import stage_tensors
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.params import stage_params
-from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.sources import Recorder
 from scaleplan.profiles import load_profile
 from scaleplan.specs import Layout, ModelBlock, parse_spec
 from tests.estimator.conftest import moe_spec

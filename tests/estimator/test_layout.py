@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 from scaleplan.estimator.ckpt import CkptMode
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import RULES, LayoutContext, ParallelLayout, enumerate_grid, layout_text, rule
 
 from scaleplan.errors import SpecError

@@ -1,7 +1,7 @@
 """Memory model against Megatron's theoretical memory formula (Korthikanti et al. 2022)."""
 import numpy as np
 import pytest
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.memory import MEGATRON, dense_block_bytes, dense_layer_activation_bytes, memory_breakdown
 from scaleplan.estimator.layout import ParallelLayout
 
@@ -86,7 +86,7 @@ def test_dp_collectives_follow_the_optimizer_megatron_runs(optimizer, expect):
     # ZeRO-1 for Adam; layer-wise (dist_muon) for Muon: all-reduce, then the owners' parameters gathered;
     # plain DDP for SGD: the all-reduce alone. The bench plan's lookups are the collectives the model costs.
     from scaleplan.estimator import Estimator
-    from scaleplan.estimator.recording import recorded_lookups
+    from scaleplan.estimator.lookup_listing import recorded_lookups
 
     est = Estimator.from_frames("p6-b200.48xlarge", {})
     g = geometry(_dense_block())

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from scaleplan.emit import megatron_args
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.memory import MEGATRON, allocated_reserved, memory_breakdown
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.profiles import load_profile

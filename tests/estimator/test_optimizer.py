@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 import pytest
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.optimizer import dp_collectives, optimizer, slowest_step, step_time
 from scaleplan.estimator.params import stage_params

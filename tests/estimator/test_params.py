@@ -3,7 +3,7 @@ them (embedding on the first stage, LM head and final norm on the last, the padd
 the routed experts over EP x ETP), checked by hand on the 700M model (16 blocks, the first dense)."""
 import numpy as np
 import pytest
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.params import dp_stages, stage_params
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator import analytic as an
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import ParallelLayout
-from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED
 
 from scaleplan.profiles import load_profile

@@ -183,9 +183,9 @@ def test_full_recompute_exposes_the_lm_head_backward_at_the_next_dispatcher_sync
 def test_the_model_exposes_the_lm_head_backward_only_under_full_recompute(pp):
     # host-bound 700M MoE plans (host_scale 50): the vocabulary term is n_mb (t_LM fwd + t_LM bwd) under
     # full recompute (the recompute's dispatcher sync), n_mb t_LM fwd without recompute (hidden)
-    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.layout import ParallelLayout
-    from scaleplan.estimator.recorder import Recorder
+    from scaleplan.estimator.sources import Recorder
     from scaleplan.specs import Layout, parse_spec
     from tests.estimator.conftest import moe_spec
 

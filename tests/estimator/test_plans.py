@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 from scaleplan.estimator import Estimator, PlanConstraints
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.plans import enumerate_plans
 
 from scaleplan.geometry import ladder_model

@@ -11,8 +11,8 @@ from scaleplan.estimator import analytic as an
 from scaleplan.estimator import memory as mm
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.compute import elementwise_times, sdpa_times
-from scaleplan.estimator.geom import geometry
-from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.model_dims import geometry
+from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.table_build import build_tables
 from scaleplan.estimator.tables import Tables
 

@@ -1,7 +1,7 @@
 """estimator/shapes.py: per-rank shapes by hand on the 700M model (d 2048, 16 heads of 128 with a head
 gate, 16 KV heads, 128 experts of 1280, top-3, vocabulary 257540)."""
 import pytest
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.shapes import rank_shapes
 

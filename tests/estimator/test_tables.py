@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
-from scaleplan.estimator.geom import geometry, padded_vocab
+from scaleplan.estimator.model_dims import geometry, padded_vocab
 from scaleplan.estimator.layout import ParallelLayout
-from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import GridTable
 
 from scaleplan.errors import OutOfRangeError, SpecError

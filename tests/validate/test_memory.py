@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from scaleplan.estimator import memory as mm
-from scaleplan.estimator.geom import geometry
+from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import ParallelLayout
 
 from scaleplan.reference.model import build_model, moe_block_flags

@@ -1,8 +1,8 @@
-"""estimator/geom.py: the scalar geometry the time and memory models read, and Megatron's padded
+"""estimator/model_dims.py: the scalar geometry the time and memory models read, and Megatron's padded
 vocabulary (--make-vocab-size-divisible-by 128, times TP)."""
 import numpy as np
 import pytest
-from scaleplan.estimator.geom import geometry, padded_vocab, vocab_shard
+from scaleplan.estimator.model_dims import geometry, padded_vocab, vocab_shard
 
 from scaleplan.specs import parse_spec
 
@@ -38,7 +38,7 @@ def test_geometry_of_the_700m_model_by_hand():
 def test_a_batch_reads_each_plans_geometry_however_selected():
     """GeometryBatch: every per-plan field of plan p is its geometry's (gathered when first read), after
     any chain of selections; the batch-wide flags and unknown names behave as on one geometry."""
-    from scaleplan.estimator.geom import PER_PLAN_FIELDS, GeometryBatch
+    from scaleplan.estimator.model_dims import PER_PLAN_FIELDS, GeometryBatch
     from scaleplan.geometry import ladder_model
 
     geoms = [geometry(ladder_model(*z)) for z in ((8, 16, 1, 1), (12, 32, 2, 2), (10, 8, 2, 1))]

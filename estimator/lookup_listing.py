@@ -10,7 +10,7 @@ keys only. Because the keys come from the model's own lookups, the list cannot d
 from __future__ import annotations
 
 import numpy as np
-from scaleplan.estimator.geom import Geometry
+from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.tables import MEASURED, LookupResult, Tables
 
 _T = 1e-6  # the placeholder time of every recorded lookup (seconds)

@@ -1,7 +1,7 @@
 """Recorder.fold: records of lookups made once per distinct tuple (and per stacked pipeline stage)
 handed back to the plans that share them."""
 import numpy as np
-from scaleplan.estimator.recorder import Recorder
+from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import COMPOSED, INTERPOLATED, MEASURED
 
 
@@ -50,7 +50,7 @@ def test_fold_of_one_row_maps_plans_to_distinct_tuples():
 
 
 def test_distinct_tuples_match_a_dictionary_of_the_rows():
-    from scaleplan.estimator.recorder import distinct
+    from scaleplan.estimator.sources import distinct
     rng = np.random.default_rng(3)
     # wide values: packing raw values into one int64 would overflow here
     cols = [rng.choice([1, 2, 2 ** 20, 2 ** 40], 500) for _ in range(5)]

@@ -1,9 +1,9 @@
-"""The table points an evaluation looks up are recorded while the model runs (estimator/recording.py):
+"""The table points an evaluation looks up are recorded while the model runs (estimator/lookup_listing.py):
 the list bench plan measures is the model's own lookups, including those a hand-kept list had dropped."""
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
-from scaleplan.estimator.recording import RecordingTables
+from scaleplan.estimator.lookup_listing import RecordingTables
 
 from scaleplan.specs import Layout, parse_spec
 from tests.estimator.conftest import moe_spec
@@ -54,7 +54,7 @@ def test_a_profile_without_tables_lists_what_the_model_would_read():
 
 def test_recording_answers_placeholders_and_keeps_the_wrapped_attributes():
     est = Estimator.from_frames("p6-b200.48xlarge", {})
-    from scaleplan.estimator.geom import geometry
+    from scaleplan.estimator.model_dims import geometry
     rt = RecordingTables(est.tables, geometry(parse_spec(moe_spec()).model))
     res = rt.gemm.lookup(np.array([64.0, 64.0]), 128.0, 256.0)
     assert res.t.shape == (2,) and (res.oor_axis == -1).all()
