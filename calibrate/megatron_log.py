@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from scaleplan.calibrate.observations import Observation, store_observations
+from scaleplan.calibrate.observations import Observation, read_back_observations, store_observations
 
 
 def observation_of(run, sweep: str) -> Observation:
@@ -47,6 +47,7 @@ def add_megatron_logs(url: str | None, paths: list[Path], profile: str, warmup: 
             return store_observations(s, obs)
 
     inserted = dbs.with_retry(_go)
+    read_back_observations(url, obs)
     return {"files": [str(p) for p in paths], "rows": len(obs), "inserted": inserted,
             "already_present": len(obs) - inserted,
             "runs": [{"file": Path(r.file).name, "sha256": r.sha256, "sweep": o.sweep, "layout": r.layout,

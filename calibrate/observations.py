@@ -379,6 +379,7 @@ def add_runs(url: str | None, path: str | Path, specs_path: str | Path | None = 
             return store_observations(s, obs)
 
     inserted = dbs.with_retry(_go)
+    read_back_observations(url, obs)
     sweeps: dict[str, int] = {}
     for o in obs:
         sweeps[o.sweep] = sweeps.get(o.sweep, 0) + 1
@@ -386,6 +387,15 @@ def add_runs(url: str | None, path: str | Path, specs_path: str | Path | None = 
             "sweeps": sweeps, "profiles": sorted({o.profile for o in obs}),
             "step_time_from": {k: sum(1 for o in obs if _source_of_time(o) == k) for k in
                                sorted({_source_of_time(o) for o in obs})}}
+
+
+def read_back_observations(url: str | None, obs: list[Observation]) -> None:
+    """Every observation of ``obs`` is stored, as a new connection sees it (db.session.read_back by dedup key),
+    before a command reports them stored. Raises ScaleplanError naming the missing keys."""
+    from scaleplan.db import models as m
+    from scaleplan.db.session import read_back
+
+    read_back(url, m.ObservedRun, [o.to_row()["dedup_key"] for o in obs], key="dedup_key")
 
 
 def _source_of_time(o: Observation) -> str:

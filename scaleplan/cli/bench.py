@@ -126,8 +126,13 @@ class SweepProgress:
             self._say(f"[red]run {rid} {info['suite']}:[/red] {info['message']}")
 
 
-def _print_results(results: list, wall_s: float, as_json: bool) -> None:
+def _print_results(results: list, wall_s: float, as_json: bool, url: str | None) -> None:
+    """The runs' table (or JSON), once a new connection sees every run it names (db.session.read_back)."""
+    from scaleplan.db.models import BenchRun
+    from scaleplan.db.session import read_back
+
     rows = [r.to_dict() for r in results]
+    read_back(url, BenchRun, [r["run_id"] for r in rows])
     if as_json:
         print_json({"runs": rows, "wall_s": wall_s})
         return
@@ -189,7 +194,7 @@ def run(
                 on_event=on_event,
                 as_profile=as_profile,
             )
-    _print_results(results, time.perf_counter() - t0, want_json(json_out))
+    _print_results(results, time.perf_counter() - t0, want_json(json_out), url)
     if any(r.status != "complete" for r in results):
         sys.exit(1)
 
@@ -211,6 +216,10 @@ def _run_torchrun(preset, suites, profile, url, device, ids, json_out, as_profil
         as_profile=as_profile,
     )
     if summary is not None:
+        from scaleplan.db.models import BenchRun
+        from scaleplan.db.session import read_back
+
+        read_back(url, BenchRun, [summary["run_id"]])
         if want_json(json_out):
             print_json(summary)
         else:
@@ -273,7 +282,7 @@ def plan(
             lookups, spec, url, profile=profile, device=device, on_event=on_event,
             as_profile=as_profile,
         )
-    _print_results(results, time.perf_counter() - t0, want_json(json_out))
+    _print_results(results, time.perf_counter() - t0, want_json(json_out), url)
 
 
 def _plan_search(search: Path, profile: str | None, url, run_: bool, device, json_out: bool) -> None:
@@ -303,7 +312,7 @@ def _plan_search(search: Path, profile: str | None, url, run_: bool, device, jso
     t0 = time.perf_counter()
     with _exit_codes(), SweepProgress() as on_event:
         results = bplan.run_lookups(points, search, url, profile=prof, device=device, on_event=on_event)
-    _print_results(results, time.perf_counter() - t0, want_json(json_out))
+    _print_results(results, time.perf_counter() - t0, want_json(json_out), url)
 
 
 @app.command("runs")

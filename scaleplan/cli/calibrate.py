@@ -216,6 +216,7 @@ def fit(profile: str = ProfileOpt,
     if kind == "chi_sys" or (kind == "all" and from_runs):
         results.append(fit_chi_sys(url, profile, mode or "absolute", _fixed(fix), sweeps=sweep or None,
                                    extrapolate=extrapolate, prior=_prior(prior)))
+    read_back_calibrations(url, [i for r in results for i in [r.get("calibration_id"), *r.get("calibration_ids", [])]])
     if want_json(json_out):
         print_json(results[0] if len(results) == 1 else {"fits": results})
         return
@@ -224,6 +225,15 @@ def fit(profile: str = ProfileOpt,
             _print_runtime(r)
             continue
         (_print_chi if r["kind"] == "chi_sys" else _print_scales if r.get("from_runs") else _print_dispatch)(r)
+
+
+def read_back_calibrations(url: str | None, ids: list) -> None:
+    """The calibration rows ``ids`` a command is about to print as stored, seen by a new connection
+    (:func:`scaleplan.db.session.read_back`); raises ScaleplanError otherwise."""
+    from scaleplan.db.models import Calibration
+    from scaleplan.db.session import read_back
+
+    read_back(url, Calibration, ids)
 
 
 def _print_runtime(out: dict) -> None:
@@ -371,6 +381,7 @@ def trace(traces: list[Path] = typer.Argument(..., help="torch.profiler Chrome t
                  "traces": rows, "peer_waits": group_waits(trs, rows, logs)}
     if store:
         out["stored"] = store_law(url, profile, rows, est.dispatch)
+        read_back_calibrations(url, [out["stored"]["calibration_id"]])
     if want_json(json_out):
         print_json(out)
         return

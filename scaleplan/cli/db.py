@@ -109,7 +109,7 @@ def import_scaleplan(directory: Path = typer.Argument(..., help="A directory of 
     dbs.ensure_schema(url)
     with dbs.session_scope(url) as s:
         res = import_scaleplan_dir(s, directory)
-    _report_import(res, json_out)
+    _report_import(url, res, json_out)
 
 
 @app.command("import-recorded")
@@ -122,10 +122,14 @@ def import_recorded(directory: Path = typer.Argument(None, help="Default: the pa
     dbs.ensure_schema(url)
     with dbs.session_scope(url) as s:
         res = import_recorded_dir(s, directory or default_recorded_dir())
-    _report_import(res, json_out)
+    _report_import(url, res, json_out)
 
 
-def _report_import(res, json_out: bool) -> None:
+def _report_import(url: str, res, json_out: bool) -> None:
+    """The import's table (or JSON), once a new connection sees every bench run it names (db.session.read_back)."""
+    from scaleplan.db.models import BenchRun
+
+    dbs.read_back(url, BenchRun, [i for r in res for i in r.run_ids])
     if want_json(json_out):
         print_json([r.__dict__ for r in res])
         return

@@ -126,6 +126,10 @@ def fit(
     result = fit_joint_law(runs, n_bootstrap=bootstrap, n_starts=starts, n_restarts=restarts, seed=seed,
                            progress=not want_json(json_out))
     fit_id = store_fit(db_url(db), runs, result, name=name, dataset=str(runs_csv))
+    from scaleplan.db.models import LawFit
+    from scaleplan.db.session import read_back
+
+    read_back(db_url(db), LawFit, [fit_id])
     out = result.to_json()
     if want_json(json_out):
         print_json(out)

@@ -139,24 +139,31 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
         sess.close()
 
 
-def read_back(url: str | None, model: type, ids: list[int]) -> None:
-    """Check that the rows ``ids`` of ``model`` (an ORM class) are there for a new connection, outside this
-    process's pool, before a command reports them stored: a commit that only this process's own connection
-    can see (an SQLite log deleted under it by another process) would otherwise be reported and lost.
-    Raises ScaleplanError naming the table and the missing ids."""
+def read_back(url: str | None, model: type, ids: list, key: str = "id") -> None:
+    """Check that the rows of ``model`` (an ORM class) whose column ``key`` (default the primary key) holds
+    each of ``ids`` are there for a new connection, outside this process's pool, before a command reports them
+    stored: a commit that only this process's own connection can see (an SQLite log deleted under it by another
+    process) would otherwise be reported and lost. Raises ScaleplanError naming the table and the missing keys."""
     from sqlalchemy import create_engine, select
     from sqlalchemy.pool import NullPool
 
+    want = list(dict.fromkeys(i for i in ids if i is not None))
+    if not want:
+        return
+    col = getattr(model, key)
     eng = create_engine(resolve_url(url), poolclass=NullPool)
+    found: set = set()
     try:
         with eng.connect() as conn:
-            found = set(conn.execute(select(model.id).where(model.id.in_(ids))).scalars())
+            for i in range(0, len(want), 500):
+                found.update(conn.execute(select(col).where(col.in_(want[i:i + 500]))).scalars())
     finally:
         eng.dispose()
-    missing = sorted(set(ids) - found)
+    missing = [i for i in want if i not in found]
     if missing:
-        raise ScaleplanError(f"{model.__tablename__} rows {missing} were committed but a new connection does not "
-                             f"see them in {mask_url(resolve_url(url))}; they are not stored")
+        shown = missing if len(missing) <= 5 else [*missing[:5], f"... {len(missing)} in all"]
+        raise ScaleplanError(f"{model.__tablename__} rows {shown} ({key}) were committed but a new connection does "
+                             f"not see them in {mask_url(resolve_url(url))}; they are not stored")
 
 
 def with_retry(fn: Callable[[], T], attempts: int = 8, base_delay_s: float = 0.05) -> T:

@@ -34,6 +34,9 @@ _ARGS_START = re.compile(r"^-+ arguments -+$")
 _ARGS_END = re.compile(r"^-+ end of arguments -+$")
 _ARG = re.compile(r"^\s+(\w+) \.+ (.*)$")
 _ITER = re.compile(r"\biteration\s+(\d+)/\s*(\d+|None) \|(.*)$")
+# what training_log's line starts with, or its step-time field: a line with either is an iteration line, and one
+# that does not parse as such (separators lost, a field garbled) is an error, never skipped
+_LOOKS_LIKE_ITER = re.compile(r"\biteration\s+\d+\s*/\s*(\d+|None)\b|elapsed time per iteration")
 _FIELD = re.compile(r"\s*([^|:]+?):\s*([^|]*?)\s*\|")
 _MEM = re.compile(r"memory \(MB\) \| allocated: ([\d.]+) \| max allocated: ([\d.]+) \| reserved: ([\d.]+) \| "
                   r"max reserved: ([\d.]+)")
@@ -92,11 +95,15 @@ class _Interval:
 
 
 def parse_iterations(lines: list[str], where: str) -> list[_Interval]:
-    """The per-iteration lines. Raises SpecError naming the line of a malformed one."""
+    """The per-iteration lines. Raises SpecError naming the line of a malformed one: a line that looks like an
+    iteration line (``iteration N/ M`` or the step-time field) but does not parse, so no interval is dropped."""
     out = []
     for i, ln in enumerate(lines, 1):
         m = _ITER.search(ln)
         if not m:
+            if _LOOKS_LIKE_ITER.search(ln):
+                raise SpecError(f"{where}: line {i}", ln.strip()[:80], "an iteration line as Megatron-LM's "
+                                "training_log prints it: ' iteration N/ M | name: value | ...'")
             continue
         fields = {k.strip(): v for k, v in _FIELD.findall(" " + m.group(3))}
         try:
@@ -148,12 +155,17 @@ def _get(a: dict[str, Any], key: str, where: str, default: Any = ...) -> Any:
     return v
 
 
+def _base_dtype(a: dict[str, Any]) -> str:
+    """The run's parameter/activation dtype (--bf16, --fp16, else fp32), which --fp8/--fp4 runs keep too."""
+    return "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
+
+
 def _precision(a: dict[str, Any]) -> str:
     if a.get("fp8"):
         return "fp8"
     if a.get("fp4"):
         return "fp4"
-    return "bf16" if a.get("bf16") else "fp16" if a.get("fp16") else "fp32"
+    return _base_dtype(a)
 
 
 def _ckpt(a: dict[str, Any], where: str) -> str:
@@ -185,7 +197,10 @@ def _model(a: dict[str, Any], where: str) -> dict[str, Any]:
          "n_kv_heads": int(a["num_query_groups"]) if a.get("group_query_attention") else heads,
          "head_dim": int(a.get("kv_channels") or int(a["hidden_size"]) // heads),
          "vocab_sz": int(vocab),
-         "precision": _precision(a), "glu": bool(a.get("swiglu")),
+         # FP8 attention (TransformerConfig.fp8_dot_product_attention) has no command-line flag: core_v0.19.0's
+         # arguments.py excludes it from the TransformerConfig arguments, so under --fp8/--fp4 Transformer
+         # Engine's DotProductAttention runs in the base dtype
+         "precision": _precision(a), "sdpa_precision": _base_dtype(a), "glu": bool(a.get("swiglu")),
          "rotary_embeds": a.get("position_embedding_type") == "rope",
          "dropout": float(a.get("hidden_dropout") or 0.0) > 0.0,
          "tie_embeddings": not a.get("untie_embeddings_and_output_weights"),

@@ -144,7 +144,16 @@ def _truncations() -> dict[str, str]:
             "no argument dump": text[first_iter:],
             "no iteration after warm-up": text[:text.index(" iteration        9/")],
             "garbled iteration line": text.replace("elapsed time per iteration (ms): ", "elapsed time per iteration "
-                                                   "(ms): x", 1)}
+                                                   "(ms): x", 1),
+            # issue 39.10: an iteration line after warm-up whose '|' separators are lost was skipped (exit 0, one
+            # interval fewer, another median)
+            "iteration line without separators": _unseparated(text)}
+
+
+def _unseparated(text: str) -> str:
+    at = text.index(" iteration       20/")
+    end = text.index("\n", at)
+    return text[:at] + text[at:end].replace("|", " ") + text[end:]
 
 
 @pytest.mark.parametrize("what", list(_truncations()))
@@ -155,6 +164,21 @@ def test_bad_log_is_one_line_and_stores_nothing(run, sqlite_url, tmp_path, what)
     code, _, err = run("calibrate", "add", "--megatron-log", FIXTURE, "--megatron-log", bad, "--db", sqlite_url)
     assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith("error: bad.log")
     assert _stored(sqlite_url) == []
+    if what == "iteration line without separators":  # the error names the line it could not read
+        n = 1 + _truncations()[what][:_truncations()[what].index(" iteration       20/")].count("\n")
+        assert err.startswith(f"error: bad.log: line {n}:"), err
+
+
+def test_fp8_run_keeps_attention_in_bf16(run, sqlite_url, tmp_path):
+    """Issue 39.10: Megatron-LM has no command-line flag for FP8 attention (core_v0.19.0's arguments.py leaves
+    fp8_dot_product_attention out of the TransformerConfig arguments), so an --fp8 run's attention is bf16."""
+    fp8 = tmp_path / "fp8.log"
+    fp8.write_text(FIXTURE.read_text().replace("  fp8 ............................................. None",
+                                               "  fp8 ............................................. hybrid", 1))
+    code, _, err = run("calibrate", "add", "--megatron-log", fp8, "--db", sqlite_url)
+    assert code == 0, err
+    [r] = _stored(sqlite_url)
+    assert (r["spec"]["model"]["precision"], r["spec"]["model"]["sdpa_precision"]) == ("fp8", "bf16")
 
 
 def test_runs_file_or_log_not_both(run, sqlite_url):
