@@ -36,7 +36,8 @@ REQUIRED = {"gemm": "t_s", "collectives": "t_s", "dispatch": "wall_per_kernel_s"
 Event = Callable[[str, dict[str, Any]], None]
 
 # GPU name fragment -> profile, for a single GPU and for a full node of that GPU
-_GPU_PROFILES = (
+_GPU_PROFILES = (  # first match wins: "GB200" before "B200", which it contains
+    ("GB200", "p6e-gb200.36xlarge", "p6e-gb200.36xlarge"),
     ("B200", "p6-b200.48xlarge", "p6-b200.48xlarge"),
     ("H200", "h200-single", "p5en.48xlarge"),
     ("H100", "h100-single", "p5.48xlarge"),

@@ -107,7 +107,7 @@ def collective_time(tb, prof, rec, comp, coll, n, size, inter, layout="contiguou
         nref = np.clip(n, g_lo, g_hi)
         if flag and coll == "all_to_all" and per_node is not None:
             m = np.minimum(np.broadcast_to(np.asarray(per_node, dtype=float), (P,)), n)
-            m_ref = np.minimum(float(prof.gpus_per_node), nref)
+            m_ref = np.minimum(float(prof.scaleup_domain), nref)
             s_ref = size * ((n - m) / n) / np.maximum((nref - m_ref) / nref, 1e-9)
         else:
             # busbw invariance across group sizes: keep bytes per link, factor(n) S / busbw
@@ -169,7 +169,7 @@ def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw", de
     """
     # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
     # for the k stages at once (k U elements); the overlap windows are per plan
-    P, gpn, serial = len(lay), prof.gpus_per_node, bool(getattr(prof, "serial_dispatch", False))
+    P, gpn, serial = len(lay), prof.scaleup_domain, bool(getattr(prof, "serial_dispatch", False))
     first, inv = degrees if degrees is not None else degree_groups(g, lay)
     stages = dp_stages(lay.pp[first])
     k, U = len(stages), len(first)
@@ -274,7 +274,7 @@ def bias_sync_time(tb, prof, rec, g, lay, degrees=None):
     first, inv = first[f2], i2[inv]
     sub = Recorder(len(first), rec.mode)
     g1, lay1 = g.take(first), lay.take(first)
-    n_layers, group, inter, size = bias_sync(g1, lay1, prof.gpus_per_node)
+    n_layers, group, inter, size = bias_sync(g1, lay1, prof.scaleup_domain)
     act = (n_layers > 0) & (group > 1)
     t = n_layers * collective_time(tb, prof, sub, "bias_sync", "all_reduce", group, size, inter, "contiguous",
                                    act, small_analytic=True)

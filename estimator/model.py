@@ -198,7 +198,9 @@ class TimeModel(KernelModel):
             raise ValueError(f"stack: got {stack!r}; one of {', '.join(STACKS)}")
         self.prof, self.tables, self.mode, self.disp, self.chi_c = profile, tables, extrapolate, dispatch, chi
         self.kernel_scale = float(kernel_scale)
-        self.gpn = profile.gpus_per_node
+        # placement (which group leaves the NVLink domain, its ranks per domain): the scale-up domain, a node
+        # except where NVLink spans nodes (GB200 NVL72: 72 GPUs over 4-GPU trays)
+        self.gpn = profile.scaleup_domain
         self.serial = bool(getattr(profile, "serial_dispatch", False))
         # the host time of the reference model's own ops (measured rows) replaces the Megatron law
         self.measured_host = self.serial or stack == "reference"

@@ -34,6 +34,16 @@ class DispatchDefaults(BaseModel):
     source: str
 
 
+class PriceDefault(BaseModel):
+    """A node type's price per GPU-hour as published on ``date`` (ISO, the day it was read) by ``source``.
+    ``scaleplan plan`` prints it whenever it uses it; ``--price`` replaces it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    usd_per_gpu_hour: float = Field(gt=0, allow_inf_nan=False)
+    date: str
+    source: str
+
+
 class ClusterProfile(BaseModel):
     """A node type. ``peak_flops[precision]`` is dense FLOP/s per GPU (C_peak uses bf16 by default)."""
 
@@ -52,6 +62,17 @@ class ClusterProfile(BaseModel):
     serial_dispatch: bool = False
     # the largest cluster of this node type a plan may ask for (N_dev <= max_nodes * gpus_per_node)
     max_nodes: int = Field(default=MAX_NODES, gt=0, le=MAX_NODES)
+    # GPUs in one scale-up (NVLink) domain, when it is larger than a node (GB200 NVL72: 72 GPUs over 18
+    # 4-GPU trays); None: the node. The estimator places groups in this domain (:attr:`scaleup_domain`)
+    scaleup_gpus: int | None = Field(default=None, gt=0)
+    price: PriceDefault | None = None
+
+    @property
+    def scaleup_domain(self) -> int:
+        """GPUs that reach each other over the scale-up fabric (NVLink): ``scaleup_gpus``, else the node.
+        A parallel group inside it runs at ``scaleup_bandwidth``; one that leaves it at ``scaleout_bandwidth``
+        (estimator.layout: which group leaves the domain)."""
+        return int(self.scaleup_gpus or self.gpus_per_node)
 
     @property
     def max_devices(self) -> int:

@@ -1,0 +1,54 @@
+"""The NVLink domain comes from the profile (ClusterProfile.scaleup_domain), not from the node: on a GB200
+NVL72 (4-GPU trays, 72 GPUs per NVLink domain) an expert group of 64 ranks stays on NVLink."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from scaleplan.estimator import Estimator
+
+from scaleplan.profiles import load_profile, profile_file
+from scaleplan.specs import Layout, parse_spec
+
+GB200 = load_profile("p6e-gb200.36xlarge")
+TRAYS_ONLY = GB200.model_copy(update={"scaleup_gpus": None, "name": "gb200-trays-only"})  # NVLink = the tray
+
+
+def _spec():
+    # 128 experts: every EP below divides them; 4 layers, small widths: only the placement matters here
+    return parse_spec({"model": {"n_layers": 4, "hidden_sz": 1024, "inter_sz": 2048, "n_q_heads": 8,
+                                 "n_kv_heads": 8, "head_dim": 128, "vocab_sz": 32768,
+                                 "moe": {"n_experts": 128, "experts_per_token": 2, "expert_inter_sz": 512}},
+                       "data": {"gbs": 256, "seqlen": 2048, "microbatch_sz": 1},
+                       "hardware": {"node_type": "p6e-gb200.36xlarge"}})
+
+
+def _estimate(profile, n_devices: int, ep: int):
+    est = Estimator(profile, tables=Estimator(profile_file("p6e-gb200.36xlarge"), db_url="sqlite://").tables,
+                    use_calibration=False)
+    return est.estimate(_spec(), n_devices, [Layout(dp=n_devices, ep=ep, mbs=1, ckpt="none")])[0]
+
+
+def test_gb200_profile_reads_as_its_datasheet():
+    assert (GB200.gpus_per_node, GB200.scaleup_domain) == (4, 72)
+    # NVL72 datasheet: 360 PFLOPS bf16 with sparsity over 72 GPUs -> dense per GPU
+    assert GB200.peak("bf16") == pytest.approx(360e15 / 72 / 2)
+    for name in ("p5.48xlarge", "p5en.48xlarge", "p6-b200.48xlarge"):  # an 8-GPU node is its own NVLink domain
+        p = load_profile(name)
+        assert p.scaleup_domain == p.gpus_per_node == 8
+
+
+@pytest.mark.parametrize("n_dev, ep", [(128, 64), (256, 64), (128, 32)])
+def test_expert_group_inside_the_nvlink_domain(n_dev, ep):
+    """EP ranks are contiguous (ETP = 1): a group of ep ranks spans ceil(ep / domain) domains."""
+    nvl = _estimate(GB200, n_dev, ep)
+    trays = _estimate(TRAYS_ONLY, n_dev, ep)
+    assert nvl.chi_inputs["ep_nodes"] == math.ceil(ep / 72) == 1
+    assert trays.chi_inputs["ep_nodes"] == ep // 4
+    # the same all-to-all bytes over NVLink (900 GB/s per direction) instead of the NIC (50 GB/s): faster
+    assert nvl.breakdown_s["ep_a2a"] < trays.breakdown_s["ep_a2a"]
+
+
+def test_expert_group_beyond_the_domain_leaves_it():
+    # EP 128 cannot fit one 72-GPU domain: it spans two, whatever the tray size
+    assert _estimate(GB200, 256, 128).chi_inputs["ep_nodes"] == math.ceil(128 / 72) == 2
