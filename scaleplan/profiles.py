@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import time
 from importlib import resources
 from pathlib import Path
@@ -73,6 +74,10 @@ class ClusterProfile(BaseModel):
         A parallel group inside it runs at ``scaleup_bandwidth``; one that leaves it at ``scaleout_bandwidth``
         (estimator.layout: which group leaves the domain)."""
         return int(self.scaleup_gpus or self.gpus_per_node)
+    # profiles of the same GPU model whose single-device tables (GEMM, grouped GEMM, SDPA, router,
+    # element-wise, vocabulary, allocator) fill the kinds of rows this node type's own runs lack
+    # (scaleplan.db.measurements.load_frames); never the host (dispatch) or fabric (collectives) rows
+    device_tables: tuple[str, ...] = ()
 
     @property
     def max_devices(self) -> int:
@@ -95,6 +100,20 @@ class ClusterProfile(BaseModel):
             if p in self.peak_flops:
                 return self.peak_flops[p]
         raise SpecError("precision", precision, f"a lane of profile {self.name}: {sorted(self.peak_flops)}")
+
+
+# a GPU model token: B200, H100, H200, A100, GH200, L40, MI300 ...
+_MODEL = re.compile(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b")
+
+
+def gpu_model(name: str | None) -> str | None:
+    """The model token of a GPU name ("NVIDIA H100 80GB HBM3" -> "H100"); "cpu" for a CPU; None if unknown."""
+    if not name:
+        return None
+    if name.strip().lower() == "cpu":
+        return "cpu"
+    m = _MODEL.search(name.upper())
+    return m.group(1) if m else name.strip().upper()
 
 
 def _profile_dir() -> Path:
@@ -150,7 +169,7 @@ def profile_file(name: str) -> ClusterProfile:
     if not isinstance(data, dict):
         raise SpecError("profile", str(path), "a YAML mapping of profile fields (name, gpu_name, ...)")
     try:
-        return ClusterProfile.model_validate(data)
+        prof = ClusterProfile.model_validate(data)
     except Exception as e:  # pydantic ValidationError -> one line naming the first bad field
         errs = getattr(e, "errors", None)
         if callable(errs) and errs():
@@ -158,6 +177,20 @@ def profile_file(name: str) -> ClusterProfile:
             field = ".".join(str(x) for x in first["loc"]) or "<profile>"
             raise SpecError(f"profile {path.name}: {field}", first.get("input"), first["msg"]) from None
         raise SpecError(f"profile {path.name}", "...", str(e).splitlines()[0]) from None
+    _check_device_tables(prof, path.name)
+    return prof
+
+
+def _check_device_tables(prof: ClusterProfile, file: str) -> None:
+    """Each of ``prof.device_tables`` is another known profile of the same GPU model (a table of another
+    GPU would stand in for this one's). Raises SpecError naming the first that is not."""
+    for other in prof.device_tables:
+        if other == prof.name or other not in profile_names():
+            raise SpecError(f"profile {file}: device_tables", other, "another built-in profile")
+        theirs = profile_file(other).gpu_name
+        if gpu_model(theirs) != gpu_model(prof.gpu_name):
+            raise SpecError(f"profile {file}: device_tables", other,
+                            f"a profile of the same GPU ({prof.gpu_name}; {other} is {theirs})")
 
 
 def max_devices(name: str) -> int:

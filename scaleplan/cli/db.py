@@ -1,4 +1,4 @@
-"""`scaleplan db`: upgrade | downgrade | status | stats | import-scaleplan | import-recorded."""
+"""`scaleplan db`: upgrade | downgrade | status | stats | coverage | import-scaleplan | import-recorded."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -96,6 +96,30 @@ def stats(db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     stdout.print(t)
     stdout.print(f"bench runs {st['bench_runs']}, observed runs {st['observed_runs']}, calibrations "
                  f"{st['calibrations']}, law runs {st['law_runs']}, law fits {st['law_fits']}")
+
+
+@app.command("coverage")
+def coverage(profile: str = typer.Option(..., "--profile", help="A node type (cluster profile) or profile YAML."),
+             db: str = DbOpt, json_out: bool = JsonOpt) -> None:
+    """Which components of PROFILE's time model are measured, and whose rows measure them."""
+    from scaleplan.db.measurements import coverage as cover
+    from scaleplan.db.measurements import load_frames
+    from scaleplan.profiles import profile_file
+
+    prof = profile_file(profile)  # an unknown profile: one line, exit 2
+    url = dbs.resolve_url(db_url(db))
+    dbs.ensure_schema(url)
+    rows = cover(load_frames(url, profile), prof.dispatch.source if prof.dispatch else None)
+    if want_json(json_out):
+        print_json({"profile": profile, "suites": rows})
+        return
+    from rich.table import Table
+
+    t = Table("suite", "costs", "source", "rows (profile: kind rows)", title=f"{profile}: measured or analytic")
+    for r in rows:
+        whose = "; ".join(f"{p}: " + ", ".join(f"{k} {n}" for k, n in kinds.items()) for p, kinds in r["from"].items())
+        t.add_row(r["suite"], r["components"], r["source"], whose or "-")
+    stdout.print(t)
 
 
 @app.command("import-scaleplan")

@@ -9,22 +9,8 @@ row's device), so they are kept.
 """
 from __future__ import annotations
 
-import re
-
 from scaleplan.errors import SpecError
-
-# a GPU model token: B200, H100, H200, A100, GH200, L40, MI300 ...
-_MODEL = re.compile(r"\b([A-Z]{1,2}\d{2,3}[A-Z]?)\b")
-
-
-def gpu_model(name: str | None) -> str | None:
-    """The model token of a GPU name ("NVIDIA H100 80GB HBM3" -> "H100"); "cpu" for a CPU; None if unknown."""
-    if not name:
-        return None
-    if name.strip().lower() == "cpu":
-        return "cpu"
-    m = _MODEL.search(name.upper())
-    return m.group(1) if m else name.strip().upper()
+from scaleplan.profiles import gpu_model  # noqa: F401  (re-exported: the identity of a device)
 
 
 def device_name(device_type: str | None, gpu_name: str | None) -> str | None:

@@ -1,5 +1,6 @@
 """The measurement rows a profile's tables are built from (estimator/table_build.py builds them): one
-frame per bench suite, OK points of the runs of this profile's hardware only."""
+frame per bench suite, OK points of the runs of this profile's hardware only, plus the single-device rows
+of the profiles it names in ``device_tables`` (same GPU model) for the kinds of rows it lacks."""
 from __future__ import annotations
 
 from scaleplan.lazy import lazy_module
@@ -10,6 +11,17 @@ SUITE_TABLE = {"gemm": "gemm_point", "grouped_gemm": "grouped_gemm_point", "sdpa
                "router": "router_point", "elementwise": "elementwise_point", "vocab": "vocab_point",
                "collectives": "collective_point", "dispatch": "dispatch_point",
                "allocator": "allocator_point"}
+
+# The suites that measure one device alone, and the columns that tell one kind of row from another in
+# each. A profile's ``device_tables`` lend their rows of a kind the profile has none of: an 8-GPU node
+# type whose own runs measured only dense GEMMs takes its grouped GEMMs, attention, router, element-wise,
+# vocabulary and allocator rows from a single-GPU machine of the same GPU. Not lent: dispatch (the host
+# CPU and driver set the launch gap) and collectives (the fabric).
+DEVICE_SUITES = {"gemm": ("dtype",), "grouped_gemm": ("dtype",), "sdpa": ("backend", "dtype"),
+                 "router": ("variant", "dtype"), "elementwise": ("op", "dtype"), "vocab": ("op", "dtype"),
+                 "allocator": ()}
+# the column naming the profile whose runs a row comes from (the profile itself or a lender)
+FROM_PROFILE = "from_profile"
 
 
 def _read_suite(conn, table: str, profile: str, run_cols: str = "") -> pd.DataFrame:
@@ -24,8 +36,29 @@ def _read_suite(conn, table: str, profile: str, run_cols: str = "") -> pd.DataFr
     return same_hardware(pd.read_sql(q, conn, params={"prof": profile}), profile)
 
 
+def _kinds(df: pd.DataFrame, cols: tuple[str, ...]) -> set[tuple]:
+    """The kinds of rows a frame holds (tuples of ``cols``; one kind for a suite without such columns)."""
+    if df.empty:
+        return set()
+    cols = tuple(c for c in cols if c in df.columns)
+    return set(df[list(cols)].astype(str).itertuples(index=False, name=None)) if cols else {()}
+
+
+def lend_rows(own: pd.DataFrame, lender: pd.DataFrame, cols: tuple[str, ...]) -> pd.DataFrame:
+    """``own`` with the rows of ``lender`` whose kind (``cols``, :data:`DEVICE_SUITES`) ``own`` has none of."""
+    if lender.empty:
+        return own
+    have = _kinds(own, cols)
+    keep = [c for c in cols if c in lender.columns]
+    kinds = lender[keep].astype(str).itertuples(index=False, name=None) if keep else [()] * len(lender)
+    lent = lender[[k not in have for k in kinds]]
+    return own if lent.empty else pd.concat([own, lent], ignore_index=True) if not own.empty else lent
+
+
 def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
-    """Read every measurement table of ``profile`` (OK rows). Missing schema -> empty frames."""
+    """Read every measurement table of ``profile`` (OK rows), with the kinds of device rows it lacks lent
+    by its ``device_tables`` profiles (:func:`lend_rows`); each row says whose it is in
+    :data:`FROM_PROFILE`. Missing schema -> empty frames."""
     from sqlalchemy import inspect
 
     from scaleplan.db.session import get_engine, resolve_url
@@ -37,8 +70,52 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
 
     run_cols = run_columns_sql({c["name"] for c in inspect(eng).get_columns("bench_run")}) \
         if "bench_run" in names else ""
+    lenders = _lenders(profile)
     with eng.connect() as conn:
         for suite, table in SUITE_TABLE.items():
             have = table in names and "bench_run" in names
-            out[suite] = _read_suite(conn, table, profile, run_cols) if have else pd.DataFrame()
+            out[suite] = _read_suite(conn, table, profile, run_cols).assign(**{FROM_PROFILE: profile}) \
+                if have else pd.DataFrame()
+            for other in lenders if have and suite in DEVICE_SUITES else ():
+                theirs = _read_suite(conn, table, other, run_cols).assign(**{FROM_PROFILE: other})
+                out[suite] = lend_rows(out[suite], theirs, DEVICE_SUITES[suite])
+    return out
+
+
+def _lenders(profile: str) -> tuple[str, ...]:
+    """The ``device_tables`` of a built-in profile or profile YAML; none for a name no profile file has."""
+    from scaleplan.errors import SpecError
+    from scaleplan.profiles import profile_file
+
+    try:
+        return profile_file(profile).device_tables
+    except SpecError:
+        return ()
+
+
+# what each suite's rows are costed as in the time and memory model (the estimator's component names)
+SUITE_COMPONENTS = {"gemm": "attn_proj, dense_mlp, shared_expert, router GEMM", "grouped_gemm": "experts",
+                    "sdpa": "sdpa", "router": "router top-k, permute", "elementwise": "elementwise",
+                    "vocab": "vocab (LM head, cross-entropy)", "collectives": "tp/cp/ep/dp collectives",
+                    "dispatch": "dispatch law (t_gap, t_host)", "allocator": "memory (allocator reserve)"}
+
+
+def coverage(frames: dict[str, pd.DataFrame], law_source: str | None = None) -> list[dict]:
+    """Per suite of :func:`load_frames`'s frames: the components it costs, ``source`` "measured" with where
+    its rows come from (``from``: {profile: {kind: rows}}), else "analytic" (the model's roofline or default
+    stands in), or for dispatch without rows the profile's trace-derived law (``law_source``: its source
+    text) when it has one. One dict per suite, in :data:`SUITE_TABLE` order."""
+    out = []
+    for suite in SUITE_TABLE:
+        df = frames.get(suite, pd.DataFrame())
+        src = "measured" if not df.empty else (f"profile law ({law_source})" if suite == "dispatch" and law_source
+                                               else "analytic")
+        row = {"suite": suite, "components": SUITE_COMPONENTS[suite], "source": src, "from": {}}
+        if not df.empty:
+            cols = [c for c in DEVICE_SUITES.get(suite, ("collective", "layout")) if c in df.columns]
+            for prof, g in df.groupby(FROM_PROFILE) if FROM_PROFILE in df.columns else [("?", df)]:
+                kinds = g.groupby(cols).size() if cols else pd.Series({"all": len(g)})
+                row["from"][str(prof)] = {(" ".join(map(str, k)) if isinstance(k, tuple) else str(k)): int(n)
+                                          for k, n in kinds.items()}
+        out.append(row)
     return out

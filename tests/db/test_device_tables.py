@@ -1,0 +1,95 @@
+"""An 8-GPU H100 / H200 node type whose tables are measured: the paper's recorded H100 dense GEMMs and H200
+attention and top-k (../shared, read at test time) beside scaleplan's own single-GPU tables of the same GPU
+(cluster_profiles/recorded), each component labelled with whose rows measure it."""
+from __future__ import annotations
+
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from scaleplan.db import session as dbs
+from scaleplan.db.measurements import FROM_PROFILE, coverage, load_frames
+from scaleplan.db.recorded import default_recorded_dir, import_recorded_dir
+from scaleplan.errors import SpecError
+from scaleplan.profiles import profile_file
+
+DEVICE = ("grouped_gemm", "sdpa", "router", "elementwise", "vocab", "allocator")
+
+
+@pytest.fixture(scope="module")
+def both_db(tmp_path_factory, recorded_db) -> str:
+    """recorded_db (the paper's tables) with scaleplan's own recorded tables imported beside them."""
+    path = tmp_path_factory.mktemp("both") / "both.db"
+    src, dst = sqlite3.connect(recorded_db.removeprefix("sqlite:///")), sqlite3.connect(str(path))
+    with dst:
+        src.backup(dst)
+    src.close()
+    dst.close()
+    url = f"sqlite:///{path}"
+    with dbs.session_scope(url) as s:
+        import_recorded_dir(s, default_recorded_dir())
+    return url
+
+
+def test_h100_node_keeps_its_recorded_gemms_and_takes_the_single_gpu_device_tables(both_db, recorded_dir):
+    fr = load_frames(both_db, "p5.48xlarge")
+    gemm = pd.read_parquet(recorded_dir / "gemm_util.parquet").reset_index()
+    want = int(((gemm["GPU_MODEL"] == "H100") & (gemm["status"] == "OK")).sum())
+    assert set(fr["gemm"][FROM_PROFILE]) == {"p5.48xlarge"} and len(fr["gemm"]) == want
+    lender = load_frames(both_db, "h100-single")  # the single-GPU machine's own tables
+    for suite in DEVICE:
+        assert set(fr[suite][FROM_PROFILE]) == {"h100-single"}, suite
+        assert len(fr[suite]) == len(lender[suite]) > 0, suite
+    # the host's launch gap and the fabric are the node type's own: never lent
+    assert not lender["dispatch"].empty and fr["dispatch"].empty and fr["collectives"].empty
+
+
+def test_h200_node_takes_only_the_kinds_of_rows_it_lacks(both_db):
+    fr = load_frames(both_db, "p5en.48xlarge")
+    router = fr["router"]
+    whose = router.groupby(["variant", FROM_PROFILE]).size().to_dict()
+    # top-k (fp32) is the paper's H200 table; permute / unpermute / the gating GEMM only scaleplan measured
+    assert ("topk", "p5en.48xlarge") in whose and ("topk", "h200-single") not in whose
+    assert {("permute", "h200-single"), ("unpermute", "h200-single")} <= set(whose)
+    sdpa = fr["sdpa"].groupby(["backend", FROM_PROFILE]).size().to_dict()
+    assert ("te", "p5en.48xlarge") in sdpa and ("cudnn", "h200-single") in sdpa
+
+
+def test_coverage_names_every_suite_and_who_measured_it(both_db):
+    prof = profile_file("p5.48xlarge")
+    rows = {r["suite"]: r for r in coverage(load_frames(both_db, "p5.48xlarge"), prof.dispatch.source)}
+    assert rows["grouped_gemm"]["source"] == "measured"
+    n = len(load_frames(both_db, "h100-single")["grouped_gemm"])
+    assert rows["grouped_gemm"]["from"] == {"h100-single": {"bf16": n}}
+    assert rows["collectives"]["source"] == "analytic" and rows["collectives"]["from"] == {}
+    assert rows["dispatch"]["source"].startswith("profile law")
+
+
+def test_estimate_on_the_h100_node_reads_measured_experts_and_attention(both_db):
+    from scaleplan.estimator.api import Estimator
+    from scaleplan.specs import Layout, parse_spec
+
+    spec = parse_spec({"model": {"n_layers": 4, "hidden_sz": 1024, "inter_sz": 2048, "n_q_heads": 8,
+                                 "n_kv_heads": 8, "head_dim": 128, "vocab_sz": 32000,
+                                 "moe": {"n_experts": 8, "experts_per_token": 2, "expert_inter_sz": 1024}},
+                       "data": {"gbs": 64, "seqlen": 2048}, "hardware": {"node_type": "p5.48xlarge"}})
+    r = Estimator("p5.48xlarge", both_db).estimate(spec, 8, [Layout(ep=8, mbs=1, ckpt="none")])[0]
+    for comp in ("experts", "sdpa", "router", "elementwise", "vocab", "attn_proj"):
+        assert r.sources[comp] != "analytic", (comp, r.sources[comp])
+
+
+def _profile_yaml(tmp_path, lenders: list[str], gpu: str = "NVIDIA H100 80GB HBM3") -> str:
+    p = tmp_path / "node.yaml"
+    p.write_text(f"name: node\ngpu_name: {gpu}\ngpus_per_node: 8\npeak_flops: {{bf16: 9.89e14}}\n"
+                 "hbm_bytes: 80e9\nhbm_bandwidth: 3.35e12\nscaleup_bandwidth: 450e9\nscaleout_bandwidth: 50e9\n"
+                 f"device_tables: [{', '.join(lenders)}]\n")
+    return str(p)
+
+
+@pytest.mark.parametrize("lender, why", [("h200-single", "same GPU"), ("nope", "another built-in profile")])
+def test_a_lender_of_another_gpu_or_unknown_is_refused_in_one_line(tmp_path, lender, why):
+    with pytest.raises(SpecError) as e:
+        profile_file(_profile_yaml(tmp_path, [lender]))
+    msg = str(e.value)
+    assert "device_tables" in msg and lender in msg and why in msg and "\n" not in msg
