@@ -67,6 +67,10 @@ class ClusterProfile(BaseModel):
     # 4-GPU trays); None: the node. The estimator places groups in this domain (:attr:`scaleup_domain`)
     scaleup_gpus: int | None = Field(default=None, gt=0)
     price: PriceDefault | None = None
+    # profiles of the same GPU model whose single-device tables (GEMM, grouped GEMM, SDPA, router,
+    # element-wise, vocabulary, allocator) fill the kinds of rows this node type's own runs lack
+    # (scaleplan.db.measurements.load_frames); never the host (dispatch) or fabric (collectives) rows
+    device_tables: tuple[str, ...] = ()
 
     @property
     def scaleup_domain(self) -> int:
@@ -74,10 +78,6 @@ class ClusterProfile(BaseModel):
         A parallel group inside it runs at ``scaleup_bandwidth``; one that leaves it at ``scaleout_bandwidth``
         (estimator.layout: which group leaves the domain)."""
         return int(self.scaleup_gpus or self.gpus_per_node)
-    # profiles of the same GPU model whose single-device tables (GEMM, grouped GEMM, SDPA, router,
-    # element-wise, vocabulary, allocator) fill the kinds of rows this node type's own runs lack
-    # (scaleplan.db.measurements.load_frames); never the host (dispatch) or fabric (collectives) rows
-    device_tables: tuple[str, ...] = ()
 
     @property
     def max_devices(self) -> int:
