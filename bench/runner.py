@@ -405,6 +405,7 @@ def run_under_torchrun(
     Every rank calls this; rank 0 creates the run (or resumes ``resume_id``) and writes the rows.
     Returns the summary on rank 0, None elsewhere.
     """
+    from scaleplan.bench.collective_ranks import run_distributed
     from scaleplan.bench.suites import collectives
 
     url = resolve_url(url)
@@ -435,4 +436,4 @@ def run_under_torchrun(
         if resume_id is not None:
             store.reopen_run(url, resume_id)
     timeout = (preset.suites.get("collectives", {}) or {}).get("timeout_s", 1800.0) if preset else 1800.0
-    return collectives.run_distributed(url, dev.type, run_id=resume_id, create_run=create, timeout_s=timeout)
+    return run_distributed(url, dev.type, run_id=resume_id, create_run=create, timeout_s=timeout)

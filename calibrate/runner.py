@@ -269,6 +269,29 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
     return out
 
 
+def _leave_one_sweep_out(profile: str, url: str | None, groups: list, labels: list[str], t_meas: np.ndarray,
+                         extrapolate: str) -> tuple[dict[str, dict], list[float]]:
+    """Refit the runtime calibration without each sweep in turn and predict that sweep: per sweep, the
+    mean |t_pred / t_meas - 1| before any fit and held out, with the held-out fit's parameters; and every
+    held-out run's t_pred / t_meas - 1 (the estimator's out-of-sample error). A single sweep gives ({}, [])."""
+    from scaleplan.calibrate.joint import IDENTITY, estimator_t_pred, fit_joint
+
+    loso, loso_rel = {}, []
+    for s in sorted(set(labels)):
+        tr = [i for i, lab in enumerate(labels) if lab != s]
+        te = [i for i, lab in enumerate(labels) if lab == s]
+        if not tr:
+            continue
+        f = fit_joint(estimator_t_pred(profile, url, [groups[i] for i in tr], extrapolate), t_meas[tr],
+                      [labels[i] for i in tr])
+        t_te = estimator_t_pred(profile, url, [groups[i] for i in te], extrapolate)(f.params)
+        t_0 = estimator_t_pred(profile, url, [groups[i] for i in te], extrapolate)(IDENTITY)
+        loso_rel.extend((t_te / t_meas[te] - 1).tolist())
+        loso[s] = {"mape_before": float(np.mean(np.abs(t_0 / t_meas[te] - 1))),
+                   "mape_loso": float(np.mean(np.abs(t_te / t_meas[te] - 1))), "params": f.params}
+    return loso, loso_rel
+
+
 def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[str] | None = None,
                 sources: list[str] | None = None, extrapolate: str = "compose", save: bool = True) -> dict[str, Any]:
     """Fit the runtime calibration (calibrate/joint.py: host_scale, c_a2a, c_pp, c_level, each only
@@ -278,7 +301,7 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
 
     Raises ScaleplanError: no observed runs, none with an absolute measurement.
     """
-    from scaleplan.calibrate.joint import IDENTITY, estimator_t_pred, fit_joint
+    from scaleplan.calibrate.joint import estimator_t_pred, fit_joint
 
     from scaleplan.db import session as dbs
     from scaleplan.specs import Layout, parse_spec
@@ -293,21 +316,7 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
     groups = [(parse_spec(o.spec), o.n_devices, [Layout(**o.layout)]) for o in obs]
     labels = [o.sweep for o in obs]
     fit = fit_joint(estimator_t_pred(profile, url, groups, extrapolate), t_meas, labels)
-    names = sorted(set(labels))
-    loso = {}
-    loso_rel = []  # pred/meas - 1 of every held-out run: the estimator's out-of-sample error
-    for s in names:  # leave one sweep out: fit on the others, predict it
-        tr = [i for i, o in enumerate(obs) if o.sweep != s]
-        te = [i for i, o in enumerate(obs) if o.sweep == s]
-        if not tr:
-            continue
-        f = fit_joint(estimator_t_pred(profile, url, [groups[i] for i in tr], extrapolate), t_meas[tr],
-                      [labels[i] for i in tr])
-        t_te = estimator_t_pred(profile, url, [groups[i] for i in te], extrapolate)(f.params)
-        t_0 = estimator_t_pred(profile, url, [groups[i] for i in te], extrapolate)(IDENTITY)
-        loso_rel.extend((t_te / t_meas[te] - 1).tolist())
-        loso[s] = {"mape_before": float(np.mean(np.abs(t_0 / t_meas[te] - 1))),
-                   "mape_loso": float(np.mean(np.abs(t_te / t_meas[te] - 1))), "params": f.params}
+    loso, loso_rel = _leave_one_sweep_out(profile, url, groups, labels, t_meas, extrapolate)
     mape = {"before": float(np.mean(np.abs(np.expm1(fit.residuals_before)))),
             "after": float(np.mean(np.abs(np.expm1(fit.residuals))))}
     from scaleplan.estimator import Estimator

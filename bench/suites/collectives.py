@@ -1,9 +1,11 @@
 """Collectives: all_reduce, reduce_scatter, all_gather, all_to_all, send_recv over message size x
 group size x rank layout x intra/inter node (paper sec:microbenchmarks, "NCCL collectives").
 
-Runs in torchrun processes (NCCL on GPUs, gloo on CPU). ``scaleplan bench run`` on one machine
-launches ``python -m torch.distributed.run --standalone --nproc-per-node N`` on this module; on
-a cluster, torchrun itself starts ``scaleplan bench run --suite collectives`` on every node (see
+This module is the suite's definition (its grid, the nccl-tests conventions) and the launcher on
+one machine; what every rank runs is :mod:`scaleplan.bench.collective_ranks`. Runs in torchrun
+processes (NCCL on GPUs, gloo on CPU): ``scaleplan bench run`` on one machine launches
+``python -m torch.distributed.run --standalone --nproc-per-node N`` on that module; on a cluster,
+torchrun itself starts ``scaleplan bench run --suite collectives`` on every node (see
 docs/multinode.md). Rank 0 alone reads and writes the database; the other ranks receive the run
 id and the points still missing by broadcast.
 
@@ -25,20 +27,16 @@ ranks (the step waits for the slowest); median, p10, p90 are stored.
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from scaleplan.bench import harness as h
-from scaleplan.bench.config import SuiteConfig, TimingCfg, explicit_points
+from scaleplan.bench.config import SuiteConfig, explicit_points
 
 from scaleplan.db import models as m
 
@@ -88,13 +86,14 @@ def is_inter_node(group: list[int], ranks_per_node: int) -> bool:
     return len({r // ranks_per_node for r in group}) > 1
 
 
-def _elem_bytes(dtype: str) -> int:
+def elem_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (fp8: one byte, moved as uint8)."""
     return 1 if dtype == "fp8" else h.DTYPES[dtype].itemsize
 
 
 def round_size(size: int, collective: str, n: int, dtype: str) -> int:
     """Bytes rounded down to whole elements (and to n elements for split collectives)."""
-    unit = _elem_bytes(dtype) * (n if collective in SPLIT else 1)
+    unit = elem_bytes(dtype) * (n if collective in SPLIT else 1)
     return (size // unit) * unit
 
 
@@ -185,7 +184,7 @@ def launch(run_id: int, url: str, cfg: Config, ctx: h.Context, emit) -> Any:
         "--standalone",
         f"--nproc-per-node={nproc}",
         "-m",
-        "scaleplan.bench.suites.collectives",
+        "scaleplan.bench.collective_ranks",
         "--run-id",
         str(run_id),
         "--device",
@@ -263,270 +262,3 @@ def _stop(proc: subprocess.Popen) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-# ---------------------------------------------------------------- torchrun side (every rank) ---
-
-
-def in_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or (
-        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_WORLD_SIZE" in os.environ
-    )
-
-
-def _init(device_type: str, timeout_s: float) -> torch.device:
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_type == "cuda":
-        torch.cuda.set_device(local)
-        dev = torch.device("cuda", local)
-        dist.init_process_group("nccl", timeout=dt.timedelta(seconds=timeout_s), device_id=dev)
-        return dev
-    dist.init_process_group("gloo", timeout=dt.timedelta(seconds=timeout_s))
-    return torch.device("cpu")
-
-
-def run_distributed(
-    url: str,
-    device_type: str,
-    run_id: int | None = None,
-    create_run=None,
-    managed: bool = False,
-    timeout_s: float = 1800.0,
-) -> dict | None:
-    """Body of every rank. Rank 0 finds or creates (``create_run(world_size) -> id``) the run,
-    broadcasts its config and missing points, writes the rows and returns the summary."""
-    from scaleplan.bench import store
-
-    dev = _init(device_type, timeout_s)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    payload: list[Any] = [None]
-    if rank == 0:
-        try:
-            if run_id is None:
-                run_id = create_run(world)
-            run = store.load_run(url, run_id)
-            cfg = Config.model_validate(run.config["suite_config"])
-            pts, unmeasurable = expand_for(cfg, world, per_node)
-            have = store.existing_keys(url, run_id, TABLE, KEY)
-            todo = [p for p in pts if store.key_of(p, KEY) not in have]
-            _set_world(url, run_id, world)
-            payload = [
-                dict(
-                    run_id=run_id, config=run.config, todo=todo, points=len(pts), not_measurable=unmeasurable
-                )
-            ]
-        except Exception as e:  # tell the other ranks to stop instead of hanging in broadcast
-            payload = [dict(error=f"{type(e).__name__}: {e}")]
-    dist.broadcast_object_list(payload, src=0, device=dev if dev.type == "cuda" else None)
-    job = payload[0]
-    if "error" in job:
-        dist.destroy_process_group()
-        raise RuntimeError(job["error"])
-    timing = TimingCfg(**job["config"]["timing"])
-    from scaleplan.bench.progress import RankProgress
-
-    bar = RankProgress(rank, len(job["todo"]), managed)  # rank 0 only: a bar, or lines to bench run
-    try:
-        by_status = _sweep(job, url, world, rank, dev, timing, bar)
-    except BaseException as e:  # a rank-0 crash or Ctrl-C: close the run honestly, then re-raise
-        if rank == 0 and not managed:
-            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-            store.finish_run(url, job["run_id"], status, note=f"{type(e).__name__}: {e}"[:500])
-        raise
-    finally:
-        bar.close()
-    summary = None
-    if rank == 0:
-        summary = dict(
-            run_id=job["run_id"],
-            points=job["points"],
-            measured=len(job["todo"]),
-            already_stored=job["points"] - len(job["todo"]),
-            by_status=by_status,
-            not_measurable=job["not_measurable"],
-        )
-        if not managed:
-            from scaleplan.bench.provenance import nvml_snapshot
-
-            end = nvml_snapshot(dev.index or 0) if dev.type == "cuda" else None
-            store.finish_run(url, job["run_id"], "complete", end)
-        print(RESULT_TAG + json.dumps(summary), flush=True)
-    dist.destroy_process_group()
-    return summary
-
-
-def _sweep(
-    job: dict, url: str, world: int, rank: int, dev: torch.device, timing: TimingCfg, bar=None
-) -> dict[str, int]:
-    """Measure the missing points group shape by group shape; rank 0 writes each row at once."""
-    from scaleplan.bench import store
-    from scaleplan.bench.runner import sanitize
-
-    by_status: dict[str, int] = {}
-    for (n, layout), pts in _by_group(job["todo"]).items():
-        mine, _ = dist.new_subgroups_by_enumeration(groups(world, n, layout))
-        g_ranks = next(gr for gr in groups(world, n, layout) if rank in gr)
-        for p in pts:
-            row = _measure(p, mine, g_ranks, rank, dev, timing)
-            if rank == 0:
-                row.update(p, run_id=job["run_id"], world_size=world, backend=dist.get_backend())
-                row = sanitize(row, "t_s")
-                store.write_points(url, TABLE, [row])
-                by_status[row["status"]] = by_status.get(row["status"], 0) + 1
-                if bar is not None:
-                    bar.advance()
-        dist.barrier()
-    return by_status
-
-
-def _set_world(url: str, run_id: int, world: int) -> None:
-    from scaleplan.db.session import session_scope, with_retry
-
-    def tx():
-        with session_scope(url) as s:
-            s.get(m.BenchRun, run_id).world_size = world
-
-    with_retry(tx)
-
-
-def _by_group(todo: list[dict]) -> dict[tuple[int, str], list[dict]]:
-    out: dict[tuple[int, str], list[dict]] = {}
-    for p in todo:
-        out.setdefault((p["group_size"], p["layout"]), []).append(p)
-    return out
-
-
-def _single(new: str, old: str):
-    """The one-tensor collective under its current name: torch 2.13 renamed reduce_scatter_tensor and
-    all_gather_into_tensor to *_single and warns (FutureWarning) on every call of the old names,
-    which flooded stderr once per rep and rank; older torch has only the old names."""
-    return getattr(dist, new, None) or getattr(dist, old)
-
-
-def _reduce_scatter(out, inp, group):
-    return _single("reduce_scatter_single", "reduce_scatter_tensor")(out, inp, group=group)
-
-
-def _all_gather(out, inp, group):
-    return _single("all_gather_single", "all_gather_into_tensor")(out, inp, group=group)
-
-
-def _op(p: dict, group, g_ranks: list[int], rank: int, dev: torch.device):
-    """Allocate buffers and return a closure running the collective once (blocking)."""
-    n = p["group_size"]
-    dtype = h.DTYPES[p["dtype"]] if p["dtype"] != "fp8" else torch.uint8
-    numel = p["size_bytes"] // _elem_bytes(p["dtype"])
-    c = p["collective"]
-    if c == "all_reduce":
-        buf = torch.ones(numel, dtype=dtype, device=dev)
-        return lambda: dist.all_reduce(buf, group=group)
-    if c == "reduce_scatter":
-        inp, out = (
-            torch.ones(numel, dtype=dtype, device=dev),
-            torch.empty(numel // n, dtype=dtype, device=dev),
-        )
-        return lambda: _reduce_scatter(out, inp, group=group)
-    if c == "all_gather":
-        inp, out = (
-            torch.ones(numel // n, dtype=dtype, device=dev),
-            torch.empty(numel, dtype=dtype, device=dev),
-        )
-        return lambda: _all_gather(out, inp, group=group)
-    if c == "all_to_all":
-        inp, out = torch.ones(numel, dtype=dtype, device=dev), torch.empty(numel, dtype=dtype, device=dev)
-        return lambda: dist.all_to_all_single(out, inp, group=group)
-    if c == "send_recv":
-        i = g_ranks.index(rank)
-        nxt, prv = g_ranks[(i + 1) % n], g_ranks[(i - 1) % n]
-        sbuf, rbuf = torch.ones(numel, dtype=dtype, device=dev), torch.empty(numel, dtype=dtype, device=dev)
-
-        def sendrecv():
-            ops = [
-                dist.P2POp(dist.isend, sbuf, nxt, group=group),
-                dist.P2POp(dist.irecv, rbuf, prv, group=group),
-            ]
-            for req in dist.batch_isend_irecv(ops):
-                req.wait()
-
-        return sendrecv
-    raise h.Unsupported(f"unknown collective {c!r}")
-
-
-def _agree_max(x: float, dev: torch.device) -> float:
-    t = torch.tensor([x], dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-def _measure(p: dict, group, g_ranks: list[int], rank: int, dev: torch.device, timing: TimingCfg) -> dict:
-    """Every rank runs this in lockstep; returns the row's value columns (meaningful on rank 0)."""
-    code, note = 0, ""
-    try:
-        run = _op(p, group, g_ranks, rank, dev)
-    except Exception as e:  # agree on failure across ranks before anyone enters the collective
-        status, note = h.classify_error(e)
-        code = STATUS_CODES.index(status) if status in STATUS_CODES else STATUS_CODES.index("ERROR")
-    code = int(_agree_max(code, dev))
-    if code:
-        h.release_memory(dev)
-        return {"status": STATUS_CODES[code], "note": note or "failed on another rank"}
-    t0 = time.perf_counter()
-    for _ in range(max(1, timing.warmup)):
-        run()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    t_one = _agree_max((time.perf_counter() - t0) / max(1, timing.warmup), dev)
-    reps = int(min(timing.reps, max(timing.min_reps, timing.max_time_s // max(t_one, 1e-9))))
-    times = _timed(run, reps, dev)
-    t = torch.tensor(times, dtype=torch.float64, device=dev)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    st = h.Stats(t.cpu().tolist())
-    algbw = p["size_bytes"] / st.median / 1e9
-    return dict(
-        status="OK",
-        t_s=st.median,
-        t_p10_s=st.p10,
-        t_p90_s=st.p90,
-        n_rep=st.n,
-        algbw_gbps=algbw,
-        busbw_gbps=algbw * bus_factor(p["collective"], p["group_size"]),
-    )
-
-
-def _timed(run, reps: int, dev: torch.device) -> list[float]:
-    if dev.type == "cuda":
-        events = []
-        for _ in range(reps):
-            dist.barrier(device_ids=[dev.index])
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            run()
-            e.record()
-            events.append((s, e))
-        torch.cuda.synchronize(dev)
-        return [s.elapsed_time(e) * 1e-3 for s, e in events]
-    out = []
-    for _ in range(reps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        run()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the processes ``launch`` starts (database URL in $SCALEPLAN_DB)."""
-    ap = argparse.ArgumentParser(prog="scaleplan.bench.suites.collectives")
-    ap.add_argument("--run-id", type=int, required=True)
-    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    ap.add_argument("--managed", action="store_true", help="the launching process closes the run")
-    ap.add_argument("--timeout-s", type=float, default=1800.0)
-    a = ap.parse_args(argv)
-    from scaleplan.db.session import resolve_url
-
-    run_distributed(resolve_url(None), a.device, run_id=a.run_id, managed=a.managed, timeout_s=a.timeout_s)
-
-
-if __name__ == "__main__":
-    main()

@@ -170,8 +170,8 @@ def run(
 ) -> None:
     """Measure the suites of a preset; each point is committed as it is measured."""
     from scaleplan.bench import runner
+    from scaleplan.bench.collective_ranks import in_torchrun
     from scaleplan.bench.config import load_preset
-    from scaleplan.bench.suites.collectives import in_torchrun
 
     url = db_url(db)
     suites = [s.strip() for s in suite.split(",")] if suite else None

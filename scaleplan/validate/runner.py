@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,17 +137,30 @@ def default_threads(nproc: int) -> int:
     return max(1, (os.cpu_count() or 1) // nproc)
 
 
-def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
+@dataclass
+class _Replica:
+    """One DP rank's training job: the model (and its DDP wrapper), the optimizer and the rank's fixed
+    micro-batches, on its device."""
+
+    model: Any
+    net: Any  # the model, or its DDP wrapper when world > 1
+    opt: Any
+    batches: list[tuple[Any, Any]]  # n_mb (tokens, labels) pairs of shape [mbs, S]
+    device: Any
+    threads: int
+    impl: str  # the grouped-GEMM implementation select_impl chose
+    rss0: float  # RSS in bytes before the model was built (the CPU peak's baseline)
+
+
+def _replica(rank: int, world: int, cfg: RunConfig, spec: Spec, layout: Layout, n_mb: int) -> _Replica:
+    """Set up the device and threads, then build the model, its DDP wrapper, AdamW and the batches; the
+    memory baselines are taken before the model exists."""
     import torch
-    import torch.distributed as dist
 
     from scaleplan.reference.grouped import select_impl
     from scaleplan.reference.model import build_model
     from scaleplan.reference.optim import MasterAdamW, torch_dtype
-    from scaleplan.specs import parse_spec
 
-    spec, layout = parse_spec(cfg.spec), Layout(**cfg.layout)
-    n_mb = check_layout(spec, layout, world)
     cuda = cfg.device == "cuda"
     device = torch.device(f"cuda:{rank % torch.cuda.device_count()}") if cuda else torch.device("cpu")
     threads = cfg.threads or default_threads(world)
@@ -172,25 +186,41 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
     S, V, mbs = spec.data.seqlen, spec.model.vocab_sz, layout.mbs
     batches = [(torch.randint(0, V, (mbs, S), generator=g).to(device),
                 torch.randint(0, V, (mbs, S), generator=g).to(device)) for _ in range(n_mb)]
-    times, cpu_times, loss_val = [], [], float("nan")
+    return _Replica(model, net, opt, batches, device, threads, impl, rss0)
+
+
+def _step_of(rep: _Replica, world: int) -> Callable[[], float]:
+    """One optimizer step of ``rep``: n_mb micro-batches (DDP all-reduce on the last), AdamW, bias update;
+    returns the step's loss."""
+    n_mb = len(rep.batches)
+
     def one_step() -> float:
-        """One optimizer step: n_mb micro-batches (DDP all-reduce on the last), AdamW, bias update."""
-        opt.zero_grad()
+        rep.opt.zero_grad()
         total = 0.0
-        for i, (tok, lab) in enumerate(batches):
-            model.set_microbatch(i)
-            sync_ctx = net.no_sync() if world > 1 and i < n_mb - 1 else contextlib.nullcontext()
+        for i, (tok, lab) in enumerate(rep.batches):
+            rep.model.set_microbatch(i)
+            sync_ctx = rep.net.no_sync() if world > 1 and i < n_mb - 1 else contextlib.nullcontext()
             with sync_ctx:
-                loss = net(tok, lab) / n_mb
+                loss = rep.net(tok, lab) / n_mb
                 loss.backward()
             total += loss.detach()
         with _region("optimizer"):
-            opt.step()
+            rep.opt.step()
         with _region("bias_update"):
-            for r in model.routers():
+            for r in rep.model.routers():
                 r.update_bias()
         return float(total)
 
+    return one_step
+
+
+def _timed_steps(one_step: Callable[[], float], cfg: RunConfig, device) -> tuple[list[float], list[float], float, tuple]:
+    """Run warm-up and timed steps: (wall seconds per step, this process's CPU seconds per step, the last
+    loss, the (wall, CPU, machine-busy) probe taken when the timed steps start)."""
+    import torch
+
+    cuda = device.type == "cuda"
+    times, cpu_times, loss_val, probe0 = [], [], float("nan"), None
     for step in range(cfg.warmup + cfg.steps):
         if cuda:
             torch.cuda.synchronize(device)
@@ -202,20 +232,37 @@ def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
         cpu_times.append(time.process_time() - c0)
-    load = _load_report(probe0, world, threads, cfg.loadavg_before, device)
-    peak = float(torch.cuda.max_memory_allocated(device)) if cuda else peak_rss() - rss0
+    return times, cpu_times, loss_val, probe0
+
+
+def _train(rank: int, world: int, cfg: RunConfig) -> dict[str, Any]:
+    """Every rank's body: build the replica, run the steps, gather the slowest step times and the largest
+    memory over the ranks; the dict :func:`_to_result` reads (meaningful on rank 0)."""
+    import torch
+    import torch.distributed as dist
+
+    from scaleplan.specs import parse_spec
+
+    spec, layout = parse_spec(cfg.spec), Layout(**cfg.layout)
+    n_mb = check_layout(spec, layout, world)
+    rep = _replica(rank, world, cfg, spec, layout, n_mb)
+    device, cuda = rep.device, cfg.device == "cuda"
+    one_step = _step_of(rep, world)
+    times, cpu_times, loss_val, probe0 = _timed_steps(one_step, cfg, device)
+    load = _load_report(probe0, world, rep.threads, cfg.loadavg_before, device)
+    peak = float(torch.cuda.max_memory_allocated(device)) if cuda else peak_rss() - rep.rss0
     reserved = float(torch.cuda.max_memory_reserved(device)) if cuda else None
     rss_peak = None if cuda else peak_rss()
     trace = _traced_steps(one_step, cfg, rank, device) if cfg.trace_dir else None  # after the memory peaks
     stats = torch.tensor([peak, *times], dtype=torch.float64, device=device)
     if world > 1:
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)  # slowest rank per step; largest memory
-    routers = model.routers()
+    routers = rep.model.routers()
     stats = stats.cpu()
-    in_sync = _replicas_in_sync(model, world, device)
-    return {"dp_replicas_in_sync": in_sync,"times": stats[1:].tolist(), "peak": float(stats[0]), "rss_peak": rss_peak,
-            "rss0": None if cuda else rss0, "n_mb": n_mb, "threads": threads, "impl": impl,
-            "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+    in_sync = _replicas_in_sync(rep.model, world, device)
+    return {"dp_replicas_in_sync": in_sync, "times": stats[1:].tolist(), "peak": float(stats[0]),
+            "rss_peak": rss_peak, "rss0": None if cuda else rep.rss0, "n_mb": n_mb, "threads": rep.threads,
+            "impl": rep.impl, "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
             "torch_version": torch.__version__, "loss": loss_val,
             "cpu_times": cpu_times, "load": load, "reserved": reserved, "trace": trace,
             "starved": sum(r.last_starved for r in routers) / len(routers) if routers else 0.0}
