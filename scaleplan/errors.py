@@ -50,6 +50,15 @@ class SpecError(ScaleplanError):
         return type(self), (self.field, _picklable(self.value), self.allowed)
 
 
+class FieldCheck(ValueError):
+    """A cross-field check that fails inside a pydantic validator: carries the (relative) field it blames
+    and its value, so the one-line SpecError names that field (scaleplan.specs turns it into one)."""
+
+    def __init__(self, field: str, value: object, msg: str):
+        self.field, self.value = field, value
+        super().__init__(msg)
+
+
 class OutOfRangeError(ScaleplanError):
     """A measured-table lookup outside the measured range (never extrapolated silently).
 

@@ -13,7 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from scaleplan.errors import SpecError
+from scaleplan.errors import FieldCheck, SpecError
+from scaleplan.stack import Stack, check_for_model
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "tf32", "fp32")
 OPTIMIZERS = ("adam", "adamw", "muon", "scion", "sgd")
@@ -43,12 +44,7 @@ MAX_DEGREE = 2**22         # any parallel degree (and N_dev before the profile's
 MAX_VPP = 1024
 
 
-class _FieldCheck(ValueError):
-    """A cross-field check that fails: carries the (relative) field it blames, so the error names it."""
-
-    def __init__(self, field: str, value: Any, msg: str):
-        self.field, self.value = field, value
-        super().__init__(msg)
+_FieldCheck = FieldCheck  # a cross-field check naming the field it blames
 
 
 class MoESpec(BaseModel):
@@ -198,6 +194,7 @@ class Spec(BaseModel):
     data: DataBlock = DataBlock()
     hardware: HardwareBlock = HardwareBlock()
     parallelism: ParallelismBlock | None = None
+    stack: Stack = Stack()  # the training stack (scaleplan/stack.py); default: the paper's
 
     @model_validator(mode="before")
     @classmethod
@@ -211,6 +208,15 @@ class Spec(BaseModel):
         if par.get("etp") is None and isinstance(etp, int) and not isinstance(etp, bool):
             return {**data, "parallelism": {**par, "etp": etp}}
         return data
+
+    @model_validator(mode="after")
+    def _stack_fits_the_model(self) -> Spec:
+        moe = self.model.moe
+        try:
+            check_for_model(self.stack, self.model.precision, moe.capacity_factor if moe else None)
+        except SpecError as e:
+            raise _FieldCheck(e.field, e.value, str(e.allowed)) from None
+        return self
 
     @model_validator(mode="after")
     def _known_node(self) -> Spec:

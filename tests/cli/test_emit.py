@@ -213,7 +213,7 @@ def test_spec_doc_lists_every_field_with_its_default():
 
     rows = {}
     for line in (DOCS / "spec.md").read_text().splitlines():
-        m = re.match(r"\| `([a-z_.]+)` \|[^|]*\|[^|]*\| ([^|]*) \|", line)
+        m = re.match(r"\| `([a-z0-9_.]+)` \|[^|]*\|[^|]*\| ([^|]*) \|", line)
         if m:
             rows[m.group(1)] = m.group(2).strip()
 

@@ -1,0 +1,141 @@
+"""The training stack a plan runs on: what Megatron-Core (with Transformer Engine) launches for an MoE layer.
+
+The stack is an input like the layout (docs/spec.md, ``stack:``): the time model counts the kernels this
+stack launches per layer and micro-batch (estimator/kernel_counts.py), removes the host cost of what CUDA
+graphs replay, costs the FP8 quantize kernels of its recipe, and keeps the memory its tensors take; a
+calibration is fitted on, and applied to, one stack (:meth:`Stack.key`).
+
+Why in the spec and not the profile: a node type's tables measure its devices, fabric and host whatever
+framework runs on them, while the stack is chosen per run by command-line flags (``--emit megatron``
+writes them, ``calibrate add --megatron-log`` reads them back), as the layout is. The defaults are the
+paper's stack (app:training-stack): grouped-GEMM experts whose GEMMs Transformer Engine issues one per local
+expert, unfused permutation and router, the all-to-all dispatcher, no CUDA graphs, FP8 (when the model
+precision asks for it) with per-tensor current scaling, weights kept in bf16.
+
+Names follow Megatron-LM core_v0.19.0 (megatron/training/arguments.py) and Transformer Engine.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from scaleplan.errors import FieldCheck, SpecError
+
+# experts: TEGroupedMLP (--moe-grouped-gemm: one Transformer Engine GroupedLinear per projection) or
+# SequentialMLP (a Python loop over the local experts, one TE Linear per expert and projection).
+EXPERTS = ("grouped", "sequential")
+# how TE's GroupedLinear runs its GEMMs: "per_expert", one cuBLAS GEMM per local expert on several streams
+# (nvte_multi_stream_cublas_gemm: every TE release, the only path for FP8 before 2.17); "grouped", one
+# grouped kernel per projection and pass (TE >= 2.17 grouped-tensor path, cuBLASLt >= 13.3:
+# NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM=1; bf16, current scaling or MXFP8 on Blackwell).
+GROUPED_GEMMS = ("per_expert", "grouped")
+# --moe-token-dispatcher-type alltoall | allgather, or flex with --moe-flex-dispatcher-backend deepep |
+# hybridep (fused dispatch and combine kernels, no host sync on the token counts)
+DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+# --fp8-recipe: per-tensor delayed or current (tensorwise) scaling, 1x128 / 128x128 blocks, MXFP8 (1x32, E8M0)
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+# --cuda-graph-modules with --cuda-graph-impl transformer_engine (per-layer graphs)
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+
+Experts = Literal["grouped", "sequential"]
+GroupedGemm = Literal["per_expert", "grouped"]
+Dispatcher = Literal["alltoall", "allgather", "deepep", "hybridep"]
+Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
+GraphModule = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess"]
+
+DEFAULT_FP8_RECIPE = "tensorwise"
+
+
+class Stack(BaseModel):
+    """``stack:`` of a spec. Every field has the paper stack's value as its default (module docstring).
+
+    experts, grouped_gemm, permute_fusion (--moe-permute-fusion), router_fusion (--moe-router-fusion),
+    dispatcher, cuda_graphs (modules captured per layer; empty: none), fp8_recipe (None: tensorwise when
+    the model is FP8; only with model.precision fp8), fp8_param (--fp8-param-gather: FP8 primary weights).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    experts: Experts = "grouped"
+    grouped_gemm: GroupedGemm = "per_expert"
+    permute_fusion: bool = False
+    router_fusion: bool = False
+    dispatcher: Dispatcher = "alltoall"
+    cuda_graphs: tuple[GraphModule, ...] = ()
+    fp8_recipe: Fp8Recipe | None = None
+    fp8_param: bool = False
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Stack:
+        if len(set(self.cuda_graphs)) != len(self.cuda_graphs):
+            raise FieldCheck("cuda_graphs", list(self.cuda_graphs), "each module at most once")
+        if "moe_preprocess" in self.cuda_graphs and "moe_router" not in self.cuda_graphs:
+            raise FieldCheck("cuda_graphs", list(self.cuda_graphs), "moe_preprocess only together with moe_router")
+        if self.grouped_gemm == "grouped" and self.experts != "grouped":
+            raise FieldCheck("grouped_gemm", "grouped", "grouped only with experts: grouped (TE GroupedLinear)")
+        return self
+
+    def recipe(self, precision: str) -> str | None:
+        """The FP8 recipe the time and memory models cost: this stack's, the default for an FP8 model, or
+        None when the model does not run FP8 GEMMs."""
+        return (self.fp8_recipe or DEFAULT_FP8_RECIPE) if precision == "fp8" else None
+
+    def key(self, precision: str = "bf16") -> str:
+        """The stack as one canonical string: "megatron" for the paper's stack, else "megatron" and its
+        departures from it in field order ("megatron[grouped_gemm=grouped,fp8_recipe=mxfp8]"). A
+        calibration carries it and applies only to plans of the same key. The FP8 recipe counts only for
+        an FP8 model."""
+        parts = []
+        for name, default in _DEFAULTS.items():
+            v = self.recipe(precision) if name == "fp8_recipe" else getattr(self, name)
+            if name == "fp8_recipe" and v == DEFAULT_FP8_RECIPE:
+                continue
+            if v != default:
+                parts.append(f"{name}={'+'.join(v) if isinstance(v, tuple) else str(v).lower()}")
+        return "megatron" + (f"[{','.join(parts)}]" if parts else "")
+
+
+PAPER_STACK = Stack()
+_DEFAULTS = {name: getattr(PAPER_STACK, name) for name in Stack.model_fields}
+
+
+def check_for_model(stack: Stack, precision: str, capacity_factor: float | None) -> None:
+    """Cross-field rules between the stack and the model. Raises SpecError (one line): an FP8 recipe or FP8
+    weights on a model that is not FP8; a captured MoE layer ("moe") without a capacity factor (Megatron-Core
+    captures whole MoE layers only when they drop and pad: CudaGraphModule.moe)."""
+    if precision != "fp8" and stack.fp8_recipe is not None:
+        raise SpecError("stack.fp8_recipe", stack.fp8_recipe, "set only with model.precision fp8")
+    if precision != "fp8" and stack.fp8_param:
+        raise SpecError("stack.fp8_param", True, "true only with model.precision fp8")
+    if "moe" in stack.cuda_graphs and (capacity_factor is None or capacity_factor == 1.0):
+        raise SpecError("stack.cuda_graphs", "moe", "a whole MoE layer is captured only with drop-and-pad "
+                        "(model.moe.capacity_factor != 1); capture moe_router and moe_preprocess instead")
+
+
+def parse_stack(text: str, base: Stack | None = None, field: str = "--stack") -> Stack:
+    """``fp8_recipe=mxfp8,grouped_gemm=grouped,cuda_graphs=attn+moe_router`` into a :class:`Stack` (keys not
+    given keep ``base``'s values; booleans true/false; module lists joined by '+'). Raises SpecError naming
+    the unknown key or the bad value."""
+    values = dict((base or PAPER_STACK).model_dump())
+    for part in filter(None, (s.strip() for s in text.split(","))):
+        key, sep, val = (x.strip() for x in part.partition("="))
+        if not sep or key not in Stack.model_fields:
+            raise SpecError(field, part, f"key=value with key in {', '.join(Stack.model_fields)}")
+        if isinstance(_DEFAULTS[key], bool):
+            if val.lower() not in ("true", "false"):
+                raise SpecError(f"{field} {key}", val, "true or false")
+            values[key] = val.lower() == "true"
+        elif key == "cuda_graphs":
+            values[key] = tuple(m for m in val.split("+") if m and m != "none")
+        else:
+            values[key] = None if val == "none" and key == "fp8_recipe" else val
+    try:
+        return Stack(**values)
+    except ValidationError as err:
+        e = err.errors()[0]
+        check = (e.get("ctx") or {}).get("error")
+        if isinstance(check, FieldCheck):
+            raise SpecError(f"{field} {check.field}", check.value, str(check)) from None
+        where = ".".join(str(x) for x in e["loc"][:1])
+        raise SpecError(f"{field} {where}".strip(), e.get("input") if where else text,
+                        e["msg"].removeprefix("Value error, ")) from None
