@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scaleplan.calibrate import kinds
+from scaleplan.calibrate import writers
 from scaleplan.calibrate.chi_sys import TERMS, features, fit_chi
 from scaleplan.calibrate.dispatch import fit_dispatch, load_dispatch_rows
 from scaleplan.calibrate.evaluate import (
@@ -15,12 +15,12 @@ from scaleplan.calibrate.evaluate import (
     observed_from_db,
     usable,
 )
-from scaleplan.calibrate.kinds import keys_in, keys_not_in, law_coefficients, write_chi_sys, write_dispatch
 from scaleplan.calibrate.report import parity_plot, pooled, run_rows, sweep_report
 from scaleplan.calibrate.run_scales import BOUNDS, absolute_times, fit_run_scales
 from scaleplan.calibrate.run_scales import PARAMS as RUN_SCALES  # kept by a benchmark refit
+from scaleplan.calibrate.writers import keys_in, keys_not_in, law_coefficients, write_chi_sys, write_dispatch
 
-from scaleplan.db import calibrations as store  # every calibration row is read there (written: kinds.py)
+from scaleplan.db import calibrations as store  # every calibration row is read there (written: writers.py)
 from scaleplan.errors import ScaleplanError
 
 DEFAULT_PROFILE = "p6-b200.48xlarge"
@@ -126,7 +126,7 @@ def fit_dispatch_floor(url: str | None, profile: str = DEFAULT_PROFILE, save: bo
     for k in RUN_SCALES:  # a --from-runs fit stays in force until refitted (kept by write_dispatch)
         if prev is not None and k in prev[1]:
             fit.notes.append(f"{k} = {float(prev[1][k]):.4g} kept from calibration {prev[0]}")
-    co = kinds.dispatch_coefficients(fit.coefficients, prev[1] if prev else None, keep=keys_in(RUN_SCALES))
+    co = writers.dispatch_coefficients(fit.coefficients, prev[1] if prev else None, keep=keys_in(RUN_SCALES))
     out = {"profile": profile, "kind": "dispatch", "coefficients": co, "identified": fit.identified,
            "unidentified": fit.unidentified, "n_obs": fit.n_obs, "per_mode_gap_s": fit.per_mode_gap_s,
            "t_lat_s": fit.t_lat_s, "notes": fit.notes, "calibration_id": None, "version": None}
@@ -200,7 +200,7 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
     keep = keys_not_in(RUN_SCALES) if use_calibration else keys_in(())
     with dbs.session_scope(url) as s:
         prev = store.newest(s, profile, "dispatch")
-        coeffs = kinds.dispatch_coefficients(fit.coefficients(), dict(prev.coefficients or {}) if prev else None,
+        coeffs = writers.dispatch_coefficients(fit.coefficients(), dict(prev.coefficients or {}) if prev else None,
                                              base, keep)
     runs = [{"id": o.id, "sweep": o.sweep, "t_meas_s": float(t), "t_pred_before_s": float(t * np.exp(rb)),
              "t_pred_after_s": float(t * np.exp(ra)), "log_residual_before": rb, "log_residual_after": ra}

@@ -430,7 +430,7 @@ def store_law(url: str | None, profile: str, rows: list[dict], law) -> dict[str,
     host scales at 1 (the traces measured the host); what else the previous row carried (kernel_scale, the
     chain gap) stays. It stores no step-time residuals: the errors of a new law are not known until runs are
     compared under it (`calibrate report`), so `search --samples` falls back to its default sigma until then."""
-    from scaleplan.calibrate.kinds import keys_not_in, write_dispatch
+    from scaleplan.calibrate.writers import keys_not_in, write_dispatch
 
     from scaleplan.db import session as dbs
 

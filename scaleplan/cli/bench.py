@@ -286,11 +286,11 @@ def plan(
 
 
 def _plan_search(search: Path, profile: str | None, url, run_: bool, device, json_out: bool) -> None:
-    """bench plan --search: the points the search's near-tie set looks up (see scaleplan.mosaic.shapes)."""
+    """bench plan --search: the points the search's near-tie set looks up (see scaleplan.mosaic.table_points)."""
     from scaleplan.bench import plan as bplan
     from scaleplan.db.session import ensure_schema, resolve_url
     from scaleplan.estimator import Estimator
-    from scaleplan.mosaic.shapes import deciding_points, read_search
+    from scaleplan.mosaic.table_points import deciding_points, read_search
 
     found = read_search(search)
     url = resolve_url(url)

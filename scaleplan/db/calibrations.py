@@ -3,7 +3,7 @@ rows). Versioned: one new version per fit, per (profile, kind); the newest is in
 
 :func:`calibrations_in_force` is what the estimator and the search read: a Core query, not the ORM, since
 planner commands read it on every start and the ORM models cost ~0.1 s to import. The one writer of
-each kind (calibrate/kinds.py) writes through :func:`store_calibration`; the fitters read their own
+each kind (calibrate/writers.py) writes through :func:`store_calibration`; the fitters read their own
 history through :func:`newest` / :func:`by_id`, inside the caller's ORM session."""
 from __future__ import annotations
 

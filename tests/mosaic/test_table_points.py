@@ -7,7 +7,7 @@ import pytest
 
 from scaleplan.errors import SpecError
 from scaleplan.geometry import ladder_model
-from scaleplan.mosaic.shapes import deciding_candidates, deciding_points, read_search
+from scaleplan.mosaic.table_points import deciding_candidates, deciding_points, read_search
 
 LAY = {"tp": 1, "cp": 1, "pp": 2, "dp": 32, "ep": 8, "mbs": 2, "ckpt": "selective"}
 

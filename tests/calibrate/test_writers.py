@@ -1,4 +1,4 @@
-"""One writer per calibration kind (calibrate/kinds.py): the fits hand their parts to it, and the
+"""One writer per calibration kind (calibrate/writers.py): the fits hand their parts to it, and the
 composition of a 'dispatch' row follows one precedence."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from scaleplan.calibrate.kinds import dispatch_coefficients, keys_in, keys_not_in, law_coefficients
+from scaleplan.calibrate.writers import dispatch_coefficients, keys_in, keys_not_in, law_coefficients
 from scaleplan.db.calibrations import KINDS
 from scaleplan.estimator.dispatch import DispatchLaw
 
@@ -30,7 +30,7 @@ def _callers(name: str) -> set[str]:
 
 
 def test_each_kind_has_exactly_one_writer():
-    assert _callers("store_calibration") == {"calibrate/kinds.py:write_dispatch", "calibrate/kinds.py:write_chi_sys"}
+    assert _callers("store_calibration") == {"calibrate/writers.py:write_dispatch", "calibrate/writers.py:write_chi_sys"}
     assert set(KINDS) == {"dispatch", "chi_sys"}  # a new kind needs its writer here
 
 
