@@ -101,12 +101,17 @@ _DEFAULTS = {name: getattr(PAPER_STACK, name) for name in Stack.model_fields}
 
 def check_for_model(stack: Stack, precision: str, capacity_factor: float | None) -> None:
     """Cross-field rules between the stack and the model. Raises SpecError (one line): an FP8 recipe or FP8
-    weights on a model that is not FP8; a captured MoE layer ("moe") without a capacity factor (Megatron-Core
-    captures whole MoE layers only when they drop and pad: CudaGraphModule.moe)."""
+    weights on a model that is not FP8; the grouped GEMM kernel with a recipe TE runs per expert; a captured
+    MoE layer ("moe") without a capacity factor (Megatron-Core captures whole MoE layers only when they drop
+    and pad: CudaGraphModule.moe)."""
     if precision != "fp8" and stack.fp8_recipe is not None:
         raise SpecError("stack.fp8_recipe", stack.fp8_recipe, "set only with model.precision fp8")
     if precision != "fp8" and stack.fp8_param:
         raise SpecError("stack.fp8_param", True, "true only with model.precision fp8")
+    if stack.grouped_gemm == "grouped" and stack.recipe(precision) in ("delayed", "blockwise"):
+        raise SpecError("stack.grouped_gemm", "grouped", f"per_expert with the {stack.recipe(precision)} recipe: "
+                        "TE's grouped-tensor path runs bf16, tensorwise and mxfp8 only and falls back to one GEMM "
+                        "per expert otherwise (is_module_grouped_tensor_path_supported)")
     if "moe" in stack.cuda_graphs and (capacity_factor is None or capacity_factor == 1.0):
         raise SpecError("stack.cuda_graphs", "moe", "a whole MoE layer is captured only with drop-and-pad "
                         "(model.moe.capacity_factor != 1); capture moe_router and moe_preprocess instead")

@@ -45,6 +45,7 @@ def test_an_fp8_model_defaults_to_current_scaling_and_the_key_names_only_departu
     ({"cuda_graphs": ["moe_preprocess"]}, "bf16", "stack.cuda_graphs", ["moe_preprocess"]),
     ({"cuda_graphs": ["moe"]}, "bf16", "stack.cuda_graphs", "moe"),
     ({"experts": "sequential", "grouped_gemm": "grouped"}, "bf16", "stack.grouped_gemm", "grouped"),
+    ({"grouped_gemm": "grouped", "fp8_recipe": "delayed"}, "fp8", "stack.grouped_gemm", "grouped"),
 ])
 def test_a_bad_stack_is_one_line_naming_the_field_and_value(stack, precision, field, value):
     with pytest.raises(SpecError) as e:

@@ -1,0 +1,192 @@
+"""Kernels one MoE layer launches per micro-batch on a given training stack, counted from Megatron-Core
+(core_v0.19.0) and Transformer Engine (2.x) code, and what that does to the dispatch law
+(sec:iteration-time-model, "Compute versus dispatch").
+
+The law's kappa(E_loc) = kappa0 + kappa1 E_loc was counted on profiler traces of the paper's stack
+(estimator/dispatch.py): grouped experts whose GEMMs TE issues one per local expert, unfused permutation
+and router, the all-to-all dispatcher, bf16, no CUDA graphs. kappa0 (642 per layer and micro-batch in
+full-recompute units) holds many small framework kernels this module does not list one by one (autograd's
+casts and copies, memsets, sorting passes); what it lists are the parts a stack choice changes, so that
+another stack's count is the law's plus the difference of the two lists (:func:`kappa_delta`):
+
+* ``router_scores``: the top-k with its score function (unfused in moe_utils.topk_routing_with_score_function:
+  topk, softmax, zeros + scatter of the probabilities, zeros + scatter + bool cast of the routing map: 7
+  forward; softmax, gather and index-scatter backward: 4) or TE's fused_topk_with_score_function (1, 1);
+  the aux-loss scores (compute_routing_scores_for_aux_loss: softmax, topk, zeros + scatter: 4 forward, 3
+  backward; fused: 1, 1).
+* ``permute`` (dispatch_preprocess, moe_utils.permute): unfused, the routing map's transpose copy, a stable
+  argsort of T E flags (a segmented radix sort: 4 kernels), the modulo, the probabilities' transpose and
+  gather, the token index_select (9 forward; index_add into zeros for the tokens and the probabilities,
+  the transpose's: 5 backward); fused (TE moe_permute_with_probs: the row-id map in 3 kernels and the
+  permute: 4 forward, 1 backward).
+* ``a2a``: all-to-all of tokens and probabilities (dispatch) and of the expert output (combine): 3 NCCL
+  kernels forward, 3 backward, EP > 1; the chunk sort by local expert after the dispatch and its inverse
+  before the combine (sort_chunks_by_idxs: one torch.cat each for tokens, probabilities and output, or TE's
+  fused sort: 3 forward, 3 backward either way, E_loc > 1 and EP > 1); DeepEP / HybridEP replace all of it
+  with their fused dispatch (layout, notify, dispatch: 3) and combine (1) kernels, forward and backward.
+* ``unpermute`` (combine_postprocess, moe_utils.unpermute without probabilities: the alltoall dispatcher
+  applies them before fc2): zeros + scatter_add forward, a gather backward (2, 1); fused 1, 1.
+* ``expert_gemms``: fc1 and fc2 (TE GroupedLinear or, per expert, TE Linear): forward 2 G, backward 4 G
+  (data and weight gradients), G = E_loc GEMMs per call on the per-expert paths (TE's
+  nvte_multi_stream_cublas_gemm loops cuBLAS over the groups), 1 on the grouped-kernel path.
+* ``expert_act``: the SwiGLU weighted by the routing probabilities (weighted_bias_swiglu: 1 forward,
+  1 backward per call; SequentialMLP calls it per expert and concatenates the outputs: + 1 each way).
+* ``fp8_quantize``: the casts of each GEMM input (forward: the activations of fc1 and fc2; backward: their
+  output gradients), per call of TE's split_quantize / quantize (:data:`QUANTIZE_KERNELS`): delayed
+  scaling one fused multi-tensor cast-transpose for all groups (nvte_multi_cast_transpose), current
+  scaling an amax, a scale and a cast per tensor, blockwise and MXFP8 one kernel per tensor; the
+  grouped-tensor path quantizes all groups at once (group_quantize). Weights are quantized on the first
+  micro-batch of a step only (TE caches them: is_first_microbatch) and are left out.
+* ``fp8_padding``: TE's Fp8Padding of the tokens and the probabilities to the recipe's alignment
+  (fused_multi_row_padding, 1 each) and the unpadding of the output (1), forward and backward, when the
+  groups' rows are not aligned (the routed counts are not, in general); SequentialMLP pads each expert's
+  tokens and probabilities with zeros + cat (4 per expert forward, none backward).
+* ``attn_quantize``, ``shared_quantize``: FP8 casts of the layer's other GEMM inputs (QKV and output
+  projection; the shared expert's fc1 and fc2), one quantize per input forward and per output gradient
+  backward; delayed scaling also reduces and updates the amax history when each layer's fp8_autocast ends
+  (3 forward, 3 backward, counted with the attention).
+
+CUDA graphs (``stack.cuda_graphs``): the captured parts launch as one graph per pass
+(:func:`graph_savings`); their kernels still run on the device, only the host stops issuing them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from scaleplan.stack import Stack
+
+# kernels per quantized tensor (or per grouped call, "grouped") of each recipe (module docstring)
+QUANTIZE_KERNELS = {"delayed": 1, "tensorwise": 3, "blockwise": 1, "mxfp8": 1}
+# the fused multi-tensor cast of delayed scaling takes every group in one kernel; so does the grouped path
+_ONE_CALL_FOR_ALL_GROUPS = ("delayed",)
+DELAYED_AMAX_UPDATE = 3  # per layer and pass: amax history roll, scale update, amax all-reduce
+
+# (forward, backward) kernels of the parts the stack does not change but CUDA graphs capture
+# attention block: norm, QKV GEMM, RoPE q and k, cuDNN attention (2), output GEMM, bias-dropout-add;
+# backward: two data-gradient and two weight-gradient GEMMs, attention (3), RoPE (2), norm (2), residual
+ATTENTION_KERNELS = (8, 12)
+# the router's gating GEMM in fp32 (router_gating_linear: two casts and the GEMM; backward two GEMMs and
+# two casts back) and the token counts before the dispatch (preprocess: sum, cast, split sums, the
+# all-gather of the counts, slice, two sums)
+GATING_KERNELS = (3, 4)
+PREPROCESS_KERNELS = (7, 0)
+DENSE_MLP_KERNELS = (4, 8)  # norm, fc1, SwiGLU, fc2; backward the GEMMs' gradients, SwiGLU, norm
+
+
+@dataclass(frozen=True)
+class LayerCounts:
+    """Kernels one MoE layer launches per micro-batch, by part (module docstring), forward and backward;
+    each value a float array over plans."""
+
+    fwd: dict[str, np.ndarray]
+    bwd: dict[str, np.ndarray]
+
+    def total(self, parts=None) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) kernels summed over ``parts`` (default: all)."""
+        keys = self.fwd.keys() if parts is None else parts
+        return sum(self.fwd[k] for k in keys), sum(self.bwd[k] for k in keys)
+
+    def full_recompute_units(self, parts=None) -> np.ndarray:
+        """Kernels per layer and micro-batch under full recompute (the law's unit): 2 forward + backward."""
+        f, b = self.total(parts)
+        return 2.0 * f + b
+
+
+def _quantize(recipe: str | None, groups, grouped_kernel: bool):
+    """Quantize kernels of one GroupedLinear input of ``groups`` tensors (arrays)."""
+    if recipe is None:
+        return np.zeros_like(groups)
+    per = QUANTIZE_KERNELS[recipe]
+    return np.full_like(groups, per) if (grouped_kernel or recipe in _ONE_CALL_FOR_ALL_GROUPS) else per * groups
+
+
+def moe_layer_counts(stack: Stack, E_loc, ep, precision: str, glu: bool = True,
+                     shared_expert: bool = False) -> LayerCounts:
+    """:class:`LayerCounts` of one MoE layer (arrays over plans of ``E_loc`` local experts and ``ep``) on
+    ``stack`` for a model in ``precision`` (its FP8 recipe: :meth:`Stack.recipe`). Raises nothing."""
+    E_loc = np.asarray(E_loc, dtype=float)
+    multi = (np.asarray(ep) > 1).astype(float)
+    one = np.ones_like(E_loc)
+    recipe = stack.recipe(precision)
+    f, b = {}, {}
+    fused_r = stack.router_fusion
+    f["router_scores"], b["router_scores"] = one * (2 if fused_r else 11), one * (2 if fused_r else 7)
+    f["permute"], b["permute"] = one * (4 if stack.permute_fusion else 9), one * (1 if stack.permute_fusion else 5)
+    f["a2a"], b["a2a"] = _dispatch_counts(stack, E_loc, multi)
+    f["unpermute"], b["unpermute"] = one * (1 if stack.permute_fusion else 2), one
+    grouped_kernel = stack.experts == "grouped" and stack.grouped_gemm == "grouped"
+    G = one if grouped_kernel else E_loc
+    f["expert_gemms"], b["expert_gemms"] = 2 * G, 4 * G
+    seq = stack.experts == "sequential"
+    f["expert_act"] = b["expert_act"] = (E_loc + 1) if seq else one
+    if seq:  # one TE Linear per expert and projection: a quantize per tensor, no multi-tensor fusion
+        q = QUANTIZE_KERNELS[recipe] * E_loc if recipe else 0 * E_loc
+        f["fp8_quantize"] = b["fp8_quantize"] = 2 * q
+        f["fp8_padding"], b["fp8_padding"] = (4 * E_loc if recipe else 0 * E_loc), 0 * E_loc
+    else:
+        f["fp8_quantize"] = b["fp8_quantize"] = 2 * _quantize(recipe, E_loc, grouped_kernel)
+        f["fp8_padding"] = b["fp8_padding"] = one * (3 if recipe else 0)
+    q1 = QUANTIZE_KERNELS[recipe] if recipe else 0
+    # QKV and output projection (with delayed scaling's amax update at the layer's autocast exit)
+    f["attn_quantize"] = b["attn_quantize"] = one * (2 * q1 + (DELAYED_AMAX_UPDATE if recipe == "delayed" else 0))
+    f["shared_quantize"] = b["shared_quantize"] = one * (2 * q1 if shared_expert else 0)
+    if not glu:
+        f["expert_act"], b["expert_act"] = f["expert_act"] + 1, b["expert_act"] + 1  # activation, then x probs
+    return LayerCounts(f, b)
+
+
+def _dispatch_counts(stack: Stack, E_loc, multi) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) kernels of the token exchange: all-to-alls and chunk sorts, or the fused
+    dispatch / combine of DeepEP and HybridEP, or the all-gather dispatcher's gather and reduce-scatter."""
+    sort = 3.0 * ((E_loc > 1) * multi)
+    if stack.dispatcher == "alltoall":
+        return 3.0 * multi + sort, 3.0 * multi + sort
+    if stack.dispatcher == "allgather":  # all-gather tokens, probabilities and the routing map; reduce-scatter
+        return 3.0 * multi, 1.0 * multi
+    return 4.0 * multi, 4.0 * multi  # deepep / hybridep: layout + notify + dispatch, combine; the same back
+
+
+PAPER_STACK = Stack()
+
+
+def kappa_delta(stack: Stack, E_loc, ep, precision: str, glu: bool = True, shared_expert: bool = False,
+                law_stack: Stack = PAPER_STACK, law_precision: str = "bf16") -> np.ndarray:
+    """Kernels per MoE layer and micro-batch (full-recompute units, the law's) that ``stack`` launches more
+    than ``law_stack``, the stack the law in force was counted on (arrays over plans)."""
+    mine = moe_layer_counts(stack, E_loc, ep, precision, glu, shared_expert).full_recompute_units()
+    theirs = moe_layer_counts(law_stack, E_loc, ep, law_precision, glu, shared_expert).full_recompute_units()
+    return mine - theirs
+
+
+# the parts a CUDA graph module captures (forward, backward kernels per layer and micro-batch)
+def _captured(stack: Stack, counts: LayerCounts) -> dict[str, tuple]:
+    out = {}
+    for module in stack.cuda_graphs:
+        if module == "attn":
+            out[module] = (ATTENTION_KERNELS[0] + counts.fwd["attn_quantize"],
+                           ATTENTION_KERNELS[1] + counts.bwd["attn_quantize"])
+        elif module == "moe_router":
+            out[module] = (GATING_KERNELS[0] + counts.fwd["router_scores"], GATING_KERNELS[1] + counts.bwd["router_scores"])
+        elif module == "moe_preprocess":
+            out[module] = PREPROCESS_KERNELS
+        elif module == "mlp":
+            out[module] = DENSE_MLP_KERNELS
+        elif module == "moe":  # a whole drop-and-pad MoE layer
+            f, b = counts.total()
+            out[module] = (f + GATING_KERNELS[0] + PREPROCESS_KERNELS[0], b + GATING_KERNELS[1])
+    return out
+
+
+def graph_savings(stack: Stack, counts: LayerCounts, moe_layer: bool = True) -> np.ndarray:
+    """Kernels per layer and micro-batch (full-recompute units) the host no longer issues one by one because
+    ``stack`` captures them in CUDA graphs, less the graph launches that replace them (one per captured
+    module and pass; the forward graph replays again under full recompute). ``moe_layer``: the layer is an
+    MoE layer (else only ``attn`` and ``mlp`` apply)."""
+    saved = 0.0
+    for module, (f, b) in _captured(stack, counts).items():
+        if (module == "mlp" and moe_layer) or (module.startswith("moe") and not moe_layer):
+            continue
+        saved = saved + (2.0 * f + b) - 3.0
+    return np.asarray(saved, dtype=float)

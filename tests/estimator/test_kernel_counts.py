@@ -1,0 +1,129 @@
+"""Kernels one MoE layer launches per micro-batch (estimator/kernel_counts.py) against a hand count of what
+Megatron-Core core_v0.19.0 with Transformer Engine 2.x launches, written out launch by launch in the order
+the code issues them, for the issue's fine-grained model: 128 experts, top-8, expert width 768 (SwiGLU),
+FP8 with per-tensor current scaling (the emitted recipe), EP 8 so 16 local experts per rank, TP 1."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scaleplan.estimator.kernel_counts import graph_savings, kappa_delta, moe_layer_counts
+from scaleplan.stack import Stack
+
+E_LOC, EP = 16, 8
+CURRENT_SCALING = ["amax", "compute_scale", "cast_transpose"]  # Float8CurrentScalingQuantizer::quantize_impl
+
+
+def _router_and_dispatch_fwd() -> list[str]:
+    """TopKRouter.routing (unfused softmax after top-k, aux-loss scores) and the alltoall dispatcher's
+    dispatch_preprocess / token_dispatch / dispatch_postprocess, forward (the gating GEMM and the token
+    counts are in neither list: no stack option changes them)."""
+    scores = ["topk", "softmax", "zeros(probs)", "scatter(probs)", "zeros(map)", "scatter(map)", "bool(map)"]
+    aux = ["softmax(aux)", "topk(aux)", "zeros(aux map)", "scatter(aux map)"]
+    # a stable argsort of T x E flags: cub's segmented radix sort, 4 passes
+    permute = ["T.contiguous(map)", "sort pass 1", "sort pass 2", "sort pass 3", "sort pass 4", "mod(num_tokens)",
+               "T.contiguous(probs)", "gather(probs)", "index_select(tokens)"]
+    dispatch = ["all_to_all(tokens)", "all_to_all(probs)", "cat(sort chunks: tokens)", "cat(sort chunks: probs)"]
+    return scores + aux + permute + dispatch
+
+
+def _combine_fwd() -> list[str]:
+    return ["cat(unsort chunks)", "all_to_all(output)", "zeros(restore)", "scatter_add(restore)"]
+
+
+def _router_and_dispatch_bwd() -> list[str]:
+    scores = ["softmax_backward", "gather(probs grad)", "zeros(topk grad)", "index_put(topk grad)"]
+    aux = ["softmax_backward(aux)", "zeros(aux grad)", "index_put(aux grad)"]
+    permute = ["zeros(tokens grad)", "index_add(tokens grad)", "zeros(probs grad)", "index_put(probs grad)",
+               "T.contiguous(probs grad)"]
+    dispatch = ["cat(sort chunks grad: tokens)", "cat(sort chunks grad: probs)", "all_to_all(tokens grad)",
+                "all_to_all(probs grad)"]
+    combine = ["gather(restore grad)", "all_to_all(output grad)", "cat(unsort chunks grad)"]
+    return scores + aux + permute + dispatch + combine
+
+
+def _grouped_mlp(per_gemm: int) -> tuple[list[str], list[str]]:
+    """TEGroupedMLP with FP8: Fp8Padding of tokens and probabilities, fc1 (split_quantize per expert,
+    then ``per_gemm``: E_loc cuBLAS GEMMs or one grouped kernel), the weighted SwiGLU, fc2, Fp8Unpadding."""
+    quant = CURRENT_SCALING * E_LOC if per_gemm > 1 else CURRENT_SCALING  # per split vs group_quantize
+    gemms = [f"gemm[{i}]" for i in range(per_gemm)]
+    fwd = ["fused_multi_row_padding(tokens)", "fused_multi_row_padding(probs)",
+           *quant, *gemms,                       # fc1
+           "weighted_bias_swiglu",
+           *quant, *gemms,                       # fc2
+           "fused_multi_row_unpadding"]
+    bwd = ["unpadding_backward",
+           *quant, *[g + ".dgrad" for g in gemms], *[g + ".wgrad" for g in gemms],   # fc2
+           "weighted_bias_swiglu_backward",
+           *quant, *[g + ".dgrad" for g in gemms], *[g + ".wgrad" for g in gemms],   # fc1
+           "padding_backward(tokens)", "padding_backward(probs)"]
+    return fwd, bwd
+
+
+def _sequential_mlp() -> tuple[list[str], list[str]]:
+    """SequentialMLP with FP8: per expert, zero-pad tokens and probabilities to the recipe's alignment
+    (_pad_tensor_for_quantization), then the expert's MLP: TE Linear fc1 (quantize + GEMM), weighted
+    SwiGLU, TE Linear fc2; the outputs concatenated."""
+    fwd, bwd = [], []
+    for e in range(E_LOC):
+        fwd += ["zeros(pad)", "cat(pad tokens)", "zeros(pad probs)", "cat(pad probs)",
+                *CURRENT_SCALING, f"fc1[{e}]", "weighted_bias_swiglu", *CURRENT_SCALING, f"fc2[{e}]"]
+        bwd += [*CURRENT_SCALING, f"fc2[{e}].dgrad", f"fc2[{e}].wgrad", "weighted_bias_swiglu_backward",
+                *CURRENT_SCALING, f"fc1[{e}].dgrad", f"fc1[{e}].wgrad"]
+    return fwd + ["cat(outputs)"], bwd + ["cat(split grads)"]
+
+
+def _attention_quantize() -> list[str]:
+    return CURRENT_SCALING * 2  # QKV input, output projection input (forward; their gradients backward)
+
+
+def _counted(stack: Stack) -> tuple[float, float]:
+    c = moe_layer_counts(stack, np.array([float(E_LOC)]), np.array([EP]), "fp8", glu=True)
+    f, b = c.total()
+    return float(f[0]), float(b[0])
+
+
+@pytest.mark.parametrize("stack, experts", [
+    (Stack(), _grouped_mlp(E_LOC)),                          # the paper's stack: TE GroupedLinear, per-expert GEMMs
+    (Stack(grouped_gemm="grouped"), _grouped_mlp(1)),        # TE >= 2.17 grouped-tensor path: one kernel per call
+    (Stack(experts="sequential"), _sequential_mlp()),        # SequentialMLP: a TE Linear per expert
+])
+def test_moe_layer_kernels_match_a_hand_count_of_megatron_core(stack, experts):
+    fwd = _router_and_dispatch_fwd() + experts[0] + _combine_fwd() + _attention_quantize()
+    bwd = _router_and_dispatch_bwd() + experts[1] + _attention_quantize()
+    assert _counted(stack) == (len(fwd), len(bwd))
+
+
+def test_the_grouped_kernel_launches_the_same_gemms_whatever_the_local_experts():
+    """One grouped kernel per projection and pass: the count does not grow with E_loc; per-expert GEMMs
+    add 6 per local expert (fc1 and fc2: forward, data and weight gradient) and, with current scaling, 12
+    quantize kernels (3 per split, fc1 and fc2, forward and backward)."""
+    E = np.array([4.0, 16.0, 64.0])
+    grouped = moe_layer_counts(Stack(grouped_gemm="grouped"), E, np.full(3, 8), "fp8")
+    loop = moe_layer_counts(Stack(), E, np.full(3, 8), "fp8")
+    g, lp = np.add(*grouped.total()), np.add(*loop.total())
+    assert np.ptp(g) == 0
+    np.testing.assert_array_equal(np.diff(lp) / np.diff(E), [6 + 12, 6 + 12])
+
+
+def test_kappa_delta_is_zero_on_the_laws_own_stack_and_removes_the_per_expert_gemms():
+    E, ep = np.array([16.0, 128.0]), np.array([8, 1])
+    np.testing.assert_array_equal(kappa_delta(Stack(), E, ep, "bf16"), 0.0)
+    # the law's kappa1 counts 7.29 kernels per local expert (traces); the per-expert GEMMs are 8 of them
+    # in full-recompute units (fc1, fc2: forward twice, data and weight gradients): the grouped kernel
+    # leaves 8 per layer whatever E_loc
+    np.testing.assert_array_equal(kappa_delta(Stack(grouped_gemm="grouped"), E, ep, "bf16"), 8 - 8 * E)
+
+
+def test_cuda_graphs_save_the_host_launches_of_what_they_capture():
+    c = moe_layer_counts(Stack(), np.array([16.0]), np.array([8]), "bf16")
+    none = graph_savings(Stack(), c)
+    router = graph_savings(Stack(cuda_graphs=("moe_router",)), c)
+    both = graph_savings(Stack(cuda_graphs=("moe_router", "moe_preprocess")), c)
+    # the router's gating GEMM (3 forward, 4 backward) and score kernels (11, 7): 2 x 14 + 11 in
+    # full-recompute units, less the graph launches (forward twice, backward once)
+    assert none == 0 and router == pytest.approx(2 * 14 + 11 - 3)
+    assert both == pytest.approx(router + 2 * 7 - 3)
+    # a dense layer's MLP graph does not apply to an MoE layer, nor the MoE modules to a dense one
+    assert graph_savings(Stack(cuda_graphs=("mlp",)), c) == 0
+    assert graph_savings(Stack(cuda_graphs=("moe_router",)), c, moe_layer=False) == 0
