@@ -40,7 +40,7 @@ the EP all-to-all with the pipeline. Per-rank delays that every MoE layer's EP r
 stage exchange propagate were checked in estimator/jitter_ep.py: the EP ranks of a stage move
 together, so the block is this module's pipeline with the slowest of EP per segment; exponential
 delays give an EP level with 1F1B's own P shape, rare long stalls an EP x PP product that charges
-the 5.4B's PP = 4 layouts twice the 700M's (docs/architecture.md has the leave-one-sweep-out figures).
+the 5.4B's PP = 4 layouts twice the 700M's (docs/accuracy.md has the leave-one-sweep-out figures).
 """
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ limit, :func:`stall_exponential`, :func:`stall_rare`):
   (twice the MoE layers per stage at the same EP, PP and n_mb), which measure no excess.
 
 Fitted jointly with calibrate/joint.py's terms, neither form helps both sweeps' leave-one-sweep-out
-(figures in docs/architecture.md): the term is not in the time model. Its input is measurable in
+(figures in docs/accuracy.md): the term is not in the time model. Its input is measurable in
 principle: the spread across ranks of one MoE layer's forward / backward time in a trace (sigma), or
 the rate and length of a rank's host stalls (q, D); none is published for the validation runs.
 """

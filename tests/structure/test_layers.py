@@ -1,4 +1,4 @@
-"""The package imports only downward (docs/architecture.md, "Layers"): a module imports from its own
+"""The package imports only downward (docs/architecture.md, "Rules the structure tests hold"): a module imports from its own
 layer or below, so bench never imports validate or the CLI, and no library module imports the CLI. Every import statement counts, the ones inside
 functions (lazy imports) included, so a deferred import cannot hide an upward edge."""
 from __future__ import annotations
