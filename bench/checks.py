@@ -1,4 +1,4 @@
-"""A check on the timing method (issue 3, GPU): the harness's bf16 n^3 GEMM must reach at least
+"""A check on the timing method (GPU): the harness's bf16 n^3 GEMM must reach at least
 90% of the best plain ``torch.matmul`` throughput measured in the same process.
 
 "Plain" = ``reps`` back-to-back matmuls between two device synchronisations, wall clock / reps,

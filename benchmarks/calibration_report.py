@@ -1,4 +1,4 @@
-"""Calibration target check (issue 5): recorded B200 tables + the published MFU sweeps.
+"""Calibration target check: recorded B200 tables + the published MFU sweeps.
 
     python benchmarks/calibration_report.py [--db FILE] [--plot DIR] [--json]
 

@@ -1,4 +1,4 @@
-"""Leave-one-sweep-out check of per-rank delays coupled through the EP all-to-all and 1F1B (issue 27).
+"""Leave-one-sweep-out check of per-rank delays coupled through the EP all-to-all and 1F1B.
 
 estimator/jitter_ep.py gives, per layout, the step's excess per unit delay of the EP x PP block
 (a count of segments: exponential delays of scale sigma per segment, or rare stalls of mean q D per

@@ -1,4 +1,4 @@
-"""What-if check of a per-slot EP cost (issue 27; docs/architecture.md, "Where the EP cost sits in a slot").
+"""What-if check of a per-slot EP cost (docs/accuracy.md, "Where the EP cost sits in a slot").
 
 The 700M sweep's slot law (benchmarks/estimator_accuracy.py) puts its EP cost per 1F1B slot, where the
 dispatch law charges t_ep_host per MoE layer. This script swaps the law's EP host term, in this process

@@ -208,7 +208,7 @@ def finding3(ctx, out: Path) -> list[str]:
 
 
 def _measured_only(ctx, env, best) -> None:
-    """Issue 15's table-coverage check: the same envelope with --extrapolate error (measured lookups only)."""
+    """The table-coverage check: the same envelope with --extrapolate error (measured lookups only)."""
     from scaleplan.estimator import Estimator
 
     from scaleplan.mosaic.search import Mosaic

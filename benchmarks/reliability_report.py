@@ -1,4 +1,4 @@
-"""Reliability figures for scaleplan's calibration database (issue 8), from a real test run.
+"""Reliability figures for scaleplan's calibration database, from a real test run.
 
 Runs ``pytest tests/reliability`` with ``SCALEPLAN_RELIABILITY_FIGURES`` set, so each test logs
 what it exercised (writers x rows held per dialect, crash trials survived, migrations checked,

@@ -1,4 +1,4 @@
-"""Predict, then measure: step-time accuracy of the estimator on this CPU machine (issue 7 targets).
+"""Predict, then measure: step-time accuracy of the estimator on this CPU machine, against its targets.
 
 For each of the small MoE configurations below (they differ in layers, E, K, G, hidden size,
 sequence length, micro-batch, checkpointing and DP degree) this script
@@ -26,7 +26,7 @@ interleaving spreads that drift over every configuration instead of a few.
 Usage: python benchmarks/validate_accuracy.py [--db validate_accuracy.db] [--steps 8]
        [--warmup 2] [--rounds 2] [--threads 1] [--skip-bench | --reuse-runs] [--configs c1,c2] [--breakdown]
        [--profile-components c1,c4]
-Targets (issue 7): MAPE <= 20% before calibration, <= 10% leave-one-out after.
+Targets: MAPE <= 20% before calibration, <= 10% leave-one-out after.
 """
 from __future__ import annotations
 

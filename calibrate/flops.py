@@ -2,7 +2,7 @@
 
 A measured MFU is only a step time in disguise: MFU = F_step / (t_step N_dev F_peak) with F_step the
 FLOPs per optimizer step *as the run counted them*. Three counts are in use for the same run and
-they differ by up to a third, so an MFU is meaningless without its count (issue 27). The counts
+they differ by up to a third, so an MFU is meaningless without its count. The counts
 (``COUNTS``), all in FLOPs per optimizer step of ``gbs`` sequences of ``seqlen`` tokens:
 
 ``6n``

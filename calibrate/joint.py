@@ -21,13 +21,8 @@ estimator's own error before calibration), floored at READ_SD, the reading error
 charts (shared/validation/README.md: +-0.01 on values near 1). So more runs pull harder against the
 priors, and a model that already fits well is moved less by the same misfit.
 
-An earlier version weighted a sweep of n runs as one draw with a between-sweep sd of 14% (TAU_SWEEP),
-from the claim that identical layouts differed by ~14% between two sweeps; that claim was wrong (the
-two sweeps had different device counts; validation README) and no measurement of the between-sweep
-scatter exists (no repeat runs are published), so that term is gone rather than re-guessed. On the
-two published sweeps the in-sample host scales are now 1.03 (700M) and 1.01 (5.4B): in step time
-(the measurement) the two sweeps agree on the level, and the earlier 25% host-speed gap came from
-reading their MFU in a FLOP count they were not logged in.
+There is no between-sweep term: no repeat runs are published, so the scatter between sweeps has no
+measurement to set it (a guessed one would weigh a sweep's runs as fewer draws than they are).
 
 The estimator itself evaluates every candidate (one place for the physics). A term is fitted only
 when the runs identify it: its sensitivity d log t / d theta is non-zero on some run, and adding it
@@ -35,11 +30,10 @@ keeps the condition number of the runs' sensitivity matrix <= COND_MAX (greedy, 
 PARAMS: the dispatch law first, cross-node terms next, the level last); fewer runs than free terms
 + 1 stops the greedy. Then a freed term is kept only when the runs support it: dropping it, the
 refit's chi-square (log residuals in the scatter below) must rise by more than ln n for n runs
-(Schwarz's BIC; the last freed term is tried first). On the two validation sweeps this leaves the
-host scale alone in the pooled fit: c_pp fitted on the 700M alone (0.011) lowered its chi-square by
-0.67 of the 2.7 it must earn, and transferred to the 5.4B it reordered that sweep's pipelined layouts
-(leave-one-sweep-out Spearman 0.90 -> 0.50). The rest stay at their identity value, and the fit says
-why. The objective is least squares on log step-time residuals, plus the priors (below).
+(Schwarz's BIC; the last freed term is tried first): a term one sweep barely supports would otherwise be
+carried to sweeps it does not describe. The rest stay at their identity value, and the fit says why
+(what each fit freed on the validation sweeps: docs/accuracy.md). The objective is least squares on log
+step-time residuals, plus the priors (below).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Accuracy metrics of step-time predictions (paper sec:mfu-pred, in step time: issue 27).
+"""Accuracy metrics of step-time predictions (paper sec:mfu-pred), in step time.
 
 All functions take 1-D arrays of equal length n (predicted, measured), positive values, of an
 MFU-like quantity (higher is better; within one FLOP count, proportional to 1 / step time).

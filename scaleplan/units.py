@@ -13,6 +13,6 @@ BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4"
 # fraction of the profile's HBM. The memory model counts weights, gradients, optimizer states, activations and
 # either the allocator overhead measured by `bench run --suite allocator` or a fixed 5 GB reserve; the 5% left
 # (9 GB of a B200's 179 GB) is for what it does not model: the caching allocator's fragmentation where it was not
-# measured (up to 10% in MoE training, estimator/memory.py) and transient all-to-all buffers. Plans at 175-177 of
-# 179 GB (issues 16.3, 26.5) had no such headroom.
+# measured (up to 10% in MoE training, estimator/memory.py) and transient all-to-all buffers: a plan at
+# 175-177 of 179 GB leaves them no room.
 MEM_FRACTION = 0.95

@@ -1,4 +1,4 @@
-"""The foundation's "done when" (issue 2), checked end to end through the CLI.
+"""The foundation's "done when", checked end to end through the CLI.
 
 - ``scaleplan --help`` lists every subcommand; commands not built yet exit 2 and say so;
 - ``scaleplan db upgrade`` creates the schema on SQLite and PostgreSQL; upgrade/downgrade round-trips;

@@ -14,7 +14,7 @@ LADDER = {row[0]: (row[5], row[6], row[7]) for row in SCALE_LADDER}
 def test_ladder_table(q):
     n_tot, n_act, s = LADDER[q]
     pc = spec_param_counts(ladder_model(q, 128, 3, 4))
-    # within 0.5% (issue 4), or the printed rounding (0.05B) where that is looser, as for q=4's 0.7B
+    # within 0.5%, or the printed rounding (0.05B) where that is looser, as for q=4's 0.7B
     assert pc.n_tot / 1e9 == pytest.approx(n_tot, rel=5e-3)
     assert pc.n_act / 1e9 == pytest.approx(n_act, rel=5e-3, abs=0.05)
     assert pc.s == pytest.approx(s, abs=1e-3)

@@ -1,5 +1,5 @@
 """Allocator overhead: what the caching allocator reserves beyond what the training step allocates
-(issue 14; the memory model's 'allocator' and 'context' terms, estimator/memory.py).
+(the memory model's 'allocator' and 'context' terms, estimator/memory.py).
 
 Each point trains the reference model of ``scaleplan validate`` (scaleplan.reference.model; one
 process, AdamW on fp32 masters) for ``steps`` optimizer steps after ``warmup`` and reads

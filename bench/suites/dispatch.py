@@ -41,7 +41,7 @@ issue time (synchronised before, no trailing sync) and no uncosted-compute term
 (:mod:`scaleplan.bench.suites.model_ops`). The note records n_ops and
 seconds per op (kappa of sec:iteration-time-model, measured for this model).
 
-``sync:<every>`` (CUDA only; issue 27, deep pipelines): what a host-device synchronisation costs a stream
+``sync:<every>`` (CUDA only; deep pipelines): what a host-device synchronisation costs a stream
 of small kernels that the host would otherwise run ahead of, the input of a pipeline whose p2p
 exchanges synchronise the device (Megatron-LM's ``batch_p2p_sync``: ``torch.cuda.synchronize()``
 around each batched isend/irecv). The ``gemm`` chain of ``chain_len`` kernels is issued twice per

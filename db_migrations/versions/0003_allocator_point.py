@@ -1,4 +1,4 @@
-"""allocator_point: caching-allocator overhead measured by the bench suite 'allocator' (issue 14)
+"""allocator_point: caching-allocator overhead measured by the bench suite 'allocator'
 
 Peak allocated vs reserved bytes of a few reference-model training steps on a GPU, the memory
 outside the allocator, and the memory model's predicted peak for the same configuration.

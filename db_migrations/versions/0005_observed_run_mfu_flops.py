@@ -1,4 +1,4 @@
-"""observed_run.mfu_flops: the FLOP count a measured MFU was logged in (issue 27)
+"""observed_run.mfu_flops: the FLOP count a measured MFU was logged in
 
 A measured MFU is a step time only together with the FLOP count of the run that logged it
 (calibrate/flops.py: '6n', 'eq-mfu', 'megatron'); imports now store the step time and keep an MFU

@@ -11,7 +11,7 @@ import sys
 # OpenMP threads that sleep when idle, unless the user chose a policy: on a CPU that other processes
 # share, spinning threads wait at every small op's barrier for a core another process holds (an
 # 8x64x64 matmul took 12 ms instead of 30 us at load 8 on 2 cores), which stretched a CPU
-# `validate --bench` of the 4-layer d=256 model from 87 s to over 10 minutes (issue 28). The bench
+# `validate --bench` of the 4-layer d=256 model from 87 s to over 10 minutes. The bench
 # and the validate run it predicts both start from here, so their CPU timings share the policy.
 # libgomp reads it once, when torch first loads, which is always after this line.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -93,7 +93,7 @@ def _traceback_exit(code: int) -> None:
 def _skip_exit_collection() -> None:
     """Have the interpreter's exit leave the objects alive then to the operating system: at exit they go out
     of the cyclic collector's reach (gc.freeze), whose final collections over every imported module's
-    objects (pandas, SQLAlchemy, numpy, the estimator) took 0.15-0.2 s of a search's wall time (issue 28).
+    objects (pandas, SQLAlchemy, numpy, the estimator) took 0.15-0.2 s of a search's wall time.
     Reference counting still frees them, files are still flushed and closed; only unreachable cycles are
     left to the process's end. Not for in-process callers, whose process goes on."""
     import atexit

@@ -295,7 +295,7 @@ class DispatchPoint(_Point, Base):
 class AllocatorPoint(_Point, Base):
     """Caching-allocator overhead over a few training steps of the reference model (CUDA): peak
     allocated vs peak reserved bytes, memory outside the allocator (CUDA context, NCCL, handles),
-    and the memory model's predicted peak allocated for the same configuration (issue 14)."""
+    and the memory model's predicted peak allocated for the same configuration."""
 
     __tablename__ = "allocator_point"
     __table_args__ = (UniqueConstraint("run_id", "layers", "hidden", "experts", "k", "seq_len", "micro_bs", "ckpt",

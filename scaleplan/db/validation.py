@@ -1,6 +1,6 @@
 """Python-side checks of measurement rows before they reach the database.
 
-Policy (issue 8, "bad measurements"): a batch given to
+Policy for bad measurements: a batch given to
 :func:`scaleplan.db.importers.insert_points` is checked whole before anything is written. If any
 row is bad, the whole batch is rejected atomically with a one-line :class:`MeasurementError`
 naming the table, the row index, the column and the value; nothing of that batch is written and

@@ -1,4 +1,4 @@
-"""Edges found, not hidden (issue 26.2): does the optimum sit on the boundary of a searched axis?
+"""Edges found, not hidden: does the optimum sit on the boundary of a searched axis?
 
 An optimum at the smallest or largest searched value of an axis may only be the best of what was searched.
 Grid axes (q, E, K, G) and the micro-batch size are extended once by one step beyond that edge (the step is the

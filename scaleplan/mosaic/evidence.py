@@ -30,8 +30,7 @@ read from a database, for a table kind without a hold-out (no rows, or none beyo
 that kind is composed either, or too few to check), and for an analytic-only database (no tables: nothing is
 composed or extrapolated, so only the analytic rule's error is used). The analytic rule's own error is not a
 property of any table set: it is ``benchmarks/estimator_accuracy.py`` on an empty database, the all-analytic
-estimator's uncalibrated per-sweep MFU MAPE against the published runs: 12.7% (700m-32dev) and 18.9%
-(5p4b-256dev), mean 15.8% (the same sweeps with the recorded tables: 8.0% and 11.2%), in every case.
+estimator's uncalibrated per-sweep MFU MAPE against the published runs (:data:`ANALYTIC_MAPE`), in every case.
 """
 from __future__ import annotations
 

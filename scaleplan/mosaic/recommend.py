@@ -1,4 +1,4 @@
-"""One model to train, and why: the search's recommendation over the --samples draws (issue 26.1).
+"""One model to train, and why: the search's recommendation over the --samples draws.
 
 The point optimum is the argmin of the loss at the point estimates; the draws say how far to trust it.
 A candidate is eligible when it is feasible at the point estimates and delivers the TPP floor in most draws

@@ -156,7 +156,7 @@ def print_by_sparsity(bs: dict, console) -> None:
 def measured_only(mosaic, est_error, env, best: dict | None) -> dict:
     """The same search with an estimator that reads measured lookups only (``--extrapolate error``): its
     optimum and whether it differs from ``best`` (the default search's). JSON of ``--compare-measured``:
-    {"best", "n_feasible", "optimum_changes"} (issue 15, robustness to table coverage)."""
+    {"best", "n_feasible", "optimum_changes"}: how much the answer rests on lookups no table measured."""
     from scaleplan.mosaic.search import Mosaic, row_json
 
     m = Mosaic(est_error, mosaic.grid, mosaic.law, mosaic.constraints, workers=mosaic.workers,

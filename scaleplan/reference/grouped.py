@@ -7,7 +7,7 @@ through :class:`GroupedLinearFn`, whose backward issues the data-gradient as a g
 transposed weights and the weight-gradient as a 2-D x 2-D grouped GEMM over the same offsets, so
 forward and backward cost what the bench measures (fc1/fc2, fwd_s/bwd_s).
 
-Alignment (issue 14): on CUDA, grouped_mm requires every group offset along the jagged dimension to
+Alignment: on CUDA, grouped_mm requires every group offset along the jagged dimension to
 be a multiple of 16 bytes, i.e. of ``16 / element_size`` rows (8 for bf16), in the forward (rows of
 x), the input gradient (rows of dy) and the weight gradient (the jagged contraction dimension of
 x^T dy). A router's per-expert counts are arbitrary, so :func:`pad_plan` lays every group out in a

@@ -1,7 +1,7 @@
 """What a planner answer was computed from: the calibration in force and the measured table runs.
 
 Every planner output (estimate, layouts, search) carries :func:`provenance`'s dict under ``provenance``,
-so the same question asked before and after ``calibrate fit`` says why the answer moved (issue 16.1).
+so the same question asked before and after ``calibrate fit`` says why the answer moved.
 Reads only the public Estimator attributes (``chi.calibration_id``, ``dispatch.source``, ``profile``,
 ``extrapolate``, ``db_url``) and the database rows; never imports torch.
 """

@@ -1,4 +1,4 @@
-"""Predict, then measure: `scaleplan validate` runs the reference MoE model (issue 7).
+"""Predict, then measure: `scaleplan validate` runs the reference MoE model.
 
 The model it trains lives in :mod:`scaleplan.reference` (shared with the bench suites).
 Modules (all import torch; nothing here is imported by the planner commands):

@@ -1,8 +1,8 @@
-"""Is the machine quiet enough to trust a measured step time? (issue 14.4)
+"""Is the machine quiet enough to trust a measured step time?
 
-A measured step on a CPU absorbs whatever else runs on its cores (issue 14: a tiny model erred 0%
-and 8% on a quiet 2-core machine, 33% and 86% with other processes on it). Two signals, both kept
-with the figures:
+A measured step on a CPU absorbs whatever else runs on its cores, so a prediction checked on a busy
+machine is judged against the other processes' share as much as against the model. Two signals, both
+kept with the figures:
 
 * the 1-minute load average before and after the timed steps (``os.getloadavg``), against the
   CPUs this process may use;

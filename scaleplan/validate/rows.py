@@ -1,4 +1,4 @@
-"""What `scaleplan validate` adds to each comparison row beyond the issue-7 keys (issue 14):
+"""What `scaleplan validate` adds to each comparison row beyond the keys every comparison has:
 the reference runner's predicted memory (allocated, reserved, categories), the measured reserved
 peak, the machine-load report and its warning, and (with --trace) measured vs predicted time per
 component."""

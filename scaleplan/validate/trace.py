@@ -1,4 +1,4 @@
-"""`scaleplan validate --trace`: where a measured step's time goes, per estimator component (issue 14.3).
+"""`scaleplan validate --trace`: where a measured step's time goes, per estimator component.
 
 A few extra training steps after the timed ones run under ``torch.profiler`` (CPU activity, plus
 CUDA on a GPU) on rank 0; the trace is saved as Chrome-trace JSON (``*.pt.trace.json``: open it in

@@ -1,4 +1,4 @@
-"""The allocator-overhead suite (issue 14.4): UNSUPPORTED rows on CPU, its training loop and its
+"""The allocator-overhead suite: UNSUPPORTED rows on CPU, its training loop and its
 prediction on CPU, and the overhead it hands the memory model."""
 from __future__ import annotations
 

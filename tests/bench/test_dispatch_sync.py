@@ -1,4 +1,4 @@
-"""The dispatch suite's sync:<every> rows (issue 27: what a device synchronisation costs a kernel stream),
+"""The dispatch suite's sync:<every> rows (what a device synchronisation costs a kernel stream),
 checked on CPU: sync_walls against a simulated device whose host issues kernels ahead of it, and the row's
 derived exposed seconds per synchronisation against the hand-computed timeline."""
 from __future__ import annotations

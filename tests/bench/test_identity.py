@@ -1,4 +1,4 @@
-"""Tables you can trust (issue 16, point 4): runs are stored and read by hardware identity.
+"""Tables you can trust: runs are stored and read by hardware identity.
 
 `bench run --profile p6-b200.48xlarge` on a CPU is refused (one line naming both) and stores
 nothing; `--as-profile` stores it with the flag; the estimator's tables skip a measured run whose

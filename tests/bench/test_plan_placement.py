@@ -1,4 +1,4 @@
-"""`bench plan` names each collective's placement as the bench measures it (issue 16, point 5):
+"""`bench plan` names each collective's placement as the bench measures it:
 an expert-DP (strided) group is inter-node exactly when its ranks, laid out by the bench's own
 ``groups(world, n, "strided")``, leave a node (``is_inter_node``). The old rule looked at the
 stride only and called a strided reduce_scatter over 256 ranks intra-node."""

@@ -1,4 +1,4 @@
-"""Progress of bench sweeps (issue 16, point 5): a bar with done/total and ETA on stderr, stdout untouched."""
+"""Progress of bench sweeps: a bar with done/total and ETA on stderr, stdout untouched."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""Issue 14.2: GQA attention runs natively (enable_gqa) or with K/V expanded in the timed graph, the
+"""GQA attention runs natively (enable_gqa) or with K/V expanded in the timed graph, the
 row naming the method; the collectives suite refuses a one-rank world before anything starts."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 26.6: calibration output that agrees with itself: fit, report, list and search give one figure per quantity,
+"""Calibration output that agrees with itself: fit, report, list and search give one figure per quantity,
 and a term at its bound is explained in words."""
 import pytest
 from scaleplan.calibrate.joint import BOUNDS, bound_note

@@ -1,4 +1,4 @@
-"""Issue 26.1 and 26.3 through the CLI: the recommendation, and an analytic-only answer drawn wider."""
+"""The recommendation, and an analytic-only answer drawn wider."""
 from __future__ import annotations
 
 from .conftest import SMALL_SEARCH
@@ -45,7 +45,7 @@ def test_recommended_row_shows_why(recorded_db, run, run_json):
 
 
 def test_edge_optimum_is_reported_and_extended(recorded_db, run_json, run):
-    """On 4 nodes the small grid's optimum uses mbs 4, the top of the default 1,2,4 (issue 26.2)."""
+    """On 4 nodes the small grid's optimum uses mbs 4, the top of the default 1,2,4."""
     out = run_json(*SMALL_SEARCH, "--db", recorded_db)
     e = out["edges"]
     before = e["before"]

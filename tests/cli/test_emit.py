@@ -1,4 +1,4 @@
-"""Output you can launch (issue 16.2): full geometry in every planner output, --emit-spec round trips,
+"""Output you can launch: full geometry in every planner output, --emit-spec round trips,
 --emit megatron (mapping documented in docs/megatron.md)."""
 from __future__ import annotations
 

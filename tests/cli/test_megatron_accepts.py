@@ -1,4 +1,4 @@
-"""Issue 29: the arguments `--emit megatron` prints are ones Megatron-LM accepts, checked by Megatron-LM's own
+"""The arguments `--emit megatron` prints are ones Megatron-LM accepts, checked by Megatron-LM's own
 code: every flag and choice against the flag table of the targeted Megatron-LM version (tests/megatron/mlm.py),
 and megatron-core's TransformerConfig built from them (its __post_init__ runs the MoE, recompute, fp8 and
 parallelism checks), for a grid of models and layouts that includes the search's optimum (K=1), fp8, VPP, GQA with
@@ -166,7 +166,7 @@ def test_the_command_line_check_refuses(text, why):
 
 
 def test_the_config_check_refuses_what_the_issue_found(models):
-    """Before issue 29: K=1 without --moe-router-pre-softmax, fp8's default delayed recipe with moe_act recompute.
+    """What the emitted arguments once had: K=1 without --moe-router-pre-softmax, fp8's default delayed recipe with moe_act recompute.
     megatron-core refuses both, so the grid above would fail on them."""
     from scaleplan.emit import megatron_args, render_megatron
 

@@ -1,4 +1,4 @@
-"""Issue 29: `scaleplan calibrate add --megatron-log FILE...` reads a Megatron-LM training log as Megatron-LM prints it.
+"""`scaleplan calibrate add --megatron-log FILE...` reads a Megatron-LM training log as Megatron-LM prints it.
 
 Fixtures: tests/data/megatron/5p4b_tp4_pp2_ep8.log (its header says where each part comes from: the argument block is
 Megatron-LM core_v0.19.0's own _print_args output) and logs written here with Megatron-LM's format strings:
@@ -145,8 +145,8 @@ def _truncations() -> dict[str, str]:
             "no iteration after warm-up": text[:text.index(" iteration        9/")],
             "garbled iteration line": text.replace("elapsed time per iteration (ms): ", "elapsed time per iteration "
                                                    "(ms): x", 1),
-            # issue 39.10: an iteration line after warm-up whose '|' separators are lost was skipped (exit 0, one
-            # interval fewer, another median)
+            # an iteration line after warm-up whose '|' separators are lost must not be skipped (that gave exit 0,
+            # one interval fewer, another median)
             "iteration line without separators": _unseparated(text)}
 
 
@@ -170,7 +170,7 @@ def test_bad_log_is_one_line_and_stores_nothing(run, sqlite_url, tmp_path, what)
 
 
 def test_fp8_run_keeps_attention_in_bf16(run, sqlite_url, tmp_path):
-    """Issue 39.10: Megatron-LM has no command-line flag for FP8 attention (core_v0.19.0's arguments.py leaves
+    """Megatron-LM has no command-line flag for FP8 attention (core_v0.19.0's arguments.py leaves
     fp8_dot_product_attention out of the TransformerConfig arguments), so an --fp8 run's attention is bf16."""
     fp8 = tmp_path / "fp8.log"
     fp8.write_text(FIXTURE.read_text().replace("  fp8 ............................................. None",

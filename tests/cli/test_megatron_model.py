@@ -1,4 +1,4 @@
-"""Issue 29: the model Megatron-LM builds has the parameters scaleplan costs. megatron-core (the ``megatron`` test
+"""The model Megatron-LM builds has the parameters scaleplan costs. megatron-core (the ``megatron`` test
 extra) builds a small GPTModel on the CPU (gloo, one rank, its local non-Transformer-Engine layer spec) from the same
 config the emitted arguments give, and its parameter count must equal scaleplan.geometry's N_tot + embeddings:
 Megatron-LM's element-wise output gate (extra QKV columns), attention wider or narrower than d (--kv-channels),

@@ -1,4 +1,4 @@
-"""Say what was used (issue 16.1 and 16.3): every planner output names the calibration in force (id, when
+"""Say what was used: every planner output names the calibration in force (id, when
 fitted, on what) and the table runs read; --calibration ID|none on estimate, layouts and search;
 search --mem-fraction."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 39.1: every command that prints a stored id (or a count of stored rows) reads its rows back on a new
+"""Every command that prints a stored id (or a count of stored rows) reads its rows back on a new
 connection first. Here that new connection is pointed at an empty database, as a process would see a commit whose
 SQLite log was deleted under it: each command must then refuse in one line (exit 2) instead of reporting rows
 that are not there. On code that never reads back, every command below exits 0 and reports them stored."""

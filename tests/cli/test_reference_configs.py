@@ -1,4 +1,4 @@
-"""Issue 29: the reference tool's own example configs (dmlc/ScalePlan, ../shared/recorded/dmlc-scaleplan/configs,
+"""The reference tool's own example configs (dmlc/ScalePlan, ../shared/recorded/dmlc-scaleplan/configs,
 read at test time) load unchanged and estimate: its fields are mapped or reported as ignored with the reason, the
 device count is tp*cp*pp*dp when the file gives dp, and a batch no layout of the spec divides is named with a
 layout that does."""

@@ -1,4 +1,4 @@
-"""Issue 39.3: the search draws its MFU error from the calibration in force whichever way the database is named:
+"""The search draws its MFU error from the calibration in force whichever way the database is named:
 the default database (no $SCALEPLAN_DB: the user data directory), $SCALEPLAN_DB, or --db."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 26.4, 26.5, 26.7: what-if questions on an emitted spec, one memory headroom rule, the small things
+"""What-if questions on an emitted spec, one memory headroom rule, the small things
 (a misspelt YAML key named, --db in a missing folder refused, G printed rounded, help on --max-*)."""
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The recorded B200 tables are cut below their top and the hidden points composed 
 (estimator/holdout.py). Tolerances: a factor-2 step beyond the edge; clamping (the old fallback)
 errs by about the work ratio itself (~50% for a factor 2), so each bound also requires composition
 to beat clamping by a wide margin. The roofline rules (estimator/compose.py) are held to 10% at
-their present cut and at one twice as deep (issue 27).
+their present cut and at one twice as deep.
 """
 import numpy as np
 import pytest
@@ -347,18 +347,17 @@ def test_all_reduce_tail_costs_at_most_a_reduce_scatter_plus_an_all_gather_per_b
     assert tb.collectives[("all_gather", "contiguous", False)].tail.beta[0] == pytest.approx(2e-12, rel=1e-6)
 
 
-# issue 27's composition target: every table's hold-out within 10% at the present cut and one twice as
-# deep (benchmarks/compose_accuracy.py). (hold-out, its arguments, fewest hidden points); the error each
-# had under the rule before this round's, and what changed it, in the comment
+# the composition target: every table's hold-out within 10% at the present cut and one twice as deep
+# (benchmarks/compose_accuracy.py). (hold-out, its arguments, fewest hidden points); what each rule has to
+# get right, in the comment
 HOLDOUTS_WITHIN_10 = [
-    # 15.4% while disturbed edge points (slower than a larger call of the same shape) were continued
+    # disturbed edge points (slower than a larger call of the same shape) must not be continued
     ("grouped", (16, "num_gemms"), dict(below=True), 200),
-    # 10.4% at 2048 composing down the edge's compute slope; the transposed problem inside the table
+    # below the measured m: the transposed problem inside the table, not the edge's compute slope
     ("gemm", (1024,), dict(below=True), 500), ("gemm", (2048,), dict(below=True), 500),
-    # 6.1 / 16.5% with the affine rule in s^2 (the backward's linear part and the fixed part lost)
+    # below the measured seq_len: the backward's linear part and the fixed part, not s^2 alone
     ("sdpa", (4096,), dict(below=True), 20), ("sdpa", (8192,), dict(below=True), 20),
-    # 17.0%: the 16-rank inter-node all-to-all's disturbed 302 MB point was the edge (2.3x); 16.3% with the
-    # last interval's slope from the measured edge
+    # beyond the largest message: a slope fitted over the curve's last messages, not a disturbed edge's
     ("collectives", (0.25,), {}, 40), ("collectives", (1 / 16,), {}, 90),
 ]
 

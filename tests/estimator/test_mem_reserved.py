@@ -1,4 +1,4 @@
-"""The estimator predicts allocated and reserved memory apart (issue 14: no fixed 5 GB reserve)."""
+"""The estimator predicts allocated and reserved memory apart, with no fixed 5 GB reserve."""
 import dataclasses
 
 import pytest

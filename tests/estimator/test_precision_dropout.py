@@ -1,4 +1,4 @@
-"""Spec fields model.sdpa_precision and model.dropout reach the estimator (issue 13, item 7).
+"""Spec fields model.sdpa_precision and model.dropout reach the estimator.
 
 Expectations are computed here from the rule's physics (lane peaks of the profile, bytes through
 HBM), not read off the model: fp32 attention at a third of the TF32 lane, a 1-byte dropout mask per

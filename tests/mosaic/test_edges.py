@@ -1,5 +1,4 @@
-"""Issue 26.2: an optimum on the edge of a searched axis is reported and, by default, the axis extended once."""
-import pytest
+"""An optimum on the edge of a searched axis is reported and, by default, the axis extended once."""
 from fakes import FakeEstimator
 
 from scaleplan.estimator import PlanConstraints

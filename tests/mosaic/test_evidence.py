@@ -1,4 +1,4 @@
-"""Issue 26.1 and 26.3: confidence that follows the evidence, and one recommendation with its reasons."""
+"""Confidence that follows the evidence, and one recommendation with its reasons."""
 import math
 from pathlib import Path
 from types import SimpleNamespace

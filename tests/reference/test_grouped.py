@@ -1,4 +1,4 @@
-"""Grouped GEMM padding (issue 14): CUDA's grouped_mm needs every group offset to be a multiple of
+"""Grouped GEMM padding: CUDA's grouped_mm needs every group offset to be a multiple of
 16 bytes; the padded path must give the per-expert loop's values and gradients for any routing."""
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_padded_path_matches_reference_under_cuda_alignment_rule(monkeypatch, co
 
 
 def test_unpadded_path_trips_the_cuda_alignment_rule(monkeypatch):
-    # the failure issue 14 reports: arbitrary router counts give unaligned offsets
+    # the failure on CUDA: arbitrary router counts give unaligned offsets
     monkeypatch.setattr(grouped.F, "grouped_mm", _strict_grouped_mm(16))
     x = torch.randn(16, 16, dtype=torch.bfloat16)
     w = torch.randn(3, 16, 16, dtype=torch.bfloat16)

@@ -1,4 +1,4 @@
-"""Hostile numbers on every CLI command (issue 16, point 7).
+"""Hostile numbers on every CLI command.
 
 Every numeric option of every command, given a huge, zero (where zero means nothing), negative,
 NaN or infinite value, must exit 2 at once with one line on stderr (or a JSON ``error`` object on

@@ -1,4 +1,4 @@
-"""One meaning per name (issue 16, point 6): `mfu` is eq:mfu (N = N_act) in every output, the
+"""One meaning per name: `mfu` is eq:mfu (N = N_act) in every output, the
 README's glossary defines the names the outputs use, and --help texts cite paper sections rather
 than raw LaTeX labels."""
 from __future__ import annotations

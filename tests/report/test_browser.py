@@ -1,4 +1,4 @@
-"""The HTML report in a real browser (issue 16.3): headless Chromium loads the file with the network off
+"""The HTML report in a real browser: headless Chromium loads the file with the network off
 (every request goes to a dead proxy, every host name fails to resolve), the rendered DOM holds the plots
 with every frontier point drawn, the console stays empty, no request leaves the page, and a screenshot is
 saved. Only the page's own requests count: the browser's background services are switched off as far as

@@ -1,4 +1,4 @@
-"""Nothing in the repository names a path outside it (issue 25): no absolute machine path, and every
+"""Nothing in the repository names a path outside it: no absolute machine path, and every
 document a file cites (``*.md``, ``*.tex``) is in the repository, or is the data folder beside it
 (``../shared``, which README.md says how to obtain and which the tests read at test time)."""
 from __future__ import annotations

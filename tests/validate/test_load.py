@@ -1,4 +1,4 @@
-"""The loaded-machine rule of scaleplan.validate.load (issue 14.4), with the quantities given."""
+"""The loaded-machine rule of scaleplan.validate.load, with the quantities given."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 14.4: estimator/memory.py against the reference model's real tensors on CPU.
+"""Estimator/memory.py against the reference model's real tensors on CPU.
 
 Static memory (weights, gradients, fp32 master weights and gradients, AdamW moments) is compared
 exactly with the tensors of a built model after one optimizer step; activation memory, per layer

@@ -1,4 +1,4 @@
-"""`validate --trace` attribution (issue 14.3): the rule table on CPU op names and CUDA kernel
+"""`validate --trace` attribution: the rule table on CPU op names and CUDA kernel
 names, and a profiled CPU step of a tiny model attributed to every component it runs."""
 from __future__ import annotations
 
