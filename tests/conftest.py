@@ -10,6 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SCALEPLAN_SHARED", REPO.parent / "shared"))
 RECORDED = SHARED / "recorded" / "dmlc-scaleplan"
 VALIDATION = SHARED / "validation"
+PAPER = SHARED / "paper"  # the paper's LaTeX source: ../shared/paper/mosaic.tex
 
 # OpenMP threads that sleep when idle, and one of them where a command does not choose, in this process
 # and every process it starts (libgomp and torch read these once, at their first import, which comes
@@ -48,6 +49,15 @@ def validation_dir() -> Path:
     if not VALIDATION.is_dir():
         pytest.skip(f"validation data not found at {VALIDATION}")
     return VALIDATION
+
+
+@pytest.fixture(scope="session")
+def paper_tex() -> str:
+    """The paper's LaTeX source (the specification), for tests that read its printed tables."""
+    tex = sorted(PAPER.glob("*.tex")) if PAPER.is_dir() else []
+    if len(tex) != 1:
+        pytest.skip(f"the paper's source (one .tex file) not found in {PAPER}")
+    return tex[0].read_text()
 
 
 @pytest.fixture(scope="session")

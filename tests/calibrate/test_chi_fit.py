@@ -100,14 +100,27 @@ def test_term_constant_within_sweeps_unidentifiable_in_normalized_mode():
 
 
 def test_pinned_term_is_not_fitted():
-    fit = fit_chi(_synthetic(), mode="absolute", fixed={"c_pp": 0.4})
-    assert fit.coefficients["c_pp"] == 0.4 and "c_pp" not in fit.free
+    """A pinned term stays out of the fit: pinned at its true value the free terms recover theirs; pinned at a
+    wrong value the fit cannot move it back, so its residuals grow."""
+    d = _synthetic()
+    right = fit_chi(d, mode="absolute", fixed={"c_pp": TRUE["c_pp"]})
+    assert sorted(right.free) == ["c_a2a", "c_ovl"]
+    for t in right.free:
+        assert right.coefficients[t] == pytest.approx(TRUE[t], abs=0.05), t
+    wrong = fit_chi(d, mode="absolute", fixed={"c_pp": 0.0})
+    assert "c_pp" not in wrong.free
+    assert np.sum(np.square(wrong.residuals)) > 10 * np.sum(np.square(right.residuals))
 
 
 def test_prior_only_for_unidentifiable_terms():
+    """On runs inside one node c_a2a touches no run: it comes from the prior, whichever it is, and moves
+    nothing else; c_pp is identified, so the data win over its prior."""
     d = _synthetic()
     d = d.subset(d.ep_nodes == 1)  # c_a2a unidentifiable, c_pp and c_ovl identifiable
-    fit = fit_chi(d, mode="absolute", prior={"c_a2a": 1.2, "c_pp": 9.0})
-    assert fit.coefficients["c_a2a"] == 1.2  # taken from the prior
-    assert fit.coefficients["c_pp"] == pytest.approx(TRUE["c_pp"], abs=0.05)  # the data win
-    assert any(n.startswith("c_a2a fixed at 1.2 (prior)") for n in fit.notes)
+    fits = {v: fit_chi(d, mode="absolute", prior={"c_a2a": v, "c_pp": 9.0}) for v in (1.2, 0.3)}
+    for v, fit in fits.items():
+        assert fit.coefficients["c_pp"] == pytest.approx(TRUE["c_pp"], abs=0.05)  # the data win
+        assert "c_a2a" not in fit.free and any(n.startswith(f"c_a2a fixed at {v:g} (prior)") for n in fit.notes)
+    a, b = fits.values()
+    np.testing.assert_allclose(a.residuals, b.residuals)
+    assert a.coefficients["c_ovl"] == pytest.approx(b.coefficients["c_ovl"])

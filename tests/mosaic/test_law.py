@@ -1,6 +1,7 @@
 """Joint law (eq:joint-law), per-G law (eq:abnar-law) and the model-FLOPs program (eq:compute-only-program)."""
 import json
 import math
+import re
 
 import numpy as np
 import inproc
@@ -45,10 +46,21 @@ def test_per_g_law_equals_joint_at_that_g():
         assert pg(5e9, 0.95, 6e9, 123.0) == pytest.approx(PAPER_JOINT_LAW(5e9, 0.95, 6e9, g), rel=1e-12)
 
 
-def test_dict_round_trip_uses_paper_names():
-    d = PAPER_JOINT_LAW.to_dict()
-    assert tuple(d) == NAMES and d["lambda"] == 0.1249
-    assert JointLaw.from_dict(d) == PAPER_JOINT_LAW
+def _paper_coefficients(tex: str) -> dict[str, float]:
+    """tab:joint-law-coeffs as the paper prints it: {symbol name: value}, ``$\\lambda$`` -> "lambda"."""
+    table = tex[:tex.index(r"\label{tab:joint-law-coeffs}")].rsplit(r"\begin{tabular}", 1)[1]
+    rows = re.findall(r"^\$\\?(\w+)\$\s*&\s*\$(?:\\mathbf\{)?\+?([0-9.]+)", table, flags=re.M)
+    return {name: float(value) for name, value in rows}
+
+
+def test_dict_round_trip_uses_paper_names(paper_tex):
+    """to_dict names each coefficient as tab:joint-law-coeffs does and carries the value printed there;
+    from_dict reads it back, and a law whose coefficients all differ survives the round trip."""
+    paper = _paper_coefficients(paper_tex)
+    assert len(paper) == 11 and PAPER_JOINT_LAW.to_dict() == paper
+    assert tuple(PAPER_JOINT_LAW.to_dict()) == NAMES
+    distinct = JointLaw(*(float(i) for i in range(1, 12)))
+    assert JointLaw.from_dict(distinct.to_dict()) == distinct and JointLaw.from_dict(paper) == PAPER_JOINT_LAW
 
 
 @pytest.mark.parametrize("budget", [3e19, 6e19, 1e20, 3e20, 6e20])
