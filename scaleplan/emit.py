@@ -95,6 +95,11 @@ def write_spec(path: str | Path, doc: dict[str, Any], header: str = "") -> Path:
     return p
 
 
+# --emit: Megatron-LM's GPTModel arguments (pretrain_gpt.py, the released core_v0.19.0), or its newest HybridModel's
+# (pretrain_hybrid.py: the layer order and pipeline segments in --hybrid-layer-pattern)
+EMIT_FORMS = ("megatron", "megatron-hybrid")
+
+
 def check_emit(emit: str | None, optimizer: str | None = None, field: str = "optimizer.optimizer_type",
                files: dict[str, Path | None] | None = None) -> None:
     """Before any work: raises SpecError naming --emit unless it is None or 'megatron', naming ``field`` when
@@ -102,9 +107,9 @@ def check_emit(emit: str | None, optimizer: str | None = None, field: str = "opt
     for flag, path in (files or {}).items():
         if path is not None and not Path(path).resolve().parent.is_dir():
             raise SpecError(flag, str(path), "a file in an existing directory")
-    if emit is not None and emit != "megatron":
-        raise SpecError("--emit", emit, "megatron")
-    if emit == "megatron" and optimizer is not None:
+    if emit is not None and emit not in EMIT_FORMS:
+        raise SpecError("--emit", emit, " or ".join(EMIT_FORMS))
+    if emit in EMIT_FORMS and optimizer is not None:
         megatron_optimizer(optimizer, field)
 
 

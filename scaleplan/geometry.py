@@ -52,9 +52,19 @@ def swiglu_params(d, width):
 
 @dataclass(frozen=True)
 class ParamCounts:
+    """Parameter counts of a model (parameters, not bytes).
+
+    ``n_tot`` / ``n_act``: non-embedding parameters of the main model, all / one token's (N_tot, N); ``embedding``:
+    the input embedding and, untied, the LM head (V x d each; ``vocab_matrix`` is one of them); ``mtp`` /
+    ``mtp_act``: the multi-token prediction layers beyond the main model (they share its embedding and head), all /
+    one token's. Model cards count the main model (DeepSeek-V3's 671B); a checkpoint also stores the MTP layers."""
+
     n_tot: float
     n_act: float
     embedding: float  # input embedding + LM head (the head only when untied)
+    mtp: float = 0.0
+    mtp_act: float = 0.0
+    vocab_matrix: float = 0.0  # V x d
 
     @property
     def s(self) -> float:
@@ -63,7 +73,8 @@ class ParamCounts:
 
 def param_counts(L, d, n_heads, n_kv_heads, head_dim, d_ff, E, K, d_expert, n_shared=1,
                  first_dense=1, vocab=DEFAULT_VOCAB, tie_embeddings=False, gate=True, moe_frequency=1):
-    """Return (n_tot, n_act, n_embedding) for one or many geometries (numpy broadcasting).
+    """Return (n_tot, n_act, n_embedding) for one or many ladder geometries (numpy broadcasting): the paper's
+    architecture (GQA, SwiGLU, no biases). A spec's model with any other feature: :func:`spec_param_counts`.
 
     MoE layers: every ``moe_frequency``-th block after the ``first_dense`` dense blocks.
     n_embedding counts the input embedding and, when untied, the LM head (vocab x d each).
@@ -86,22 +97,84 @@ def param_counts(L, d, n_heads, n_kv_heads, head_dim, d_ff, E, K, d_expert, n_sh
     return n_tot, n_act, emb
 
 
+@dataclass(frozen=True)
+class BlockParams:
+    """Parameters of the parts of one block of a spec's model (counts). ``attention``: the attention with its
+    biases, q/k norms, sinks and the block's two norms; ``dense_mlp``: a dense block's MLP (d_ff); ``expert``:
+    one routed expert; ``shared``: the shared expert (0: none); ``router``: the router (E x d, its bias);
+    ``mtp_extra``: what an MTP layer has beyond its block (two input norms, the 2d x d projection, a final norm)."""
+
+    attention: float
+    dense_mlp: float
+    expert: float
+    shared: float
+    router: float
+    mtp_extra: float
+
+
+def mlp_params(d, width, glu=True, bias=False):
+    """A (gated) MLP d -> width -> d: two or three matrices; with biases, those of fc1 (2 width gated) and fc2."""
+    mats = (3 if glu else 2) * d * width
+    return mats + ((2 if glu else 1) * width + d if bias else 0)
+
+
+def spec_attention_params(m: ModelBlock) -> float:
+    """One block's attention (:class:`BlockParams`.attention) of a spec's model: GQA (Q, K, V, O at the attention
+    width, the output gate) or MLA (q: d x q_lora_rank x heads*head_dim or d x heads*head_dim directly; kv: d x
+    (kv_lora_rank + rope) down, kv_lora_rank x heads*(head_dim - rope + v_head_dim) up; O: heads*v_head_dim x d),
+    Megatron-Core's module shapes (transformer/attention.py, multi_latent_attention.py)."""
+    d, nq, nkv, hd = m.hidden_sz, m.n_q_heads, m.n_kv_heads, m.head_dim
+    if m.mla is not None:
+        a, qr, kvr, rope = m.mla, m.mla.q_lora_rank, m.mla.kv_lora_rank, m.mla.qk_rope_head_dim
+        q = d * nq * hd if qr is None else d * qr + qr * nq * hd
+        kv = d * (kvr + rope) + kvr * nq * (hd - rope + a.v_head_dim)
+        proj = q + kv + nq * a.v_head_dim * d
+        norms = ((qr or 0) + kvr) if m.qk_norm else 0
+    else:
+        gate = gate_columns(nq, hd, m.attn_gate)
+        proj = 2 * d * nq * hd + 2 * d * nkv * hd + d * gate
+        norms = {False: 0, True: 2 * hd, "projection": (nq + nkv) * hd}[m.qk_norm]
+        qkv_cols = nq * hd + 2 * nkv * hd + (gate if m.attn_gate == "element" else 0)
+        proj += {"none": 0, "qkv": qkv_cols, "all": qkv_cols + d}[m.linear_bias]
+    return float(proj + norms + (nq if m.attention_sinks else 0) + 2 * d)
+
+
+def block_params(m: ModelBlock) -> BlockParams:
+    """:class:`BlockParams` of a spec's model block."""
+    d, bias, moe = m.hidden_sz, m.linear_bias == "all", m.moe
+    expert = mlp_params(d, moe.expert_inter_sz, m.glu, bias) if moe else 0
+    shared = mlp_params(d, moe.shared_expert_inter_sz, m.glu, bias) if moe and moe.shared_expert_inter_sz else 0
+    router = moe.n_experts * (d + (1 if bias else 0)) if moe else 0
+    return BlockParams(spec_attention_params(m), float(mlp_params(d, m.inter_sz, m.glu, bias)), float(expert),
+                       float(shared), float(router), float(3 * d + 2 * d * d))
+
+
 def spec_param_counts(m: ModelBlock) -> ParamCounts:
-    """Parameter counts of a validated spec's model block."""
-    moe = m.moe
-    if moe is None:  # a dense model: one "expert" of width d_ff, always on
-        moe = MoESpec(n_experts=1, experts_per_token=1, expert_inter_sz=m.inter_sz, first_dense_layers=m.n_layers)
-    n_shared = 1 if moe.shared_expert_inter_sz else 0
-    # the shared expert may differ in width from a routed one: count it separately
-    n_tot, n_act, emb = param_counts(
-        m.n_layers, m.hidden_sz, m.n_q_heads, m.n_kv_heads, m.head_dim, m.inter_sz,
-        moe.n_experts, moe.experts_per_token, moe.expert_inter_sz, n_shared=0,
-        first_dense=moe.first_dense_layers, vocab=m.vocab_sz, tie_embeddings=m.tie_embeddings,
-        gate=m.attn_gate, moe_frequency=moe.moe_frequency,
-    )
+    """Parameter counts of a validated spec's model block (:class:`ParamCounts`). The MTP layers are blocks of the
+    last block's kind (Megatron-Core builds them from the decoder's last layer spec) with :class:`BlockParams`'s
+    ``mtp_extra``; the expert bias is a buffer, not a parameter."""
+    b, moe = block_params(m), m.moe
     n_moe = moe_layer_count(m)
-    shared = n_shared * swiglu_params(m.hidden_sz, moe.shared_expert_inter_sz)
-    return ParamCounts(float(n_tot + n_moe * shared), float(n_act + n_moe * shared), float(emb))
+    n_dense = m.n_layers - n_moe
+    moe_tot = moe_act = 0.0
+    if moe is not None:
+        moe_tot = moe.n_experts * b.expert + b.shared + b.router
+        moe_act = moe.experts_per_token * b.expert + b.shared + b.router
+    base = m.n_layers * b.attention + n_dense * b.dense_mlp + m.hidden_sz  # + the final norm
+    vocab = float(m.vocab_sz * m.hidden_sz)
+    last_moe = n_moe > 0 and is_moe_block(m, m.n_layers - 1)
+    mtp_tot = m.mtp_layers * (b.attention + b.mtp_extra + (moe_tot if last_moe else b.dense_mlp))
+    mtp_act = m.mtp_layers * (b.attention + b.mtp_extra + (moe_act if last_moe else b.dense_mlp))
+    return ParamCounts(float(base + n_moe * moe_tot), float(base + n_moe * moe_act),
+                       vocab * (1 if m.tie_embeddings else 2), float(mtp_tot), float(mtp_act), vocab)
+
+
+def is_moe_block(m: ModelBlock, i: int) -> bool:
+    """Whether block ``i`` (0-based) is an MoE block: after the first_dense_layers dense ones, every
+    moe_frequency-th (the last of each group of moe_frequency), as Megatron-LM's --moe-layer-freq list has it."""
+    if m.moe is None or i < m.moe.first_dense_layers:
+        return False
+    return (i - m.moe.first_dense_layers + 1) % m.moe.moe_frequency == 0
 
 
 def moe_layer_count(m: ModelBlock) -> int:
@@ -110,6 +183,12 @@ def moe_layer_count(m: ModelBlock) -> int:
         return 0
     after = m.n_layers - m.moe.first_dense_layers
     return after // m.moe.moe_frequency if m.moe.moe_frequency > 1 else after
+
+
+def window_layer_count(m: ModelBlock) -> int:
+    """Blocks whose attention is the sliding window (model.sliding_window's pattern, repeated); 0 without one."""
+    w = m.sliding_window
+    return 0 if w is None else sum(w.pattern[i % len(w.pattern)] == "S" for i in range(m.n_layers))
 
 
 def ladder_dims(q, m=LADDER_M, head_dim=HEAD_DIM, ffn_mult=FFN_MULT):

@@ -59,12 +59,47 @@ class MoESpec(BaseModel):
     moe_frequency: int = Field(default=1, gt=0, le=MAX_LAYERS)
     expert_tp_degree: int = Field(default=1, gt=0, le=MAX_DEGREE)
     first_dense_layers: int = Field(default=1, ge=0, le=MAX_LAYERS)
+    # the router's score: softmax over the experts, or a sigmoid per expert (DeepSeek-V3); expert_bias: the
+    # aux-loss-free balancing bias added to the scores for the top-K choice (a buffer, not a trained parameter)
+    router_score: Literal["softmax", "sigmoid"] = "softmax"
+    expert_bias: bool = False
 
     @model_validator(mode="after")
     def _k_le_e(self) -> MoESpec:
         if self.experts_per_token > self.n_experts:
             raise _FieldCheck("experts_per_token", self.experts_per_token,
                               f"experts_per_token={self.experts_per_token} must be <= n_experts={self.n_experts}")
+        if self.expert_bias and self.router_score != "sigmoid":
+            raise _FieldCheck("expert_bias", True, "expert_bias needs router_score: sigmoid (Megatron-Core's rule)")
+        return self
+
+
+class MLASpec(BaseModel):
+    """``model.mla``: multi-latent attention (DeepSeek-V2/V3). Q is projected through a rank-``q_lora_rank``
+    latent (None: directly), K and V through one rank-``kv_lora_rank`` latent; each q/k head is ``head_dim``
+    wide, of which ``qk_rope_head_dim`` carry RoPE (one rotary key shared by the heads) and the rest none; each
+    value head is ``v_head_dim`` wide."""
+
+    model_config = _Strict
+    q_lora_rank: int | None = Field(default=None, gt=0, le=MAX_WIDTH)
+    kv_lora_rank: int = Field(gt=0, le=MAX_WIDTH)
+    qk_rope_head_dim: int = Field(gt=0, le=MAX_HEAD_DIM)
+    v_head_dim: int = Field(gt=0, le=MAX_HEAD_DIM)
+
+
+class SlidingWindowSpec(BaseModel):
+    """``model.sliding_window``: causal attention over the last ``size`` tokens before each query (and itself)
+    on the blocks ``pattern`` marks S, full causal attention on those it marks F; the pattern repeats over the
+    blocks from the first (GPT-OSS: size 128, pattern SF)."""
+
+    model_config = _Strict
+    size: int = Field(gt=0, le=MAX_SEQLEN)
+    pattern: str = Field(default="S", min_length=1, max_length=MAX_LAYERS)
+
+    @model_validator(mode="after")
+    def _pattern(self) -> SlidingWindowSpec:
+        if set(self.pattern) - {"S", "F"} or "S" not in self.pattern:
+            raise _FieldCheck("pattern", self.pattern, "S (sliding) and F (full) per block, at least one S")
         return self
 
 
@@ -89,6 +124,15 @@ class ModelBlock(BaseModel):
     # projection), "element" = Megatron-LM's --attention-output-gate (one per channel, d x n_q_heads*head_dim)
     attn_gate: bool | Literal["element"] = True
     moe: MoESpec | None = None
+    mla: MLASpec | None = None          # multi-latent attention instead of GQA
+    mtp_layers: int = Field(default=0, ge=0, le=MAX_LAYERS)  # multi-token prediction layers (on the last stage)
+    sliding_window: SlidingWindowSpec | None = None
+    # RMSNorm of q and k: true per head (head_dim wide; with MLA the q and kv latents), "projection" over the
+    # whole q and k projections (OLMoE)
+    qk_norm: bool | Literal["projection"] = False
+    attention_sinks: bool = False       # one learned softmax logit per query head (GPT-OSS)
+    linear_bias: Literal["none", "qkv", "all"] = "none"  # biases on the Q/K/V projections, or on every linear
+    swiglu_limit: float | None = Field(default=None, gt=0, le=1e4)  # GPT-OSS's clamped SwiGLU (alpha 1.702, +1)
 
     @model_validator(mode="before")
     @classmethod
@@ -108,7 +152,34 @@ class ModelBlock(BaseModel):
         if self.moe is not None and self.moe.first_dense_layers > self.n_layers:
             raise _FieldCheck("moe.first_dense_layers", self.moe.first_dense_layers,
                               f"moe.first_dense_layers must be <= n_layers={self.n_layers}")
+        _check_features(self)
         return self
+
+
+def _check_features(m: ModelBlock) -> None:
+    """The cross-field rules of MLA, MTP, the sliding window and the biases (raises _FieldCheck)."""
+    if m.mla is not None:
+        rope = m.mla.qk_rope_head_dim
+        if rope >= m.head_dim or rope % 2:
+            raise _FieldCheck("mla.qk_rope_head_dim", rope, f"an even width below head_dim={m.head_dim} (the "
+                              "q/k head: no-position part head_dim - qk_rope_head_dim, rotary part this)")
+        if m.n_kv_heads != m.n_q_heads:
+            raise _FieldCheck("n_kv_heads", m.n_kv_heads, f"n_q_heads={m.n_q_heads}: MLA gives every head its own "
+                              "key and value from the shared latent (no GQA)")
+        for name, bad, why in (("rotary_embeds", not m.rotary_embeds, "true (MLA's rotary part needs RoPE)"),
+                               ("linear_bias", m.linear_bias != "none", "none with MLA"),
+                               ("qk_norm", m.qk_norm == "projection", "true or false with MLA (its latent norms)"),
+                               ("attn_gate", m.attn_gate is not False, "false with MLA (the default true is the paper's head-wise "
+                                "gate on GQA)")):
+            if bad:
+                raise _FieldCheck(name, getattr(m, name), why)
+    if m.mtp_layers and not m.rotary_embeds:
+        raise _FieldCheck("mtp_layers", m.mtp_layers, "0 without rotary_embeds (Megatron-LM's MTP needs RoPE)")
+    if m.sliding_window is not None and len(m.sliding_window.pattern) > m.n_layers:
+        raise _FieldCheck("sliding_window.pattern", m.sliding_window.pattern, f"at most n_layers={m.n_layers} "
+                          "letters (it repeats over the blocks)")
+    if m.swiglu_limit is not None and not m.glu:
+        raise _FieldCheck("swiglu_limit", m.swiglu_limit, "unset unless glu is true")
 
 
 class SearchBlock(BaseModel):
@@ -289,16 +360,24 @@ def parse_spec(data: Any, source: str = "<spec>") -> Spec:
 
 
 def load_spec(path: str | Path) -> Spec:
-    """Load and validate a model spec YAML file.
+    """Load and validate a model spec YAML file, or the catalogue's spec of a model name (``deepseek-v3``,
+    scaleplan.catalogue) when no file of that name exists.
 
     Raises:
         SpecError: unreadable file, bad YAML, or an invalid field (message names the field path).
     """
     p = Path(path)
+    if not p.exists():
+        from scaleplan import catalogue
+
+        data = catalogue.spec_data(str(path))
+        if data is not None:
+            return parse_spec(data, source=str(path))
     try:
         text = p.read_text()
     except OSError as e:
-        raise SpecError("spec", str(path), f"a readable YAML file ({e.strerror})") from None
+        raise SpecError("spec", str(path), f"a readable YAML file or a catalogue model name (scaleplan spec list) "
+                        f"({e.strerror})") from None
     except UnicodeDecodeError:
         raise SpecError("spec", str(path), "a UTF-8 text YAML file") from None
     try:

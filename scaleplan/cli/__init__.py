@@ -38,7 +38,7 @@ def _globals(
 
 
 def _register() -> None:
-    from scaleplan.cli import bench, calibrate, db, estimate, law, search, validate
+    from scaleplan.cli import bench, calibrate, db, estimate, law, search, spec, validate
 
     app.add_typer(db.app, name="db", help="Create, migrate and inspect the calibration database; import tables.")
     app.add_typer(bench.app, name="bench", help="Measure kernels and collectives into the database.")
@@ -48,6 +48,7 @@ def _register() -> None:
     app.add_typer(law.app, name="law", help="Evaluate, fit and optimise the joint MoE scaling law.")
     app.command("search", help="MOSAIC: the loss-optimal MoE geometry, tokens and layout for a cluster and window.")(
         search.search)
+    app.add_typer(spec.app, name="spec", help="Write a spec from a Hugging Face config; list the catalogue's models.")
     app.command("validate", help="Run real training steps of a spec and compare with the prediction.")(
         validate.validate)
     use_scaleplan_commands(app)  # --debug and the numeric bounds on every command

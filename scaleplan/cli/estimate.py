@@ -38,8 +38,9 @@ ProfileOpt = typer.Option(None, "--profile", help="Hardware profile (default: th
 CalibrationOpt = typer.Option(None, "--calibration", metavar="ID|none",
                               help="Calibration id to apply (see `scaleplan calibrate list`), or 'none' for "
                                    "chi_sys = 1 and the profile's dispatch law (default: the newest of each kind).")
-EmitOpt = typer.Option(None, "--emit", metavar="megatron",
-                       help="Print the chosen model and layout as Megatron-Core training arguments (docs/megatron.md).")
+EmitOpt = typer.Option(None, "--emit", metavar="megatron|megatron-hybrid",
+                       help="Print the chosen model and layout as Megatron-LM training arguments (docs/megatron.md): "
+                            "GPTModel's (pretrain_gpt.py), or megatron-hybrid: HybridModel's --hybrid-layer-pattern.")
 EmitSpecOpt = typer.Option(None, "--emit-spec", metavar="FILE",
                            help="Write the chosen model and layout as a spec YAML that estimate/validate accept.")
 HtmlOpt = typer.Option(None, "--html", metavar="FILE", help="Write a self-contained HTML report (opens offline).")
@@ -70,7 +71,7 @@ def _layout_text(lo: dict) -> str:
 
 
 def _emit_estimates(docs: list[dict], res, spec, spec_path, n: int, profile, tokens: float | None,
-                    mem_fraction: float) -> list[str]:
+                    mem_fraction: float, hybrid: bool = False) -> list[str]:
     """Give every feasible estimate its ``megatron_args``; an infeasible one gets ``megatron_refused`` (the
     estimator's reason) instead. Returns the one-line refusals."""
     from scaleplan.megatron.args import megatron_text
@@ -87,7 +88,7 @@ def _emit_estimates(docs: list[dict], res, spec, spec_path, n: int, profile, tok
             continue
         cand = (f"{spec_path} under {lay} (layout {i} of {len(docs)}): predicted MFU {100 * r.mfu:.2f}%, "
                 f"{r.mem_per_device_gb:.1f} GB per GPU")
-        d["megatron_args"] = megatron_text(spec, d["layout"], n, gpus_per_node, cand, tokens)
+        d["megatron_args"] = megatron_text(spec, d["layout"], n, gpus_per_node, cand, tokens, hybrid)
     return refused
 
 
@@ -240,9 +241,9 @@ def estimate(
     _banner([k for r in res for k, v in r.sources.items() if v == "analytic" and r.breakdown_s.get(k, 0) > 0])
     geom, prov = geometry_dict(spec.model), provenance(est)
     docs = [{**r.to_dict(), "geometry": geom, "provenance": prov} for r in res]
-    if emit == "megatron":
-        _print_megatron(docs, _emit_estimates(docs, res, spec, spec_path, n, est.profile, tokens, mem_fraction),
-                        want_json(json_out))
+    if emit is not None:
+        _print_megatron(docs, _emit_estimates(docs, res, spec, spec_path, n, est.profile, tokens, mem_fraction,
+                                              emit == "megatron-hybrid"), want_json(json_out))
     elif want_json(json_out):
         print_json(docs)
     else:
@@ -330,7 +331,7 @@ def layouts(
     _layouts_outputs(out, spec, n, est, emit, emit_spec, html)
     if want_json(json_out):
         print_json(out)
-    elif emit == "megatron" and out["best"] is not None:
+    elif emit is not None and out["best"] is not None:
         typer.echo(out["megatron_args"])
     else:
         _print_layouts(out, res, f"{spec_path} on {n} x {est.profile.name}", spec_path)
@@ -372,13 +373,14 @@ def _layouts_outputs(out: dict, spec, n: int, est, emit, emit_spec, html) -> Non
     best = out["best"]
     if (emit or emit_spec) and best is None:
         raise SpecError("--emit/--emit-spec", "no feasible plan", "a spec with at least one feasible plan")
-    if emit == "megatron":
+    if emit is not None:
         lay = _layout_text(best["layout"])
         from scaleplan.megatron.args import megatron_text
 
         out["megatron_args"] = megatron_text(spec, best["layout"], n, est.profile.gpus_per_node,
                                              f"plan #1 of {out['spec_path']}: {lay}, predicted MFU "
-                                             f"{100 * best['mfu']:.2f}%, {best['mem_per_device_gb']:.1f} GB per GPU")
+                                             f"{100 * best['mfu']:.2f}%, {best['mem_per_device_gb']:.1f} GB per GPU",
+                                             hybrid=emit == "megatron-hybrid")
     if emit_spec:
         from scaleplan.emit import spec_from, write_spec
 

@@ -93,7 +93,7 @@ def _print(report, as_json: bool, emit: str | None, wide: bool) -> None:
     """The report: its JSON document, Megatron-Core's arguments (--emit megatron) or the tables."""
     if as_json:
         print_json(report.out)
-    elif emit == "megatron":
+    elif emit is not None:
         typer.echo(report.out["megatron_args"])
     else:
         _human(report, wide)

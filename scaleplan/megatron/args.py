@@ -17,6 +17,7 @@ from typing import Any
 from scaleplan.errors import SpecError
 from scaleplan.estimator.model_dims import VOCAB_DIVISOR, padded_vocab
 from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+from scaleplan.megatron.features import attention_args, feature_notes, mlp_args, mtp_args, router_args
 from scaleplan.specs import Layout, ModelBlock, Spec
 
 # fp8: the current-scaling ("tensorwise") recipe. Megatron-LM's default, delayed scaling, refuses the moe_act and
@@ -109,9 +110,11 @@ def moe_layer_pattern(n_layers: int, first_dense: int, frequency: int) -> list[i
     return [0 if i < first_dense else int((i - first_dense + 1) % frequency == 0) for i in range(n_layers)]
 
 
-def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | None = None) -> list[list[str]]:
+def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | None = None,
+                  hybrid: bool = False) -> list[list[str]]:
     """Megatron-LM ``pretrain_gpt.py`` arguments for ``spec`` under ``layout`` (and, given, the token budget and
-    its schedule), one flag with its values per item. The mapping is docs/megatron.md's table."""
+    its schedule), one flag with its values per item; ``hybrid``: ``pretrain_hybrid.py``'s, the layer order and
+    pipeline segments in --hybrid-layer-pattern (:func:`to_hybrid`). The mapping is docs/megatron.md's table."""
     m, lo = spec.model, layout_dict(layout)
     out = _model_args(m, spec.data.seqlen)
     if m.moe is not None:
@@ -136,21 +139,38 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | 
                 ["--lr-decay-samples", str(budget.train_samples)], ["--lr-wsd-decay-style", "linear"],
                 ["--lr-wsd-decay-samples", str(budget.decay_samples)], ["--min-lr", "0.0"]]
     out.append(["--cross-entropy-loss-fusion"])
+    return to_hybrid(m, lo, out) if hybrid else out
+
+
+# flags the hybrid pattern replaces: the layer count, the MoE layers, the virtual stages, the MTP depth and the
+# per-layer window list (over GPT blocks there, over hybrid layers in the pattern's run)
+_HYBRID_REPLACES = {"--num-layers", "--moe-layer-freq", "--num-layers-per-virtual-pipeline-stage",
+                    "--mtp-num-layers", "--window-attn-skip-freq", "--decoder-first-pipeline-num-layers",
+                    "--decoder-last-pipeline-num-layers"}
+
+
+def to_hybrid(m: ModelBlock, lo: dict[str, Any], args: list[list[str]]) -> list[list[str]]:
+    """GPT arguments rewritten for HybridModel: --hybrid-layer-pattern with one ``|`` segment per pipeline stage
+    and virtual stage (Megatron-LM derives VPP from the segment count), the window list over hybrid layers."""
+    from scaleplan.megatron.hybrid import even_segments, hybrid_pattern, hybrid_window_list
+
+    segments = even_segments(m.n_layers, lo["pp"], lo["vpp"]) if lo["pp"] > 1 else [m.n_layers]
+    out = [["--hybrid-layer-pattern", hybrid_pattern(m, segments)]]
+    out += [a for a in args if a[0] not in _HYBRID_REPLACES]
+    window = hybrid_window_list(m)
+    if window is not None:
+        out.append(["--window-attn-skip-freq", window])
     return out
 
 
 def _model_args(m: ModelBlock, seqlen: int) -> list[list[str]]:
     out = [["--num-layers", str(m.n_layers)], ["--hidden-size", str(m.hidden_sz)],
-           ["--ffn-hidden-size", str(m.inter_sz)], ["--num-attention-heads", str(m.n_q_heads)],
-           ["--kv-channels", str(m.head_dim)]]
-    if m.n_kv_heads != m.n_q_heads:
-        out += [["--group-query-attention"], ["--num-query-groups", str(m.n_kv_heads)]]
+           ["--ffn-hidden-size", str(m.inter_sz)], *attention_args(m)]
     out += [["--vocab-size", str(m.vocab_sz)], ["--make-vocab-size-divisible-by", str(VOCAB_DIVISOR)],
             ["--seq-length", str(seqlen)], ["--max-position-embeddings", str(seqlen)],
-            ["--normalization", "RMSNorm"], ["--disable-bias-linear"]]
-    if m.glu:
-        out.append(["--swiglu"])
+            ["--normalization", "RMSNorm"], *mlp_args(m)]
     out.append(["--position-embedding-type", "rope" if m.rotary_embeds else "learned_absolute"])
+    out += mtp_args(m)
     if not m.tie_embeddings:
         out.append(["--untie-embeddings-and-output-weights"])
     if not m.dropout:
@@ -169,7 +189,8 @@ def _moe_args(m: ModelBlock) -> list[list[str]]:
            ["--moe-ffn-hidden-size", str(moe.expert_inter_sz)],
            ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"],
            ["--moe-grouped-gemm"], ["--moe-token-dispatcher-type", "alltoall"], ["--moe-router-dtype", "fp32"]]
-    if moe.experts_per_token == 1:
+    out += router_args(moe)
+    if moe.experts_per_token == 1 and moe.router_score == "softmax":
         # top-1 softmax routing: a softmax over the one selected logit is 1 with zero gradient, so Megatron-LM
         # refuses K=1 unless the softmax runs over all experts before the top-K (TransformerConfig check)
         out.append(["--moe-router-pre-softmax"])
@@ -192,6 +213,7 @@ def megatron_notes(spec: Spec, layout: dict[str, Any] | Layout) -> list[str]:
     m = spec.model
     if m.attn_gate is True:
         notes.append(GATE_NOTE.format(head=m.hidden_sz * m.n_q_heads, element=m.hidden_sz * m.n_q_heads * m.head_dim))
+    notes += feature_notes(m)
     v = spec.model.vocab_sz
     padded = int(padded_vocab(v, lo["tp"]))
     if padded != v:  # the LM head's time and logits are costed on the padded vocabulary (estimator.model_dims)
@@ -201,7 +223,7 @@ def megatron_notes(spec: Spec, layout: dict[str, Any] | Layout) -> list[str]:
 
 
 def megatron_text(spec: Spec, layout: dict[str, Any] | Layout, n_devices: int, gpus_per_node: int,
-                  candidate: str = "", tokens: float | None = None) -> str:
+                  candidate: str = "", tokens: float | None = None, hybrid: bool = False) -> str:
     """``--emit megatron``'s text: a comment naming ``candidate``, the token budget, the notes the flags cannot
     carry, then the arguments (with --train-samples and the schedule when ``tokens``, the budget D, is known)."""
     budget = Budget(tokens, spec.data.seqlen, spec.data.gbs) if tokens else None
@@ -213,11 +235,15 @@ def megatron_text(spec: Spec, layout: dict[str, Any] | Layout, n_devices: int, g
         comments.append(f"token budget: D = {tokens:.4g} tokens = {budget.train_iters} steps of {spec.data.gbs} "
                         f"x {spec.data.seqlen} tokens; WSD schedule (app:lr_hpo)")
     comments += megatron_notes(spec, layout)
-    return render_megatron(megatron_args(spec, layout, budget), n_devices, gpus_per_node, comments)
+    if hybrid:
+        comments.append("HybridModel (Megatron-LM main after core_v0.19.0, pretrain_hybrid.py): the layer order and "
+                        "pipeline segments are --hybrid-layer-pattern's")
+    return render_megatron(megatron_args(spec, layout, budget, hybrid), n_devices, gpus_per_node, comments,
+                           "pretrain_hybrid.py" if hybrid else "pretrain_gpt.py")
 
 
 def render_megatron(args: list[list[str]], n_devices: int, gpus_per_node: int,
-                    comments: list[str] | tuple[str, ...] = ()) -> str:
+                    comments: list[str] | tuple[str, ...] = (), script: str = "pretrain_gpt.py") -> str:
     """Shell text: ``comments`` as # lines, a torchrun comment line, then one flag per line joined with
     backslashes."""
     import shlex
@@ -225,7 +251,7 @@ def render_megatron(args: list[list[str]], n_devices: int, gpus_per_node: int,
     nodes = max(1, n_devices // max(1, gpus_per_node))
     lines = [f"# {c}" for c in comments]
     lines.append(f"# {n_devices} GPUs = {nodes} nodes x {gpus_per_node}: torchrun --nnodes {nodes} "
-                 f"--nproc-per-node {gpus_per_node} pretrain_gpt.py \\")
+                 f"--nproc-per-node {gpus_per_node} {script} \\")
     lines += ["  " + " ".join(shlex.quote(a) for a in flag) + " \\" for flag in args]
     lines[-1] = lines[-1].removesuffix(" \\")
     return "\n".join(lines)

@@ -59,7 +59,7 @@ def add_launch_outputs(out: dict[str, Any], res0, grid, est, env0, mem_fraction:
     if best is not None:
         doc = search_spec(best, grid, gbs=env0.gbs, seqlen=env0.seqlen, optimizer=env0.optimizer,
                           node_type=est.profile.name, n_devices=res0.n_devices)
-    if emit == "megatron":
+    if emit is not None:
         from scaleplan.megatron.args import megatron_text
         from scaleplan.specs import parse_spec
 
@@ -67,7 +67,8 @@ def add_launch_outputs(out: dict[str, Any], res0, grid, est, env0, mem_fraction:
                 f"E{best['n_experts']} K{best['topk']} G{best['g']}, D = {best['d_tokens']:.4g} tokens, predicted "
                 f"MFU {100 * best['mfu']:.2f}%, loss {best['loss']:.4f}")
         out["megatron_args"] = megatron_text(parse_spec(doc), best["layout"], res0.n_devices,
-                                             est.profile.gpus_per_node, cand, float(best["d_tokens"]))
+                                             est.profile.gpus_per_node, cand, float(best["d_tokens"]),
+                                             hybrid=emit == "megatron-hybrid")
     if emit_spec:
         from scaleplan.emit import write_spec
 

@@ -49,6 +49,8 @@ def _typed(row: dict, word: str):
             return float(word)
         if t == "moe_freq_type":  # arguments.py moe_freq_type: an int, or a Python list literal of 0/1
             return ast.literal_eval(word) if word.startswith("[") else int(word)
+        if t == "tuple_type":  # arguments.py tuple_type: "1,2" or "(1,2)" -> (1, 2)
+            return tuple(int(i) for i in word.strip("()").split(","))
     except (ValueError, SyntaxError):
         raise Rejected(f"{row['flag']}: {word!r} is not a {t}") from None
     return word
@@ -103,7 +105,10 @@ def validate(ns: dict, world: int) -> None:
     dp = world // (tp * pp * cp)
     if ns["global_batch_size"] % (ns["micro_batch_size"] * dp):
         raise Rejected(f"global batch {ns['global_batch_size']} not divisible by micro batch x DP")
-    if ns["num_layers"] % pp:
+    if ns.get("hybrid_layer_pattern") is not None:
+        _validate_hybrid(ns, pp)
+    elif ns["decoder_first_pipeline_num_layers"] is None and ns["decoder_last_pipeline_num_layers"] is None \
+            and ns["num_layers"] % pp:
         raise Rejected(f"num_layers {ns['num_layers']} not divisible by pipeline size {pp}")
     ep, etp = ns["expert_model_parallel_size"], ns["expert_tensor_parallel_size"] or tp  # unset: ETP = TP
     if world % (ep * etp * pp):
@@ -119,23 +124,64 @@ def validate(ns: dict, world: int) -> None:
         raise Rejected("--train-samples and --train-iters are exclusive")
 
 
+def _validate_hybrid(ns: dict, pp: int) -> None:
+    """validate_args' hybrid-pattern block (arguments.py at the newest main): num_layers and VPP from the pattern,
+    MTP depth from its '/' parts, MLA from a '+'; the flags the pattern replaces must be unset. The pattern itself is
+    parsed by megatron-core's own hybrid_layer_allocation where the installed wheel has it (tests only)."""
+    pat = ns["hybrid_layer_pattern"]
+    for k in ("num_layers_per_virtual_pipeline_stage", "num_virtual_stages_per_pipeline_rank",
+              "pipeline_model_parallel_layout"):
+        if ns.get(k) is not None:
+            raise Rejected(f"--{k.replace('_', '-')} should not be used with --hybrid-layer-pattern")
+    main, *mtp = pat.split("/")
+    if "|" in main and (ns["decoder_first_pipeline_num_layers"] is not None
+                        or ns["decoder_last_pipeline_num_layers"] is not None):
+        raise Rejected("--decoder-first/last-pipeline-num-layers with pipe separators in the pattern")
+    if any(p != mtp[0] for p in mtp) or any(ch not in "M G*D+-E|/" for ch in pat):
+        raise Rejected(f"hybrid pattern {pat!r}: bad symbol or differing MTP patterns")
+    segments = main.count("|") + 1
+    ns["num_layers"] = len(main.replace("|", ""))
+    if segments > 1 or pp > 1:
+        if segments % pp:
+            raise Rejected(f"{segments} hybrid segments not divisible by pipeline size {pp}")
+        if segments == 1 and pp > 1 and ns["num_layers"] % pp:
+            raise Rejected(f"{ns['num_layers']} hybrid layers not divisible by pipeline size {pp}")
+        ns["virtual_pipeline_model_parallel_size"] = segments // pp if segments > pp else None
+    if mtp and mtp[0]:
+        ns["mtp_num_layers"] = len(mtp)
+    if "+" in pat or "D" in pat:
+        ns["multi_latent_attention"] = True
+    ns["is_hybrid_model"] = True
+
+
 def transformer_config(ns: dict):
     """megatron-core's TransformerConfig of a parsed namespace (its __post_init__ checks run here). Raises
     Rejected with the config's own message where it refuses."""
     import torch
     import torch.nn.functional as F
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.fusions.fused_bias_geglu import quick_gelu
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
+    cls = MLATransformerConfig if ns["multi_latent_attention"] else TransformerConfig
     dtype = torch.bfloat16 if ns["bf16"] else torch.float16 if ns["fp16"] else torch.float32
-    kw = {f.name: ns[f.name] for f in dataclasses.fields(TransformerConfig) if f.name in ns and f.init}
+    if ns["add_bias_linear"]:  # validate_args keeps the bias flags in sync
+        ns["add_qkv_bias"] = True
+    kw = {f.name: ns[f.name] for f in dataclasses.fields(cls) if f.name in ns and f.init}
     # core_transformer_config_from_args (megatron/training/argument_utils.py): the renamed fields
     kw.update(num_moe_experts=ns["num_experts"], params_dtype=dtype, pipeline_dtype=dtype,
-              num_query_groups=ns["num_query_groups"] if ns["group_query_attention"] else None)
-    if "virtual_pipeline_model_parallel_size" in ns:
-        kw["virtual_pipeline_model_parallel_size"] = ns["virtual_pipeline_model_parallel_size"]
+              num_query_groups=ns["num_query_groups"] if ns["group_query_attention"] else None,
+              num_layers_in_first_pipeline_stage=ns["decoder_first_pipeline_num_layers"],
+              num_layers_in_last_pipeline_stage=ns["decoder_last_pipeline_num_layers"])
+    if ns.get("rope_type") is None:
+        kw.pop("rope_type", None)
+    for k in ("virtual_pipeline_model_parallel_size", "is_hybrid_model"):
+        if k in ns:
+            kw[k] = ns[k]
     if ns["swiglu"]:
         kw.update(activation_func=F.silu, gated_linear_unit=True)
+    elif ns["quick_geglu"]:
+        kw.update(activation_func=quick_gelu, gated_linear_unit=True)
     try:
-        return TransformerConfig(**kw)
+        return cls(**kw)
     except (ValueError, AssertionError, TypeError) as e:
         raise Rejected(f"TransformerConfig: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

@@ -1,0 +1,99 @@
+"""`scaleplan spec`: write a spec from a Hugging Face config (``from-hf``), list and show the catalogue's models.
+
+Never imports torch (planner command).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from scaleplan.cli._common import JsonOpt, print_json, stderr, stdout, want_json
+from scaleplan.errors import SpecError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+def _write(doc: dict, out: Path | None, header: str) -> None:
+    import yaml
+
+    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(doc, sort_keys=False)
+    if out is None:
+        stdout.print(text, end="", markup=False, highlight=False, soft_wrap=True)
+        return
+    try:
+        out.write_text(text)
+    except OSError as e:
+        raise SpecError("--output", str(out), f"a writable file path ({e.strerror})") from None
+    stderr.print(f"wrote {out}", highlight=False, markup=False)
+
+
+@app.command("from-hf")
+def from_hf(
+    config: Path = typer.Argument(..., metavar="CONFIG", help="A Hugging Face config.json, or a model directory "
+                                  "holding one (DeepSeek-V3/Kimi-K2, Qwen3-MoE, GPT-OSS, Mixtral, OLMoE families)."),
+    output: Path = typer.Option(None, "--output", "-o", help="Write the spec here (default: stdout)."),
+    gbs: int = typer.Option(1024, "--gbs", help="Global batch in sequences (the config has none)."),
+    seqlen: int = typer.Option(4096, "--seqlen", help="Tokens per sequence (the config has none)."),
+    profile: str = typer.Option("p6-b200.48xlarge", "--profile", help="Cluster profile (hardware.node_type)."),
+) -> None:
+    """A spec YAML from a Hugging Face config: every key read, checked, or known not to change the plan; an
+    unknown key or model_type is a one-line error naming it."""
+    from scaleplan.hf_config import read_config, spec_from_hf
+
+    for flag, v in (("--gbs", gbs), ("--seqlen", seqlen)):
+        if v <= 0:
+            raise SpecError(flag, v, "a positive integer")
+    data, where = read_config(config)
+    doc = spec_from_hf(data, where, gbs=gbs, seqlen=seqlen, node_type=profile)
+    _write(doc, output, f"written by `scaleplan spec from-hf {config}`: the model from {where}; data, optimizer, "
+           "precision\nand hardware are planning defaults (a config says nothing of the run)")
+
+
+def _counts(spec) -> dict:
+    from scaleplan.geometry import spec_param_counts
+
+    pc = spec_param_counts(spec.model)
+    return {"n_tot": pc.n_tot, "n_act": pc.n_act, "embedding": pc.embedding, "mtp": pc.mtp,
+            "total_with_embedding": pc.n_tot + pc.embedding}
+
+
+@app.command("list")
+def list_(json_out: bool = JsonOpt) -> None:
+    """The catalogue's models (usable by name wherever a spec file is accepted) with their parameter counts."""
+    from scaleplan import catalogue
+    from scaleplan.specs import parse_spec
+
+    rows = []
+    for n in catalogue.names():
+        e = catalogue.entry(n)
+        rows.append({"name": n, "title": e["title"], **_counts(parse_spec(e["spec"], source=n)),
+                     "sources": e["sources"]})
+    if want_json(json_out):
+        print_json({"models": rows})
+        return
+    from rich.table import Table
+
+    t = Table(title="catalogue (scaleplan spec show NAME for the spec and its sources)")
+    for c in ("name", "model", "total (B, with embeddings)", "N_tot (B)", "N_act (B)", "MTP (B)"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["name"], r["title"], f"{r['total_with_embedding'] / 1e9:.2f}", f"{r['n_tot'] / 1e9:.2f}",
+                  f"{r['n_act'] / 1e9:.2f}", f"{r['mtp'] / 1e9:.2f}" if r["mtp"] else "-")
+    stdout.print(t)
+
+
+@app.command("show")
+def show(name: str = typer.Argument(..., metavar="NAME", help="A catalogue model name or alias."),
+         json_out: bool = JsonOpt) -> None:
+    """One catalogue entry: its spec (ready for --emit-spec style editing) and where its figures come from."""
+    from scaleplan import catalogue
+
+    if catalogue.resolve(name) is None:
+        raise SpecError("NAME", name, f"one of {', '.join(catalogue.names())}")
+    e = catalogue.entry(name)
+    if want_json(json_out):
+        print_json(e)
+        return
+    header = f"{e['title']}: " + "\n".join(f"{k}: {v}" for k, v in e["sources"].items())
+    _write(e["spec"], None, header)

@@ -1,0 +1,94 @@
+"""Megatron-LM's newest model class, HybridModel (``pretrain_hybrid.py``), whose ``--hybrid-layer-pattern`` states
+the layer order: both directions.
+
+The grammar (megatron/core/models/hybrid/hybrid_layer_allocation.py, Megatron-LM main after core_v0.19.0): one
+symbol per layer, ``*`` attention, ``+`` multi-latent attention, ``-`` dense MLP, ``E`` MoE (``M`` Mamba, ``G``
+gated delta net and ``D`` DeepSeek sparse attention are layer families a spec does not describe); ``|`` ends a
+pipeline segment (segment k runs on pipeline rank k mod PP as virtual stage k div PP, so PP x VPP segments in the
+model's layer order); ``/`` starts a multi-token-prediction pattern, repeated once per MTP depth. Separators are not
+layers. One GPT block is two hybrid layers: its attention, then its MLP or MoE. Layer numbers (1-based) count every
+hybrid layer, so a per-layer list such as --window-attn-skip-freq runs over the hybrid layers.
+
+Never imports torch.
+"""
+from __future__ import annotations
+
+from scaleplan.errors import SpecError
+from scaleplan.geometry import is_moe_block
+from scaleplan.specs import ModelBlock
+
+ATTENTION, MLA, MLP, MOE, PIPE, MTP = "*", "+", "-", "E", "|", "/"
+_OTHER = {"M": "Mamba", "G": "gated delta net", "D": "DeepSeek sparse attention"}
+
+
+def even_segments(n_layers: int, pp: int, vpp: int) -> list[int]:
+    """GPT blocks per pipeline segment (PP x VPP of them, in layer order) when they split evenly. Raises SpecError
+    naming the layout when they do not (uneven stages state their own counts)."""
+    n = pp * vpp
+    if n_layers % n:
+        raise SpecError("layout", f"pp={pp} vpp={vpp}", f"pp * vpp dividing n_layers={n_layers} (or the uneven "
+                        "stages' own layer counts)")
+    return [n_layers // n] * n
+
+
+def block_symbols(m: ModelBlock, i: int) -> str:
+    """The two hybrid layers of GPT block ``i``."""
+    return (MLA if m.mla is not None else ATTENTION) + (MOE if is_moe_block(m, i) else MLP)
+
+
+def hybrid_pattern(m: ModelBlock, segments: list[int]) -> str:
+    """--hybrid-layer-pattern of ``m`` split into pipeline segments of ``segments`` GPT blocks each (one segment:
+    no ``|``), with its MTP layers after ``/`` (each a block of the last block's kind)."""
+    if sum(segments) != m.n_layers:
+        raise SpecError("layout", segments, f"segment layer counts adding up to n_layers={m.n_layers}")
+    parts, i = [], 0
+    for n in segments:
+        parts.append("".join(block_symbols(m, j) for j in range(i, i + n)))
+        i += n
+    tail = "".join(MTP + block_symbols(m, m.n_layers - 1) for _ in range(m.mtp_layers))
+    return PIPE.join(parts) + tail
+
+
+def hybrid_window_list(m: ModelBlock) -> str | None:
+    """--window-attn-skip-freq over the hybrid layers (1 at a windowed attention layer), or None when every
+    attention layer slides (Megatron-LM's default with a window)."""
+    w = m.sliding_window
+    if w is None:
+        return None
+    per = [w.pattern[i % len(w.pattern)] == "S" for i in range(m.n_layers)]
+    if all(per):
+        return None
+    return "[" + ",".join(f"{int(x)},0" for x in per) + "]"
+
+
+def read_pattern(text: str, where: str) -> dict:
+    """What a --hybrid-layer-pattern says of the model: ``blocks`` (the GPT blocks' MLP kinds, True = MoE),
+    ``mla``, ``mtp_layers``, ``segments`` (GPT blocks per pipeline segment). Raises SpecError (one line) for a
+    symbol a spec does not describe, an attention not followed by its MLP, or MTP depths that differ."""
+    main, *mtp = text.split(MTP)
+    if any(p != mtp[0] for p in mtp):
+        raise SpecError(f"{where}: hybrid_layer_pattern", text, "identical MTP patterns after each '/'")
+    for ch in text:
+        if ch in _OTHER:
+            raise SpecError(f"{where}: hybrid_layer_pattern", ch, f"attention and MLP/MoE layers ({_OTHER[ch]} "
+                            "layers are not modelled)")
+        if ch not in (ATTENTION, MLA, MLP, MOE, PIPE, MTP):
+            raise SpecError(f"{where}: hybrid_layer_pattern", ch, "one of * + - E | /")
+    segments, blocks, attn = [], [], set()
+    for seg in main.split(PIPE):
+        if len(seg) % 2 or any(seg[k] not in (ATTENTION, MLA) or seg[k + 1] not in (MLP, MOE)
+                               for k in range(0, len(seg), 2)):
+            raise SpecError(f"{where}: hybrid_layer_pattern", seg, "pairs of an attention (* or +) followed by its "
+                            "MLP (- or E): one GPT block each")
+        segments.append(len(seg) // 2)
+        blocks += [seg[k + 1] == MOE for k in range(0, len(seg), 2)]
+        attn |= set(seg[0::2])
+    if len(attn) > 1:
+        raise SpecError(f"{where}: hybrid_layer_pattern", text, "one attention kind (* or +) throughout")
+    return {"blocks": blocks, "mla": attn == {MLA}, "mtp_layers": len(mtp) if mtp and mtp[0] else 0,
+            "segments": segments}
+
+
+def block_window_list(hybrid_list: list, n_blocks: int) -> list[int]:
+    """A hybrid run's --window-attn-skip-freq list read at each GPT block's attention layer (positions 0, 2, ...)."""
+    return [int(hybrid_list[2 * i]) for i in range(n_blocks)]
