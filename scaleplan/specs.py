@@ -169,8 +169,8 @@ def _check_features(m: ModelBlock) -> None:
         for name, bad, why in (("rotary_embeds", not m.rotary_embeds, "true (MLA's rotary part needs RoPE)"),
                                ("linear_bias", m.linear_bias != "none", "none with MLA"),
                                ("qk_norm", m.qk_norm == "projection", "true or false with MLA (its latent norms)"),
-                               ("attn_gate", m.attn_gate is not False, "false with MLA (the default true is the paper's head-wise "
-                                "gate on GQA)")):
+                               ("attn_gate", m.attn_gate is not False,
+                                "false with MLA (the default true is the paper's head-wise gate on GQA)")):
             if bad:
                 raise _FieldCheck(name, getattr(m, name), why)
     if m.mtp_layers and not m.rotary_embeds:
@@ -309,11 +309,16 @@ class Spec(BaseModel):
     def ignored(self) -> list[str]:
         """One line per field that is read but not used, with the reason (the reference tool's parallelism.sp,
         zero_level, n_param_buckets)."""
-        p = self.parallelism
+        m, p, out = self.model, self.parallelism, []
+        # until the estimator costs them (issue 41, in progress): counted and emitted, costed as their nearest
+        pending = [("mla", m.mla is not None, "costed as GQA attention of head_dim-wide heads"),
+                   ("mtp_layers", m.mtp_layers > 0, "its layers are left out of time and memory"),
+                   ("sliding_window", m.sliding_window is not None, "costed as full causal attention")]
+        out += [f"model.{k} not yet costed by the estimator: {why}" for k, on, why in pending if on]
         if p is None:
-            return []
-        out = [f"parallelism.{k}={getattr(p, k)} ignored: {_IGNORED[k]}" for k in ("zero_level", "n_param_buckets")
-               if getattr(p, k) is not None]
+            return out
+        out += [f"parallelism.{k}={getattr(p, k)} ignored: {_IGNORED[k]}" for k in ("zero_level", "n_param_buckets")
+                if getattr(p, k) is not None]
         if not p.sp and p.tp > 1:
             out.append(f"parallelism.sp=false ignored: {_IGNORED['sp']}")
         return out
@@ -329,12 +334,22 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return ".".join(str(x) for x in loc) or "<spec>"
 
 
+def _is_union_tag(x: Any) -> bool:
+    """pydantic's name of a union member in an error's location (``bool``, ``literal['element']``), not a field."""
+    return isinstance(x, str) and (x in ("bool", "int", "float", "str") or x.startswith("literal["))
+
+
 def _first_error(err: ValidationError, data: Any) -> SpecError:
     errs = err.errors()
     # an unknown key first: a misspelt key (n_expert) also leaves the real one (n_experts) missing, and the
     # misspelling is what the user has to fix
     e = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
     loc = tuple(x for x in e["loc"] if x not in ("function-after",))
+    if loc and _is_union_tag(loc[-1]):  # a value no member of a union (bool | "projection") takes: one line of all
+        alts = [x for x in errs if x["loc"][:-1] == e["loc"][:-1] and _is_union_tag(x["loc"][-1])]
+        allowed = ", or ".join("true or false" if x["type"] == "bool_parsing" else x["msg"].removeprefix(
+            "Input should be ") for x in alts)
+        return SpecError(_field_path(loc[:-1]), e.get("input"), allowed)
     value: Any = e.get("input")
     msg = e["msg"].removeprefix("Value error, ")
     check = (e.get("ctx") or {}).get("error")

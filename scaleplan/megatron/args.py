@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from scaleplan.errors import SpecError
-from scaleplan.estimator.model_dims import VOCAB_DIVISOR, padded_vocab
 from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+from scaleplan.estimator.model_dims import VOCAB_DIVISOR, padded_vocab
 from scaleplan.megatron.features import attention_args, feature_notes, mlp_args, mtp_args, router_args
 from scaleplan.specs import Layout, ModelBlock, Spec
 

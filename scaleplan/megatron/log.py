@@ -29,6 +29,8 @@ from typing import Any
 
 from scaleplan.errors import SpecError
 from scaleplan.megatron.args import moe_layer_pattern
+from scaleplan.megatron.features import features_of_args, router_of_args
+from scaleplan.megatron.hybrid import block_window_list, read_pattern
 
 _ARGS_START = re.compile(r"^-+ arguments -+$")
 _ARGS_END = re.compile(r"^-+ end of arguments -+$")
@@ -186,13 +188,30 @@ def _ckpt(a: dict[str, Any], where: str) -> str:
 _OPTIMIZERS = {"adam": "adamw", "sgd": "sgd", "muon": "muon", "dist_muon": "muon"}
 
 
+def _blocks(a: dict[str, Any], where: str) -> tuple[int, list[int], dict[str, Any]]:
+    """(GPT blocks, their MoE pattern, the dump as the GPT form reads it) of a GPT or a HybridModel run: a hybrid
+    run's blocks, MoE layers and MTP depth are its --hybrid-layer-pattern's, its window list runs over hybrid
+    layers (:mod:`.hybrid`)."""
+    text = a.get("hybrid_layer_pattern")
+    if text in (None, "None"):
+        return int(a["num_layers"]), _megatron_pattern(a), a
+    hy = read_pattern(str(text), where)
+    L, a = len(hy["blocks"]), dict(a)
+    a["mtp_num_layers"] = hy["mtp_layers"]
+    a["multi_latent_attention"] = a.get("multi_latent_attention") or hy["mla"]
+    if isinstance(a.get("window_attn_skip_freq"), list):
+        a["window_attn_skip_freq"] = block_window_list(a["window_attn_skip_freq"], L)
+    return L, [int(b) for b in hy["blocks"]], a
+
+
 def _model(a: dict[str, Any], where: str) -> dict[str, Any]:
-    """The spec's model block of an argument dump."""
+    """The spec's model block of an argument dump (GPTModel's or HybridModel's)."""
+    L, pattern, a = _blocks(a, where)
     heads = int(_get(a, "num_attention_heads", where))
     vocab = a.get("vocab_size") or a.get("padded_vocab_size")  # a tokenizer's run dumps only the padded size
     if not vocab:
         raise SpecError(f"{where}: vocab_size", None, "a vocabulary size in the argument dump (--vocab-size)")
-    m = {"n_layers": int(a["num_layers"]), "hidden_sz": int(a["hidden_size"]), "inter_sz": int(a["ffn_hidden_size"]),
+    m = {"n_layers": L, "hidden_sz": int(a["hidden_size"]), "inter_sz": int(a["ffn_hidden_size"]),
          "n_q_heads": heads,
          "n_kv_heads": int(a["num_query_groups"]) if a.get("group_query_attention") else heads,
          "head_dim": int(a.get("kv_channels") or int(a["hidden_size"]) // heads),
@@ -200,19 +219,23 @@ def _model(a: dict[str, Any], where: str) -> dict[str, Any]:
          # FP8 attention (TransformerConfig.fp8_dot_product_attention) has no command-line flag: core_v0.19.0's
          # arguments.py excludes it from the TransformerConfig arguments, so under --fp8/--fp4 Transformer
          # Engine's DotProductAttention runs in the base dtype
-         "precision": _precision(a), "sdpa_precision": _base_dtype(a), "glu": bool(a.get("swiglu")),
+         "precision": _precision(a), "sdpa_precision": _base_dtype(a), "glu": bool(a.get("swiglu") or a.get("quick_geglu")),
          "rotary_embeds": a.get("position_embedding_type") == "rope",
          "dropout": float(a.get("hidden_dropout") or 0.0) > 0.0,
          "tie_embeddings": not a.get("untie_embeddings_and_output_weights"),
          "attn_gate": "element" if a.get("attention_output_gate") else False}
+    m.update(features_of_args(a, L, where))
+    if m.get("mla"):
+        m["n_kv_heads"] = heads
     if a.get("num_experts"):
-        first, freq = _pattern_shape(_megatron_pattern(a), where)
+        first, freq = _pattern_shape(pattern, where)
         m["moe"] = {"n_experts": int(a["num_experts"]), "experts_per_token": int(a["moe_router_topk"]),
                     "expert_inter_sz": int(a.get("moe_ffn_hidden_size") or a["ffn_hidden_size"]),
                     "shared_expert_inter_sz": int(a.get("moe_shared_expert_intermediate_size") or 0),
                     "capacity_factor": float(a.get("moe_expert_capacity_factor") or 1.0),
                     "first_dense_layers": first, "moe_frequency": freq,
-                    "expert_tp_degree": int(a.get("expert_tensor_parallel_size") or a["tensor_model_parallel_size"])}
+                    "expert_tp_degree": int(a.get("expert_tensor_parallel_size") or a["tensor_model_parallel_size"]),
+                    **router_of_args(a)}
     return m
 
 

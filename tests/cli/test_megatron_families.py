@@ -4,15 +4,14 @@ layers): multi-latent attention with and without a q latent, MTP, the sigmoid ro
 parameter), dense first blocks of their own width, q/k norms, attention sinks, biases on every linear, GPT-OSS's
 clamped GeGLU and its sliding window, Qwen3's per-head q/k norms, Mixtral.
 
-Needs the ``megatron`` test extra. Stubbed, and only these, since a CPU machine has no GPU and no Transformer Engine:
-the all-to-all dispatcher opens a CUDA stream at construction (the model is built with the all-gather dispatcher,
-without the shared-expert overlap that needs the all-to-all one;
-dispatchers hold no parameters); grouped GEMM experts need TE (built as a per-expert loop: the same weights); the weight-gradient fusion needs
-APEX's CUDA extension (off);
-the learnable softmax offset is allocated on the current CUDA device (allocated on the CPU); MLA's core attention
-is Transformer Engine's (megatron-core's local DotProductAttention takes no separate q/k and v head widths: built
-without them, it holds no parameters either way); the fused RoPE and fp8 version checks (as
-tests/cli/test_megatron_accepts.py).
+Needs the ``megatron`` test extra. Stubbed, and only these, since a CPU machine has no GPU, no Transformer Engine and
+no APEX: the all-to-all dispatcher opens a CUDA stream at construction (built with the all-gather dispatcher, without
+the shared-expert overlap that needs the all-to-all one; dispatchers hold no parameters); grouped GEMM experts need
+TE (built as a per-expert loop: the same weights); the weight-gradient fusion needs APEX's CUDA extension (off); the
+learnable softmax offset is allocated on the current CUDA device (on the CPU here); MLA's core attention is
+Transformer Engine's (megatron-core's local DotProductAttention takes no separate q/k and v head widths: built
+without them, it holds no parameters either way) and its TE import succeeds without TE (HAVE_TE off); the fused RoPE
+and fp8 version checks (as tests/cli/test_megatron_accepts.py).
 """
 from __future__ import annotations
 
