@@ -2,7 +2,7 @@
 
 * Parameter counts computed from each catalogue spec (scaleplan.geometry) against the figures the model's authors
   publish, each with its source and the convention it counts in (which embeddings an "activated" figure includes).
-* `spec from-hf` on each family's config.json (tests/data/hf/, written from the public configs: SOURCES.md) gives
+* `spec from-hf` on each family's config.json (tests/data/hf/, written from the public configs: tests/data/hf/SOURCES.md) gives
   the catalogue's spec exactly; a key or a family it does not know is one line naming it, exit 2.
 * A catalogue name stands wherever a spec file is accepted.
 """
