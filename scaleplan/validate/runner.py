@@ -88,10 +88,27 @@ def check_layout(spec: Spec, layout: Layout, nproc: int) -> int:
     if spec.model.dropout:
         raise SpecError("model.dropout", True, "false: the reference model has no dropout layers "
                         "(the estimator costs Megatron's dropout for a prediction)")
+    _check_features(spec)
     gbs = spec.data.gbs
     lay = ParallelLayout.from_specs([layout.model_copy(update={"dp": nproc})], nproc)
     lay.validate(LayoutContext(geometry(spec.model), nproc, gbs, spec.data.seqlen))  # the estimator's rules
     return int(lay.n_mb(gbs)[0])
+
+
+def _check_features(spec: Spec) -> None:
+    """The reference model is the paper's architecture: refuse a model feature it does not build (issue 41's)."""
+    m, moe = spec.model, spec.model.moe
+    unset = {"model.mla": m.mla, "model.mtp_layers": m.mtp_layers or None, "model.sliding_window": m.sliding_window,
+             "model.qk_norm": m.qk_norm or None, "model.attention_sinks": m.attention_sinks or None,
+             "model.linear_bias": None if m.linear_bias == "none" else m.linear_bias,
+             "model.swiglu_limit": m.swiglu_limit,
+             "model.moe.router_score": None if moe is None or moe.router_score == "softmax" else moe.router_score,
+             "model.moe.expert_bias": moe.expert_bias or None if moe else None}
+    for field_name, value in unset.items():
+        if value is not None:
+            raise SpecError(field_name, value if not hasattr(value, "model_dump") else value.model_dump(),
+                            "unset: the reference model that validate runs is the paper's architecture (GQA, "
+                            "SwiGLU, softmax router, no biases); the estimator and --emit megatron cover this feature")
 
 
 def _max_rss_bytes() -> float:

@@ -72,7 +72,8 @@ def test_refuses_model_parallel_layouts_with_one_line(sqlite_url):
     assert not _observed(sqlite_url)
 
 
-@pytest.mark.parametrize("field,value", [("dropout", "true"), ("sdpa_precision", "fp8")])
+@pytest.mark.parametrize("field,value", [("dropout", "true"), ("sdpa_precision", "fp8"), ("qk_norm", "true"),
+                                         ("sliding_window", "{size: 8}"), ("mtp_layers", "1")])
 def test_refuses_what_the_reference_model_cannot_run(sqlite_url, tmp_path, field, value):
     spec = tmp_path / "spec.yaml"
     spec.write_text(TINY.read_text().replace("  precision: fp32\n", f"  precision: fp32\n  {field}: {value}\n", 1)
