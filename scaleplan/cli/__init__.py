@@ -38,7 +38,7 @@ def _globals(
 
 
 def _register() -> None:
-    from scaleplan.cli import bench, calibrate, db, estimate, law, search, spec, validate
+    from scaleplan.cli import bench, calibrate, db, estimate, law, plan, search, spec, validate
 
     app.add_typer(db.app, name="db", help="Create, migrate and inspect the calibration database; import tables.")
     app.add_typer(bench.app, name="bench", help="Measure kernels and collectives into the database.")
@@ -49,6 +49,8 @@ def _register() -> None:
     app.command("search", help="MOSAIC: the loss-optimal MoE geometry, tokens and layout for a cluster and window.")(
         search.search)
     app.add_typer(spec.app, name="spec", help="Write a spec from a Hugging Face config; list the catalogue's models.")
+    app.command("plan", help="The cheapest and fastest cluster, window and platform that reach a target loss "
+                "(or train a model on D tokens), the frontier between, and the best loss a budget buys.")(plan.plan)
     app.command("validate", help="Run real training steps of a spec and compare with the prediction.")(
         validate.validate)
     use_scaleplan_commands(app)  # --debug and the numeric bounds on every command

@@ -209,6 +209,16 @@ def _bounds() -> dict[str, Bound]:
         "samples": _b("int", 0, 100_000, allowed="0 (none) to 100000 draws"),
         "prescription": _b("float", 0, 1e32, True, "a FLOP count in (0, 1e32]"),
         "s_step": _b("float", 0, 0.5, True, "a sparsity bin width in (0, 0.5]"),
+        # scaleplan plan: the target, the constraints and the goodput model
+        "target_loss": _b("float", 0, 100, True, "a loss in nats in (0, 100]"),
+        "max_days": _b("float", 0, MAX_DAYS, True, f"days in (0, {MAX_DAYS:g}]"),
+        "max_gpu_hours": _b("float", 0, 1e12, True, "GPU-hours in (0, 1e12]"),
+        "max_cost": _b("float", 0, 1e13, True, "USD in (0, 1e13]"),
+        "max_gpus": _b("int", 1, 2**24, allowed="a GPU count in [1, 16777216]"),
+        "failure_rate": _b("float", 0, 1, allowed="failures per GPU-hour in [0, 1]"),
+        "restart_min": _b("float", 0, 43200, allowed="minutes in [0, 43200]"),
+        "ckpt_save_s": _b("float", 0, 86400, allowed="seconds in [0, 86400]"),
+        "ckpt_interval_min": _b("float", 0, 43200, True, "minutes in (0, 43200]"),
     }
 
 

@@ -124,25 +124,37 @@ def _estimator(r: SearchRequest, extrapolate: str):
                      use_calibration=r.use_calibration)
 
 
+def ladder_grid(r: SearchRequest):
+    """The MOSAIC grid of ``r`` (its q, experts, topk, g, sparsity guard, vocab, kv heads)."""
+    from scaleplan.mosaic.ladder import LadderGrid
+
+    return LadderGrid(q=r.q, experts=r.experts, topk=r.topk, g=r.g, s_min=r.s_min,
+                      s_max=1.0 if r.s_max is None else r.s_max, vocab=r.vocab, kv_heads=r.kv_heads)
+
+
+def plan_constraints(r: SearchRequest):
+    """The plan search's constraints of ``r`` (micro-batch sizes, checkpointing modes, HBM fraction)."""
+    from scaleplan.estimator import PlanConstraints
+
+    return PlanConstraints(mbs=r.mbs, ckpt=r.ckpt or PlanConstraints.ckpt, mem_fraction=r.mem_fraction)
+
+
 def run_search(r: SearchRequest) -> SearchReport:
     """MOSAIC (eq:hw-minlp) for every budget of ``r``, with the views and files it asks for.
 
     Raises SpecError (one line naming the option) for a bad request, an unknown profile or law, or a grid
     without a realizable geometry; writes ``r.csv``, ``r.plot``, ``r.emit_spec`` and ``r.html`` when given."""
     from scaleplan.emit import check_emit
-    from scaleplan.estimator import PlanConstraints
-    from scaleplan.mosaic.ladder import LadderGrid
     from scaleplan.mosaic.law import load_law_full
     from scaleplan.mosaic.outputs import add_launch_outputs
     from scaleplan.mosaic.search import Envelope, Mosaic, default_workers
 
     check_request(r)
-    grid = LadderGrid(q=r.q, experts=r.experts, topk=r.topk, g=r.g, s_min=r.s_min,
-                      s_max=1.0 if r.s_max is None else r.s_max, vocab=r.vocab, kv_heads=r.kv_heads)
+    grid = ladder_grid(r)
     loaded = load_law_full(r.db_url if r.law_name else None, r.law_name)
     check_emit(r.emit, r.optimizer, "--optimizer", {"--emit-spec": r.emit_spec, "--html": r.html})
     est = _estimator(r, r.extrapolate)
-    plan_c = PlanConstraints(mbs=r.mbs, ckpt=r.ckpt or PlanConstraints.ckpt, mem_fraction=r.mem_fraction)
+    plan_c = plan_constraints(r)
     m = Mosaic(est, grid, loaded.law, plan_c, progress=r.progress, workers=r.workers or default_workers(),
                support=loaded.support)
     if m.geoms.empty:
