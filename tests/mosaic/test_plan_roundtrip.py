@@ -1,4 +1,4 @@
-"""scaleplan plan against forward searches on the recorded B200 tables and the paper's law (issue 38):
+"""scaleplan plan against forward searches on the recorded B200 tables and the paper's law:
 
 * round trip: the loss `search --nodes N --days D` reaches, asked back, gives N nodes x D days (or a cheaper
   point whose loss is lower or equal, shown), and every point is the shortest window a forward search reaches
