@@ -61,6 +61,19 @@ def paper_tex() -> str:
 
 
 @pytest.fixture(scope="session")
+def validation_counts(validation_dir) -> dict[str, int]:
+    """Rows per sweep of shared/validation/mfu_sweeps.csv in file order, read with the csv module (not the
+    code under test): the published file grows as sweeps are added."""
+    import csv
+
+    counts: dict[str, int] = {}
+    with open(validation_dir / "mfu_sweeps.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            counts[row["sweep"]] = counts.get(row["sweep"], 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="session")
 def recorded_db(tmp_path_factory, recorded_dir) -> str:
     """An SQLite URL with ../shared/recorded/dmlc-scaleplan imported (once per test session)."""
     from scaleplan.db import session as dbs

@@ -17,14 +17,15 @@ def _count(url):
         return s.scalar(select(func.count()).select_from(m.ObservedRun))
 
 
-def test_mfu_sweeps_imports_20_and_reimport_adds_none(sqlite_url, validation_dir):
+def test_mfu_sweeps_imports_every_row_and_reimport_adds_none(sqlite_url, validation_dir, validation_counts):
     csv, specs = validation_dir / "mfu_sweeps.csv", validation_dir / "models.yaml"
+    n = sum(validation_counts.values())
     first = add_runs(sqlite_url, csv, specs)
-    assert (first["rows"], first["inserted"]) == (20, 20)
-    assert first["sweeps"] == {"700m-32dev": 15, "5p4b-256dev": 5}
+    assert (first["rows"], first["inserted"]) == (n, n)
+    assert first["sweeps"] == validation_counts
     again = add_runs(sqlite_url, csv, specs)
-    assert (again["inserted"], again["already_present"]) == (0, 20)
-    assert _count(sqlite_url) == 20
+    assert (again["inserted"], again["already_present"]) == (0, n)
+    assert _count(sqlite_url) == n
 
 
 def test_mfu_sweeps_column_mapping(validation_dir):
@@ -41,7 +42,16 @@ def test_mfu_sweeps_column_mapping(validation_dir):
     assert o.profile == "p6-b200.48xlarge"
     # the stored spec carries the run's batch geometry
     assert (o.spec["data"]["gbs"], o.spec["data"]["seqlen"]) == (256, 8192)
-    assert obs[-1].spec["model"]["hidden_sz"] == 4096  # a 5.4B row got the moe-5p4b spec
+    # every row got its own model's spec (models.yaml read here with yaml, not through the importer)
+    import csv
+
+    import yaml
+
+    models = yaml.safe_load((validation_dir / "models.yaml").read_text())
+    with open(validation_dir / "mfu_sweeps.csv", newline="") as f:
+        names = [row["model"] for row in csv.DictReader(f)]
+    assert len(set(names)) >= 3
+    assert [o.spec["model"]["hidden_sz"] for o in obs] == [models[n]["model"]["hidden_sz"] for n in names]
 
 
 def test_mfu_in_the_logged_count_gives_the_readmes_step_times(validation_dir):

@@ -11,25 +11,25 @@ def fitted(runtime_fitted_db):
     return url, fit, build_report(url, extrapolate="compose")
 
 
-def test_report_prints_the_figures_fit_printed(fitted):
+def test_report_prints_the_figures_fit_printed(fitted, validation_counts):
     _, fit, rep = fitted
     for row in rep["sweeps"]:
         held = fit["loso"][row["sweep"]]
         assert row["loso_mape"] == pytest.approx(held["mape_loso"], abs=1e-12)   # the same held-out figure
         assert row["mape_before"] == pytest.approx(held["mape_before"], abs=2e-3)  # "before" = uncalibrated
     a = rep["all_runs"]
-    assert a["n"] == fit["n_obs"] == 20
+    assert a["n"] == fit["n_obs"] == sum(validation_counts.values())
     assert a["mape_before"] == pytest.approx(fit["step_time_mape"]["before"], abs=2e-3)
     assert a["mape_after"] == pytest.approx(fit["step_time_mape"]["after"], abs=2e-3)
     assert rep["cv_error"] == pytest.approx(sum(v["mape_loso"] for v in fit["loso"].values()) / len(fit["loso"]))
 
 
-def test_search_draws_from_the_newest_calibration(fitted):
+def test_search_draws_from_the_newest_calibration(fitted, validation_counts):
     from scaleplan.mosaic.uncertainty import FALLBACK_SIGMA, mfu_error
 
     url, fit, rep = fitted
     err = mfu_error(url, "p6-b200.48xlarge")
-    assert err.sigma != FALLBACK_SIGMA and err.n == 20
+    assert err.sigma != FALLBACK_SIGMA and err.n == sum(validation_counts.values())
     assert f"calibration {fit['calibration_ids'][0]}" in err.source and f"cv MAPE {rep['cv_error']:.1%}" in err.source
 
 

@@ -64,7 +64,8 @@ def test_refuses_when_neither_scale_matters():
         fit_run_scales(lambda a, b: np.array([1.0, 2.0]), [1.1, 2.2])
 
 
-def test_runner_stores_a_dispatch_row_the_estimator_reproduces(recorded_db, validation_dir, tmp_path):
+def test_runner_stores_a_dispatch_row_the_estimator_reproduces(recorded_db, validation_dir, tmp_path,
+                                                               validation_counts):
     """fit --kind dispatch --from-runs on the published B200 sweeps: the stored row predicts what the
     fit reported, a refit does not compound the scales, a benchmark refit keeps them and the block gap."""
     from scaleplan.calibrate.evaluate import estimator_predictor, observed_from_db
@@ -80,7 +81,7 @@ def test_runner_stores_a_dispatch_row_the_estimator_reproduces(recorded_db, vali
     prof = "p6-b200.48xlarge"
     gap0 = Estimator(prof, url).dispatch.t_gap_s
     out = fit_scales_from_runs(url, prof)
-    assert out["n_obs"] == 20 and out["version"] == 1
+    assert out["n_obs"] == sum(validation_counts.values()) and out["version"] == 1
     # a GPU profile: kernel tables are device-timed, only the host terms are fitted
     assert out["fitted"] == ["host_scale"] and out["kernel_scale"] == 1.0
     assert BOUNDS[0] < out["host_scale"] < BOUNDS[1]

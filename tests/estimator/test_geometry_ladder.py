@@ -24,7 +24,7 @@ def test_ladder_counts_match_paper(q):
 
 
 # N of the FLOP count the training stack logged its MFU in (shared/validation/README.md's table)
-LOGGED_N = {"700m-32dev": 1.8269e9, "5p4b-256dev": 6.4239e9}
+LOGGED_N = {"700m-32dev": 1.8269e9, "5p4b-256dev": 6.4239e9, "18b-512dev": 20.983e9}
 
 
 def test_validation_flop_count_is_the_logged_one(sweeps):
