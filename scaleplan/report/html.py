@@ -22,7 +22,7 @@ from typing import Any
 from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 from scaleplan.estimator.layout import layout_text
 
-KINDS = ("search", "layouts", "calibrate", "validate")
+KINDS = ("search", "layouts", "calibrate", "validate", "plan")
 # the paper's result-table columns (tab:results), as `scaleplan search` prints them
 RESULT_COLS = ("L", "E", "K", "G", "N_act (B)", "N_tot (B)", "S", "TPP", "D (T)", "MFU (%)", "Loss", "pp", "ep",
                "mb", "cp", "tp", "ckpt")
@@ -237,6 +237,10 @@ def _inputs(kind: str, d: dict[str, Any]) -> list[tuple[str, str]]:
     elif kind == "validate":
         items += [("spec", str(d.get("spec_path"))), ("profile", str(d.get("profile"))),
                   ("device", str(d.get("device")))]
+    elif kind == "plan":
+        from scaleplan.report.plan_html import plan_inputs
+
+        items += plan_inputs(d)
     analytic = d.get("analytic_components")
     if analytic is not None:
         items.append(("analytic (no measured table)", ", ".join(analytic) or "none"))
@@ -342,10 +346,17 @@ def _validate_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str
         sortable=True))
 
 
+def _plan_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, Any]]) -> None:
+    from scaleplan.report.plan_html import plan_sections
+
+    plan_sections(d, figs, tables)
+
+
 _SECTIONS = {"search": _search_sections, "layouts": _layouts_sections, "calibrate": _calibrate_sections,
-             "validate": _validate_sections}
+             "validate": _validate_sections, "plan": _plan_sections}
 _TITLES = {"search": "MOSAIC plan", "layouts": "Ranked execution plans", "calibrate": "Calibration report",
-           "validate": "Validation: measured vs predicted"}
+           "validate": "Validation: measured vs predicted",
+           "plan": "Cluster plan: cheapest, fastest and the frontier per platform"}
 
 
 def build_report(kind: str, data: dict[str, Any]) -> str:
