@@ -57,6 +57,12 @@ def search(
     samples: int = typer.Option(D.samples, "--samples", help="Draws of the law's ridge and the MFU error for P(optimal), "
                                 "loss bands, regret and near-ties (0: none)."),
     seed: int = typer.Option(D.seed, "--seed", help="Random seed of the --samples draws."),
+    robust: bool = typer.Option(False, "--robust", help="Recommend the candidate whose loss at --robust-quantile "
+                                "over the draws is least (a plan that stays good where the model errs), instead of "
+                                "the least expected loss; the output says whether it differs from the point "
+                                "optimum and from the expected-loss choice."),
+    robust_quantile: float = typer.Option(0.9, "--robust-quantile", help="--robust: the loss quantile (0.9: the "
+                                          "loss a plan stays under in 90% of the draws)."),
     by_sparsity: bool = typer.Option(False, "--by-sparsity", help="Also the best candidate per sparsity bin, "
                                      "S*_cluster, the gain over s_max and S_feas^max (the paper's Figure 1)."),
     prescription: float = typer.Option(None, "--prescription", help="--by-sparsity: the model-FLOPs prescription "
@@ -110,6 +116,7 @@ def _request(p: dict):
     return SearchRequest(
         profile=p["profile"], nodes=int_list("--nodes", p["nodes"]), days=float_list("--days", p["days"]),
         ckpt=parse_ckpt_modes(p["ckpt"]), calibration_id=cal_id, use_calibration=use_cal, db_url=db_url(p["db"]),
+        robust=p["robust_quantile"] if p["robust"] else None,
         **lists, **{k: p[k] for k in _PASSED_AS_IS})
 
 
@@ -201,16 +208,20 @@ def _layout_cell(lay: dict) -> str:
 
 def _narrow_table(rows: list[tuple[dict, str]], floor: float):
     """The columns that decide: model, TPP and how often it clears the floor, MFU with its 90% band, loss with
-    its 90% band, P(optimal), layout, status. About 110 columns."""
+    its 90% band, P(optimal), layout, what lies beyond the measured data, status. At most 120 columns."""
     from rich import box
     from rich.table import Table
 
     t = Table(title=f"candidates (P(TPP): share of draws with TPP >= the floor {floor:g}; MFU: non-embedding N_act; "
                     "--wide: every column)",
-              box=box.SIMPLE_HEAD, pad_edge=False)
-    for c in ("model", "TPP", "P(TPP)", "MFU % (90%)", "loss", "loss 90%", "P(opt)", "layout", "status"):
-        t.add_column(c, justify="left" if c in ("model", "layout", "status") else "right",
-                     no_wrap=c != "status")
+              caption="loss: at the point estimates; loss 90%: its band over the draws. beyond: outside the law's "
+                      "data (S, TPP)\nor the observed runs (MFU; EPn: nodes of an EP group; mb: micro-batch; PP; "
+                      "N: N_act); values: the recommendation",
+              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    wrap = {"beyond": 10, "status": 12}  # wrapped at word breaks, so the table fits 120 columns
+    for c in ("model", "TPP", "P(TPP)", "MFU % (90%)", "loss", "loss 90%", "P(opt)", "layout", "beyond", "status"):
+        t.add_column(c, justify="left" if c in ("model", "layout", "beyond", "status") else "right",
+                     no_wrap=c not in wrap, max_width=wrap.get(c))
     for i, (r, status) in enumerate(rows):
         has = r.get("p_optimal") is not None
         mfu = f"{100 * r['mfu']:.1f}" + (f" ({100 * r['mfu_p05']:.0f}-{100 * r['mfu_p95']:.0f})" if has else "")
@@ -220,15 +231,24 @@ def _narrow_table(rows: list[tuple[dict, str]], floor: float):
                   f"{r['p_feasible']:.0%}" if has else "-", mfu,
                   f"[bold]{loss}[/bold]" if "recommended" in status else loss,
                   f"{r['loss_p05']:.3f}-{r['loss_p95']:.3f}" if has else "-",
-                  f"{r['p_optimal']:.0%}" if has else "-", _layout_cell(r["layout"]), status)
+                  f"{r['p_optimal']:.0%}" if has else "-", _layout_cell(r["layout"]), beyond_cell(r), status)
     return t
+
+
+def beyond_cell(r: dict) -> str:
+    """The features a candidate lies beyond what was measured on, by name (its ``beyond`` flags without values;
+    the recommendation and --wide give the values); '-' inside it."""
+    from scaleplan.mosaic.evidence import FLAG_TAGS
+
+    names = [f.rsplit(" ", 3)[0] for f in r.get("beyond") or []]
+    return " ".join(FLAG_TAGS.get(n, n) for n in names) or "-"
 
 
 def _wide_table(rows: list[tuple[dict, str]]):
     from rich.table import Table
 
     cols = ("L", "E", "K", "G", "N_act (B)", "N_tot (B)", "S", "TPP", "P(TPP ok)", "D (T)", "MFU (%)", "MFU 90%",
-            "Loss", "pp", "ep", "mb", "cp", "tp", "ckpt", "composed", "analytic", "extrap", "P(opt)", "loss 90%",
+            "Loss", "pp", "ep", "mb", "cp", "tp", "ckpt", "composed", "analytic", "beyond", "P(opt)", "loss 90%",
             "status")
     t = Table(title="candidates, every column (MFU: non-embedding N_act, eq:mfu)")
     for c in cols:
@@ -244,7 +264,7 @@ def _wide_table(rows: list[tuple[dict, str]]):
                   str(lay["pp"]), str(lay["ep"]), str(lay["mbs"]), str(lay["cp"]), str(lay["tp"]), lay["ckpt"],
                   f"{r['composed_share']:.0%}",
                   f"{r.get('analytic_share', 0) + r.get('extrapolated_share', 0):.0%}",
-                  ",".join(r["extrapolated"]) or "-", *_unc_cells(r), status)
+                  "; ".join(r.get("beyond") or []) or ",".join(r["extrapolated"]) or "-", *_unc_cells(r), status)
     return t
 
 

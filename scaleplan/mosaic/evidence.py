@@ -37,6 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 #: holdout.measured_errors on the recorded B200 tables (the fallback, module docstring); per table kind
 COMPOSE_MAPE = {"grouped_gemm": 0.099, "gemm": 0.092, "sdpa": 0.063, "collectives": 0.084}
 #: holdout.group_sizes on the recorded B200 tables: a collective at twice the largest group it was measured at
@@ -139,3 +141,140 @@ def describe(errors: RuleErrors = RECORDED) -> dict:
     return {"rule": "sigma_evidence = sum over the plan's unmeasured components of share x MAPE x sqrt(pi/2)",
             "composed_mape": errors.composed, "group_extrapolation_mape": errors.group_extrapolation,
             "analytic_mape": errors.analytic, "source": errors.source}
+
+
+# --- how far from what was measured end to end (issue 39.2) ---------------------------------------------------
+# The tables above cost a plan's parts; the observed runs of the profile (``calibrate add``, ``validate``) are
+# the only check of a whole plan, and the law's training runs the only check of its loss. A search that maximises
+# over a model's errors picks the plans the model is most optimistic about, and those lie where nothing checked
+# it: a predicted MFU above every run's, an expert group over more nodes, a larger micro-batch or model. So each
+# candidate carries its distance from that evidence, in doublings (|log2| of the value over the nearest end of
+# the measured range, 0 inside it), summed over the features:
+#
+#   performance: D_perf = sum_f doublings(f) over PERF_FEATURES; its MFU draw widens to
+#                sigma_c = sqrt(sigma^2 (1 + D_perf) + sigma_evidence^2)
+#                (one more calibration error per doubling beyond the runs, the errors of successive doublings
+#                independent: sigma is the calibration's leave-one-sweep-out error, itself the error of
+#                predicting a sweep the fit has not seen, so the unit of extrapolation it measures);
+#   law:         D_law = doublings of TPP beyond the law's data + doublings of 1 - S beyond it; each draw adds
+#                z_law * scatter * D_law to the loss (scatter: the law's held-out RMSE; one z_law per draw shared
+#                by every candidate: a law that errs beyond its data errs the same way for all of them, by the
+#                distance; an exponent error grows linearly in log distance).
+
+#: (search-table column, label) of the features the observed runs span; the label names them in the flags
+PERF_FEATURES = (("mfu_plan", "MFU"), ("ep_nodes", "EP nodes"), ("mbs", "micro-batch"), ("pp", "PP"),
+                 ("n_act", "N_act"))
+#: each flag's short name, for a table cell (the flags' first words)
+FLAG_TAGS = {"S": "S", "TPP": "TPP", "MFU": "MFU", "EP nodes": "EPn", "micro-batch": "mb", "PP": "PP", "N_act": "N"}
+REACH_COLUMNS = ("perf_doublings", "law_doublings", "beyond")
+
+
+@dataclass(frozen=True)
+class RunRange:
+    """The range each of PERF_FEATURES spans over the observed runs of a profile (``ranges``: column -> (lo, hi);
+    empty without a run); ``n`` runs, ``source`` says which."""
+
+    n: int
+    ranges: dict
+    source: str
+
+    def to_dict(self) -> dict:
+        return {"n": self.n, "ranges": {k: list(v) for k, v in self.ranges.items()}, "source": self.source}
+
+
+NO_RUNS = RunRange(0, {}, "no observed run on this profile (`scaleplan calibrate add`, `scaleplan validate`)")
+
+
+def _run_features(r, peak_flops: float, gpus_per_node: int) -> dict | None:
+    """PERF_FEATURES of one observed run (a row of observed_run), None where its spec or step time is unusable."""
+    from scaleplan.errors import ScaleplanError
+    from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.estimator.model_dims import geometry
+    from scaleplan.specs import Layout, parse_spec
+
+    if not r["measured_t_iter_s"] or r["measured_t_iter_s"] <= 0:
+        return None
+    try:
+        n_act = geometry(parse_spec(r["spec"]).model).n_act
+        lay = ParallelLayout.from_specs([Layout(**{k: r[k] for k in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp",
+                                                                     "mbs", "ckpt")})], int(r["n_devices"]))
+    except (ScaleplanError, ValueError, TypeError, KeyError):
+        return None
+    mfu = 6.0 * n_act * r["gbs"] * r["seqlen"] / (r["measured_t_iter_s"] * r["n_devices"] * peak_flops)  # eq:mfu
+    return {"mfu_plan": mfu, "ep_nodes": float(lay.nodes("ep", gpus_per_node)[0]), "mbs": float(r["mbs"]),
+            "pp": float(r["pp"]), "n_act": float(n_act)}
+
+
+def observed_range(db_url: str | None, profile: str, peak_flops: float, gpus_per_node: int) -> RunRange:
+    """The PERF_FEATURES ranges of the observed runs of ``profile`` with a measured step time (MFU by eq:mfu at
+    ``peak_flops`` FLOP/s per device, as the search counts it). :data:`NO_RUNS` without any."""
+    from scaleplan.db.session import resolve_url
+    from scaleplan.db.state_cache import cached_read
+
+    url = resolve_url(db_url)
+    rows = cached_read("observed-runs", url, (profile,), (__name__,), lambda: _read_runs(url, profile),
+                       valid=lambda v: isinstance(v, list))
+    feats = [f for f in (_run_features(r, peak_flops, gpus_per_node) for r in rows) if f is not None]
+    if not feats:
+        return NO_RUNS
+    ranges = {k: (min(f[k] for f in feats), max(f[k] for f in feats)) for k, _ in PERF_FEATURES}
+    ids = sorted(r["id"] for r in rows)
+    return RunRange(len(feats), ranges, f"{len(feats)} observed runs of {profile} (ids {ids[0]}-{ids[-1]})")
+
+
+def _read_runs(url: str, profile: str) -> list[dict]:
+    """The observed_run rows of ``profile`` as dicts (a Core query; [] without the table)."""
+    import sqlalchemy as sa
+
+    from scaleplan.db.session import get_engine
+
+    eng = get_engine(url)
+    if "observed_run" not in sa.inspect(eng).get_table_names():
+        return []
+    cols = "id, spec, n_devices, gbs, seqlen, tp, cp, pp, dp, ep, etp, vpp, mbs, ckpt, measured_t_iter_s"
+    with eng.connect() as c:
+        res = c.execute(sa.text(f"SELECT {cols} FROM observed_run WHERE profile = :p").columns(spec=sa.JSON),
+                        {"p": profile})
+        return [dict(r._mapping) for r in res]
+
+
+def doublings(v, lo, hi):
+    """|log2| of ``v`` over the nearest end of [lo, hi], 0 inside it (arrays; NaN values give 0)."""
+    v = np.asarray(v, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.maximum(np.maximum(np.log2(v / hi), np.log2(lo / v)), 0.0)
+    return np.nan_to_num(out, nan=0.0, posinf=0.0)
+
+
+def reach(table, runs: RunRange, support) -> dict:
+    """Columns perf_doublings, law_doublings and beyond (the flags, comma-joined: "TPP 115 > 70", ...) of a
+    scored search table (mfu_plan, ep_nodes, mbs, pp, n_act, tpp, s, plan_ok) against the observed runs and the
+    law's data ``support`` (mosaic.law.LawSupport). Arrays over the rows."""
+    n = len(table)
+    perf, flags = np.zeros(n), [[] for _ in range(n)]
+    fmt = {"mfu_plan": lambda x: f"{100 * x:.1f}%", "n_act": lambda x: f"{x / 1e9:.1f}B"}
+    for col, label in PERF_FEATURES:
+        if col not in runs.ranges or col not in table:
+            continue
+        lo, hi = runs.ranges[col]
+        v = table[col].to_numpy(dtype=float, na_value=np.nan)
+        d = doublings(v, lo, hi)
+        perf += d
+        f = fmt.get(col, lambda x: f"{x:g}")
+        for i in np.flatnonzero(d > 0):
+            side = f"> {f(hi)}" if v[i] > hi else f"< {f(lo)}"
+            flags[i].append(f"{label} {f(v[i])} {side}")
+    tpp = table["tpp"].to_numpy(dtype=float)
+    d_tpp = doublings(tpp, support.tpp_min, support.tpp_max)
+    one_minus_s = 1.0 - table["s"].to_numpy(dtype=float)
+    d_s = doublings(one_minus_s, 1.0 - support.s_max, 1.0 - support.s_min)
+    for i in np.flatnonzero(d_tpp > 0):
+        side = f"> {support.tpp_max:g}" if tpp[i] > support.tpp_max else f"< {support.tpp_min:g}"
+        flags[i].insert(0, f"TPP {tpp[i]:.0f} {side}")
+    for i in np.flatnonzero(d_s > 0):
+        s = 1.0 - one_minus_s[i]
+        flags[i].insert(0, f"S {s:.3f} {'>' if s > support.s_max else '<'} "
+                           f"{support.s_max if s > support.s_max else support.s_min:g}")
+    ok = table["plan_ok"].to_numpy(bool) if "plan_ok" in table else np.ones(n, bool)
+    return {"perf_doublings": np.where(ok, perf, 0.0), "law_doublings": d_tpp + d_s,
+            "beyond": [", ".join(f) if ok[i] else "" for i, f in enumerate(flags)]}

@@ -142,6 +142,8 @@ class LawSupport:
 #: paper's S_max = 0.985 (fig:mosaic-motivation, sec:boundary-optimum: "the upper boundary of our data
 #: support"); its dataset table prints 0.981 as the largest run's S.
 PAPER_SUPPORT = LawSupport(s_min=0.499, s_max=0.985, tpp_min=10.8, tpp_max=70.0)
+#: sec:joint-NtSDG-law: held-out RMSE of the joint law (loss units)
+PAPER_RMSE = 0.00779
 
 
 def per_g_law(g: float, joint: JointLaw = PAPER_JOINT_LAW) -> JointLaw:
@@ -161,6 +163,7 @@ class LoadedLaw:
     source: str
     support: LawSupport
     ridge: np.ndarray | None = None
+    scatter: float = PAPER_RMSE  # held-out RMSE (loss units): a fit's own, else the paper's
 
 
 def load_law(db_url: str | None = None, name: str | None = None) -> tuple[JointLaw, str]:
@@ -202,4 +205,5 @@ def load_law_full(db_url: str | None = None, name: str | None = None) -> LoadedL
         ridge = settings.get("ridge_samples")
         return LoadedLaw(JointLaw.from_dict(row.coefficients), f"db:{row.id}",
                          LawSupport(**sup) if sup else PAPER_SUPPORT,
-                         np.array([[float(r[k]) for k in NAMES] for r in ridge]) if ridge else None)
+                         np.array([[float(r[k]) for k in NAMES] for r in ridge]) if ridge else None,
+                         float(row.heldout_rmse) if row.heldout_rmse else PAPER_RMSE)

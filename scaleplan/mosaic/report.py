@@ -22,10 +22,12 @@ from scaleplan.mosaic.uncertainty import (
 
 
 def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError, n: int, seed: int = 0,
-                       evidence=None) -> list[dict]:
+                       evidence=None, law_scatter: float = 0.0, robust: float | None = None) -> list[dict]:
     """Run the draws for every (envelope, SearchResult) of ``results``; replaces each result's table by one
     with the per-candidate columns and returns the top-level JSON per budget (same draws for all budgets).
-    ``evidence``: the rule errors the plans' evidence used (mosaic.evidence.errors_for; None: the recorded)."""
+    ``evidence``: the rule errors the plans' evidence used (mosaic.evidence.errors_for; None: the recorded);
+    ``law_scatter``: the law's held-out RMSE, the unit its draws widen by beyond its data (mosaic.evidence, the
+    tables' law_doublings column); ``robust``: recommend at that loss quantile (recommend.recommend)."""
     from scaleplan.mosaic.search import row_json
 
     from scaleplan.mosaic.evidence import describe
@@ -33,7 +35,7 @@ def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError
     from scaleplan.mosaic.recommend import recommend
 
     index = family_index([r.table for _, r in results])
-    draws = make_draws(n, ridge, mfu.sigma, len(index), seed=seed, law=law)
+    draws = make_draws(n, ridge, mfu.sigma, len(index), seed=seed, law=law, law_scatter=law_scatter)
     out = []
     how = (f"{len(ridge)} stored ridge samples of the fit" if ridge is not None and len(ridge) else
            "ridge sampler on the paper's data grid and residual scatter (scaleplan.mosaic.ridge)")
@@ -43,7 +45,9 @@ def attach_uncertainty(results: list, law, ridge, law_source: str, mfu: MfuError
         u = uncertainty_json(summ, draws, mfu, law_source, row_json)
         u["uncertainty_inputs"]["law_ridge"] = how
         u["uncertainty_inputs"]["evidence"] = describe(*([evidence] if evidence is not None else []))
-        u["recommendation"] = recommend(summ, draws, (law or PAPER_JOINT_LAW).vector(), index, (env.tpp_min, env.tpp_max), row_json)
+        u["uncertainty_inputs"]["law_beyond_data_scatter"] = law_scatter
+        u["recommendation"] = recommend(summ, draws, (law or PAPER_JOINT_LAW).vector(), index,
+                                        (env.tpp_min, env.tpp_max), row_json, robust)
         out.append(u)
     return out
 

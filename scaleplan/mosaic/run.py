@@ -48,6 +48,7 @@ class SearchRequest:
     top: int = 10
     samples: int = 200
     seed: int = 0
+    robust: float | None = None  # recommend at this loss quantile over the draws (None: the mean)
     by_sparsity: bool = False
     prescription: float | None = None
     s_step: float = 0.005
@@ -105,6 +106,8 @@ def check_request(r: SearchRequest) -> None:
         raise SpecError("--s-max", r.s_max, f"a sparsity in ({r.s_min}, 1)")
     if r.samples < 0:
         raise SpecError("--samples", r.samples, "0 or a positive number of draws")
+    if r.robust is not None and not (0.5 <= r.robust < 1 and r.samples > 0):
+        raise SpecError("--robust-quantile", r.robust, "a quantile in [0.5, 1), with --samples > 0")
     if not r.s_step > 0 or (r.prescription is not None and not r.prescription > 0):
         raise SpecError("--s-step/--prescription", (r.s_step, r.prescription), "positive numbers")
     if r.top < 1:
@@ -151,7 +154,10 @@ def run_search(r: SearchRequest) -> SearchReport:
 
     check_request(r)
     grid = ladder_grid(r)
-    loaded = load_law_full(r.db_url if r.law_name else None, r.law_name)
+    from scaleplan.db.session import resolve_url
+
+    # --law NAME reads the fit from the database the search uses, the default one included (None would be the paper's)
+    loaded = load_law_full(resolve_url(r.db_url) if r.law_name else None, r.law_name)
     check_emit(r.emit, r.optimizer, "--optimizer", {"--emit-spec": r.emit_spec, "--html": r.html})
     est = _estimator(r, r.extrapolate)
     plan_c = plan_constraints(r)
@@ -181,8 +187,10 @@ def run_search(r: SearchRequest) -> SearchReport:
 def _document(report: SearchReport, m, est, loaded) -> dict[str, Any]:
     """The search JSON before its launchable outputs: the first budget in full, the sweep, the views."""
     r, results = report.request, report.results
+    out_reach = _attach_reach(results, loaded, r, est)
     unc = _uncertainty(results, loaded, r, est)
     out = report.result.to_json(r.top)
+    out["evidence_range"] = out_reach
     out["law"] = loaded.source
     out["law_support"] = loaded.support.to_dict()
     out["profile"] = est.profile.name
@@ -215,6 +223,18 @@ def _add_sweep(out: dict, results: list, unc: list | None, axis: str) -> None:
             row.update(sweep_fields(u, row["best"]))
 
 
+def _attach_reach(results, loaded, r: SearchRequest, est) -> dict:
+    """Each candidate's distance from what was measured (mosaic.evidence.reach: the observed runs of the profile in
+    the estimator's database, the law's data support) as columns of every result's table; returns what they were
+    measured against (JSON ``evidence_range``)."""
+    from scaleplan.mosaic.evidence import observed_range, reach
+
+    runs = observed_range(r.db_url, est.profile.name, est.profile.peak("bf16"), int(est.profile.gpus_per_node))
+    for _, res in results:
+        res.table = res.table.assign(**reach(res.table, runs, loaded.support))
+    return {"observed_runs": runs.to_dict(), "law_support": loaded.support.to_dict(), "law_scatter": loaded.scatter}
+
+
 def _uncertainty(results, loaded, r: SearchRequest, est):
     """Per budget, the --samples JSON (and per-candidate columns in each result's table); None for 0 draws.
     The MFU error is the calibration in force in the database the estimator reads (r.db_url, None: the default)."""
@@ -226,7 +246,7 @@ def _uncertainty(results, loaded, r: SearchRequest, est):
 
     mfu = mfu_error(r.db_url, est.profile.name, r.calibration_id, r.use_calibration)
     return attach_uncertainty(results, loaded.law, loaded.ridge, loaded.source, mfu, r.samples, r.seed,
-                              evidence=errors_for(est))
+                              evidence=errors_for(est), law_scatter=loaded.scatter, robust=r.robust)
 
 
 def _write_files(report: SearchReport) -> None:

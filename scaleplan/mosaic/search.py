@@ -78,6 +78,7 @@ def _plan_row(res, errors) -> dict:
     lay = res.layout
     return {"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu,
             "composed_share": res.composed_share, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_FIELDS},
+            "ep_nodes": int((getattr(res, "chi_inputs", None) or {}).get("ep_nodes", 1)),
             "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic")), **plan_evidence(res, errors)}
 
 
@@ -167,7 +168,8 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
     for its next call, else workers of this call's own. ``on_step(n)`` reports progress, one batch at a time.
     Columns: plan_ok, tokens_per_s, mfu_plan (non-embedding N_act, eq:mfu), composed_share (fraction of
     the plan's predicted time read from lookups composed beyond the measured tables), mem_gb,
-    tp, cp, pp, ep, dp, mbs, ckpt, analytic (comma-joined analytic components), analytic_share,
+    tp, cp, pp, ep, dp, mbs, ckpt, ep_nodes (nodes one EP group spans), analytic (comma-joined analytic
+    components), analytic_share,
     extrapolated_share, evidence_sigma, extrapolated_collectives (:func:`scaleplan.mosaic.evidence.plan_evidence`).
     """
     from scaleplan.estimator import PlanConstraints
@@ -197,10 +199,10 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
         for lo, hi in chunks:
             rows.extend(_plan_rows(est, models[lo:hi], n_devices, env, constraints, errors))
             step(hi - lo)
-    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "analytic",
+    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "ep_nodes", "analytic",
             *EVIDENCE_COLUMNS]
     ints = {k: "Int64" for k in LAYOUT_FIELDS if k != "ckpt"}
-    return pd.DataFrame(rows, columns=cols).astype({"plan_ok": bool, **ints})
+    return pd.DataFrame(rows, columns=cols).astype({"plan_ok": bool, "ep_nodes": "Int64", **ints})
 
 
 def score(geoms: pd.DataFrame, plans: pd.DataFrame, env: Envelope, peak_flops: float, n_devices: int,
@@ -250,8 +252,16 @@ def row_json(r) -> dict:
             "tpp_capped": bool(r["tpp_capped"]), "tokens_per_s": float(r["tokens_per_s"]),
             "mem_per_device_gb": float(r["mem_gb"]),
             "layout": {k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_FIELDS},
-            "extrapolated": extrapolated(r), **_evidence_json(r),
+            "extrapolated": extrapolated(r), **_evidence_json(r), **_reach_json(r),
             **(candidate_fields(r) if "p_optimal" in r else {})}
+
+
+def _reach_json(r) -> dict:
+    """A row's distance from what was measured (mosaic.evidence.reach), where the search computed it."""
+    if "beyond" not in r:
+        return {}
+    return {"beyond": [x for x in str(r["beyond"] or "").split(", ") if x],
+            "perf_doublings": float(r["perf_doublings"]), "law_doublings": float(r["law_doublings"])}
 
 
 def _evidence_json(r) -> dict:

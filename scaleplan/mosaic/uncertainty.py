@@ -100,11 +100,15 @@ def mfu_error(db_url: str | None, profile: str, calibration_id: int | None = Non
 
 @dataclass
 class Draws:
-    """The random inputs of the draws: law coefficients [N, 11] and per-family MFU log-factors [N, F]."""
+    """The random inputs of the draws: law coefficients [N, 11], per-family MFU log-factors [N, F] and, for the
+    law beyond its data, one standard normal per draw ``z_law`` [N] scaled by ``law_scatter`` (loss units) and each
+    candidate's law_doublings (:mod:`scaleplan.mosaic.evidence`; None or scatter 0: no such term)."""
 
     coefs: np.ndarray
     z: np.ndarray
     sigma: float
+    z_law: np.ndarray | None = None
+    law_scatter: float = 0.0
 
     @property
     def n(self) -> int:
@@ -112,10 +116,11 @@ class Draws:
 
 
 def make_draws(n: int, law_ridge: np.ndarray | None, sigma: float, n_families: int, seed: int = 0,
-               law=None) -> Draws:
+               law=None, law_scatter: float = 0.0) -> Draws:
     """n draws: coefficient vectors (from ``law_ridge`` rows with replacement, else the paper law's ridge
-    sampler around ``law``) and standard-normal MFU log-factors for ``n_families`` families
-    (:func:`family_index` over every budget, so one set of draws serves a whole sweep)."""
+    sampler around ``law``), standard-normal MFU log-factors for ``n_families`` families
+    (:func:`family_index` over every budget, so one set of draws serves a whole sweep) and the law's
+    beyond-its-data factor (``law_scatter``: its held-out RMSE, loss units)."""
     rng = np.random.default_rng(seed + 1)
     if law_ridge is not None and len(law_ridge):
         coefs = law_ridge[rng.integers(0, len(law_ridge), size=n)]
@@ -123,8 +128,9 @@ def make_draws(n: int, law_ridge: np.ndarray | None, sigma: float, n_families: i
         from scaleplan.mosaic.law import PAPER_JOINT_LAW
 
         coefs = ridge_samples(n, seed=seed, law=law or PAPER_JOINT_LAW)
-    return Draws(coefs=np.asarray(coefs, dtype=float), z=rng.standard_normal((n, max(n_families, 1))),
-                 sigma=float(sigma))
+    z = rng.standard_normal((n, max(n_families, 1)))
+    return Draws(coefs=np.asarray(coefs, dtype=float), z=z, sigma=float(sigma), z_law=rng.standard_normal(n),
+                 law_scatter=float(law_scatter))
 
 
 def _family_keys(table: pd.DataFrame) -> list:
@@ -145,11 +151,16 @@ def families(table: pd.DataFrame, index: dict[tuple, int]) -> np.ndarray:
     return np.array([index[k] if k is not None else -1 for k in _family_keys(table)], dtype=int)
 
 
+def _column(table: pd.DataFrame, name: str) -> np.ndarray:
+    return np.nan_to_num(table[name].to_numpy(float)) if name in table else np.zeros(len(table))
+
+
 def candidate_sigma(table: pd.DataFrame, sigma: float) -> np.ndarray:
-    """Per row, the log-normal sigma of its MFU: the estimator's (``sigma``) and the evidence of its own plan
-    (column evidence_sigma, :mod:`scaleplan.mosaic.evidence`) in quadrature. [rows]"""
-    ev = table["evidence_sigma"].to_numpy(float) if "evidence_sigma" in table else np.zeros(len(table))
-    return np.sqrt(sigma ** 2 + np.nan_to_num(ev) ** 2)
+    """Per row, the log-normal sigma of its MFU: the estimator's (``sigma``), one more of it per doubling its plan
+    lies beyond the observed runs (column perf_doublings) and the evidence of its own plan's tables (column
+    evidence_sigma), in quadrature: sqrt(sigma^2 (1 + D_perf) + sigma_evidence^2) (:mod:`scaleplan.mosaic.evidence`).
+    [rows]"""
+    return np.sqrt(sigma ** 2 * (1.0 + _column(table, "perf_doublings")) + _column(table, "evidence_sigma") ** 2)
 
 
 def mfu_factors(sub: pd.DataFrame, draws: Draws, fam: np.ndarray) -> np.ndarray:
@@ -173,6 +184,8 @@ def evaluate(table: pd.DataFrame, draws: Draws, tpp_min: float, tpp_max: float, 
     with np.errstate(over="ignore", invalid="ignore"):
         loss = law_matrix(draws.coefs, sub["n_tot"].to_numpy(float), sub["s"].to_numpy(float), d,
                           sub["g"].to_numpy(float))
+    if draws.z_law is not None and draws.law_scatter > 0:  # the law beyond its data (mosaic.evidence)
+        loss = loss + draws.z_law[:, None] * draws.law_scatter * _column(sub, "law_doublings")[None, :]
     return idx, loss, feas
 
 

@@ -253,7 +253,10 @@ def _inputs(kind: str, d: dict[str, Any]) -> list[tuple[str, str]]:
 def _search_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, Any]]) -> None:
     best = d.get("best")
     if best:
-        tables.append(_table("Optimum (the paper's result-table columns)", RESULT_COLS, [result_row(best)]))
+        tables.append(_table("Optimum (the paper's result-table columns)", (*RESULT_COLS, "beyond the law's data or "
+                             "the observed runs"), [[*result_row(best), _beyond(best)]],
+                             note="Loss: at the point estimates (the recommendation also gives its mean over the "
+                                  "draws)"))
         tables.append(_table("Optimum's full geometry", [c for c, _ in GEOM_COLS], [geometry_row(best.get("geometry"))],
                              note="layout: " + _layout_text(best.get("layout"))))
     figs += [f for f in (frontier_figure(d.get("frontier") or [], best),
@@ -262,10 +265,10 @@ def _search_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, 
     _verdict_tables(d, tables)
     from scaleplan.mosaic.report import shown_rows
 
-    cols = ("#", *RESULT_COLS, "P(TPP >= floor)", "MFU 90% (%)", "loss 90%", "P(optimal)", "status", "mem GB",
-            *(c for c, _ in GEOM_COLS[1:4]))
+    cols = ("#", *RESULT_COLS, "P(TPP >= floor)", "MFU 90% (%)", "loss 90% (draws)", "P(optimal)", "status",
+            "beyond the law's data or the observed runs", "mem GB", *(c for c, _ in GEOM_COLS[1:4]))
     rows = [[str(i + 1), *result_row(r), _num(r.get("p_feasible"), "{:.0%}"), _band(r, "mfu", 100, "{:.1f}"),
-             _band(r, "loss", 1, "{:.4f}"), _num(r.get("p_optimal"), "{:.0%}"), status,
+             _band(r, "loss", 1, "{:.4f}"), _num(r.get("p_optimal"), "{:.0%}"), status, _beyond(r),
              _num(r.get("mem_per_device_gb"), "{:.1f}"), *geometry_row(r.get("geometry"))[1:4]]
             for i, (r, status) in enumerate(shown_rows(d))]
     floor = (d.get("envelope") or {}).get("tpp_min")
@@ -273,6 +276,11 @@ def _search_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, 
                          sortable=True, note=f"TPP floor {_num(floor)}; status: recommended, tie, near-tie (P(optimal) "
                          ">= 5%), mostly infeasible (under the TPP floor at the point estimates or in most draws), "
                          "most frequent (the draws' most frequent optimum)"))
+
+
+def _beyond(r: dict[str, Any]) -> str:
+    """Where a candidate lies beyond the law's data or the observed runs (mosaic.evidence.reach), '-' inside."""
+    return "; ".join(r.get("beyond") or []) or "-"
 
 
 def _band(r: dict[str, Any], key: str, scale: float, fmt: str) -> str:
