@@ -32,6 +32,10 @@ def main() -> None:
     ap.add_argument("--own-tables", action="store_true",
                     help="scaleplan's own recorded tables (cluster_profiles/recorded) in a temporary database")
     a = ap.parse_args()
+    if not a.own_tables:
+        from _db import tables_db  # benchmarks/_db.py: a database without tables is refused in one line
+
+        a.db = tables_db(a.db, a.profile)
     frames = load_frames(own_tables_db() if a.own_tables else a.db, a.profile)
     peak = load_profile(a.profile).peak("bf16")
     print(f"{'table':<14}{'hidden':>22}{'n':>6}{'MAPE':>8}{'median c/m':>12}{'worst':>8}   (present cut, then twice as deep)")

@@ -55,6 +55,9 @@ def main() -> None:
     ap.add_argument("--validation", default=str(VALIDATION))
     ap.add_argument("--prior-ms", type=float, default=1.0, help="prior sd of theta about 0, ms")
     a = ap.parse_args()
+    from _db import tables_db  # benchmarks/_db.py: a database without tables is refused in one line
+
+    a.db = tables_db(a.db)
     sw = {name: (spec, n, lays, real) for name, spec, n, lays, real, _ in sweep_specs(Path(a.validation))}
     for kind in KINDS:
         cnt = {name: counts(kind, spec, lays) for name, (spec, _, lays, _) in sw.items()}

@@ -73,6 +73,9 @@ def main() -> None:
     ap.add_argument("--c-ms", type=float, default=25.0)
     ap.add_argument("--form", choices=sorted(FORMS), default="log2")
     a = ap.parse_args()
+    from _db import tables_db  # benchmarks/_db.py: a database without tables is refused in one line
+
+    a.db = tables_db(a.db)
     for variant in ("model", "replace", "max", "add"):
         time_model.dispatch_time = law(variant, a.c_ms * 1e-3, FORMS[a.form])
         print(f"== {variant} (c = {a.c_ms:g} ms, f = {a.form}); LOSO MAPE, Spearman, rank: {loso(a.db)}")

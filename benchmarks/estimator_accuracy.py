@@ -51,7 +51,20 @@ def main() -> None:
     ap.add_argument("--db", default=None)
     ap.add_argument("--validation", default=str(VALIDATION))
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--analytic", action="store_true", help="every component analytic, on purpose: a new empty "
+                    "database instead of --db (the all-analytic error mosaic/evidence.py ANALYTIC_MAPE quotes)")
     a = ap.parse_args()
+    if a.analytic:
+        import tempfile
+
+        from scaleplan.db.session import upgrade
+
+        a.db = f"sqlite:///{tempfile.mkdtemp(prefix='scaleplan-analytic-')}/empty.db"
+        upgrade(a.db)
+    else:
+        from _db import tables_db  # benchmarks/_db.py: a database without tables is refused in one line
+
+        a.db = tables_db(a.db)
     profile = "p6-b200.48xlarge"
     est = Estimator(profile, db_url=a.db, use_calibration=False)
     print(f"dispatch law: kappa0={est.dispatch.kappa0:g} kappa1={est.dispatch.kappa1:g} "

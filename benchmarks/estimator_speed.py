@@ -26,6 +26,9 @@ def main() -> None:
     ap.add_argument("--seqlen", type=int, default=8192)
     ap.add_argument("--repeat", type=int, default=20)
     a = ap.parse_args()
+    from _db import tables_db  # benchmarks/_db.py: a database without tables is refused in one line
+
+    a.db = tables_db(a.db, a.profile)
 
     t0 = time.perf_counter()
     est = Estimator(a.profile, db_url=a.db)

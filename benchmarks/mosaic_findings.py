@@ -43,6 +43,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=200, help="uncertainty draws (0: none)")
     ap.add_argument("--workers", type=int, default=0, help="plan-search processes (0: the usable CPUs)")
     a = ap.parse_args()
+    from _db import tables_db  # benchmarks/_db.py: a database without tables is refused in one line
+
+    a.db = tables_db(a.db)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     ctx = _Context(a.db, a.workers, a.samples)

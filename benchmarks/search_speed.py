@@ -37,7 +37,9 @@ def main() -> None:
     ap.add_argument("--no-stages", dest="stages", action="store_false", help="skip the per-stage CPU profile")
     a = ap.parse_args()
     if a.db:
-        _speed(a, a.db)
+        from _db import tables_db  # benchmarks/_db.py: a database without tables is refused in one line
+
+        _speed(a, tables_db(a.db))
         return
     from scaleplan.db import session as dbs
     from scaleplan.db.importers import import_scaleplan_dir

@@ -87,7 +87,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "m18b.yaml"
         spec.write_text(yaml.safe_dump(SPEC_18B))
-        url = a.db or _recorded_db(tmp, a.recorded)
+        from _db import tables_db  # benchmarks/_db.py: a database without tables is refused in one line
+
+        url = tables_db(a.db) if a.db else _recorded_db(tmp, a.recorded)
         commands = {
             "scaleplan --help": [*sp, "--help"],
             "scaleplan layouts (18B, 512 GPUs)": [*sp, "layouts", str(spec), "--devices", "512", "--db", url,

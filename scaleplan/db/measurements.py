@@ -119,3 +119,25 @@ def coverage(frames: dict[str, pd.DataFrame], law_source: str | None = None) -> 
                                           for k, n in kinds.items()}
         out.append(row)
     return out
+
+
+def require_tables(url: str | None, profile: str, flag: str = "--db") -> str:
+    """The resolved URL of a database that holds measured tables of ``profile``, for the scripts whose figures
+    mean nothing without them (benchmarks/*.py ``--db``). Never creates the database.
+
+    Raises ScaleplanError (one line naming ``flag`` and the masked URL): an SQLite file that does not exist, or a
+    database without one OK row of any bench suite for the profile (a new or empty database: every component
+    would be costed analytically, and the figures would be the analytic model's without saying so)."""
+    from pathlib import Path
+
+    from scaleplan.db.session import mask_url, resolve_url
+    from scaleplan.errors import ScaleplanError
+
+    u = resolve_url(url)
+    hint = ("import them first, e.g. `scaleplan db import-scaleplan ../shared/recorded/dmlc-scaleplan "
+            f"{flag} {url or u}`")
+    if u.startswith("sqlite:///") and not Path(u.removeprefix("sqlite:///")).is_file():
+        raise ScaleplanError(f"{flag} {mask_url(u)}: no such database file (nothing created); {hint}")
+    if all(f.empty for f in load_frames(u, profile).values()):
+        raise ScaleplanError(f"{flag} {mask_url(u)}: no measured tables of {profile} in this database; {hint}")
+    return u

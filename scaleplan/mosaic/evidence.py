@@ -29,8 +29,9 @@ Where the tables cannot measure a rule, :data:`RECORDED` (the same measurement o
 read from a database, for a table kind without a hold-out (no rows, or none beyond a cut: then no lookup of
 that kind is composed either, or too few to check), and for an analytic-only database (no tables: nothing is
 composed or extrapolated, so only the analytic rule's error is used). The analytic rule's own error is not a
-property of any table set: it is ``benchmarks/estimator_accuracy.py`` on an empty database, the all-analytic
-estimator's uncalibrated per-sweep MFU MAPE against the published runs (:data:`ANALYTIC_MAPE`), in every case.
+property of any table set: it is ``benchmarks/estimator_accuracy.py --analytic`` (an empty database), the
+all-analytic estimator's uncalibrated per-sweep MFU MAPE against the published runs (:data:`ANALYTIC_MAPE`), in
+every case.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ import numpy as np
 COMPOSE_MAPE = {"grouped_gemm": 0.099, "gemm": 0.092, "sdpa": 0.063, "collectives": 0.084}
 #: holdout.group_sizes on the recorded B200 tables: a collective at twice the largest group it was measured at
 GROUP_EXTRAPOLATION_MAPE = 0.141
-#: estimator_accuracy.py on an empty database: the all-analytic estimator's MFU MAPE, mean of two sweeps
+#: estimator_accuracy.py --analytic (an empty database): the all-analytic estimator's MFU MAPE, mean of two sweeps
 ANALYTIC_MAPE = (0.127 + 0.189) / 2
 
 
