@@ -159,17 +159,17 @@ def _load_spec(spec_path):
 
 
 def _check_batch(spec, lo, n: int, text: str | None) -> None:
-    """dp*mbs must divide data.gbs (whole micro-batches per step). Raises SpecError naming data.gbs with the
-    smallest model-parallel size tp*cp*pp that makes dp divide it on ``n`` devices, when there is one."""
+    """dp*mbs must divide data.gbs (whole micro-batches per step). Raises SpecError naming data.gbs with a
+    checked fix (scaleplan/cli/suggest.py: a --layout on ``n`` devices, else the nearest device counts that fit)."""
     from scaleplan.estimator.layout import ParallelLayout
 
     dp = int(ParallelLayout.from_specs([lo], n).dp[0])  # the layout's dp, else N_dev / (tp cp pp)
     gbs = spec.data.gbs
     if gbs % (dp * lo.mbs) == 0:
         return
-    fit = next((m for m in range(1, n + 1) if n % m == 0 and gbs % ((n // m) * lo.mbs) == 0), None)
-    hint = (f"with {n} devices tp*cp*pp = {fit} (dp {n // fit}) fits it, e.g. --layout pp={fit}; "
-            f"`scaleplan layouts` ranks the layouts that fit") if fit else f"no layout of {n} devices fits it"
+    from scaleplan.cli.suggest import batch_hint
+
+    hint = batch_hint(spec, lo, n)  # a --layout (or device count) that the same checks accept
     where = f"--layout {text}" if text else "the spec's layout"
     raise SpecError("data.gbs", gbs, f"a multiple of dp*mbs = {dp * lo.mbs} ({where}); {hint}")
 
