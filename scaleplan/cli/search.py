@@ -32,6 +32,13 @@ def _csv(values: tuple) -> str:
     return ",".join(map(str, values))
 
 
+RobustOpt = typer.Option(False, "--robust", help="Recommend the candidate whose loss at --robust-quantile over the "
+                         "draws is least (a plan that stays good where the model errs), instead of the least expected "
+                         "loss; the output says whether it differs from the point optimum and the expected-loss choice.")
+RobustQuantileOpt = typer.Option(0.9, "--robust-quantile", help="--robust: the loss quantile (0.9: the loss a plan "
+                                 "stays under in 90% of the draws).")
+
+
 def search(
     ctx: typer.Context,
     profile: str = typer.Option(..., "--profile", help="Node type (cluster profile), e.g. p6-b200.48xlarge."),
@@ -57,12 +64,8 @@ def search(
     samples: int = typer.Option(D.samples, "--samples", help="Draws of the law's ridge and the MFU error for P(optimal), "
                                 "loss bands, regret and near-ties (0: none)."),
     seed: int = typer.Option(D.seed, "--seed", help="Random seed of the --samples draws."),
-    robust: bool = typer.Option(False, "--robust", help="Recommend the candidate whose loss at --robust-quantile "
-                                "over the draws is least (a plan that stays good where the model errs), instead of "
-                                "the least expected loss; the output says whether it differs from the point "
-                                "optimum and from the expected-loss choice."),
-    robust_quantile: float = typer.Option(0.9, "--robust-quantile", help="--robust: the loss quantile (0.9: the "
-                                          "loss a plan stays under in 90% of the draws)."),
+    robust: bool = RobustOpt,
+    robust_quantile: float = RobustQuantileOpt,
     by_sparsity: bool = typer.Option(False, "--by-sparsity", help="Also the best candidate per sparsity bin, "
                                      "S*_cluster, the gain over s_max and S_feas^max (the paper's Figure 1)."),
     prescription: float = typer.Option(None, "--prescription", help="--by-sparsity: the model-FLOPs prescription "

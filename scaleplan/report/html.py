@@ -198,8 +198,12 @@ def component_figure(rows: list[dict[str, Any]]) -> str | None:
 
 # ------------------------------------------------------------------------------------------- sections
 
-def _table(title: str, cols, rows, sortable: bool = False, note: str = "") -> dict[str, Any]:
-    return {"title": title, "cols": list(cols), "rows": [list(r) for r in rows], "sortable": sortable, "note": note}
+def _table(title: str, cols, rows, sortable: bool = False, note: str = "", prose: bool = False,
+           wrap: tuple[int, ...] = ()) -> dict[str, Any]:
+    """A table of the report. ``prose``: its cells are sentences (they wrap to the page's width); ``wrap``: the
+    indices of the columns whose text wraps in a table that otherwise scrolls sideways in its own box."""
+    return {"title": title, "cols": list(cols), "rows": [list(r) for r in rows], "sortable": sortable, "note": note,
+            "prose": prose, "wrap": list(wrap)}
 
 
 def _provenance_tables(prov: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -254,7 +258,7 @@ def _search_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, 
     best = d.get("best")
     if best:
         tables.append(_table("Optimum (the paper's result-table columns)", (*RESULT_COLS, "beyond the law's data or "
-                             "the observed runs"), [[*result_row(best), _beyond(best)]],
+                             "the observed runs"), [[*result_row(best), _beyond(best)]], wrap=(len(RESULT_COLS),),
                              note="Loss: at the point estimates (the recommendation also gives its mean over the "
                                   "draws)"))
         tables.append(_table("Optimum's full geometry", [c for c, _ in GEOM_COLS], [geometry_row(best.get("geometry"))],
@@ -265,17 +269,22 @@ def _search_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, 
     _verdict_tables(d, tables)
     from scaleplan.mosaic.report import shown_rows
 
-    cols = ("#", *RESULT_COLS, "P(TPP >= floor)", "MFU 90% (%)", "loss 90% (draws)", "P(optimal)", "status",
-            "beyond the law's data or the observed runs", "mem GB", *(c for c, _ in GEOM_COLS[1:4]))
-    rows = [[str(i + 1), *result_row(r), _num(r.get("p_feasible"), "{:.0%}"), _band(r, "mfu", 100, "{:.1f}"),
-             _band(r, "loss", 1, "{:.4f}"), _num(r.get("p_optimal"), "{:.0%}"), status, _beyond(r),
-             _num(r.get("mem_per_device_gb"), "{:.1f}"), *geometry_row(r.get("geometry"))[1:4]]
+    # the columns that decide first (visible without scrolling the table's box), then the result-table columns
+    cols = ("#", "model", "status", "P(optimal)", "loss", "loss 90% (draws)", "TPP", "P(TPP >= floor)",
+            "MFU 90% (%)", "beyond the law's data or the observed runs", *RESULT_COLS[4:], "mem GB",
+            *(c for c, _ in GEOM_COLS[1:4]))
+    rows = [[str(i + 1), f"L{r['n_layers']} E{r['n_experts']} K{r['topk']} G{r['g']}", status,
+             _num(r.get("p_optimal"), "{:.0%}"), _num(r["loss"], "{:.4f}"), _band(r, "loss", 1, "{:.4f}"),
+             _num(r["tpp"], "{:.0f}"), _num(r.get("p_feasible"), "{:.0%}"), _band(r, "mfu", 100, "{:.1f}"),
+             _beyond(r), *result_row(r)[4:], _num(r.get("mem_per_device_gb"), "{:.1f}"),
+             *geometry_row(r.get("geometry"))[1:4]]
             for i, (r, status) in enumerate(shown_rows(d))]
     floor = (d.get("envelope") or {}).get("tpp_min")
     tables.append(_table("Top candidates and every candidate the summary names (click a column to sort)", cols, rows,
-                         sortable=True, note=f"TPP floor {_num(floor)}; status: recommended, tie, near-tie (P(optimal) "
-                         ">= 5%), mostly infeasible (under the TPP floor at the point estimates or in most draws), "
-                         "most frequent (the draws' most frequent optimum)"))
+                         sortable=True, wrap=(2, 9), note=f"TPP floor {_num(floor)}; loss: at the point estimates, "
+                         "its 90% band over the draws; status: recommended, tie, near-tie (P(optimal) >= 5%), mostly "
+                         "infeasible (under the TPP floor at the point estimates or in most draws), most frequent (the "
+                         "draws' most frequent optimum); the table scrolls sideways in its box"))
 
 
 def _beyond(r: dict[str, Any]) -> str:
@@ -294,14 +303,15 @@ def _verdict_tables(d: dict[str, Any], tables: list[dict[str, Any]]) -> None:
 
     rec = d.get("recommendation")
     if rec:
-        tables.append(_table("Recommendation", ("which model to train, and why",), [[rec["statement"]]]))
+        tables.append(_table("Recommendation", ("which model to train, and why",), [[rec["statement"]]],
+                             prose=True))
     lines = edge_lines(d.get("edges") or {})
     if lines:
-        tables.append(_table("Edges of the searched grid", ("edge",), [[x] for x in lines]))
+        tables.append(_table("Edges of the searched grid", ("edge",), [[x] for x in lines], prose=True))
     v = d.get("verdicts")
     if v:
         tables.append(_table(f"Verdicts over {d.get('samples')} draws", ("statement",),
-                             [[x] for x in v.get("statements", [])]))
+                             [[x] for x in v.get("statements", [])], prose=True))
 
 
 def _layouts_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str, Any]]) -> None:

@@ -106,3 +106,47 @@ def test_report_renders_offline(tmp_path, kind, data, plots):
     shot = tmp_path / f"{kind}.png"
     _chromium(page.as_uri(), tmp_path, f"--screenshot={shot}", "--window-size=1400,2400")
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+# in the page after load: where each table's box, the prose cells and the candidates' deciding headers end
+_MEASURE = """<script>window.addEventListener("load", function () {
+  var W = window.innerWidth, out = {page: document.documentElement.scrollWidth, width: W, boxes: [], prose: [],
+                                    heads: {}};
+  document.querySelectorAll("div.scroll").forEach(function (b) { out.boxes.push(b.getBoundingClientRect().right); });
+  document.querySelectorAll("table.prose").forEach(function (t) {
+    out.prose.push([t.scrollWidth, t.parentElement.clientWidth]); });
+  document.querySelectorAll("th").forEach(function (th) {
+    var box = th.closest("div.scroll").getBoundingClientRect();
+    out.heads[th.textContent] = th.getBoundingClientRect().right <= box.right + 1; });
+  parent.postMessage(JSON.stringify(out), "*"); });</script>"""
+# the page in a frame of the width under test (headless Chromium's own window is at least 500 px wide); the frame
+# posts its measurements to this host page, which --dump-dom prints
+_HOST = """<html><body style="margin:0"><iframe src="{src}" style="border:0;width:{w}px;height:2000px"></iframe>
+<script>window.addEventListener("message", function (e) {{ var pre = document.createElement("pre");
+  pre.id = "measure"; pre.textContent = e.data; document.body.appendChild(pre); }});</script></body></html>"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_search_report_reads_at_desktop_and_phone_width(tmp_path, width):
+    """Issue 39.8: at 1280 px and at a phone's 390 px nothing runs off the page (every table scrolls inside its own
+    box, which fits the page), the recommendation sentence wraps whole, and at 1280 the candidates' status and
+    P(optimal) are in view without scrolling the table. A screenshot of each is saved (and was looked at)."""
+    d = search_dict(24)
+    words = " ".join(f"clause{i} (TPP 115 > 70; MFU 22.1% > 9.8%; EP nodes 16 > 4)" for i in range(40))
+    d["recommendation"] = {"recommended": d["best"], "ties": [], "statement": "train L48 E128 K1 G2: " + words}
+    d["best"]["beyond"] = ["TPP 115 > 70", "MFU 22.1% > 9.8%", "EP nodes 16 > 4", "micro-batch 8 > 4"]
+    page = tmp_path / "search.html"
+    page.write_text(build_report("search", d).replace("</body>", _MEASURE + "</body>"))
+    host = tmp_path / "host.html"
+    host.write_text(_HOST.format(src=page.name, w=width))
+    dom, console, _ = _chromium(host.as_uri(), tmp_path, "--dump-dom", "--window-size=1400,2200")
+    assert console == [], console
+    m = json.loads(re.search(r'<pre id="measure">(.*?)</pre>', dom, re.S).group(1).replace("&quot;", '"'))
+    assert m["width"] == width and m["page"] <= width, m  # no sideways scroll of the page itself
+    assert m["boxes"] and max(m["boxes"]) <= width, m
+    assert m["prose"] and all(sw <= cw for sw, cw in m["prose"]), m["prose"]  # the sentences wrap, none cut
+    if width >= 1280:
+        assert m["heads"]["status"] and m["heads"]["P(optimal)"], m["heads"]
+    shot = tmp_path / f"search-{width}.png"
+    _chromium(host.as_uri(), tmp_path, f"--screenshot={shot}", "--window-size=1400,2000")
+    assert shot.exists() and shot.stat().st_size > 20_000
