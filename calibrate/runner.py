@@ -26,16 +26,22 @@ from scaleplan.errors import ScaleplanError
 DEFAULT_PROFILE = "p6-b200.48xlarge"
 
 
-def _observations(url, profile, sweeps=None, sources=None):
+def _observations(url, profile, sweeps=None, sources=None, stack: str = store.PAPER_STACK_KEY):
+    """The observed runs of ``profile`` (in ``sweeps``, from ``sources``) that ran the training ``stack`` (a
+    Stack.key): a calibration is fitted on one stack's runs. Raises ScaleplanError when there are none."""
     from scaleplan.db import session as dbs
+    from scaleplan.stack import spec_stack_key
 
     dbs.ensure_schema(url)
     with dbs.session_scope(url) as s:
         obs = observed_from_db(s, profile, sweeps, sources)
+    others = sorted({spec_stack_key(o.spec) for o in obs} - {stack})
+    obs = [o for o in obs if spec_stack_key(o.spec) == stack]
     if not obs:
-        raise ScaleplanError(f"no observed runs for profile {profile!r}"
-                             + (f" in sweeps {', '.join(sweeps)}" if sweeps else "")
-                             + "; add some with `scaleplan calibrate add runs.csv`")
+        where = f" in sweeps {', '.join(sweeps)}" if sweeps else ""
+        also = f" (the database has runs of {', '.join(others)}: pass --stack)" if others else ""
+        raise ScaleplanError(f"no observed runs for profile {profile!r}{where} on stack {stack}{also}; add some "
+                             "with `scaleplan calibrate add runs.csv`")
     return obs
 
 
@@ -43,7 +49,7 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
                 fixed: dict[str, float] | None = None, predictor: Predictor | None = None,
                 sweeps: list[str] | None = None, sources: list[str] | None = None,
                 extrapolate: str = "clamp", save: bool = True,
-                prior: dict[str, float] | None = None) -> dict[str, Any]:
+                prior: dict[str, float] | None = None, stack: str = store.PAPER_STACK_KEY) -> dict[str, Any]:
     """Fit chi_sys (eq:desync) on the profile's observed runs; store a new Calibration version.
 
     ``fixed`` pins terms; ``prior`` gives values for terms the data cannot identify (default 0).
@@ -52,7 +58,7 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
     """
     from scaleplan.db import session as dbs
 
-    obs = _observations(url, profile, sweeps, sources)
+    obs = _observations(url, profile, sweeps, sources, stack)
     predictor = predictor or stack_predictor(profile, url, extrapolate)
     obs, preds, skipped = usable(obs, predictor(obs))
     bases = bases_for(obs, mode)
@@ -73,7 +79,8 @@ def fit_chi_sys(url: str | None, profile: str = DEFAULT_PROFILE, mode: str = "ab
         out["notes"] = out["notes"] + [f"{len(skipped)} run(s) left out: the estimator refused them (see skipped)"]
     if save:
         with dbs.session_scope(url) as s:
-            row = write_chi_sys(s, profile, fit.coefficients, inputs=inputs, residuals=fit.residuals.tolist(),
+            row = write_chi_sys(s, profile, fit.coefficients, stack=stack, inputs=inputs,
+                                residuals=fit.residuals.tolist(),
                                 cv_error=cv, n_obs=fit.n_obs, notes="; ".join(fit.notes) or None)
             out.update(calibration_id=row.id, version=row.version)
     return out
@@ -163,7 +170,7 @@ def stack_predictor(profile, url, extrapolate, host_scale=None, use_calibration=
 
 def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[str] | None = None,
                          sources: list[str] | None = None, extrapolate: str = "clamp", save: bool = True,
-                         use_calibration: bool = True) -> dict[str, Any]:
+                         use_calibration: bool = True, stack: str = store.PAPER_STACK_KEY) -> dict[str, Any]:
     """Fit the runtime scales (host_scale, kernel_scale) on observed absolute step times; store a new
     'dispatch' version = the law in force (newest dispatch calibration's coefficients) + both scales.
 
@@ -174,7 +181,7 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
     """
     from scaleplan.db import session as dbs
 
-    obs = _observations(url, profile, sweeps, sources)
+    obs = _observations(url, profile, sweeps, sources, stack)
     predictor = stack_predictor(profile, url, extrapolate, 1.0, use_calibration, 1.0)
     obs, preds, skipped = usable(obs, predictor(obs))
     idx, t_meas = absolute_times(obs, preds)
@@ -199,7 +206,7 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
                                       kernel_scale=1.0).dispatch)
     keep = keys_not_in(RUN_SCALES) if use_calibration else keys_in(())
     with dbs.session_scope(url) as s:
-        prev = store.newest(s, profile, "dispatch")
+        prev = store.newest(s, profile, "dispatch", stack)
         coeffs = writers.dispatch_coefficients(fit.coefficients(), dict(prev.coefficients or {}) if prev else None,
                                              base, keep)
     runs = [{"id": o.id, "sweep": o.sweep, "t_meas_s": float(t), "t_pred_before_s": float(t * np.exp(rb)),
@@ -214,7 +221,7 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
     if save:
         with dbs.session_scope(url) as s:
             row = write_dispatch(
-                s, profile, fit.coefficients(), base=base, keep=keep,
+                s, profile, fit.coefficients(), base=base, keep=keep, stack=stack,
                 inputs={"from_runs": True, "observation_ids": [o.id for o in obs], "bounds": list(BOUNDS),
                         "fitted": fit.fitted, "base": base, "runs": runs},
                 residuals=fit.residuals, cv_error=None, n_obs=fit.n_obs,
@@ -225,7 +232,8 @@ def fit_scales_from_runs(url: str | None, profile: str = DEFAULT_PROFILE, sweeps
 
 def build_report(url: str | None, profile: str | None = None, calibration_id: int | None = None,
                  mode: str | None = None, predictor: Predictor | None = None, plot: str | None = None,
-                 sweeps: list[str] | None = None, extrapolate: str = "clamp") -> dict[str, Any]:
+                 sweeps: list[str] | None = None, extrapolate: str = "clamp",
+                 stack: str = store.PAPER_STACK_KEY) -> dict[str, Any]:
     """The accuracy report (JSON-ready) of a chi_sys calibration (given id, else the profile's newest).
 
     Without any chi_sys calibration the report still runs, with chi_sys = 1 ("after" = "before").
@@ -238,14 +246,15 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
         if cal is not None and cal.kind != "chi_sys":
             raise ScaleplanError(f"--calibration {calibration_id} is a {cal.kind!r} calibration; give a chi_sys one")
         profile = cal.profile if cal is not None else (profile or DEFAULT_PROFILE)
-        cal = cal or store.newest(s, profile, "chi_sys")
+        stack = (cal.stack or store.PAPER_STACK_KEY) if cal is not None else stack
+        cal = cal or store.newest(s, profile, "chi_sys", stack)
         info = store.as_dict(cal) if cal is not None else None
         inputs = dict(cal.inputs or {}) if cal is not None else {}
     coeffs = info["coefficients"] if info else {t: 0.0 for t in TERMS}
     mode = mode or inputs.get("mode", "absolute")
     fixed = inputs.get("fixed") or None
     prior = inputs.get("prior") or None
-    obs = _observations(url, profile, sweeps)
+    obs = _observations(url, profile, sweeps, stack=stack)
     # "before" is the uncalibrated estimator (the profile's dispatch law, chi_sys = 1), as `calibrate fit` prints it
     before_fn = stack_predictor(profile, url, extrapolate, use_calibration=False) if predictor is None else None
     predictor = predictor or stack_predictor(profile, url, extrapolate)
@@ -293,7 +302,8 @@ def _leave_one_sweep_out(profile: str, url: str | None, groups: list, labels: li
 
 
 def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[str] | None = None,
-                sources: list[str] | None = None, extrapolate: str = "compose", save: bool = True) -> dict[str, Any]:
+                sources: list[str] | None = None, extrapolate: str = "compose", save: bool = True,
+                stack: str = store.PAPER_STACK_KEY) -> dict[str, Any]:
     """Fit the runtime calibration (calibrate/joint.py: host_scale, c_a2a, c_pp, c_level, each only
     where the runs identify it) on the observed runs' absolute step times, with a leave-one-sweep-out
     check; store a 'dispatch' version (the law in force + host_scale and ep_host_scale) and a 'chi_sys'
@@ -306,7 +316,7 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
     from scaleplan.db import session as dbs
     from scaleplan.specs import Layout, parse_spec
 
-    obs = _observations(url, profile, sweeps, sources)
+    obs = _observations(url, profile, sweeps, sources, stack)
     obs, preds, skipped = usable(obs, estimator_predictor(profile, url, extrapolate, 1.0, False,
                                                           kernel_scale=1.0)(obs))
     idx, t_meas = absolute_times(obs, preds)
@@ -338,7 +348,7 @@ def fit_runtime(url: str | None, profile: str = DEFAULT_PROFILE, sweeps: list[st
                    "notes": f"runtime fit ({', '.join(fit.free) or 'nothing identified'})"}
             # fitted on the uncalibrated law: the row is that law + the host scales, nothing of an earlier row
             d = write_dispatch(s, profile, {k: fit.params[k] for k in ("host_scale", "ep_host_scale")}, base=law,
-                               **row)
-            c = write_chi_sys(s, profile, chi, **row)
+                               stack=stack, **row)
+            c = write_chi_sys(s, profile, chi, stack=stack, **row)
             out["calibration_ids"] += [d.id, c.id]
     return out

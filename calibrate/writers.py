@@ -36,18 +36,21 @@ def dispatch_coefficients(fitted: dict[str, float], previous: dict[str, Any] | N
 
 
 def write_dispatch(sess, profile: str, fitted: dict[str, float], *, base: dict[str, float] | None = None,
-                   keep: Callable[[str], bool] = lambda key: False, **row) -> Any:
-    """Store a new 'dispatch' version of ``profile`` composed by :func:`dispatch_coefficients` over the
-    newest row in force; ``row``: inputs, residuals, cv_error, n_obs, notes. Returns the stored row."""
-    prev = store.newest(sess, profile, "dispatch")
+                   keep: Callable[[str], bool] = lambda key: False, stack: str = store.PAPER_STACK_KEY,
+                   **row) -> Any:
+    """Store a new 'dispatch' version of ``profile`` for the training ``stack`` (a Stack.key) composed by
+    :func:`dispatch_coefficients` over the newest row in force for that stack; ``row``: inputs, residuals,
+    cv_error, n_obs, notes. Returns the stored row."""
+    prev = store.newest(sess, profile, "dispatch", stack)
     co = dispatch_coefficients(fitted, dict(prev.coefficients or {}) if prev is not None else None, base, keep)
-    return store.store_calibration(sess, profile, "dispatch", co, **row)
+    return store.store_calibration(sess, profile, "dispatch", co, stack=stack, **row)
 
 
-def write_chi_sys(sess, profile: str, coefficients: dict[str, float], **row) -> Any:
-    """Store a new 'chi_sys' version of ``profile`` (eq:desync coefficients); ``row`` as
+def write_chi_sys(sess, profile: str, coefficients: dict[str, float], stack: str = store.PAPER_STACK_KEY,
+                  **row) -> Any:
+    """Store a new 'chi_sys' version of ``profile`` for ``stack`` (eq:desync coefficients); ``row`` as
     :func:`write_dispatch`. Returns the stored row."""
-    return store.store_calibration(sess, profile, "chi_sys", coefficients, **row)
+    return store.store_calibration(sess, profile, "chi_sys", coefficients, stack=stack, **row)
 
 
 def keys_in(names: Iterable[str]) -> Callable[[str], bool]:

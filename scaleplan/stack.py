@@ -144,3 +144,27 @@ def parse_stack(text: str, base: Stack | None = None, field: str = "--stack") ->
         where = ".".join(str(x) for x in e["loc"][:1])
         raise SpecError(f"{field} {where}".strip(), e.get("input") if where else text,
                         e["msg"].removeprefix("Value error, ")) from None
+
+
+def spec_stack_key(spec: dict) -> str:
+    """:meth:`Stack.key` of a stored spec mapping (an observed run's): its ``stack`` block (absent: the
+    paper's) under its model precision. A block that no longer parses raises SpecError."""
+    model = spec.get("model") if isinstance(spec, dict) else None
+    precision = model.get("precision", "bf16") if isinstance(model, dict) else "bf16"
+    block = spec.get("stack") or {}
+    try:
+        return Stack(**block).key(precision)
+    except (ValidationError, TypeError) as e:
+        raise SpecError("spec.stack", block, f"a stack block ({str(e).splitlines()[0]})") from None
+
+
+def stack_from_key(key: str, field: str = "--stack") -> Stack:
+    """The :class:`Stack` a :meth:`Stack.key` names ("megatron" or "megatron[k=v,...]"). Raises SpecError for
+    a string that is not such a key."""
+    text = key.strip()
+    if text == "megatron":
+        return PAPER_STACK
+    if not (text.startswith("megatron[") and text.endswith("]")):
+        raise SpecError(field, key, 'a stack key: "megatron" or "megatron[key=value,...]" (as `calibrate list` '
+                        "prints it)")
+    return parse_stack(text[len("megatron["):-1], field=field)

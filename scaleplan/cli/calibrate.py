@@ -195,9 +195,13 @@ def fit(profile: str = ProfileOpt,
                                        "(table kernel times), each bounded [0.2, 5], on the observed runs' "
                                        "absolute step times (--sweep selects runs); with --kind dispatch "
                                        "only that fit, with all: benchmarks, scales, chi_sys."),
+        stack: str = typer.Option("megatron", "--stack", help="Fit on the runs of this training stack only, as "
+                                  "its key reads (`megatron` the paper's, else e.g. megatron[fp8_recipe=mxfp8]); "
+                                  "the calibration applies to plans of that stack only."),
         db: str = DbOpt, json_out: bool = JsonOpt) -> None:
     """Fit and store a new calibration version (the estimator uses the newest)."""
     from scaleplan.calibrate.runner import fit_chi_sys, fit_dispatch_floor, fit_runtime, fit_scales_from_runs
+    from scaleplan.stack import stack_from_key
 
     if kind not in ("runtime", "chi_sys", "dispatch", "all"):
         raise SpecError("--kind", kind, "runtime, chi_sys, dispatch or all")
@@ -205,17 +209,19 @@ def fit(profile: str = ProfileOpt,
     check_extrapolate(extrapolate)
     if from_runs and kind in ("chi_sys", "runtime"):
         raise SpecError("--from-runs", f"with --kind {kind}", "--kind dispatch or all")
+    stack_from_key(stack)  # a key that names no stack: one line, exit 2
     url = db_url(db)
     results = []
     if kind == "all" or (kind == "dispatch" and not from_runs):
         results.append(fit_dispatch_floor(url, profile))
     if from_runs:
-        results.append(fit_scales_from_runs(url, profile, sweeps=sweep or None, extrapolate=extrapolate))
+        results.append(fit_scales_from_runs(url, profile, sweeps=sweep or None, extrapolate=extrapolate,
+                                            stack=stack))
     if kind in ("runtime", "all") and not from_runs:
-        results.append(fit_runtime(url, profile, sweeps=sweep or None, extrapolate=extrapolate))
+        results.append(fit_runtime(url, profile, sweeps=sweep or None, extrapolate=extrapolate, stack=stack))
     if kind == "chi_sys" or (kind == "all" and from_runs):
         results.append(fit_chi_sys(url, profile, mode or "absolute", _fixed(fix), sweeps=sweep or None,
-                                   extrapolate=extrapolate, prior=_prior(prior)))
+                                   extrapolate=extrapolate, prior=_prior(prior), stack=stack))
     read_back_calibrations(url, [i for r in results for i in [r.get("calibration_id"), *r.get("calibration_ids", [])]])
     if want_json(json_out):
         print_json(results[0] if len(results) == 1 else {"fits": results})
@@ -328,10 +334,10 @@ def list_(profile: str = typer.Option(None, "--profile", help="Only this profile
         return
     from rich.table import Table  # here, not at the top: `scaleplan --help` does not need it
 
-    t = Table("id", "profile", "kind", "version", "coefficients", "n_obs", "cv MAPE", "created")
+    t = Table("id", "profile", "stack", "kind", "version", "coefficients", "n_obs", "cv MAPE", "created")
     for c in cals:
         coeffs = "  ".join(f"{k}={v:.4g}" for k, v in c["coefficients"].items())
-        t.add_row(str(c["id"]), c["profile"], c["kind"], str(c["version"]), coeffs, str(c["n_obs"]),
+        t.add_row(str(c["id"]), c["profile"], c["stack"], c["kind"], str(c["version"]), coeffs, str(c["n_obs"]),
                   _pct(c["cv_error"]), (c["created_at"] or "")[:19])
     from rich.console import Console
 

@@ -381,7 +381,8 @@ class Calibration(Base):
 
     kind 'chi_sys': coefficients c_A2A, c_PP, c_ovl (eq:desync); kind 'dispatch': t_gap_s,
     kappa0, kappa1, t_host_s. ``inputs`` holds the data fitted, ``residuals`` the per-point log
-    residuals, ``cv_error`` the cross-validated error (fraction).
+    residuals, ``cv_error`` the cross-validated error (fraction). ``stack``: the training stack the fit's
+    runs ran (it applies to plans of that stack only).
     """
 
     __tablename__ = "calibration"
@@ -397,6 +398,8 @@ class Calibration(Base):
     n_obs: Mapped[int]
     notes: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    # the training stack its runs ran (scaleplan.stack.Stack.key); NULL: the paper's stack, "megatron"
+    stack: Mapped[str | None] = mapped_column(String(256))
 
 
 class LawRun(Base):

@@ -18,13 +18,15 @@ from scaleplan.errors import SpecError
 from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 from scaleplan.estimator.model_dims import VOCAB_DIVISOR, padded_vocab
 from scaleplan.megatron.features import attention_args, feature_notes, mlp_args, mtp_args, router_args
+from scaleplan.megatron.stack_args import stack_args, stack_notes
 from scaleplan.specs import Layout, ModelBlock, Spec
 
-# fp8: the current-scaling ("tensorwise") recipe. Megatron-LM's default, delayed scaling, refuses the moe_act and
-# layernorm recompute that super-selective checkpointing asks for (TransformerConfig.__post_init__); tensorwise runs
-# on Hopper and Blackwell alike and allows it. The plan's fp8 GEMM tables do not depend on the recipe.
+# fp8: the recipe is the stack's (--fp8-recipe, scaleplan/megatron/stack_args.py; default the current-scaling
+# "tensorwise": Megatron-LM's default, delayed scaling, refuses the moe_act and layernorm recompute that
+# super-selective checkpointing asks for (TransformerConfig.__post_init__); tensorwise runs on Hopper and
+# Blackwell alike and allows it).
 _PRECISION = {"bf16": ["--bf16"], "fp16": ["--fp16"],
-              "fp8": ["--bf16", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"],
+              "fp8": ["--bf16", "--fp8-format", "hybrid"],
               "fp4": ["--bf16", "--fp4-format", "e2m1"], "tf32": [], "fp32": []}
 _RECOMPUTE = {
     "none": [],
@@ -118,7 +120,8 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | 
     m, lo = spec.model, layout_dict(layout)
     out = _model_args(m, spec.data.seqlen)
     if m.moe is not None:
-        out += _moe_args(m)
+        out += _moe_args(m, overlap=spec.stack.dispatcher != "allgather")
+    out += stack_args(spec.stack, m.precision, m.moe is not None)
     out += [["--tensor-model-parallel-size", str(lo["tp"])], ["--pipeline-model-parallel-size", str(lo["pp"])],
             ["--context-parallel-size", str(lo["cp"])], ["--expert-model-parallel-size", str(lo["ep"])],
             ["--expert-tensor-parallel-size", str(lo["etp"])]]
@@ -182,21 +185,24 @@ def _model_args(m: ModelBlock, seqlen: int) -> list[list[str]]:
     return out
 
 
-def _moe_args(m: ModelBlock) -> list[list[str]]:
+def _moe_args(m: ModelBlock, overlap: bool = True) -> list[list[str]]:
+    """The MoE block's flags; ``overlap``: the shared expert overlaps the dispatcher's communication
+    (core_v0.19.0 allows it with the alltoall and flex dispatchers, TransformerConfig.__post_init__)."""
     moe = m.moe
     pattern = moe_layer_pattern(m.n_layers, moe.first_dense_layers, moe.moe_frequency)
     out = [["--num-experts", str(moe.n_experts)], ["--moe-router-topk", str(moe.experts_per_token)],
            ["--moe-ffn-hidden-size", str(moe.expert_inter_sz)],
            ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"],
-           ["--moe-grouped-gemm"], ["--moe-token-dispatcher-type", "alltoall"], ["--moe-router-dtype", "fp32"]]
+           ["--moe-router-dtype", "fp32"]]
     out += router_args(moe)
     if moe.experts_per_token == 1 and moe.router_score == "softmax":
         # top-1 softmax routing: a softmax over the one selected logit is 1 with zero gradient, so Megatron-LM
         # refuses K=1 unless the softmax runs over all experts before the top-K (TransformerConfig check)
         out.append(["--moe-router-pre-softmax"])
     if moe.shared_expert_inter_sz:
-        out += [["--moe-shared-expert-intermediate-size", str(moe.shared_expert_inter_sz)],
-                ["--moe-shared-expert-overlap"]]
+        out.append(["--moe-shared-expert-intermediate-size", str(moe.shared_expert_inter_sz)])
+        if overlap:
+            out.append(["--moe-shared-expert-overlap"])
     if moe.capacity_factor != 1.0:  # 1.0: balanced routing, Megatron's dropless default
         out += [["--moe-expert-capacity-factor", f"{moe.capacity_factor:g}"], ["--moe-pad-expert-input-to-capacity"]]
     return out
@@ -204,7 +210,8 @@ def _moe_args(m: ModelBlock) -> list[list[str]]:
 
 def megatron_notes(spec: Spec, layout: dict[str, Any] | Layout) -> list[str]:
     """What the arguments cannot say, one line each: runtime packages, the optimizer stand-in, vocab padding."""
-    lo, notes = layout_dict(layout), []
+    lo = layout_dict(layout)
+    notes = stack_notes(spec.stack, lo["ckpt"], spec.model.precision)
     opt = spec.optimizer.optimizer_type
     if opt == "scion":
         notes.append(SCION_NOTE)

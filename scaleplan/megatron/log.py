@@ -245,6 +245,7 @@ def spec_and_layout(a: dict[str, Any], where: str, node_type: str) -> tuple[Any,
     from pydantic import ValidationError
 
     from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.megatron.stack_args import stack_from_dump
     from scaleplan.specs import Layout, ParallelismBlock, parse_spec
 
     for k in _NEEDED:
@@ -272,6 +273,9 @@ def spec_and_layout(a: dict[str, Any], where: str, node_type: str) -> tuple[Any,
                     "microbatch_sz": lay["mbs"]},
            "hardware": {"node_type": node_type},
            "parallelism": {k: lay[k] for k in ParallelismBlock.model_fields if k in lay}}
+    block = stack_from_dump(a, where)
+    if block:  # a run on the paper's stack keeps the spec (and dedup key) it had before stacks were read
+        doc["stack"] = block
     return parse_spec(doc, source=where), lay, n
 
 

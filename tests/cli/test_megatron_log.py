@@ -228,3 +228,33 @@ def test_calibrate_fit_uses_the_logged_runs(recorded_db, run, tmp_path):
     assert fit["n_obs"] == 1
     assert fit["step_time_mape"]["before"] == pytest.approx(abs(t_est - r["measured_t_iter_s"])
                                                             / r["measured_t_iter_s"], rel=1e-6)
+
+
+def test_a_stack_round_trips_through_emit_and_log(run, tmp_path, validation_dir):
+    """A spec's training stack -> `estimate --emit megatron` -> a log of that run -> `calibrate add --megatron-log`
+    -> the same stack (issue 37): the calibration fitted on that run carries its stack."""
+    from scaleplan.specs import parse_spec
+
+    doc = yaml.safe_load((validation_dir / "models.yaml").read_text())["moe-5p4b"]
+    doc = {**doc, "model": {**doc["model"], "precision": "fp8"}, "data": {**doc["data"], "gbs": 256},
+           "stack": {"fp8_recipe": "mxfp8", "permute_fusion": True, "router_fusion": True, "dispatcher": "hybridep",
+                     "cuda_graphs": ["attn", "moe_router", "moe_preprocess"], "fp8_param": True}}
+    spec_path = tmp_path / "fp8.yaml"
+    spec_path.write_text(yaml.safe_dump(doc))
+    code, emitted, err = run("estimate", spec_path, "--devices", "64", "--layout", "tp=1,pp=2,ep=8,ckpt=selective",
+                             "--emit", "megatron")
+    assert code == 0, err
+    for flag in ("--fp8-recipe mxfp8", "--moe-permute-fusion", "--moe-router-fusion",
+                 "--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep",
+                 "--cuda-graph-impl transformer_engine", "--cuda-graph-modules attn moe_router moe_preprocess",
+                 "--fp8-param-gather"):
+        assert flag in emitted, flag
+    log = tmp_path / "run.log"
+    log.write_text(_log_of(emitted, 64, [5.0] * 14))
+    db = f"sqlite:///{tmp_path / 'obs.db'}"
+    code, _, err = run("calibrate", "add", "--megatron-log", log, "--db", db)
+    assert code == 0, err
+    [r] = _stored(db)
+    planned = parse_spec(doc)
+    assert parse_spec(r["spec"]).stack == planned.stack
+    assert parse_spec(r["spec"]).stack.key("fp8") == planned.stack.key("fp8") != "megatron"
