@@ -96,6 +96,8 @@ def main() -> None:
         cols += [_metrics(t_of(fits[k][name].params), real) for k in ("in-sample", "pooled", "LOSO")]
         cols.append(_metrics(ref, real))
         print(f"{name:<13}{len(lays):>3}  " + "  ".join(f"{c:>{22 if i == 1 else 19}}" for i, c in enumerate(cols)))
+    for note in pooled.notes:  # e.g. the sweep that dominates the residual (calibrate/joint.dominance_note)
+        print(f"  pooled fit: {note}")
     for kind in ("in-sample", "pooled", "LOSO"):
         for name, f in fits[kind].items():
             print(f"  {kind} fit for {name}: " + ", ".join(f"{k}={f.params[k]:.4g}" for k in f.free)

@@ -21,8 +21,15 @@ estimator's own error before calibration), floored at READ_SD, the reading error
 charts (shared/validation/README.md: +-0.01 on values near 1). So more runs pull harder against the
 priors, and a model that already fits well is moved less by the same misfit.
 
-There is no between-sweep term: no repeat runs are published, so the scatter between sweeps has no
-measurement to set it (a guessed one would weigh a sweep's runs as fewer draws than they are).
+**Each sweep its own scatter.** Given the sweep of each run, SIGMA is the RMS log residual of that
+sweep's runs at identity (floored at READ_SD): the estimator's error differs by sweep (a sweep whose
+step time depends on a cost the model lacks is explained worse than the others), and a run of a
+sweep the model explains to 45% is not the same draw as one of a sweep it explains to 8%. Weighing
+each run by its own sweep's scatter keeps a sweep the physics cannot explain from dragging the
+coefficients the others rely on (it still pulls, by (sigma_best / sigma_s)^2 per run). When one sweep
+holds most of the squared residual with fewer than half the runs, the fit says so in its notes, with
+what the shared coefficients would be without it (:func:`dominance_note`). There is no between-sweep
+level term: no repeat runs are published, so a level scatter between sweeps has no measurement to set it.
 
 The estimator itself evaluates every candidate (one place for the physics). A term is fitted only
 when the runs identify it: its sensitivity d log t / d theta is non-zero on some run, and adding it
@@ -130,8 +137,9 @@ def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarr
     Args:
         t_pred: parameters -> predicted step times of the runs (seconds, shape (n,)).
         t_meas: measured step times (seconds, shape (n,)).
-        sweeps: the sweep of each run (shape (n,)), or None; accepted for callers that group runs,
-            it does not weigh them (module docstring: every run is one draw).
+        sweeps: the sweep of each run (shape (n,)), or None (one sweep): each run is weighed by its
+            sweep's scatter at identity (:func:`sweep_scatter`), and a sweep that dominates the
+            residual is named in the notes (:func:`dominance_note`).
         terms: the terms that may be freed, with identity, bounds and priors (default: the module's PARAMS).
 
     Raises:
@@ -164,8 +172,8 @@ def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarr
         free.append(n)
     if not free:
         return JointFit(dict(ident), [], why, r0, r0)
-    # each run one draw with the scatter the estimator leaves at identity (module docstring)
-    w = 1.0 / max(float(np.sqrt(np.mean(r0 ** 2))), READ_SD)
+    # each run one draw with the scatter the estimator leaves at identity on its sweep (module docstring)
+    w = 1.0 / sweep_scatter(r0, sweeps)
     fit = _solve(t_pred, y, free, tm, w)
     for n in reversed(list(free)):  # the last freed first: the level and cross-node terms before the host law
         if len(free) == 1:
@@ -178,10 +186,59 @@ def fit_joint(t_pred: Callable[[dict[str, float]], np.ndarray], t_meas: np.ndarr
                       f"ln {t_meas.size} = {np.log(t_meas.size):.2g} a free term must earn (BIC)")
             free, fit = rest, alt
     p, res, notes = fit
-    return JointFit(p, free, why, res, r0, notes)
+    note = dominance_note(t_pred, y, r0, sweeps, free, tm, p)
+    return JointFit(p, free, why, res, r0, notes + ([note] if note else []))
 
 
-def _solve(t_pred, y: np.ndarray, free: list[str], tm: Terms, w: float):
+def sweep_scatter(r0: np.ndarray, sweeps=None) -> np.ndarray:
+    """The scatter of each run's log residual (shape (n,)): the RMS of ``r0`` over the run's sweep
+    (over all runs when ``sweeps`` is None), floored at READ_SD."""
+    r0 = np.asarray(r0, dtype=float)
+    lab = np.zeros(r0.size, dtype=int) if sweeps is None else np.unique(np.asarray(sweeps), return_inverse=True)[1]
+    rms = np.array([np.sqrt(np.mean(r0[lab == k] ** 2)) for k in range(lab.max() + 1)])
+    return np.maximum(rms, READ_SD)[lab]
+
+
+DOMINANT_SHARE = 0.5  # a sweep holding more than this share of the squared residual with fewer runs
+
+
+def dominance_note(t_pred, y: np.ndarray, r0: np.ndarray, sweeps, free: list[str], tm: Terms,
+                   params: dict[str, float]) -> str | None:
+    """The note naming the sweep that dominates the residual (module docstring), or None: more than
+    DOMINANT_SHARE of sum(r0^2) at identity from fewer than DOMINANT_SHARE of the runs, with at least
+    one other sweep. Says its share, its scatter against the others', and each free coefficient as
+    fitted, refitted without that sweep, and refitted with one scatter for every run (the drag the
+    sweep would have if weighed as the others)."""
+    if sweeps is None or not free:
+        return None
+    lab = np.asarray(sweeps)
+    names = list(dict.fromkeys(lab.tolist()))
+    if len(names) < 2:
+        return None
+    total = float(np.sum(r0 ** 2))
+    share = {s: float(np.sum(r0[lab == s] ** 2)) / total for s in names}
+    top = max(names, key=share.get)
+    frac = float(np.mean(lab == top))
+    if share[top] <= DOMINANT_SHARE or frac >= DOMINANT_SHARE:
+        return None
+    keep = lab != top
+    sub = [i for i in range(lab.size) if keep[i]]
+
+    def t_rest(p):
+        return t_pred(p)[sub]
+    alt = _solve(t_rest, y[keep], free, tm, 1.0 / sweep_scatter(r0[keep], lab[keep]))[0]
+    one = _solve(t_pred, y, free, tm, 1.0 / sweep_scatter(r0))[0]  # one scatter for every run
+    rms = {s: float(np.sqrt(np.mean(r0[lab == s] ** 2))) for s in names}
+    best = min(rms.values())
+    moved = ", ".join(f"{n} {params[n]:.4g} (without it {alt[n]:.4g}; weighed as the others {one[n]:.4g})"
+                      for n in free)
+    return (f"sweep {top} dominates the residual: {100 * share[top]:.0f}% of the squared log step-time residual "
+            f"at identity from {100 * frac:.0f}% of the runs (RMS {100 * rms[top]:.0f}% against {100 * best:.0f}% "
+            f"on the best-explained sweep); its runs are weighed by their own scatter, each "
+            f"{(max(best, READ_SD) / max(rms[top], READ_SD)) ** 2:.2g} of a best-explained run; {moved}")
+
+
+def _solve(t_pred, y: np.ndarray, free: list[str], tm: Terms, w):
     """Posterior mode over ``free`` (the rest at identity): (parameters, log residuals, bound notes)."""
     ident = tm.identity
     lo = _to_x({n: tm.bounds[n][0] for n in free}, free)
