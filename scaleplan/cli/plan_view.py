@@ -148,12 +148,13 @@ def _platform_table(pl: dict, out: dict):
     for c in ("nodes", "GPUs", "days", "days 90%", "P(reach)", "GPU-hours", "cost $", "eta", "model", "TPP", "MFU %",
               "mem GB", "layout", ""):
         t.add_column(c, justify="left" if c in ("model", "layout", "") else "right", no_wrap=c != "",
-                     min_width=24 if c == "" else None)
+                     min_width=21 if c == "" else None)
     for p in pl["points"]:
         b = p.get("plan")
         if b is None:
+            short = "over the constraints" if p["why"].startswith("none within") else "unreachable here"
             t.add_row(str(p["nodes"]), str(p["n_devices"]), "-", "", "", "", "", f"{p['eta_good']:.3f}", "", "", "", "",
-                      "", p["why"])
+                      "", short)
             continue
         band = "-" if p.get("days_p05") is None else f"{p['days_p05']:.3g}-" + (
             f"{p['days_p95']:.3g}" if p.get("days_p95") is not None else "never")
@@ -178,12 +179,13 @@ def _platform_lines(pl: dict) -> list[str]:
 
 
 def _forward(out: dict) -> None:
-    rows = [(pl["profile"], p) for pl in out["platforms"] for p in pl["forward"]]
+    rows = [(pl["profile"], pl["best_loss"]) for pl in out["platforms"] if pl["best_loss"]]
     if not rows:
         return
     from rich.table import Table
 
-    t = Table(title="the forward question: the lowest loss each cluster reaches within the constraints")
+    t = Table(title="the forward question: the lowest loss within the constraints, per platform (every node count: "
+                    "--json, --html)")
     for c in ("platform", "nodes", "days", "loss", "loss 90%", "model", "MFU %", "GPU-hours", "cost $"):
         t.add_column(c, justify="right")
     for name, p in rows:
@@ -199,14 +201,20 @@ def _summary(out: dict) -> None:
     from scaleplan.mosaic.plan_points import label
 
     o = out["overall"]
+    analytic = {pl["profile"] for pl in out["platforms"] if pl["evidence"]["analytic_platform"]}
     by = "cost" if o["by"] == "cost" else "GPU-hours (not every platform has a price)"
     for name in ("cheapest", "fastest"):
         p = o[name]
-        if p is not None:
-            money = f"${p['cost_usd']:,.0f}" if p["cost_usd"] is not None else f"{p['gpu_hours']:,.0f} GPU-hours"
-            reach = "" if p.get("p_reach") is None else f", P(reaches target) {p['p_reach']:.0%}"
-            stdout.print(f"[bold]{name}[/bold]{' by ' + by if name == 'cheapest' else ''}: {label(p)}, {money}{reach}",
-                         highlight=False)
+        if p is None:
+            continue
+        money = f"${p['cost_usd']:,.0f}" if p["cost_usd"] is not None else f"{p['gpu_hours']:,.0f} GPU-hours"
+        reach = "" if p.get("p_reach") is None else f", P(reaches target) {p['p_reach']:.0%}"
+        if p.get("days_p95") is not None:
+            reach += f", 95% of draws within {p['days_p95']:.3g} days"
+        warn = (" [yellow](analytic platform: nothing measured on it, drawn wider)[/yellow]"
+                if p["profile"] in analytic else "")
+        stdout.print(f"[bold]{name}[/bold]{' by ' + by if name == 'cheapest' else ''}: {label(p)}, {money}{reach}{warn}",
+                     highlight=False)
     if o["best_loss"] is not None:
         p = o["best_loss"]
         stdout.print(f"[bold]best loss within the constraints[/bold]: {p['plan']['loss']:.4f} on {label(p)}",

@@ -32,8 +32,10 @@ from scaleplan.mosaic.search import SECONDS_PER_DAY, Envelope, score
 #: the MFU no plan exceeds (eq:mfu: model FLOPs over the peak): the bound that rules geometries out
 MFU_BOUND = 1.0
 #: geometries planned first per (platform, nodes), those of the best bound: an incumbent to prune with;
-#: each later round plans twice as many (those of the next best bounds still below the best found)
-SEED = 24
+#: each later round plans GROWTH times as many (those of the next best bounds still below the best found).
+#: Few rounds: each is one batch of the estimator per key (its per-call overhead) and a barrier of the workers
+SEED = 64
+GROWTH = 4
 
 
 def tokens_for_loss(law, n_tot, s, g, target: float) -> np.ndarray:
@@ -79,7 +81,7 @@ def solve_inverse(bank, keys: list[tuple[str, int]], nd: dict, eta: dict, day_ca
 
 def _rounds(bank, keys, lb: dict, cap) -> None:
     """Plan, per key, the geometries whose bound ``lb[key]`` is below ``cap(key)`` (the best found so far, or a
-    constraint), in the bound's order and in doubling batches (SEED, 2 SEED, ...), so that the best found
+    constraint), in the bound's order and in growing batches (SEED, GROWTH SEED, ...), so that the best found
     tightens the cap before most geometries are planned. Stops when no key has such a geometry left."""
     order = {k: np.argsort(lb[k], kind="stable") for k in keys}
     size = SEED
@@ -93,7 +95,7 @@ def _rounds(bank, keys, lb: dict, cap) -> None:
         if not wants:
             return
         bank.ensure(wants)
-        size *= 2
+        size *= GROWTH
 
 
 def _day_bound(bank, key, nd: dict, eta: float) -> np.ndarray:

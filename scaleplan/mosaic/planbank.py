@@ -92,6 +92,10 @@ class PlanBank:
         if self._pool is None:
             import multiprocessing as mp
 
+            from scaleplan.mosaic.evidence import errors_for
+
+            for est in self.ests.values():  # the rule errors once, here, not in every worker (plan_table needs them)
+                errors_for(est)
             _BANK = self
             gc.freeze()  # the parent's objects out of the collector's reach: no copy-on-write of every page
             try:

@@ -94,12 +94,15 @@ def test_cheapest_and_frontier_never_dominated_by_brute_force(recorded_db):
 
 def test_the_bound_loses_nothing(recorded_db, monkeypatch):
     """With MFU_BOUND = inf no geometry the law lets reach the target is ruled out (all of them planned): the same
-    points, more evaluations. On a grid wide enough for the bound to rule some out (48 geometries)."""
+    points, more evaluations. SEED 4 (first round 4 geometries per cluster, then 8, 16 ...): on this 48-geometry
+    grid the bound, not the first round's size, decides what is planned."""
     wide = dict(GRID, q=(8, 10, 12), experts=(16, 32, 64, 128))
     base = SearchRequest(profile=B200, nodes=(8,), days=(20.0,), samples=0, workers=1, db_url=recorded_db,
                          progress=False, extend_edges=False, **wide)
     target = run_search(base).out["best"]["loss"]
     req = PlanRequest(search=base, target_loss=target, platforms=(B200,), nodes={B200: (8, 32)})
+    monkeypatch.setattr(inverse, "SEED", 4)
+    monkeypatch.setattr(inverse, "GROWTH", 2)
     pruned = run_plan(req).out
     monkeypatch.setattr(inverse, "MFU_BOUND", np.inf)
     full = run_plan(req).out
