@@ -8,6 +8,9 @@ Ops (the ``op`` column), each on activations of ``tokens`` rows:
 - ``rmsnorm``: ``F.rms_norm`` with a learned scale.  ``layernorm``: ``F.layer_norm`` with scale and bias.
 - ``rope``: rotary embedding (rotate-half form) of x viewed as [tokens, hidden/head_dim, head_dim]
   with per-token cos/sin (head_dim = ``rope_head_dim``, or hidden when it does not divide).
+- ``quantize_tensorwise``, ``quantize_mxfp8``: the FP8 cast of a bf16 GEMM input [tokens, hidden] in a recipe
+  (bench/fp8.py), rowwise and columnwise (the transposed copy the weight gradient reads), forward only: the
+  cast kernels Transformer Engine runs before each FP8 GEMM (issue 37).
 Times in seconds; bwd_s is the backward pass alone.
 """
 
@@ -24,6 +27,7 @@ NAME = "elementwise"
 TABLE = m.ElementwisePoint
 KEY = ("op", "tokens", "hidden", "dtype")
 OPS = ("swiglu", "silu", "residual_add", "rmsnorm", "layernorm", "rope")
+QUANTIZE_OPS = {"quantize_tensorwise": "tensorwise", "quantize_mxfp8": "mxfp8"}
 
 
 class Config(SuiteConfig):
@@ -84,7 +88,21 @@ def _closure(p: dict, dt: torch.dtype, ctx: h.Context):
     raise h.Unsupported(f"unknown elementwise op {op!r}")
 
 
+def _quantize_point(p: dict, ctx: h.Context) -> dict:
+    """A cast kernel's row: forward only (a cast has no backward of its own)."""
+    from scaleplan.bench import fp8
+
+    recipe = QUANTIZE_OPS[p["op"]]
+    if recipe == "mxfp8" and (p["tokens"] % fp8.MX_BLOCK or p["hidden"] % fp8.MX_BLOCK):
+        raise h.SkipAlign(f"mxfp8 casts need tokens and hidden multiples of {fp8.MX_BLOCK}")
+    x = h.randn((p["tokens"], p["hidden"]), h.torch_dtype(p["dtype"], ctx), ctx.device)
+    f = h.time_fn(lambda _: (fp8.quantize(x, recipe), fp8.quantize(x.t().contiguous(), recipe)), ctx)
+    return dict(fwd_s=f.median, bwd_s=None, n_rep=f.n, note=f"recipe={recipe}: rowwise and columnwise copies")
+
+
 def measure(p: dict, ctx: h.Context) -> dict:
+    if p["op"] in QUANTIZE_OPS:
+        return _quantize_point(p, ctx)
     dt = h.torch_dtype(p["dtype"], ctx)
     if p["dtype"] in ("fp8", "tf32"):
         raise h.Unsupported(f"element-wise ops are benchmarked in bf16/fp16/fp32, not {p['dtype']}")

@@ -8,6 +8,9 @@ GEMM), fc2 maps ffn -> hidden. ``balanced`` gives every expert the same rows; ``
 them rows proportional to a fixed Zipf-like weight 1/(i+1) (same total, deterministic, every
 expert at least one row), the imbalance a router without load balancing produces.
 
+dtype "fp8" (per-tensor current scaling) or "mxfp8": an FP8 recipe's grouped GEMM, quantize kernels included,
+each expert's rows padded to the recipe's alignment, device time stored (bench/fp8_grouped.py).
+
 Implementations, first available wins unless ``impl`` is set: Transformer Engine ``GroupedLinear``
 (te_grouped_linear; CUDA only), ``torch._grouped_mm`` (torch_grouped_mm), else one ``torch.mm`` per
 expert (loop). The row records which one ran. fwd_s / bwd_s are medians in seconds; bwd is the
@@ -19,6 +22,8 @@ from __future__ import annotations
 import torch
 from scaleplan.bench import harness as h
 from scaleplan.bench.config import SuiteConfig, explicit_points, grid
+from scaleplan.bench.fp8 import RECIPE_OF_DTYPE
+from scaleplan.bench.fp8_grouped import measure_fp8
 
 from scaleplan.db import models as m
 
@@ -146,15 +151,16 @@ def probe_s(p: dict, ctx: h.Context) -> float:
     """Seconds of one forward and one timed backward (with its untimed forward): about 4 forwards,
     each the FLOPs of one GEMM over all the point's rows (a probe, :func:`harness.probe_mm_s`)."""
     fin, fout = features(p["proj"], p["hidden"], p["ffn"])
-    return 4.0 * h.probe_mm_s(p["num_gemms"] * p["tokens_per_expert"], fout, fin, p["dtype"], ctx)
+    dtype = "bf16" if p["dtype"] in RECIPE_OF_DTYPE else p["dtype"]  # an FP8 point: its bf16 twin bounds it
+    return 4.0 * h.probe_mm_s(p["num_gemms"] * p["tokens_per_expert"], fout, fin, dtype, ctx)
 
 
 def measure(p: dict, ctx: h.Context) -> dict:
-    dt = h.torch_dtype(p["dtype"], ctx)
-    if p["dtype"] == "fp8":
-        raise h.Unsupported("fp8 grouped GEMM is not benchmarked (no portable fp8 grouped kernel)")
     fin, fout = features(p["proj"], p["hidden"], p["ffn"])
     rows = splits(p["num_gemms"], p["tokens_per_expert"], p["distribution"])
+    if p["dtype"] in RECIPE_OF_DTYPE:  # FP8: a recipe's quantize + GEMMs, rows padded (bench/fp8_grouped.py)
+        return measure_fp8(p, ctx, fin, fout, rows)
+    dt = h.torch_dtype(p["dtype"], ctx)
     total = sum(rows)
     h.check_memory(ctx, dt.itemsize * 3 * (total * (fin + fout) + p["num_gemms"] * fin * fout))
     impl = pick_impl(ctx, dt)

@@ -1,0 +1,151 @@
+"""The FP8 grouped GEMM point of the grouped_gemm suite (issue 37): one projection of the expert MLP over
+``num_gemms`` local experts in a recipe (the row's dtype: "fp8" per-tensor current scaling, "mxfp8"), forward
+and backward, each expert's rows padded to the recipe's alignment (bench/fp8.py).
+
+What is stored is device time: on CUDA the median of a CUDA-graph replay of the call where it can be
+captured (no host launch cost in it), else of CUDA events around it (then the note says "events", which
+count host gaps longer than the queue); the eager wall per call (calls issued back to back, host included)
+goes into the note, so a table's host floor (estimator/floors.py) is measured, not inferred.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from scaleplan.bench import fp8
+from scaleplan.bench import harness as h
+
+
+def pick_impl(ctx: h.Context, recipe: str) -> str:
+    """te_grouped_linear (CUDA with Transformer Engine), torch_scaled_mm (CUDA, tensorwise, compute
+    capability >= 8.9), else emulated."""
+    if ctx.is_cuda:
+        try:
+            import transformer_engine.pytorch  # noqa: F401
+            return "te_grouped_linear"
+        except Exception:
+            pass
+        if recipe == "tensorwise" and torch.cuda.get_device_capability(ctx.device) >= (8, 9):
+            return "torch_scaled_mm"
+    return "emulated"
+
+
+def _emulated(x, w, dy, rows, recipe):
+    """(forward, backward) closures of the emulated path: fp32 GEMMs of quantized-dequantized operands."""
+    def fwd():
+        return fp8.grouped_forward(x, w, rows, recipe)
+
+    def bwd():
+        xs, ds = torch.split(x, rows), torch.split(dy, rows)
+        dx = [fp8.emulated_gemm(d, w[g].t(), recipe) for g, d in enumerate(ds)]
+        dw = [fp8.emulated_gemm(xg.t(), d, recipe) for xg, d in zip(xs, ds)]
+        return torch.cat(dx), torch.stack(dw)
+
+    return fwd, bwd
+
+
+def _scaled_mm(a_q, sa, bt_q, sb):
+    """a [m, k] (E4M3, row-major) @ b [k, n] given as b^T [n, k] row-major (so column-major b, as cuBLASLt's
+    FP8 GEMM needs), per-tensor scales; bf16 out."""
+    return torch._scaled_mm(a_q, bt_q.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+
+def _torch_scaled(x, w, dy, rows):
+    """(forward, backward) closures with one torch._scaled_mm per expert (tensorwise): activations and output
+    gradients quantized per call, weights once (TE caches them from the first micro-batch)."""
+    wt = [fp8.quantize_tensorwise(w[g].t().contiguous()) for g in range(w.shape[0])]   # w^T [n, k] for forward
+    wq = [fp8.quantize_tensorwise(w[g].contiguous()) for g in range(w.shape[0])]       # w [k, n] for dgrad
+
+    def fwd():
+        out = []
+        for g, xg in enumerate(torch.split(x, rows)):
+            q, s = fp8.quantize_tensorwise(xg)
+            out.append(_scaled_mm(q, s, *wt[g]))
+        return torch.cat(out)
+
+    def bwd():
+        dx, dw = [], []
+        for g, (xg, d) in enumerate(zip(torch.split(x, rows), torch.split(dy, rows))):
+            qd, sd = fp8.quantize_tensorwise(d)
+            dx.append(_scaled_mm(qd, sd, *wq[g]))                         # dy [m, n] @ w^T [n, k]
+            qx, sx = fp8.quantize_tensorwise(xg.t().contiguous())          # x^T [k, m]
+            dw.append(_scaled_mm(qx, sx, *fp8.quantize_tensorwise(d.t().contiguous())))  # x^T @ dy
+        return dx, dw
+
+    return fwd, bwd
+
+
+def _te(x, w, dy, rows, recipe, ctx):
+    """(forward, backward) closures of TE's GroupedLinear under fp8_autocast with the recipe."""
+    import transformer_engine.pytorch as te
+    from transformer_engine.common import recipe as te_recipe
+
+    rec = te_recipe.Float8CurrentScaling() if recipe == "tensorwise" else te_recipe.MXFP8BlockScaling()
+    layer = te.GroupedLinear(w.shape[0], w.shape[1], w.shape[2], bias=False, params_dtype=x.dtype, device=ctx.device)
+    xg = x.detach().requires_grad_(True)
+
+    def fwd():
+        with te.fp8_autocast(enabled=True, fp8_recipe=rec):
+            return layer(xg, rows)
+
+    def bwd():
+        xg.grad = None
+        fwd().backward(dy)
+
+    return fwd, bwd
+
+
+def _device_s(fn, ctx: h.Context) -> tuple[float, str]:
+    """Median device seconds of fn(): a CUDA-graph replay where the call can be captured, else CUDA events
+    (CPU: wall). Returns (seconds, how)."""
+    if ctx.is_cuda:
+        try:
+            s = torch.cuda.Stream(ctx.device)
+            s.wait_stream(torch.cuda.current_stream(ctx.device))
+            with torch.cuda.stream(s):
+                fn()
+            torch.cuda.current_stream(ctx.device).wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            return h.time_fn(lambda _: graph.replay(), ctx, flush=False).median, "graph"
+        except Exception:
+            pass
+    return h.time_fn(lambda _: fn(), ctx).median, "events" if ctx.is_cuda else "wall"
+
+
+def _wall_per_call_s(fn, ctx: h.Context, calls: int = 20) -> float:
+    """Eager seconds per call with ``calls`` issued back to back (host launch cost included)."""
+    h.synchronize(ctx.device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    h.synchronize(ctx.device)
+    return (time.perf_counter() - t0) / calls
+
+
+def measure_fp8(p: dict, ctx: h.Context, fin: int, fout: int, rows: list[int]) -> dict:
+    """A grouped_gemm row of dtype "fp8" or "mxfp8" (module docstring). Raises harness.SkipAlign for an
+    MXFP8 shape whose dimensions are not multiples of 32."""
+    recipe = fp8.RECIPE_OF_DTYPE[p["dtype"]]
+    if recipe == "mxfp8":
+        try:
+            fp8.check_mx_shape(fin, fout)
+        except ValueError as e:
+            raise h.SkipAlign(str(e)) from None
+    xp, padded = fp8.pad_groups(h.randn((sum(rows), fin), torch.bfloat16, ctx.device), rows, fp8.ALIGN[recipe])
+    h.check_memory(ctx, 2 * 4 * (sum(padded) * (fin + fout) + len(rows) * fin * fout))
+    w = h.randn((len(rows), fin, fout), torch.bfloat16, ctx.device, scale=fin**-0.5)
+    dy = h.randn((sum(padded), fout), torch.bfloat16, ctx.device)
+    impl = pick_impl(ctx, recipe)
+    if impl == "te_grouped_linear":
+        fwd, bwd = _te(xp, w, dy, padded, recipe, ctx)
+    elif impl == "torch_scaled_mm":
+        fwd, bwd = _torch_scaled(xp, w, dy, padded)
+    else:
+        fwd, bwd = _emulated(xp.float(), w.float(), dy.float(), padded, recipe)
+    f, how = _device_s(fwd, ctx)
+    b, _ = _device_s(bwd, ctx)
+    wall = _wall_per_call_s(fwd, ctx)
+    note = f"recipe={recipe}; padded_rows={sum(padded)} of {sum(rows)}; device={how}; wall_fwd_per_call_s={wall:.3e}"
+    return dict(fwd_s=f, bwd_s=b, impl=impl, in_features=fin, out_features=fout, note=note)

@@ -1,0 +1,134 @@
+"""The bench's FP8 pieces on a CPU (bench/fp8.py, bench/fp8_grouped.py; issue 37): group padding to the recipe's
+alignment, the two recipes' quantize against reference implementations written here from their definitions
+(per-tensor current scaling; OCP MX blocks), the emulated FP8 grouped GEMM against fp32, and the grouped_gemm /
+elementwise suites' FP8 rows run end to end (the CUDA paths, TE and torch._scaled_mm, need a GPU)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from scaleplan.bench import fp8
+from scaleplan.bench.suites import get_suite
+
+from .conftest import tiny_preset
+
+
+@pytest.mark.parametrize("align", [16, 32])
+def test_groups_are_padded_to_the_alignment_and_unpadded_back(align):
+    rows = [0, 1, 15, 16, 17, 33, 64]
+    want = [int(math.ceil(r / align) * align) for r in rows]
+    assert fp8.padded_splits(rows, align) == want
+    x = torch.arange(sum(rows) * 3, dtype=torch.float32).reshape(sum(rows), 3) + 1.0  # no zero rows of its own
+    xp, padded = fp8.pad_groups(x, rows, align)
+    assert padded == want and xp.shape == (sum(want), 3)
+    start = 0
+    for r, p, part in zip(rows, want, torch.split(xp, want)):
+        assert torch.equal(part[:r], x[start:start + r]) and not part[r:].any()  # data, then zero rows
+        start += r
+    assert torch.equal(fp8.unpad_groups(xp, rows, padded), x)
+
+
+def _e4m3_step(v: np.ndarray) -> np.ndarray:
+    """Spacing of E4M3 values at |v| (3 mantissa bits; subnormals below 2^-6 spaced 2^-9)."""
+    e = np.floor(np.log2(np.maximum(np.abs(v), 2.0 ** -6)))
+    return 2.0 ** (e - 3)
+
+
+def test_tensorwise_scales_the_amax_to_448_and_rounds_to_e4m3():
+    x = (torch.randn(64, 96, dtype=torch.float64) * 3.0).clamp(-10.0, 10.0)
+    x[5, 7] = -11.0  # the amax
+    q, s = fp8.quantize_tensorwise(x)
+    ref_scale = 11.0 / 448.0
+    assert q.dtype == torch.float8_e4m3fn and float(s) == pytest.approx(ref_scale, rel=1e-6)
+    assert float(q.float()[5, 7]) == -448.0
+    scaled = x.numpy() / ref_scale  # the reference: every element on the E4M3 grid of x / scale, rounded
+    err = np.abs(q.float().numpy() - scaled)
+    assert np.all(err <= _e4m3_step(scaled) / 2 + 1e-12)
+    assert fp8.quantize_tensorwise(torch.zeros(4, 4))[1] == 1.0
+
+
+def test_mxfp8_gives_each_32_block_the_power_of_two_scale_transformer_engine_computes():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 128)) * np.exp(rng.uniform(-6, 6, (8, 128)))
+    x[3, 32:64] = 0.0  # an all-zero block
+    q, s = fp8.quantize_mxfp8(torch.from_numpy(x))
+    for r in range(8):
+        for b in range(4):
+            blk = x[r, 32 * b:32 * (b + 1)]
+            amax = np.abs(blk).max()
+            # TE's float_to_e8m0(amax / 448): the power of two at or above it (PTX cvt.rp: round up)
+            want = 2.0 ** math.ceil(math.log2(amax / 448.0)) if amax > 0 else 1.0
+            assert float(s[r, b]) == want
+            got = q.float().numpy()[r, 32 * b:32 * (b + 1)]
+            assert np.abs(blk / want).max() <= 448.0  # rounded up: nothing saturates
+            assert np.all(np.abs(got - blk / want) <= _e4m3_step(blk / want) / 2 + 1e-12)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fp8.quantize_mxfp8(torch.ones(4, 48))
+
+
+@pytest.mark.parametrize("recipe", fp8.RECIPES)
+def test_emulated_grouped_gemm_is_the_fp32_product_within_e4m3_precision(recipe):
+    torch.manual_seed(1)
+    rows, k, n = [5, 40, 0, 33], 64, 96
+    x, w = torch.randn(sum(rows), k), torch.randn(len(rows), k, n) / 8
+    got = fp8.grouped_forward(x, w, rows, recipe)
+    ref = torch.cat([xg @ w[g] for g, xg in enumerate(torch.split(x, rows))])
+    assert got.shape == ref.shape
+    # two operands each within 2^-4 relative: the product's error is a few percent of its norm, never 10%
+    rel = float((got - ref).norm() / ref.norm())
+    assert 0.0 < rel < 0.1
+    # the padding rows never reach another group: each group equals its own unpadded product
+    for g, (xg, out) in enumerate(zip(torch.split(x, rows), torch.split(got, rows))):
+        if rows[g]:
+            solo = fp8.emulated_gemm(xg, w[g], recipe)
+            assert torch.allclose(out, solo, rtol=0, atol=1e-5 * float(solo.abs().max()))
+
+
+def test_cast_bytes_follow_the_recipe():
+    assert fp8.cast_bytes(4096, 2048, "tensorwise") == 4096 * 2048 * 6  # two bf16 reads, two E4M3 writes
+    assert fp8.cast_bytes(4096, 2048, "mxfp8") == 4096 * 2048 * (4 + 8 / 32)
+
+
+def _run(suite: str, cfg: dict, sqlite_url: str):
+    from sqlalchemy import select
+
+    from scaleplan.bench import runner
+    from scaleplan.bench.config import parse_preset
+    from scaleplan.db.session import session_scope
+
+    res = runner.run_preset(parse_preset(tiny_preset({suite: cfg})), sqlite_url, device="cpu")
+    table = get_suite(suite).TABLE
+    with session_scope(sqlite_url) as s:
+        return [{c.key: getattr(r, c.key) for c in table.__table__.columns}
+                for r in s.scalars(select(table).where(table.run_id == res[0].run_id))]
+
+
+def test_grouped_gemm_suite_measures_fp8_rows_on_a_cpu(sqlite_url):
+    rows = _run("grouped_gemm", {"dtypes": ["fp8", "mxfp8"], "proj": ["fc1", "fc2"], "distribution": ["skewed"],
+                                 "num_gemms": [4], "tokens_per_expert": [24], "hidden": [64], "ffn": [48]},
+                sqlite_url)
+    by = {(r["dtype"], r["proj"]): r for r in rows}
+    assert len(by) == 4
+    from scaleplan.bench.suites.grouped_gemm import splits
+
+    for dt, align in (("fp8", 16), ("mxfp8", 32)):
+        r = by[(dt, "fc2")]  # in_features = ffn 48: not a multiple of 32
+        if dt == "mxfp8":
+            assert r["status"] == "SKIP_ALIGN" and r["fwd_s"] is None
+            continue
+        assert r["status"] == "OK" and r["impl"] == "emulated" and r["fwd_s"] > 0 and r["bwd_s"] > 0
+        padded = sum(fp8.padded_splits(splits(4, 24, "skewed"), align))
+        assert f"padded_rows={padded} of 96" in r["note"] and "wall_fwd_per_call_s=" in r["note"]
+    assert by[("mxfp8", "fc1")]["status"] == "OK"  # 64 -> 96: both multiples of 32
+
+
+def test_elementwise_suite_times_the_cast_kernels(sqlite_url):
+    rows = _run("elementwise", {"ops": ["quantize_tensorwise", "quantize_mxfp8"], "tokens": [64, 48],
+                                "hidden": [128]}, sqlite_url)
+    by = {(r["op"], r["tokens"]): r for r in rows}
+    assert all(r["status"] == "OK" and r["fwd_s"] > 0 and r["bwd_s"] is None
+               for k, r in by.items() if k != ("quantize_mxfp8", 48))
+    assert by[("quantize_mxfp8", 48)]["status"] == "SKIP_ALIGN"
