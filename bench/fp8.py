@@ -1,4 +1,4 @@
-"""FP8 pieces the bench times (issue 37): the padding of expert groups to the recipe's row alignment, the
+"""FP8 pieces the bench times: the padding of expert groups to the recipe's row alignment, the
 quantize kernels of each recipe, and an FP8 grouped GEMM built from them.
 
 Recipes (Transformer Engine's names, Megatron-LM's --fp8-recipe): ``tensorwise`` (per-tensor current

@@ -1,4 +1,4 @@
-"""The FP8 grouped GEMM point of the grouped_gemm suite (issue 37): one projection of the expert MLP over
+"""The FP8 grouped GEMM point of the grouped_gemm suite: one projection of the expert MLP over
 ``num_gemms`` local experts in a recipe (the row's dtype: "fp8" per-tensor current scaling, "mxfp8"), forward
 and backward, each expert's rows padded to the recipe's alignment (bench/fp8.py).
 

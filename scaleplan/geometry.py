@@ -6,7 +6,7 @@ head-wise sigmoid output gate (a d x n_head projection); the first ``first_dense
 carry a dense SwiGLU FFN of width d_ff; every other block an MoE layer with E routed SwiGLU
 experts of width d_expert, optionally one always-on shared expert, and a router W_r in R^{E x d}.
 
-A spec's model may differ from the paper's (issue 41): multi-latent attention, biases, q/k norms, attention sinks,
+A spec's model may differ from the paper's: multi-latent attention, biases, q/k norms, attention sinks,
 MTP layers, a sigmoid router; :func:`spec_param_counts` counts those from :func:`block_params`, the one place a
 block's parameters are counted (megatron-core's GPTModel built from the emitted arguments has exactly these,
 tests/cli/test_megatron_families.py). The vectorised ladder functions count the paper's architecture only.

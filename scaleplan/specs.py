@@ -310,7 +310,7 @@ class Spec(BaseModel):
         """One line per field that is read but not used, with the reason (the reference tool's parallelism.sp,
         zero_level, n_param_buckets)."""
         m, p, out = self.model, self.parallelism, []
-        # until the estimator costs them (issue 41, in progress): counted and emitted, costed as their nearest
+        # until the estimator costs them: counted and emitted, costed as their nearest
         pending = [("mla", m.mla is not None, "costed as GQA attention of head_dim-wide heads"),
                    ("mtp_layers", m.mtp_layers > 0, "its layers are left out of time and memory"),
                    ("sliding_window", m.sliding_window is not None, "costed as full causal attention")]

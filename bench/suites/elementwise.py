@@ -10,7 +10,7 @@ Ops (the ``op`` column), each on activations of ``tokens`` rows:
   with per-token cos/sin (head_dim = ``rope_head_dim``, or hidden when it does not divide).
 - ``quantize_tensorwise``, ``quantize_mxfp8``: the FP8 cast of a bf16 GEMM input [tokens, hidden] in a recipe
   (bench/fp8.py), rowwise and columnwise (the transposed copy the weight gradient reads), forward only: the
-  cast kernels Transformer Engine runs before each FP8 GEMM (issue 37).
+  cast kernels Transformer Engine runs before each FP8 GEMM.
 Times in seconds; bwd_s is the backward pass alone.
 """
 

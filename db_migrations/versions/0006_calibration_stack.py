@@ -1,4 +1,4 @@
-"""calibration.stack: the training stack a calibration was fitted on (issue 37)
+"""calibration.stack: the training stack a calibration was fitted on
 
 A calibration belongs to the stack its runs ran (scaleplan/stack.py, ``Stack.key``): the kernel counts,
 host costs and fusions it fits are that stack's, and it is never applied to a plan of another. Rows

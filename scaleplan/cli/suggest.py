@@ -1,4 +1,4 @@
-"""A fix the command line suggests is checked before it is printed (issue 39.6).
+"""A fix the command line suggests is checked before it is printed.
 
 When a spec's layout does not fit a device count (``estimate SPEC --devices N``: dp*mbs does not divide the
 global batch), the suggestion is a ``--layout`` text that, applied to the spec's own layout as ``estimate``

@@ -144,7 +144,7 @@ def describe(errors: RuleErrors = RECORDED) -> dict:
             "analytic_mape": errors.analytic, "source": errors.source}
 
 
-# --- how far from what was measured end to end (issue 39.2) ---------------------------------------------------
+# --- how far from what was measured end to end --------------------------------------------------------------
 # The tables above cost a plan's parts; the observed runs of the profile (``calibrate add``, ``validate``) are
 # the only check of a whole plan, and the law's training runs the only check of its loss. A search that maximises
 # over a model's errors picks the plans the model is most optimistic about, and those lie where nothing checked

@@ -96,7 +96,7 @@ def check_layout(spec: Spec, layout: Layout, nproc: int) -> int:
 
 
 def _check_features(spec: Spec) -> None:
-    """The reference model is the paper's architecture: refuse a model feature it does not build (issue 41's)."""
+    """The reference model is the paper's architecture: refuse a model feature it does not build."""
     m, moe = spec.model, spec.model.moe
     unset = {"model.mla": m.mla, "model.mtp_layers": m.mtp_layers or None, "model.sliding_window": m.sliding_window,
              "model.qk_norm": m.qk_norm or None, "model.attention_sinks": m.attention_sinks or None,

@@ -1,4 +1,4 @@
-"""The bench's FP8 pieces on a CPU (bench/fp8.py, bench/fp8_grouped.py; issue 37): group padding to the recipe's
+"""The bench's FP8 pieces on a CPU (bench/fp8.py, bench/fp8_grouped.py): group padding to the recipe's
 alignment, the two recipes' quantize against reference implementations written here from their definitions
 (per-tensor current scaling; OCP MX blocks), the emulated FP8 grouped GEMM against fp32, and the grouped_gemm /
 elementwise suites' FP8 rows run end to end (the CUDA paths, TE and torch._scaled_mm, need a GPU)."""

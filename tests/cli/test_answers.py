@@ -8,7 +8,7 @@ SAMPLED = [a if a != "0" or SMALL_SEARCH[i - 1] != "--samples" else "100" for i,
 
 def _band(r: dict) -> float:
     """The MFU draw's 90% band in log units (the loss band also carries the law's distance from its data, which
-    differs between the two recommended plans: issue 39.2)."""
+    differs between the two recommended plans)."""
     import math
 
     return math.log(r["mfu_p95"] / r["mfu_p05"])

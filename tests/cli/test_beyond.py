@@ -1,4 +1,4 @@
-"""Issue 39.2 through the CLI: the recommended plan's distance from what was measured is in the main table, the
+"""The recommended plan's distance from what was measured is in the main table, the
 recommendation line, the JSON and the HTML report, and --robust says whether it changes the answer."""
 from __future__ import annotations
 

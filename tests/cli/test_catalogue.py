@@ -1,4 +1,4 @@
-"""Issue 41: the catalogue of well-known models and `scaleplan spec from-hf`.
+"""The catalogue of well-known models and `scaleplan spec from-hf`.
 
 * Parameter counts computed from each catalogue spec (scaleplan.geometry) against the figures the model's authors
   publish, each with its source and the convention it counts in (which embeddings an "activated" figure includes).

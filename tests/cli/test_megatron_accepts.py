@@ -87,12 +87,12 @@ GRID = [
     # allows (its TransformerConfig: alltoall or flex): this row has no shared expert. Its permute fusion needs
     # TE's fused permute, which megatron-core 0.16.1 imports only with Transformer Engine installed (the
     # check runs without): that flag is checked by the round trip of tests/cli/test_megatron_log.py
-    ("5.4B fp8 MXFP8, fused permute and router, HybridEP, CUDA graphs, FP8 weights (issue 37)", "moe-5p4b",
+    ("5.4B fp8 MXFP8, fused permute and router, HybridEP, CUDA graphs, FP8 weights", "moe-5p4b",
      {"model.precision": "fp8", "model.moe.shared_expert_inter_sz": 0, "stack.fp8_recipe": "mxfp8",
       "stack.router_fusion": True, "stack.dispatcher": "hybridep",
       "stack.cuda_graphs": ["attn", "moe_router", "moe_preprocess"], "stack.fp8_param": True}, 64,
      "tp=1,pp=2,ep=8,ckpt=selective"),
-    ("5.4B SequentialMLP, all-gather dispatcher, delayed scaling (issue 37)", "moe-5p4b",
+    ("5.4B SequentialMLP, all-gather dispatcher, delayed scaling", "moe-5p4b",
      {"model.precision": "fp8", "stack.experts": "sequential", "stack.dispatcher": "allgather",
       "stack.fp8_recipe": "delayed"}, 64, "tp=2,pp=2,ep=8,ckpt=full"),
     ("18B capacity 1.25, 3 dense blocks, MoE every 2nd", "moe-18b",

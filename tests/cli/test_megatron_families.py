@@ -1,4 +1,4 @@
-"""Issue 41: a tiny copy of each catalogue family, built on the CPU by megatron-core's own GPTModel from the
+"""A tiny copy of each catalogue family, built on the CPU by megatron-core's own GPTModel from the
 arguments ``--emit megatron`` prints for it, has the parameters scaleplan.geometry counts (N_tot + embeddings + MTP
 layers): multi-latent attention with and without a q latent, MTP, the sigmoid router's expert bias (a buffer, not a
 parameter), dense first blocks of their own width, q/k norms, attention sinks, biases on every linear, GPT-OSS's

@@ -1,4 +1,4 @@
-"""Issue 41: the Megatron-LM arguments of today's models in both forms, GPTModel's (`--emit megatron`) and the newest
+"""The Megatron-LM arguments of today's models in both forms, GPTModel's (`--emit megatron`) and the newest
 HybridModel's `--hybrid-layer-pattern` (`--emit megatron-hybrid`), each accepted by Megatron-LM's own checks (the flag
 table, validate_args' derivations in tests/cli/mlm.py, megatron-core's TransformerConfig / MLATransformerConfig) and
 read back by `calibrate add --megatron-log` into the spec and layout they came from.

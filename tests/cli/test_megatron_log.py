@@ -232,7 +232,7 @@ def test_calibrate_fit_uses_the_logged_runs(recorded_db, run, tmp_path):
 
 def test_a_stack_round_trips_through_emit_and_log(run, tmp_path, validation_dir):
     """A spec's training stack -> `estimate --emit megatron` -> a log of that run -> `calibrate add --megatron-log`
-    -> the same stack (issue 37): the calibration fitted on that run carries its stack."""
+    -> the same stack: the calibration fitted on that run carries its stack."""
     from scaleplan.specs import parse_spec
 
     doc = yaml.safe_load((validation_dir / "models.yaml").read_text())["moe-5p4b"]

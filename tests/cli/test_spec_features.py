@@ -1,4 +1,4 @@
-"""Issue 41: every new model field refuses a bad value in one line naming the field, the value and what is allowed
+"""Every new model field refuses a bad value in one line naming the field, the value and what is allowed
 (SpecError; exit 2 on the command line), and the parameter counts of MLA, MTP, biases, norms and sinks by hand."""
 from __future__ import annotations
 

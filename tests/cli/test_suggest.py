@@ -1,4 +1,4 @@
-"""Issue 39.6: a fix the command line suggests is run back through the same command and accepted.
+"""A fix the command line suggests is run back through the same command and accepted.
 The spec is the paper-grid optimum `search --emit-spec` writes (L48 E128 K1 G2, tp 2, ep 128, micro-batch 8 on
 256 B200); on 100 devices `estimate` used to suggest --layout pp=25, which it then refused."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A calibration belongs to the training stack its runs ran (scaleplan/stack.py) and is never in force for
-another (issue 37): the rows' stack column, the query of the rows in force, and the fits' choice of runs."""
+another: the rows' stack column, the query of the rows in force, and the fits' choice of runs."""
 from __future__ import annotations
 
 import pytest

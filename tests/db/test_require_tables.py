@@ -1,4 +1,4 @@
-"""Issue 39.5: a benchmark pointed at a database without measured tables refuses in one line (exit 2) and creates
+"""A benchmark pointed at a database without measured tables refuses in one line (exit 2) and creates
 nothing, instead of reporting the all-analytic model's figures as if they were the tables'."""
 from __future__ import annotations
 

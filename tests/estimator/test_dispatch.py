@@ -53,7 +53,7 @@ def test_dispatch_law_charges_the_ep_host_term_per_moe_layer_only_under_ep():
 
 def test_dispatch_law_counts_kernels_in_the_checkpoint_modes_units():
     """kappa is counted in full-recompute units (forward 1 + backward 2 + recompute 1 = 4): without
-    recompute a layer issues 3/4 of those kernels, selective 3.1/4, super-selective 3.3/4."""
+    recompute a layer launches 3/4 of those kernels, selective 3.1/4, super-selective 3.3/4."""
     law = DispatchLaw(kappa0=600.0, kappa1=5.0, t_gap_s=20e-6, t_host_s=0.0, t_ep_host_s=1e-3)
     full = 2 * (600 + 5 * 8) * 20e-6 + 2 * 1e-3  # 2 MoE layers, 8 local experts, EP 4
     for mode, units in ((CkptMode.NONE, 3.0), (CkptMode.SELECTIVE, 3.1), (CkptMode.SUPER_SELECTIVE, 3.3),

@@ -1,4 +1,4 @@
-"""Issue 39.2: each candidate carries how far it lies from what was measured (the law's data, the observed runs),
+"""Each candidate carries how far it lies from what was measured (the law's data, the observed runs),
 its draws widen with that distance, and --robust recommends at a loss quantile."""
 import math
 

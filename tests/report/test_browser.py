@@ -128,7 +128,7 @@ _HOST = """<html><body style="margin:0"><iframe src="{src}" style="border:0;widt
 
 @pytest.mark.parametrize("width", [1280, 390])
 def test_search_report_reads_at_desktop_and_phone_width(tmp_path, width):
-    """Issue 39.8: at 1280 px and at a phone's 390 px nothing runs off the page (every table scrolls inside its own
+    """At 1280 px and at a phone's 390 px nothing runs off the page (every table scrolls inside its own
     box, which fits the page), the recommendation sentence wraps whole, and at 1280 the candidates' status and
     P(optimal) are in view without scrolling the table. A screenshot of each is saved (and was looked at)."""
     d = search_dict(24)
