@@ -19,6 +19,7 @@ import copy
 import sys
 from pathlib import Path
 
+import deep_pipeline
 import numpy as np
 import yaml
 from scaleplan.calibrate.joint import IDENTITY, estimator_t_pred, fit_joint
@@ -105,6 +106,8 @@ def main() -> None:
                      if f.unidentified else ""))
     slot_pairs(sw, preds, t_meas)
     slot_law(sw, preds, t_meas)
+    deep_pipeline.slot_vs_microbatch(sw, preds)
+    deep_pipeline.floors(sw, est.profile)
     if a.verbose:
         for name, spec, n, lays, real, _ in sw:
             for lo, r, m in zip(lays, preds[name], real):

@@ -194,7 +194,8 @@ def sweep_scatter(r0: np.ndarray, sweeps=None) -> np.ndarray:
     """The scatter of each run's log residual (shape (n,)): the RMS of ``r0`` over the run's sweep
     (over all runs when ``sweeps`` is None), floored at READ_SD."""
     r0 = np.asarray(r0, dtype=float)
-    lab = np.zeros(r0.size, dtype=int) if sweeps is None else np.unique(np.asarray(sweeps), return_inverse=True)[1]
+    lab = (np.zeros(r0.size, dtype=int) if sweeps is None
+           else np.unique(np.asarray(sweeps), return_inverse=True)[1])
     rms = np.array([np.sqrt(np.mean(r0[lab == k] ** 2)) for k in range(lab.max() + 1)])
     return np.maximum(rms, READ_SD)[lab]
 

@@ -29,7 +29,10 @@ Against the law in force for the same plan (:func:`compare`): kernels per layer-
 (the step's count over n_mb L_stage, in full-recompute units; it includes the embedding, loss and optimizer
 kernels, so it bounds the per-layer count from above) against kappa(E_loc); host seconds per micro-batch
 against t_disp; the t_gap that makes the law give the measured host time with the measured count; the
-estimator's step time against the wall. Across the traces of several ranks of one stage
+estimator's step time against the wall; the 1F1B schedule and the expert all-to-all of the traced stage
+(:mod:`scaleplan.calibrate.trace_pipeline`: the first micro-batch's round trip in steady periods, the
+exchanges between stages, the all-to-all kernels per MoE layer and the share of them hidden behind compute).
+Across the traces of several ranks of one stage
 (:func:`peer_waits`): how long their collectives wait for the last rank. :func:`fit_law` turns traces into a
 'dispatch' calibration
 (``--store``): kappa0, kappa1 from the counts (both with two or more E_loc, else kappa0 with kappa1 kept),
@@ -49,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from scaleplan.calibrate.trace_pipeline import schedules, summary
 from scaleplan.errors import SpecError
 
 #: host calls that launch device work (the kernels themselves are counted on the device side)
@@ -95,6 +99,7 @@ class Trace:
     rank: int | None
     world_size: int | None
     steps: list[TraceStep]
+    schedule: list = field(default_factory=list)  # per step: calibrate.trace_pipeline.Schedule
 
     def median(self, attr: str) -> float:
         return float(statistics.median(getattr(s, attr) for s in self.steps))
@@ -269,14 +274,17 @@ def read_trace(path: str | Path) -> Trace:
     if not host:
         raise SpecError("TRACE", p.name, "a trace with host activity (CPU ops and CUDA runtime calls) as well")
     st = _Steps(_windows(host))
-    st.add_device(dev, {e["args"]["correlation"]: e["ts"] for e in host
-                        if e.get("cat") in HOST_CATS and "correlation" in (e.get("args") or {})})
+    launches = {e["args"]["correlation"]: e for e in host
+                if e.get("cat") in HOST_CATS and "correlation" in (e.get("args") or {})}
+    st.add_device(dev, {c: e["ts"] for c, e in launches.items()})
     st.add_host(host)
+    kept = [w for w, k in zip(st.windows, st.steps) if k.kernels]  # the windows of the steps finish() keeps
     steps = st.finish()
     if not steps:
         raise SpecError("TRACE", p.name, "device kernels launched inside a profiled step (ProfilerStep#N)")
     dist = doc.get("distributedInfo") or {}
-    return Trace(p.name, hashlib.sha256(raw).hexdigest(), dist.get("rank"), dist.get("world_size"), steps)
+    return Trace(p.name, hashlib.sha256(raw).hexdigest(), dist.get("rank"), dist.get("world_size"), steps,
+                 schedules(host, dev, kept, launches))
 
 
 def peer_waits(traces: list[Trace]) -> dict[str, Any]:
@@ -390,6 +398,7 @@ def compare(trace: Trace, spec, layout: dict, n_devices: int, est, stage: int | 
         "t_disp_law_s": float(dispatch_time(law, L, e_loc, codes, n_moe, eps)[0]),
         "t_gap_law_s": law.t_gap_s, "t_gap_implied_s": (host / n_mb - fixed) / (L * kappa * u),
         "law_fixed_per_mb_s": fixed, "law_source": law.source,
+        "pipeline": summary(trace.schedule, int(layout["pp"]), s, n_mb, n_moe),
     }
 
 

@@ -427,6 +427,32 @@ def _print_trace(r: dict) -> None:
     for c in r["sync_callers"]:
         stdout.print(f"    sync {c['per_step']:7.1f}/step {c['seconds_per_step'] * ms:8.2f} ms/step  {c['caller']}",
                      highlight=False)
+    _print_pipeline(r["pipeline"])
+
+
+def _print_pipeline(p: dict) -> None:
+    """The traced stage's 1F1B schedule and all-to-all (calibrate/trace_pipeline.py)."""
+    ms = 1e3
+    if not p["forwards_per_step"]:
+        stdout.print("  schedule: no forward_step / backward_step calls in the trace (record Python stacks: "
+                     "Megatron-LM's --profile --use-pytorch-profiler)", highlight=False)
+    elif p["round_trip_periods"] is None:
+        stdout.print(f"  schedule: stage {p['stage']} of {p['pp']}, {p['forwards_before_backward']:g} forwards before "
+                     "the first backward, no steady 1F1B phase to set a period (trace a later stage)", highlight=False)
+    else:
+        stdout.print(f"  schedule: stage {p['stage']} of {p['pp']}, steady period {p['steady_period_s'] * ms:.1f} ms; "
+                     f"first micro-batch's round trip {p['round_trip_periods']:.2f} periods (every fill and drain hop "
+                     f"a pacing period: {p['round_trip_pacing']:.2f}; at the other stages' own periods: less)",
+                     highlight=False)
+    if p["exchange_median_s"] is not None:
+        stdout.print(f"  exchanges between stages: {p['exchanges_per_step']:g}/step, {p['exchange_s_per_step'] * ms:.1f} "
+                     f"ms/step; median {p['exchange_median_s'] * ms:.2f} ms, p90 {p['exchange_p90_s'] * ms:.2f} ms, "
+                     f"max {p['exchange_max_s'] * ms:.2f} ms", highlight=False)
+    if p["a2a_per_layer_mb"] is not None and p["a2a_s"] > 0:
+        hid = p["a2a_hidden_share"]
+        stdout.print(f"  all-to-all: {p['a2a_per_layer_mb']:.1f} per MoE layer and micro-batch, {p['a2a_s'] * ms:.1f} "
+                     f"ms/step on the device, {100 * hid:.0f}% of it beside a compute kernel (serial exchanges: "
+                     "only the shared expert's share)", highlight=False)
 
 
 def _print_waits(w: dict) -> None:
