@@ -145,7 +145,9 @@ def _platform_table(pl: dict, out: dict):
         f"measured: {', '.join(ev['measured'])}; analytic: {', '.join(ev['analytic']) or 'none'}"
     t = Table(title=f"{pl['profile']} ({pl['gpu_name']}, {pl['gpus_per_node']} per node, NVLink domain "
                     f"{pl['scaleup_domain']}): {kind}", box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
-    for c in ("nodes", "GPUs", "days", "days 90%", "P(reach)", "GPU-hours", "cost $", "eta", "model", "TPP", "MFU %",
+    fixed = out["question"]["target"] is not None and "spec" in out["question"]["target"]
+    prob = "P(by deadline)" if fixed else "P(reach)"
+    for c in ("nodes", "GPUs", "days", "days 90%", prob, "GPU-hours", "cost $", "eta", "model", "TPP", "MFU %",
               "mem GB", "layout", ""):
         t.add_column(c, justify="left" if c in ("model", "layout", "") else "right", no_wrap=c != "",
                      min_width=21 if c == "" else None)
@@ -159,13 +161,17 @@ def _platform_table(pl: dict, out: dict):
         band = "-" if p.get("days_p05") is None else f"{p['days_p05']:.3g}-" + (
             f"{p['days_p95']:.3g}" if p.get("days_p95") is not None else "never")
         model = (f"L{b['n_layers']} E{b['n_experts']} K{b['topk']} G{b['g']}" if "n_layers" in b
-                 else f"spec, N_act {b['n_act'] / 1e9:.2f} B")
+                 else f"{b['model'][-14:]} ({b['n_act'] / 1e9:.3g} B)")
         t.add_row(str(p["nodes"]), str(p["n_devices"]), f"{p['days']:.3g}", band,
-                  "-" if p.get("p_reach") is None else f"{p['p_reach']:.0%}", f"{p['gpu_hours']:,.0f}",
+                  _pct(p.get("p_within_deadline") if fixed else p.get("p_reach")), f"{p['gpu_hours']:,.0f}",
                   "-" if p["cost_usd"] is None else f"{p['cost_usd']:,.0f}", f"{p['eta_good']:.3f}", model,
                   f"{b['tpp']:.0f}" if "tpp" in b else "-", f"{100 * b['mfu']:.1f}", f"{b['mem_per_device_gb']:.0f}",
                   _layout_cell(b["layout"]), _marks(p, pl))
     return t
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def _platform_lines(pl: dict) -> list[str]:
@@ -208,7 +214,10 @@ def _summary(out: dict) -> None:
         if p is None:
             continue
         money = f"${p['cost_usd']:,.0f}" if p["cost_usd"] is not None else f"{p['gpu_hours']:,.0f} GPU-hours"
-        reach = "" if p.get("p_reach") is None else f", P(reaches target) {p['p_reach']:.0%}"
+        fixed = "loss" not in (out["question"]["target"] or {"loss": 0})
+        reach = "" if p.get("p_reach") is None or fixed else f", P(reaches target) {p['p_reach']:.0%}"
+        if p.get("p_within_deadline") is not None:
+            reach += f", P(done by the deadline) {p['p_within_deadline']:.0%}"
         if p.get("days_p95") is not None:
             reach += f", 95% of draws within {p['days_p95']:.3g} days"
         warn = (" [yellow](analytic platform: nothing measured on it, drawn wider)[/yellow]"

@@ -154,7 +154,7 @@ def spec_points(ctx: Context) -> dict:
         row = {**_plan_row(res, errors_for(est)), "n_act": res.n_act, "n_tot": res.n_tot}
         t = r.tokens / (res.tokens_per_s * ctx.eta[k]) / SECONDS_PER_DAY
         p = _point(ctx, k, t)
-        p["plan"] = {"tokens_per_s": res.tokens_per_s, "mfu": res.mfu, "mem_per_device_gb": res.mem_per_device_gb,
+        p["plan"] = {"model": str(r.spec), "tokens_per_s": res.tokens_per_s, "mfu": res.mfu, "mem_per_device_gb": res.mem_per_device_gb,
                      "layout": res.layout, "n_act": res.n_act, "n_tot": res.n_tot, "d_tokens": r.tokens,
                      "analytic_share": row["analytic_share"], "evidence_sigma": row["evidence_sigma"],
                      "analytic_components": [c for c in str(row["analytic"] or "").split(",") if c],
