@@ -23,7 +23,7 @@ def _opt(default, flag: str, text: str, **kw):
 
 
 def plan(
-    target_loss: float = _opt(None, "--target-loss", "Target: the predicted loss (nats, eq:joint-law) to reach."),
+    target_loss: float = _opt(None, "--target-loss", "Target: the loss (nats, the joint law of sec. 4) to reach."),
     spec: Path = _opt(None, "--spec", "Target: a model spec to train on --tokens (instead of a loss)."),
     tokens: float = _opt(None, "--tokens", "The token budget D of --spec's model."),
     platforms: str = _opt(_PLATFORMS, "--platforms", "Node types (cluster profiles) to compare."),

@@ -277,9 +277,12 @@ def unreachable(ctx: Context, fwd: dict) -> SpecError:
         parts.append(f"the deadline binds (--max-days {r.max_days:g}; the fastest plan needs {fast['days']:.3g} days "
                      f"on {fast['nodes']} x {fast['profile']})")
     if all(set(p["violates"]) & {"gpu-hours", "cost"} for p in pts):
+        timely = [p for p in pts if "deadline" not in p["violates"]]
+        cheap = pp.cheapest(timely) or cheap
         what = (f"${cheap['cost_usd']:,.0f}" if "cost" in cheap["violates"] else
                 f"{cheap['gpu_hours']:,.0f} GPU-hours")
-        parts.append(f"the budget binds (the cheapest plan needs {what} on {cheap['nodes']} x {cheap['profile']})")
+        parts.append(f"the budget binds (the cheapest plan{' within the deadline' if timely and r.max_days else ''} "
+                     f"needs {what} on {cheap['nodes']} x {cheap['profile']})")
     if not parts:
         parts.append(f"the deadline and the budget together bind (the fastest needs {fast['days']:.3g} days, the "
                      f"cheapest {pp.cost_key(cheap):,.0f} {'USD' if cheap['cost_usd'] is not None else 'GPU-hours'})")
