@@ -1,4 +1,4 @@
-"""The issue-37 examples on today's training stacks (prints figures; asserts nothing): step time uncalibrated,
+"""Examples on today's training stacks (prints figures; asserts nothing): step time uncalibrated,
 its breakdown, and memory per GPU at published layouts (Megatron-Bridge performance recipes,
 NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_oss workload base configs).
 
