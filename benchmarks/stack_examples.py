@@ -1,5 +1,6 @@
-"""Examples on today's training stacks (prints figures; asserts nothing): step time uncalibrated,
-its breakdown, and memory per GPU at published layouts (Megatron-Bridge performance recipes,
+"""Fine-grained FP8 and wide-expert MoE models on today's training stacks (prints figures; asserts nothing):
+step time uncalibrated, its breakdown, and memory per GPU at published layouts (Megatron-Bridge performance
+recipes,
 NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_oss workload base configs).
 
 1. Qwen3-30B-A3B (128 experts, top-8, expert width 768) on 8 B200, EP 8 (16 local experts per rank), micro-batch
@@ -18,8 +19,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from scaleplan.catalogue import spec_data
 from scaleplan.estimator import Estimator
+
+from scaleplan.catalogue import spec_data
 from scaleplan.specs import Layout, parse_spec
 
 QWEN_FP8 = {"model": {"precision": "fp8"}, "data": {"gbs": 512, "seqlen": 4096, "microbatch_sz": 4}}

@@ -13,7 +13,8 @@ how the estimator then stacks a row on the profile and the tables is
 each hand it their coefficients."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from scaleplan.db import calibrations as store
 

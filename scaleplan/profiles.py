@@ -147,7 +147,7 @@ def _ram_bytes() -> float:
         return 8e9
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def profile_file(name: str) -> ClusterProfile:
     """A profile as its YAML says (no measurement): a built-in node type or a path to a profile YAML.
 
@@ -202,7 +202,7 @@ def max_devices(name: str) -> int:
     return usable_cpus() if prof.measure_peak else prof.max_devices
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_profile(name: str) -> ClusterProfile:
     """Load a built-in profile by node type (or a path to a profile YAML).
 

@@ -316,9 +316,9 @@ def list_(profile: str = typer.Option(None, "--profile", help="Only this profile
     """Stored calibrations (all versions) and observed runs per sweep."""
     from sqlalchemy import func, select
 
-    from scaleplan.db.calibrations import as_dict, list_calibrations
     from scaleplan.db import models as m
     from scaleplan.db import session as dbs
+    from scaleplan.db.calibrations import as_dict, list_calibrations
 
     url = db_url(db)
     dbs.ensure_schema(url)

@@ -10,7 +10,7 @@ row's device), so they are kept.
 from __future__ import annotations
 
 from scaleplan.errors import SpecError
-from scaleplan.profiles import gpu_model  # noqa: F401  (re-exported: the identity of a device)
+from scaleplan.profiles import gpu_model
 
 
 def device_name(device_type: str | None, gpu_name: str | None) -> str | None:

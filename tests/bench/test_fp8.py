@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 import torch
-
 from scaleplan.bench import fp8
 from scaleplan.bench.suites import get_suite
 
@@ -93,10 +92,10 @@ def test_cast_bytes_follow_the_recipe():
 
 
 def _run(suite: str, cfg: dict, sqlite_url: str):
-    from sqlalchemy import select
-
     from scaleplan.bench import runner
     from scaleplan.bench.config import parse_preset
+    from sqlalchemy import select
+
     from scaleplan.db.session import session_scope
 
     res = runner.run_preset(parse_preset(tiny_preset({suite: cfg})), sqlite_url, device="cpu")

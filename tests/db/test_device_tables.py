@@ -68,6 +68,7 @@ def test_coverage_names_every_suite_and_who_measured_it(both_db):
 
 def test_estimate_on_the_h100_node_reads_measured_experts_and_attention(both_db):
     from scaleplan.estimator.api import Estimator
+
     from scaleplan.specs import Layout, parse_spec
 
     spec = parse_spec({"model": {"n_layers": 4, "hidden_sz": 1024, "inter_sz": 2048, "n_q_heads": 8,

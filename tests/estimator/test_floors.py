@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from scaleplan.estimator.floors import FLOOR_TOL, detect_floor, device_times, host_floor
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from scaleplan.estimator.kernel_counts import graph_savings, kappa_delta, moe_layer_counts
+
 from scaleplan.stack import Stack
 
 E_LOC, EP = 16, 8
