@@ -1,7 +1,6 @@
 """Fine-grained FP8 and wide-expert MoE models on today's training stacks (prints figures; asserts nothing):
 step time uncalibrated, its breakdown, and memory per GPU at published layouts (Megatron-Bridge performance
-recipes,
-NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_oss workload base configs).
+recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_oss workload base configs).
 
 1. Qwen3-30B-A3B (128 experts, top-8, expert width 768) on 8 B200, EP 8 (16 local experts per rank), micro-batch
    4, sequence 4096, FP8: the paper's stack with per-tensor current scaling, and the published stack (HybridEP,
