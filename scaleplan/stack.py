@@ -10,7 +10,7 @@ framework runs on them, while the stack is chosen per run by command-line flags 
 writes them, ``calibrate add --megatron-log`` reads them back), as the layout is. The defaults are the
 paper's stack (app:training-stack): grouped-GEMM experts whose GEMMs Transformer Engine issues one per local
 expert, unfused permutation and router, the all-to-all dispatcher, no CUDA graphs, FP8 (when the model
-precision asks for it) with per-tensor current scaling, weights kept in bf16.
+precision asks for it) with per-tensor current scaling, weights kept in bf16, gradients reduced in fp32.
 
 Names follow Megatron-LM core_v0.19.0 (megatron/training/arguments.py) and Transformer Engine.
 """
@@ -52,7 +52,9 @@ class Stack(BaseModel):
 
     experts, grouped_gemm, permute_fusion (--moe-permute-fusion), router_fusion (--moe-router-fusion),
     dispatcher, cuda_graphs (modules captured per layer; empty: none), fp8_recipe (None: tensorwise when
-    the model is FP8; only with model.precision fp8), fp8_param (--fp8-param-gather: FP8 primary weights).
+    the model is FP8; only with model.precision fp8), fp8_param (--fp8-param-gather: FP8 primary weights),
+    grads_fp32 (the gradient buffer and its reduce-scatter in fp32, Megatron-LM's default under --bf16;
+    false: --grad-reduce-in-bf16, as Megatron-Bridge's MoE performance recipes run).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -64,6 +66,7 @@ class Stack(BaseModel):
     cuda_graphs: tuple[GraphModule, ...] = ()
     fp8_recipe: Fp8Recipe | None = None
     fp8_param: bool = False
+    grads_fp32: bool = True
 
     @model_validator(mode="after")
     def _consistent(self) -> Stack:

@@ -3,7 +3,7 @@
 Flags and choices are core_v0.19.0's (tests/data/megatron/arguments_core_v0.19.0.json): --moe-grouped-gemm,
 --moe-token-dispatcher-type alltoall | allgather | flex with --moe-flex-dispatcher-backend deepep | hybridep,
 --moe-permute-fusion, --moe-router-fusion, --cuda-graph-impl transformer_engine with --cuda-graph-modules,
---fp8-recipe, --fp8-param-gather. What no flag sets (Transformer Engine's grouped GEMM kernel, an environment
+--fp8-recipe, --fp8-param-gather, --grad-reduce-in-bf16. What no flag sets (Transformer Engine's grouped GEMM kernel, an environment
 variable) is a comment line (:func:`stack_notes`).
 """
 from __future__ import annotations
@@ -42,6 +42,8 @@ def stack_args(stack: Stack, precision: str, moe: bool) -> list[list[str]]:
         out.append(["--fp8-recipe", recipe])
     if stack.fp8_param:
         out.append(["--fp8-param-gather"])
+    if not stack.grads_fp32:
+        out.append(["--grad-reduce-in-bf16"])
     return out
 
 
@@ -80,6 +82,9 @@ def stack_from_dump(a: dict[str, Any], where: str) -> dict[str, Any]:
                       ("fp8_param_gather", "fp8_param")):
         if a.get(arg):
             block[name] = True
+    if a.get("grad_reduce_in_bf16") or ("accumulate_allreduce_grads_in_fp32" in a
+                                        and not a["accumulate_allreduce_grads_in_fp32"] and a.get("bf16")):
+        block["grads_fp32"] = False
     impl = a.get("cuda_graph_impl") or "none"
     if impl not in ("none", "transformer_engine", "local"):
         raise SpecError(f"{where}: cuda_graph_impl", impl, "none, local or transformer_engine (per-layer graphs)")

@@ -238,7 +238,8 @@ def test_a_stack_round_trips_through_emit_and_log(run, tmp_path, validation_dir)
     doc = yaml.safe_load((validation_dir / "models.yaml").read_text())["moe-5p4b"]
     doc = {**doc, "model": {**doc["model"], "precision": "fp8"}, "data": {**doc["data"], "gbs": 256},
            "stack": {"fp8_recipe": "mxfp8", "permute_fusion": True, "router_fusion": True, "dispatcher": "hybridep",
-                     "cuda_graphs": ["attn", "moe_router", "moe_preprocess"], "fp8_param": True}}
+                     "cuda_graphs": ["attn", "moe_router", "moe_preprocess"], "fp8_param": True,
+                     "grads_fp32": False}}
     spec_path = tmp_path / "fp8.yaml"
     spec_path.write_text(yaml.safe_dump(doc))
     code, emitted, err = run("estimate", spec_path, "--devices", "64", "--layout", "tp=1,pp=2,ep=8,ckpt=selective",
@@ -247,7 +248,7 @@ def test_a_stack_round_trips_through_emit_and_log(run, tmp_path, validation_dir)
     for flag in ("--fp8-recipe mxfp8", "--moe-permute-fusion", "--moe-router-fusion",
                  "--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep",
                  "--cuda-graph-impl transformer_engine", "--cuda-graph-modules attn moe_router moe_preprocess",
-                 "--fp8-param-gather"):
+                 "--fp8-param-gather", "--grad-reduce-in-bf16"):
         assert flag in emitted, flag
     log = tmp_path / "run.log"
     log.write_text(_log_of(emitted, 64, [5.0] * 14))
