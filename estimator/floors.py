@@ -85,3 +85,40 @@ def device_times(t, host_s: float, device_min_s: float):
     t - host_s, never below ``device_min_s`` (the shortest call of the device; the point at the floor)."""
     t = np.asarray(t, dtype=float)
     return t if host_s <= 0 else np.maximum(t - host_s, min(device_min_s, float(np.min(t))))
+
+
+
+# the dtype whose per-call floor the rest of the model reads as the device's shortest call (its tables are
+# the ones every validation figure rests on); another dtype's floor above it is host time
+REFERENCE_DTYPE = "bf16"
+
+
+def gemm_host_floors(df) -> dict[str, tuple[float, float]]:
+    """Per dtype of dense-GEMM rows (a frame with columns m, n, k, dtype, t_s): (host seconds per call, the
+    device's shortest call), the host time being :func:`host_floor` of the dtype's flat floor above the
+    reference dtype's (bf16; without bf16 rows, the fastest floor of the others). (0, floor) for the reference
+    itself and (0, 0) for a dtype without a flat floor."""
+    work = 2.0 * df["m"].astype(float) * df["n"].astype(float) * df["k"].astype(float)
+    floors = {str(dt): detect_floor(work[d.index], d["t_s"]) for dt, d in df.groupby("dtype")}
+    ref = floors.get(REFERENCE_DTYPE)
+    if ref is None:
+        found = [f for f in floors.values() if f is not None]
+        ref = min(found, key=lambda f: f.t_s) if found else None
+    ref_s = ref.t_s if ref is not None else 0.0
+    return {dt: (host_floor(f, ref_s), ref_s) for dt, f in floors.items()}
+
+
+def without_host_floor(df, hosts: dict[str, tuple[float, float]]):
+    """``df`` (dense-GEMM rows) with each dtype's host floor (:func:`gemm_host_floors`) taken off its times
+    (:func:`device_times`), and the seconds taken off each row in a column ``host_floor_s``."""
+    df = df.copy()
+    df["host_floor_s"] = 0.0
+    for dt, (h, device_min) in hosts.items():
+        if h <= 0:
+            continue
+        sel = df["dtype"].astype(str) == dt
+        t = df.loc[sel, "t_s"].to_numpy(float)
+        dev = device_times(t, h, device_min)
+        df.loc[sel, "host_floor_s"] = t - dev
+        df.loc[sel, "t_s"] = dev
+    return df

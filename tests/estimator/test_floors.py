@@ -78,3 +78,21 @@ def test_recorded_fp8_device_time_is_between_half_and_all_of_bf16_where_compute_
     raw = p["fp8"].to_numpy()[cb] / p["bf16"].to_numpy()[cb]
     assert cb.sum() > 50
     assert 0.5 <= np.median(ratio) < 1.0 and np.median(raw) > np.median(ratio)
+
+
+def test_a_tables_rows_lose_their_host_floor_per_dtype(recorded_dir):
+    from scaleplan.estimator.floors import gemm_host_floors, without_host_floor
+
+    d = pd.read_parquet(recorded_dir / "gemm_util.parquet").reset_index()
+    d = d[(d["GPU_MODEL"] == "B200") & (d["status"] == "OK") & d["dtype"].isin(["bf16", "fp8"])]
+    df = pd.DataFrame({"m": d["M"], "n": d["N"], "k": d["K"], "dtype": d["dtype"], "t_s": d["time_ms_med"] * 1e-3})
+    hosts = gemm_host_floors(df)
+    assert hosts["bf16"][0] == 0.0 and hosts["fp8"][0] > 0.13e-3
+    assert hosts["fp8"][1] == hosts["bf16"][1]  # the device's shortest call is bf16's floor
+    out = without_host_floor(df, hosts)
+    f8 = out["dtype"] == "fp8"
+    np.testing.assert_array_equal(out.loc[~f8, "t_s"], df.loc[~f8, "t_s"])  # bf16 untouched
+    # every FP8 row lost at most its host floor and kept at least the device's shortest call
+    took = out.loc[f8, "host_floor_s"].to_numpy()
+    assert np.all(took <= hosts["fp8"][0] + 1e-12) and np.all(out.loc[f8, "t_s"] >= hosts["bf16"][1] - 1e-12)
+    np.testing.assert_allclose(out.loc[f8, "t_s"] + took, df.loc[f8, "t_s"])
