@@ -342,7 +342,12 @@ def _run_suite(
         else:
             res = _sweep(run_id, mod, scfg, ctx, url, emit)
     res.wall_s = time.perf_counter() - t0
-    store.finish_run(url, run_id, res.status, _nvml_end(dev))
+    note = None
+    errors = res.by_status.get("ERROR", 0)
+    if errors and res.status == "complete":  # a point the suite could not measure: not a complete run
+        res.status, note = "failed", f"{errors} point(s) ended ERROR (see their notes)"
+        emit("error", {"run_id": run_id, "suite": mod.NAME, "message": note})
+    store.finish_run(url, run_id, res.status, _nvml_end(dev), note=note)
     emit("suite_done", res.to_dict())
     return res
 

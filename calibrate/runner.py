@@ -250,6 +250,8 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
         cal = cal or store.newest(s, profile, "chi_sys", stack)
         info = store.as_dict(cal) if cal is not None else None
         inputs = dict(cal.inputs or {}) if cal is not None else {}
+        disp = store.newest(s, profile, "dispatch")  # its host scales are part of what "after" applies
+        disp = {"id": disp.id, "coefficients": dict(disp.coefficients or {})} if disp is not None else None
     coeffs = info["coefficients"] if info else {t: 0.0 for t in TERMS}
     mode = mode or inputs.get("mode", "absolute")
     fixed = inputs.get("fixed") or None
@@ -271,11 +273,19 @@ def build_report(url: str | None, profile: str | None = None, calibration_id: in
     out = {"calibration_id": info["id"] if info else None, "coefficients": coeffs, "sweeps": rows,
            "profile": profile, "mode": mode, "version": info["version"] if info else None,
            "n_obs": int(sum(r["n"] for r in rows)), "skipped": skipped, "runs": run_rows(arrays),
-           "all_runs": pooled(arrays), "cv_error": info.get("cv_error") if info else None}
+           "all_runs": pooled(arrays), "cv_error": info.get("cv_error") if info else None,
+           "dispatch": disp, "fitted": _fitted(inputs, coeffs, disp)}
     if plot:
         out["plot"] = parity_plot(arrays, plot, title=f"{profile}: MFU parity"
                                   + (f" (calibration {info['id']})" if info else " (chi_sys = 1)"))
     return out
+
+
+def _fitted(inputs: dict, coeffs: dict, disp: dict | None) -> dict[str, float]:
+    """The terms the calibration's fit freed (its inputs' ``free``), each with its value: chi_sys terms from its
+    coefficients, the host scales of a runtime fit from the dispatch calibration stored with it."""
+    other = (disp or {}).get("coefficients") or {}
+    return {k: float(coeffs.get(k, other.get(k, float("nan")))) for k in inputs.get("free") or []}
 
 
 def _leave_one_sweep_out(profile: str, url: str | None, groups: list, labels: list[str], t_meas: np.ndarray,

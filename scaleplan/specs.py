@@ -339,6 +339,38 @@ def _is_union_tag(x: Any) -> bool:
     return isinstance(x, str) and (x in ("bool", "int", "float", "str") or x.startswith("literal["))
 
 
+def _block_model(loc: tuple) -> type[BaseModel] | None:
+    """The schema class of the block that holds the key at ``loc`` (a pydantic error location), walking the
+    fields' annotations from :class:`Spec` (Optional and unions unwrapped); None where it is not a model."""
+    import typing
+
+    cls: Any = Spec
+    for part in loc[:-1]:
+        field = getattr(cls, "model_fields", {}).get(part) if isinstance(part, str) else None
+        if field is None:
+            return None
+        kinds = [field.annotation, *typing.get_args(field.annotation)]
+        cls = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+        if cls is None:
+            return None
+    return cls
+
+
+def _unknown_field(loc: tuple) -> str:
+    """What is allowed instead of an unknown key: the closest field of its block ('did you mean'), else them all."""
+    import difflib
+
+    cls = _block_model(loc)
+    known = sorted(cls.model_fields) if cls is not None else []
+    key = str(loc[-1]) if loc else ""
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if close:
+        return f"unknown field; did you mean '{close[0]}'?"
+    if known:
+        return f"unknown field; the fields here are {', '.join(known)}"
+    return "unknown field (check the spelling against the paper's listing)"
+
+
 def _first_error(err: ValidationError, data: Any) -> SpecError:
     errs = err.errors()
     # an unknown key first: a misspelt key (n_expert) also leaves the real one (n_experts) missing, and the
@@ -358,7 +390,7 @@ def _first_error(err: ValidationError, data: Any) -> SpecError:
     if e["type"] == "missing":
         return SpecError(_field_path(loc), None, "this field is required")
     if e["type"] == "extra_forbidden":
-        return SpecError(_field_path(loc), value, "unknown field (check the spelling against the paper's listing)")
+        return SpecError(_field_path(loc), value, _unknown_field(loc))
     if isinstance(value, dict):  # a model-level check: the message carries the values
         return SpecError(_field_path(loc) or "<spec>", "...", msg)
     return SpecError(_field_path(loc), value, msg)

@@ -138,3 +138,23 @@ def test_cli_ckpt_default_names_every_mode():
     from scaleplan.specs import CKPT_MODES
 
     assert CKPT_ALL == ",".join(CKPT_MODES)
+
+
+@pytest.mark.parametrize("path,key,want", [
+    (("model",), "hiden_sz", "did you mean 'hidden_sz'?"),
+    (("model", "moe"), "n_expert", "did you mean 'n_experts'?"),
+    ((), "dta", "did you mean 'data'?"),
+    (("data",), "zzz", "the fields here are gbs, microbatch_sz, seqlen"),
+])
+def test_a_misspelt_key_gets_did_you_mean(path, key, want):
+    """Issue 39.7: a typo'd YAML key is named with the closest field of its block (or the block's fields)."""
+    from pathlib import Path
+
+    doc = copy.deepcopy(yaml.safe_load((Path(__file__).parent / "data" / "validate_specs" / "tiny.yaml").read_text()))
+    block = doc
+    for p in path:
+        block = block.setdefault(p, {})
+    block[key] = 1
+    with pytest.raises(SpecError) as e:
+        parse_spec(doc)
+    assert str(e.value) == f"{'.'.join((*path, key))}: got 1; unknown field; {want}"

@@ -242,6 +242,20 @@ def read_back_calibrations(url: str | None, ids: list) -> None:
     read_back(url, Calibration, ids)
 
 
+def _report_head(out: dict) -> str:
+    """The report's first line: which calibrations "after" applies, the terms their fit freed with their values,
+    and the terms left at 0 (so a row of zeros is not mistaken for the fit)."""
+    if out["calibration_id"] is None:
+        return f"no chi_sys calibration of {out['profile']} (chi_sys = 1): 'after' = 'before'"
+    disp = out.get("dispatch")
+    with_disp = f" with dispatch calibration {disp['id']}" if disp else ""
+    fitted = out.get("fitted") or {}
+    rest = [k for k, v in out["coefficients"].items() if k not in fitted]
+    return (f"calibration {out['calibration_id']} (chi_sys){with_disp}, {out['profile']}, mode {out['mode']}: "
+            + ("fitted " + ", ".join(f"{k}={v:.4g}" for k, v in fitted.items()) if fitted else "nothing fitted")
+            + ("; not fitted: " + ", ".join(f"{k}={out['coefficients'][k]:.4g}" for k in rest) if rest else ""))
+
+
 def _print_runtime(out: dict) -> None:
     m = out["step_time_mape"]
     stdout.print(f"runtime calibration ({out['profile']}, {out['n_obs']} runs; stored as "
@@ -286,8 +300,7 @@ def report(profile: str = ProfileOpt,
     if want_json(json_out):
         print_json(out)
         return
-    stdout.print(f"calibration {out['calibration_id']} ({out['profile']}, mode {out['mode']}): "
-                 + "  ".join(f"{k}={v:.4g}" for k, v in out["coefficients"].items()))
+    stdout.print(_report_head(out), highlight=False)
     w = max([len(r["sweep"]) for r in out["sweeps"]] + [5])
     stdout.print("step-time MAPE: before = uncalibrated (the profile's dispatch law, chi_sys = 1), after = this "
                  "calibration, LOSO = refitted without the sweep; ref = the CSV's reference estimator", highlight=False)

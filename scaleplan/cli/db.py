@@ -42,16 +42,20 @@ def downgrade(revision: str = typer.Argument(..., help="Target revision, e.g. ba
 
 @app.command("status")
 def status(db: str = DbOpt, json_out: bool = JsonOpt) -> None:
-    """Show the database URL (password masked), its revision and the head revision."""
+    """Show the database URL (password masked), its revision and the head revision, and the cache folder."""
+    from scaleplan.db.state_cache import cache_root
+
     url = dbs.resolve_url(db_url(db))
     cur, head = dbs.current_revision(url), dbs.head_revision()
     out = {"url": dbs.mask_url(url), "dialect": url.split(":", 1)[0], "revision": cur, "head": head,
-           "up_to_date": cur == head}
+           "up_to_date": cur == head, "cache": str(cache_root())}
     if want_json(json_out):
         print_json(out)
     else:
         stdout.print(f"database  {out['url']}\nrevision  {cur or 'none (run scaleplan db upgrade)'}\n"
-                     f"head      {head}\nstatus    {'up to date' if cur == head else 'needs upgrade'}")
+                     f"head      {head}\nstatus    {'up to date' if cur == head else 'needs upgrade'}\n"
+                     f"cache     {out['cache']} (derived files, safe to delete; set $SCALEPLAN_CACHE to move it)",
+                     highlight=False)
 
 
 def table_stats(url: str) -> dict:

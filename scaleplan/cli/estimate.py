@@ -199,8 +199,11 @@ def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bo
             lo = lo.model_copy(update={"dp": None})
         mesh = int(ParallelLayout.from_specs([lo], n).model_parallel[0])
         if lo.dp is None and n % mesh:
-            where = ", ".join(_origin(k, text, spec_path) for k in MODEL_PARALLEL if getattr(lo, k) > 1)
-            raise SpecError(where or "--layout", f"tp*cp*pp={mesh}", f"a divisor of --devices {n}")
+            named = [k for k in MODEL_PARALLEL if getattr(lo, k) > 1]
+            where = ", ".join(_origin(k, text, spec_path) for k in named)
+            value = getattr(lo, named[0]) if len(named) == 1 else ", ".join(f"{k}={getattr(lo, k)}" for k in named)
+            raise SpecError(where or "--layout", value, f"degrees whose product tp*cp*pp (here {mesh}) divides "
+                            f"--devices {n}")
         if lo.dp is not None and mesh * lo.dp != n:
             hint = "" if text is not None else " (--devices or --layout on the command line derive dp)"
             raise SpecError(_origin("dp", text, spec_path), lo.dp,

@@ -193,7 +193,8 @@ def _analytic_note(out: dict, rec: dict | None) -> None:
     parts = ([f"no measured table: {', '.join(own)}"] if own else []) + (
         [f"collectives extrapolated to more ranks than measured: {', '.join(sorted(extra))}"] if extra else [])
     stderr.print(f"[yellow]L{r['n_layers']} E{r['n_experts']} K{r['topk']} G{r['g']}'s plan, analytic parts[/yellow] "
-                 f"({100 * (r.get('analytic_share', 0) + r.get('extrapolated_share', 0)):.0f}% of its step time): "
+                 f"({100 * (r.get('analytic_share', 0) + r.get('extrapolated_share', 0)):.0f}% of its step time, "
+                 f"{100 * r.get('unmeasured_kernel_share', 0):.0f}% of its kernel and communication time): "
                  f"{'; '.join(parts)} - run `scaleplan bench` (or `scaleplan bench plan --search s.json --run`) "
                  "to measure them", highlight=False)
 

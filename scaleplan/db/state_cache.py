@@ -101,6 +101,13 @@ def db_state(url: str) -> tuple | None:
     return tuple(state)
 
 
+def cache_root() -> Path:
+    """The folder of every on-disk cache of scaleplan (compiled tables, rule hold-outs, ridge samples, database
+    reads): ``$SCALEPLAN_CACHE`` if set, else ``~/.cache/scaleplan``. Everything in it is derived and safe to
+    delete (it is rebuilt on the next command); ``scaleplan db status`` prints it."""
+    return Path(os.environ.get("SCALEPLAN_CACHE") or Path.home() / ".cache" / "scaleplan")
+
+
 def cache_file(kind: str, ext: str, key: bytes, modules: tuple[str, ...] = ()) -> Path | None:
     """``$SCALEPLAN_CACHE/<kind>-<digest>.<ext>`` (default ~/.cache/scaleplan), the digest over ``key``
     and the source of ``modules`` (a code change gives a new file); None when no cache folder can be
@@ -112,7 +119,7 @@ def cache_file(kind: str, ext: str, key: bytes, modules: tuple[str, ...] = ()) -
         origin = importlib.util.find_spec(mod).origin
         code += Path(origin).read_bytes() if origin else mod.encode()
     digest = hashlib.sha256(key + code).hexdigest()[:24]
-    root = Path(os.environ.get("SCALEPLAN_CACHE") or Path.home() / ".cache" / "scaleplan")
+    root = cache_root()
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError:

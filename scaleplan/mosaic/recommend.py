@@ -118,8 +118,10 @@ def recommend(summary: dict, draws: Draws, law_vec: np.ndarray, index: dict, tpp
     unmeasured = float(rec.get("unmeasured_kernel_share", 0.0) or 0.0)
     out["guess"] = unmeasured >= GUESS_SHARE
     if out["guess"]:
-        text.insert(0, f"a guess: {unmeasured:.0%} of this plan's kernel and communication time has no measured "
-                       f"table behind it ({BENCH_HINT})")
+        step = float(rec.get("analytic_share", 0.0) or 0.0) + float(rec.get("extrapolated_share", 0.0) or 0.0)
+        text.insert(0, f"a guess: {unmeasured:.0%} of this plan's kernel and communication time ({step:.0%} of its "
+                       "step time, which also holds the host dispatch law and the pipeline bubble that no table "
+                       f"costs) has no measured table behind it ({BENCH_HINT})")
     out["statement"] = "; ".join(text)
     return out
 
