@@ -328,9 +328,12 @@ def layouts(
     c = PlanConstraints(mbs=int_list("--mbs", mbs), vpp=int_list("--vpp", vpp), ckpt=modes, mem_fraction=mem_fraction,
                         max_tp=max_tp, max_pp=max_pp, max_ep=max_ep, max_cp=max_cp)
     est = _estimator(spec, profile, db, extrapolate, calibration)
-    res = est.layouts(spec, n, c, top=top)
+    from scaleplan.mosaic.edges import layouts_edges
+
+    res, edges = layouts_edges(est, spec, n, c, top)  # plan #1 on the largest mbs: one more, as the search does
     _banner(res.analytic_components)
     out = _layouts_doc(res, geometry_dict(spec.model), provenance(est), spec, spec_path, n, mem_fraction)
+    out["edges"] = edges
     _layouts_outputs(out, spec, n, est, emit, emit_spec, html)
     if want_json(json_out):
         print_json(out)
@@ -353,6 +356,10 @@ def _print_layouts(out: dict, res, title: str, spec_path) -> None:
     if res.infeasible_counts:
         stdout.print("infeasible: " + ", ".join(f"{k} {v}" for k, v in sorted(res.infeasible_counts.items())),
                      highlight=False)
+    from scaleplan.mosaic.edges import layouts_edge_lines
+
+    for line in layouts_edge_lines(out.get("edges") or {}):
+        stdout.print(f"[yellow]edge:[/yellow] {line}", highlight=False)
     print_geometry([("model", out["geometry"])], f"geometry of {spec_path}")
     print_provenance(out["provenance"])
     for k, label in (("emitted_spec", "wrote the spec of plan #1 to"), ("html", "wrote the report")):

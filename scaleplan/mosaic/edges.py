@@ -181,3 +181,38 @@ def edge_lines(info: dict) -> list[str]:
     elif any(e["extend_with"] is not None for e in info.get("found", [])):
         lines.append("not extended (--no-extend-edges): pass the flags above with one more value to check")
     return lines
+
+
+def layouts_edges(est, spec, n_devices: int, constraints, top: int) -> tuple:
+    """``est.layouts`` with the search's micro-batch rule: when plan #1 uses the largest micro-batch tried (of two
+    or more), the next doubling is added and the plans ranked again, once, as the search extends its mbs; so
+    ``layouts`` on a search's spec reaches the plan the search found. Returns (LayoutsResult, edges info in the
+    shape of :func:`search_edges`' (rows: {"layout", "mfu"}), which :func:`layouts_edge_lines` words)."""
+    res = est.layouts(spec, n_devices, constraints, top=top)
+    best = res.ranked[0] if res.ranked else None
+    edge = None if best is None else _axis_edge("mbs", "--mbs", tuple(constraints.mbs), int(best.layout["mbs"]), True)
+    if edge is None or edge.side != "largest":
+        return res, {"found": [], "extended": []}
+    mbs2 = tuple(sorted({*constraints.mbs, edge.extend_with}))
+    res2 = est.layouts(spec, n_devices, replace(constraints, mbs=mbs2), top=top)
+    after = res2.ranked[0] if res2.ranked else None
+    still = None if after is None else _axis_edge("mbs", "--mbs", mbs2, int(after.layout["mbs"]), True)
+    row = lambda r: None if r is None else {"layout": dict(r.layout), "mfu": float(r.mfu)}  # noqa: E731
+    return res2, {"found": [edge.to_dict()], "extended": ["mbs"], "before": row(best), "after": row(after),
+                  "changed": after is not None and after.layout != best.layout,
+                  "still": [still.to_dict()] if still is not None and still.side == "largest" else []}
+
+
+def layouts_edge_lines(info: dict) -> list[str]:
+    """`layouts`' edges object as sentences (plan #1 on the largest micro-batch tried, and what extending did)."""
+    if not info.get("extended"):
+        return []
+    b, a = info["before"], info["after"]
+    lines = [f"plan #1 used the largest micro-batch tried (mbs {b['layout']['mbs']}, MFU {100 * b['mfu']:.1f}%); "
+             f"added mbs {info['found'][0]['extend_with']} and ranked again, as the search does: "
+             + (f"plan #1 is now mbs {a['layout']['mbs']} at MFU {100 * a['mfu']:.1f}%" if info["changed"]
+                else "plan #1 stays")]
+    for e in info.get("still", []):
+        lines.append(f"still at the largest micro-batch tried (mbs {e['value']:g}): pass --mbs with values beyond "
+                     f"{e['value']:g} to go further")
+    return lines
