@@ -57,6 +57,9 @@ def main() -> None:
     ap.add_argument("--db", default=None)
     ap.add_argument("--validation", default=str(VALIDATION))
     a = ap.parse_args()
+    from _db import tables_db  # benchmarks/_db.py: a database without tables is refused in one line
+
+    a.db = tables_db(a.db)
     est = Estimator(PROFILE, a.db, use_calibration=False)
     staged_id1_memory(est)
     pp1_ep_steps(est, Path(a.validation))

@@ -26,7 +26,7 @@ CkptMode = Literal["none", "selective", "super-selective", "full"]
 
 _Strict = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-# Physical bounds of every spec field (docs: README "Input bounds"). Generous beyond any published
+# Physical bounds of every spec field (docs/database.md, "Input bounds"). Generous beyond any published
 # model (largest: ~126 layers, d = 16384, 256 experts, 256k vocabulary) yet small enough that every
 # product the estimator forms (FLOPs, bytes, N_tot) stays a finite float and every loop is short.
 MAX_LAYERS = 1024

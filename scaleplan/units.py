@@ -9,7 +9,7 @@ DAY = 86400.0
 
 BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
 
-# The one memory headroom rule of estimate, layouts and search (README "Memory headroom"): a plan may use this
+# The one memory headroom rule of estimate, layouts and search (docs/estimate.md, "Memory headroom"): a plan may use this
 # fraction of the profile's HBM. The memory model counts weights, gradients, optimizer states, activations and
 # either the allocator overhead measured by `bench run --suite allocator` or a fixed 5 GB reserve; the 5% left
 # (9 GB of a B200's 179 GB) is for what it does not model: the caching allocator's fragmentation where it was not

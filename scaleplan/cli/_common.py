@@ -44,7 +44,7 @@ stdout = _LazyConsole(soft_wrap=True)
 stderr = _LazyConsole(stderr=True, soft_wrap=True)
 MemFractionOpt = typer.Option(MEM_FRACTION, "--mem-fraction", help=f"Usable fraction of HBM per device (default "
                               f"{MEM_FRACTION}, the same for estimate, layouts and search: headroom for transient "
-                              "buffers the memory model does not count; README).")
+                              "buffers the memory model does not count; docs/estimate.md).")
 
 
 def check_mem_fraction(x: float) -> None:
@@ -139,7 +139,7 @@ def print_json(obj: Any) -> None:
 # (kind, lo, hi, lo_open, hi_open, allowed): kind "int"/"float" for one value, "ints"/"floats" for a
 # comma-separated list. A value outside [lo, hi] (or NaN/inf, or an end that is open) is a
 # one-line SpecError before the command does any work. Keys are "command.param" or "param".
-# The caps are physical (README "Input bounds"): see scaleplan.specs and scaleplan.profiles.
+# The caps are physical (docs/database.md "Input bounds"): see scaleplan.specs and scaleplan.profiles.
 MAX_DAYS = 3650.0  # a ten-year training window; C_peak and every token count stay finite floats
 # the largest token budget --tokens takes: 1e17 tokens, far beyond any training run, small enough that every
 # sample count formed from it stays exact

@@ -65,9 +65,9 @@ def beyond_text(r, sigma: float) -> str:
         return ""
     own = float(candidate_sigma(pd.DataFrame([r]), sigma)[0])
     law = float(r.get("law_doublings") or 0.0)
-    return (f"beyond the law's data and the observed runs ({'; '.join(flags)}), so its draws are widened: MFU sigma "
-            f"{own:.3f} against the calibration's {sigma:.3f}" + (f", the law's loss by {law:.2f} x its held-out "
-                                                                   "scatter" if law > 0 else ""))
+    return (f"beyond what was measured ({'; '.join(flags)}), so its draws are widened: MFU sigma {own:.3f} (the "
+            f"calibration's {sigma:.3f}, widened by that distance and its plan's unmeasured parts)"
+            + (f", the law's loss by {law:.2f} x its held-out scatter" if law > 0 else ""))
 
 
 def _score(loss: np.ndarray, ok: np.ndarray, robust: float | None) -> np.ndarray:

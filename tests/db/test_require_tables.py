@@ -10,7 +10,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = ["estimator_accuracy.py", "compose_accuracy.py", "coupled_delay.py", "ep_slot_floor.py",
-           "mosaic_findings.py", "estimator_speed.py"]
+           "mosaic_findings.py", "estimator_speed.py", "model_checks.py"]
 
 
 def _run(script: str, db: str):
