@@ -147,7 +147,7 @@ def test_cli_ckpt_default_names_every_mode():
     (("data",), "zzz", "the fields here are gbs, microbatch_sz, seqlen"),
 ])
 def test_a_misspelt_key_gets_did_you_mean(path, key, want):
-    """Issue 39.7: a typo'd YAML key is named with the closest field of its block (or the block's fields)."""
+    """A typo'd YAML key is named with the closest field of its block (or the block's fields)."""
     from pathlib import Path
 
     doc = copy.deepcopy(yaml.safe_load((Path(__file__).parent / "data" / "validate_specs" / "tiny.yaml").read_text()))

@@ -1,4 +1,4 @@
-"""Issue 39.7: labels that agree with what they label (each test fails on the code before the fix)."""
+"""Labels that agree with what they label (each test fails on the code before the fix)."""
 from __future__ import annotations
 
 import yaml

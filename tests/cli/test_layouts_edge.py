@@ -1,4 +1,4 @@
-"""Issue 39.4: `layouts` and the search agree on the search's own spec. The spec is the paper-grid optimum
+"""`layouts` and the search agree on the search's own spec. The spec is the paper-grid optimum
 (micro-batch 8, which the search reached by extending its 1,2,4 once); `layouts` tried 1,2,4 only and ranked a
 micro-batch-4 plan first at a lower MFU than the spec's own layout, without saying the edge was hit."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 39.9: the README is a front door: what scaleplan is, the set-up commands, the main job and how to read its
+"""The README is a front door: what scaleplan is, the set-up commands, the main job and how to read its
 answer in under 800 words, then one short section per task linking to docs/ pages that exist; every docs page is
 reachable from it."""
 from __future__ import annotations
