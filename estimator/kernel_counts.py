@@ -46,6 +46,11 @@ another stack's count is the law's plus the difference of the two lists (:func:`
   backward; delayed scaling also reduces and updates the amax history when each layer's fp8_autocast ends
   (3 forward, 3 backward, counted with the attention).
 
+The law's kappa0 (642 traced kernels per layer and micro-batch) is 4.9 times the 130 framework kernels named
+here for its stack: the traces count launches a reading of the code does not name one by one (autograd's
+casts, copies and memsets, sorting passes). A change to those parts moves the launches by that factor
+(:func:`framework_scale`); GEMMs and TE's quantize kernels are single C++ launches, counted one each.
+
 CUDA graphs (``stack.cuda_graphs``): the captured parts launch as one graph per pass
 (:func:`graph_savings`); their kernels still run on the device, only the host stops issuing them.
 """
@@ -149,44 +154,71 @@ def _dispatch_counts(stack: Stack, E_loc, multi) -> tuple[np.ndarray, np.ndarray
 
 
 PAPER_STACK = Stack()
+# Parts whose named kernels come with launches the traces count and a reading of the code does not name
+# (autograd's casts, copies and memsets, sorting passes, the framework's bookkeeping around each op): the law's
+# kappa0 of 642 per layer and micro-batch is 4.9 times the 130 kernels named here for the paper's stack (EP > 1),
+# so a change to these parts moves the launches by that factor (:func:`framework_scale`). GEMMs and TE's
+# quantize kernels are single C++ launches and count one each (the law's kappa1, 7.29 per local expert, is
+# the 8 per-expert GEMMs named here).
+FRAMEWORK_PARTS = ("router_scores", "permute", "a2a", "unpermute", "expert_act", "fp8_padding")
 
 
-def kappa_delta(stack: Stack, E_loc, ep, precision: str, glu: bool = True, shared_expert: bool = False,
-                law_stack: Stack = PAPER_STACK, law_precision: str = "bf16") -> np.ndarray:
+def named_framework_kernels(stack: Stack, E_loc, ep, precision: str = "bf16") -> np.ndarray:
+    """Framework kernels named per MoE layer and micro-batch in full-recompute units: the attention block, the
+    router's gating GEMM, the token counts and :data:`FRAMEWORK_PARTS` (arrays over plans)."""
+    c = moe_layer_counts(stack, E_loc, ep, precision)
+    fixed = sum(2.0 * f + b for f, b in (ATTENTION_KERNELS, GATING_KERNELS, PREPROCESS_KERNELS))
+    return fixed + c.full_recompute_units(FRAMEWORK_PARTS)
+
+
+def framework_scale(kappa0: float) -> float:
+    """Launches per named framework kernel: the law's kappa0 over the kernels named for the stack it was
+    counted on (the paper's, at EP 8 with 16 local experts, one of its two traced points)."""
+    return float(kappa0 / named_framework_kernels(PAPER_STACK, np.array([16.0]), np.array([8]))[0])
+
+
+def kappa_delta(stack: Stack, E_loc, ep, precision: str, kappa0: float, glu: bool = True,
+                shared_expert: bool = False, law_stack: Stack = PAPER_STACK, law_precision: str = "bf16"):
     """Kernels per MoE layer and micro-batch (full-recompute units, the law's) that ``stack`` launches more
-    than ``law_stack``, the stack the law in force was counted on (arrays over plans)."""
-    mine = moe_layer_counts(stack, E_loc, ep, precision, glu, shared_expert).full_recompute_units()
-    theirs = moe_layer_counts(law_stack, E_loc, ep, law_precision, glu, shared_expert).full_recompute_units()
-    return mine - theirs
+    than ``law_stack``, the stack the law in force was counted on (arrays over plans): framework parts at
+    :func:`framework_scale` launches each, GEMMs and quantize kernels one."""
+    mine = moe_layer_counts(stack, E_loc, ep, precision, glu, shared_expert)
+    theirs = moe_layer_counts(law_stack, E_loc, ep, law_precision, glu, shared_expert)
+    other = [k for k in mine.fwd if k not in FRAMEWORK_PARTS]
+    d_fw = mine.full_recompute_units(FRAMEWORK_PARTS) - theirs.full_recompute_units(FRAMEWORK_PARTS)
+    d_other = mine.full_recompute_units(other) - theirs.full_recompute_units(other)
+    return framework_scale(kappa0) * d_fw + d_other
 
 
-# the parts a CUDA graph module captures (forward, backward kernels per layer and micro-batch)
 def _captured(stack: Stack, counts: LayerCounts) -> dict[str, tuple]:
+    """Per captured module: (framework kernels, other kernels), each in full-recompute units."""
+    q_attn = 2.0 * counts.fwd["attn_quantize"] + counts.bwd["attn_quantize"]
     out = {}
     for module in stack.cuda_graphs:
         if module == "attn":
-            out[module] = (ATTENTION_KERNELS[0] + counts.fwd["attn_quantize"],
-                           ATTENTION_KERNELS[1] + counts.bwd["attn_quantize"])
+            out[module] = (2.0 * ATTENTION_KERNELS[0] + ATTENTION_KERNELS[1], q_attn)
         elif module == "moe_router":
-            out[module] = (GATING_KERNELS[0] + counts.fwd["router_scores"], GATING_KERNELS[1] + counts.bwd["router_scores"])
+            out[module] = (2.0 * GATING_KERNELS[0] + GATING_KERNELS[1]
+                           + counts.full_recompute_units(("router_scores",)), 0.0)
         elif module == "moe_preprocess":
-            out[module] = PREPROCESS_KERNELS
+            out[module] = (2.0 * PREPROCESS_KERNELS[0] + PREPROCESS_KERNELS[1], 0.0)
         elif module == "mlp":
-            out[module] = DENSE_MLP_KERNELS
+            out[module] = (2.0 * DENSE_MLP_KERNELS[0] + DENSE_MLP_KERNELS[1], 0.0)
         elif module == "moe":  # a whole drop-and-pad MoE layer
-            f, b = counts.total()
-            out[module] = (f + GATING_KERNELS[0] + PREPROCESS_KERNELS[0], b + GATING_KERNELS[1])
+            other = [k for k in counts.fwd if k not in FRAMEWORK_PARTS and k != "attn_quantize"]
+            out[module] = (counts.full_recompute_units(FRAMEWORK_PARTS) + 2.0 * (GATING_KERNELS[0]
+                           + PREPROCESS_KERNELS[0]) + GATING_KERNELS[1], counts.full_recompute_units(other))
     return out
 
 
-def graph_savings(stack: Stack, counts: LayerCounts, moe_layer: bool = True) -> np.ndarray:
-    """Kernels per layer and micro-batch (full-recompute units) the host no longer issues one by one because
-    ``stack`` captures them in CUDA graphs, less the graph launches that replace them (one per captured
-    module and pass; the forward graph replays again under full recompute). ``moe_layer``: the layer is an
-    MoE layer (else only ``attn`` and ``mlp`` apply)."""
-    saved = 0.0
-    for module, (f, b) in _captured(stack, counts).items():
+def graph_savings(stack: Stack, counts: LayerCounts, kappa0: float, moe_layer: bool = True) -> np.ndarray:
+    """Launches per layer and micro-batch (full-recompute units) the host no longer issues one by one because
+    ``stack`` captures them in CUDA graphs (framework kernels at :func:`framework_scale` launches each), less
+    the graph launches that replace them (one per captured module and pass; the forward graph replays again
+    under full recompute). ``moe_layer``: the layer is an MoE layer (else only ``attn`` and ``mlp`` apply)."""
+    scale, saved = framework_scale(kappa0), 0.0
+    for module, (fw, other) in _captured(stack, counts).items():
         if (module == "mlp" and moe_layer) or (module.startswith("moe") and not moe_layer):
             continue
-        saved = saved + (2.0 * f + b) - 3.0
+        saved = saved + scale * fw + other - 3.0
     return np.asarray(saved, dtype=float)

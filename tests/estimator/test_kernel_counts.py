@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from scaleplan.estimator.kernel_counts import graph_savings, kappa_delta, moe_layer_counts
+from scaleplan.estimator.kernel_counts import (
+    FRAMEWORK_PARTS,
+    framework_scale,
+    graph_savings,
+    kappa_delta,
+    moe_layer_counts,
+    named_framework_kernels,
+)
 
 from scaleplan.stack import Stack
 
@@ -106,24 +113,46 @@ def test_the_grouped_kernel_launches_the_same_gemms_whatever_the_local_experts()
     np.testing.assert_array_equal(np.diff(lp) / np.diff(E), [6 + 12, 6 + 12])
 
 
+KAPPA0 = 642.0  # the law's (estimator/dispatch.py): traced kernels per layer and micro-batch, full recompute
+
+
+def test_the_laws_kappa0_is_the_named_framework_kernels_times_their_traced_launches():
+    # the paper's stack at EP 8, 16 local experts, in full-recompute units (2 forward + backward): attention
+    # 2x8+12, gating 2x3+4, token counts 2x7, top-k 2x11+7, permute 2x9+5, all-to-alls and chunk sorts
+    # 2x6+6, unpermute 2x2+1, weighted SwiGLU 2x1+1
+    named = 28 + 10 + 14 + 29 + 23 + 18 + 5 + 3
+    assert named_framework_kernels(Stack(), np.array([16.0]), np.array([8]))[0] == named
+    assert framework_scale(KAPPA0) == pytest.approx(KAPPA0 / named)
+
+
 def test_kappa_delta_is_zero_on_the_laws_own_stack_and_removes_the_per_expert_gemms():
     E, ep = np.array([16.0, 128.0]), np.array([8, 1])
-    np.testing.assert_array_equal(kappa_delta(Stack(), E, ep, "bf16"), 0.0)
+    np.testing.assert_array_equal(kappa_delta(Stack(), E, ep, "bf16", KAPPA0), 0.0)
     # the law's kappa1 counts 7.29 kernels per local expert (traces); the per-expert GEMMs are 8 of them
-    # in full-recompute units (fc1, fc2: forward twice, data and weight gradients): the grouped kernel
-    # leaves 8 per layer whatever E_loc
-    np.testing.assert_array_equal(kappa_delta(Stack(grouped_gemm="grouped"), E, ep, "bf16"), 8 - 8 * E)
+    # in full-recompute units (fc1, fc2: forward twice, data and weight gradients), single C++ launches:
+    # the grouped kernel leaves 8 per layer whatever E_loc
+    np.testing.assert_array_equal(kappa_delta(Stack(grouped_gemm="grouped"), E, ep, "bf16", KAPPA0), 8 - 8 * E)
+    # fusing the router takes 2x(11-2)+(7-2) = 23 named kernels and what the traces count with each
+    fused = kappa_delta(Stack(router_fusion=True), E, ep, "bf16", KAPPA0)
+    np.testing.assert_allclose(fused, -23 * framework_scale(KAPPA0))
+    assert "expert_gemms" not in FRAMEWORK_PARTS and "fp8_quantize" not in FRAMEWORK_PARTS
 
 
 def test_cuda_graphs_save_the_host_launches_of_what_they_capture():
     c = moe_layer_counts(Stack(), np.array([16.0]), np.array([8]), "bf16")
-    none = graph_savings(Stack(), c)
-    router = graph_savings(Stack(cuda_graphs=("moe_router",)), c)
-    both = graph_savings(Stack(cuda_graphs=("moe_router", "moe_preprocess")), c)
-    # the router's gating GEMM (3 forward, 4 backward) and score kernels (11, 7): 2 x 14 + 11 in
-    # full-recompute units, less the graph launches (forward twice, backward once)
-    assert none == 0 and router == pytest.approx(2 * 14 + 11 - 3)
-    assert both == pytest.approx(router + 2 * 7 - 3)
+    s = framework_scale(KAPPA0)
+    none = graph_savings(Stack(), c, KAPPA0)
+    router = graph_savings(Stack(cuda_graphs=("moe_router",)), c, KAPPA0)
+    both = graph_savings(Stack(cuda_graphs=("moe_router", "moe_preprocess")), c, KAPPA0)
+    # the router's gating GEMM (3 forward, 4 backward) and score kernels (11, 7): 2 x 14 + 11 named kernels in
+    # full-recompute units with their traced launches, less the graph launches (forward twice, backward once)
+    assert none == 0 and router == pytest.approx(s * (2 * 14 + 11) - 3)
+    assert both == pytest.approx(router + s * 2 * 7 - 3)
     # a dense layer's MLP graph does not apply to an MoE layer, nor the MoE modules to a dense one
-    assert graph_savings(Stack(cuda_graphs=("mlp",)), c) == 0
-    assert graph_savings(Stack(cuda_graphs=("moe_router",)), c, moe_layer=False) == 0
+    assert graph_savings(Stack(cuda_graphs=("mlp",)), c, KAPPA0) == 0
+    assert graph_savings(Stack(cuda_graphs=("moe_router",)), c, KAPPA0, moe_layer=False) == 0
+    # FP8's attention quantize kernels leave the host with the attention graph, one launch each
+    c8 = moe_layer_counts(Stack(), np.array([16.0]), np.array([8]), "fp8")
+    attn8 = graph_savings(Stack(cuda_graphs=("attn",)), c8, KAPPA0)
+    attn = graph_savings(Stack(cuda_graphs=("attn",)), c, KAPPA0)
+    assert attn8 - attn == pytest.approx(3 * 2 * 3)  # 2 inputs x 3 kernels (current scaling), 2 fwd + 1 bwd
