@@ -84,15 +84,14 @@ class Stack(BaseModel):
         return (self.fp8_recipe or DEFAULT_FP8_RECIPE) if precision == "fp8" else None
 
     def key(self, precision: str = "bf16") -> str:
-        """The stack as one canonical string: "megatron" for the paper's stack, else "megatron" and its
+        """The stack as one canonical string: "megatron" for the paper's stack in bf16, else "megatron" and its
         departures from it in field order ("megatron[grouped_gemm=grouped,fp8_recipe=mxfp8]"). A
-        calibration carries it and applies only to plans of the same key. The FP8 recipe counts only for
-        an FP8 model."""
+        calibration carries it and applies only to plans of the same key. An FP8 model always names its
+        recipe (its GEMMs launch the recipe's quantize kernels, so a bf16 run's calibration is not its own);
+        another precision never does."""
         parts = []
         for name, default in _DEFAULTS.items():
             v = self.recipe(precision) if name == "fp8_recipe" else getattr(self, name)
-            if name == "fp8_recipe" and v == DEFAULT_FP8_RECIPE:
-                continue
             if v != default:
                 parts.append(f"{name}={'+'.join(v) if isinstance(v, tuple) else str(v).lower()}")
         return "megatron" + (f"[{','.join(parts)}]" if parts else "")

@@ -56,7 +56,7 @@ def test_the_fits_take_the_runs_of_one_stack(sqlite_url):
             for i, extra in enumerate(({}, {"stack": {"fp8_recipe": "mxfp8"}}, {"stack": {"fp8_recipe": "mxfp8"}}))]
     with dbs.session_scope(sqlite_url) as s:
         store_observations(s, runs)
-    assert [o.sweep for o in _observations(sqlite_url, P)] == ["s0"]
+    assert [o.sweep for o in _observations(sqlite_url, P, stack=Stack().key("fp8"))] == ["s0"]
     assert sorted(o.sweep for o in _observations(sqlite_url, P, stack=MXFP8)) == ["s1", "s2"]
     with pytest.raises(ScaleplanError) as e:
         _observations(sqlite_url, P, stack=Stack(grouped_gemm="grouped").key("fp8"))
@@ -64,10 +64,13 @@ def test_the_fits_take_the_runs_of_one_stack(sqlite_url):
 
 
 def test_a_stack_key_names_its_stack_and_a_bad_key_is_one_line():
-    for st, prec in ((Stack(), "bf16"), (Stack(fp8_recipe="mxfp8", cuda_graphs=("attn", "moe_router")), "fp8"),
+    for st, prec in ((Stack(), "bf16"), (Stack(), "fp8"),
+                     (Stack(fp8_recipe="mxfp8", cuda_graphs=("attn", "moe_router")), "fp8"),
                      (Stack(permute_fusion=True, dispatcher="hybridep"), "bf16")):
         assert stack_from_key(st.key(prec)).key(prec) == st.key(prec)
-    assert spec_stack_key({"model": {"precision": "fp8"}, "stack": {"fp8_recipe": "tensorwise"}}) == "megatron"
+    assert spec_stack_key({"model": {"precision": "fp8"}, "stack": {"fp8_recipe": "tensorwise"}}) == \
+        spec_stack_key({"model": {"precision": "fp8"}}) == "megatron[fp8_recipe=tensorwise]"
+    assert spec_stack_key({"model": {"precision": "bf16"}}) == "megatron"
     for bad in ("paper", "megatron[fp8_recipe=mxfp9]", "megatron[nope=1]"):
         with pytest.raises(SpecError) as e:
             stack_from_key(bad)
