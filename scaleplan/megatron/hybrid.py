@@ -23,12 +23,31 @@ _OTHER = {"M": "Mamba", "G": "gated delta net", "D": "DeepSeek sparse attention"
 
 def even_segments(n_layers: int, pp: int, vpp: int) -> list[int]:
     """GPT blocks per pipeline segment (PP x VPP of them, in layer order) when they split evenly. Raises SpecError
-    naming the layout when they do not (uneven stages state their own counts)."""
-    n = pp * vpp
-    if n_layers % n:
-        raise SpecError("layout", f"pp={pp} vpp={vpp}", f"pp * vpp dividing n_layers={n_layers} (or the uneven "
-                        "stages' own layer counts)")
-    return [n_layers // n] * n
+    naming the layout when they do not (uneven stages state their own counts: :func:`stage_segments`)."""
+    return stage_segments(n_layers, pp, vpp)
+
+
+def stage_segments(n_layers: int, pp: int, vpp: int, first: int | None = None, last: int | None = None) -> list[int]:
+    """GPT blocks per pipeline segment, PP x VPP of them in layer order (segment k = virtual stage k div PP of
+    pipeline rank k mod PP), as Megatron-Core's get_num_layers_to_build splits them: the first and the last stage
+    hold ``first`` / ``last`` blocks where given, the other stages the rest evenly, each stage's blocks split evenly
+    over its VPP chunks. Raises SpecError naming the layout when the counts do not divide so."""
+    inner = pp - (first is not None) - (last is not None)
+    rest = n_layers - (first or 0) - (last or 0)
+    if pp == 1:
+        first = last = None
+        inner, rest = 1, n_layers
+    if rest < 0 or (inner > 0 and rest % inner) or (inner == 0 and rest):
+        raise SpecError("layout", f"pp={pp} first={first} last={last}", f"stage layer counts adding up to "
+                        f"n_layers={n_layers} with the middle stages holding equal counts")
+    per = [rest // inner if inner else 0] * pp
+    if first is not None:
+        per[0] = first
+    if last is not None and pp > 1:
+        per[-1] = last
+    if any(n % vpp for n in per):
+        raise SpecError("layout", f"vpp={vpp}", f"a virtual-stage count dividing every stage's layers {per}")
+    return [per[r] // vpp for v in range(vpp) for r in range(pp)]
 
 
 def block_symbols(m: ModelBlock, i: int) -> str:

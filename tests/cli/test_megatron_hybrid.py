@@ -159,3 +159,21 @@ def test_every_flag_of_todays_models_is_documented(hybrid):
         spec, lo = _case(name, n, layout)
         for flag in megatron_args(spec, lo, hybrid=hybrid):
             assert f"`{flag[0]}" in doc or f" {flag[0]}" in doc, (name, flag[0])
+
+
+def test_uneven_stages_segment_as_megatron_core_builds_them():
+    """Qwen3-235B-A22B's 94 blocks over PP 8 x VP 2 with 10 on the first stage and 12 on the last (Megatron-Core's
+    get_num_layers_to_build: the 6 middle stages share 72, 12 each; each stage's blocks split over its 2 chunks)."""
+    from scaleplan.megatron.hybrid import stage_segments
+
+    seg = stage_segments(94, 8, 2, first=10, last=12)
+    assert sum(seg) == 94 and len(seg) == 16
+    assert seg[0] == seg[8] == 5 and seg[7] == seg[15] == 6 and set(seg[1:7] + seg[9:15]) == {6}
+    assert stage_segments(61, 16, 1, first=1) == [1] + [4] * 15
+    assert stage_segments(61, 16, 1, first=3, last=2) == [3] + [4] * 14 + [2]
+    from scaleplan.errors import SpecError
+
+    with pytest.raises(SpecError, match="equal counts"):
+        stage_segments(61, 16, 1, first=3)  # 58 over 15 stages
+    with pytest.raises(SpecError, match="virtual-stage count"):
+        stage_segments(94, 8, 2, first=11, last=11)  # 72 over 6 middle stages, 12 each; 11 is odd over VP 2
