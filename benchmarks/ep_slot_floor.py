@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-import scaleplan.estimator.model as time_model
+import scaleplan.estimator.stages as time_model  # the stage work reads dispatch_time from there
 from estimator_accuracy import VALIDATION, _metrics, fill_ratio_18b, staged_runs, sweep_specs
 from scaleplan.calibrate.joint import estimator_t_pred, fit_joint
 from scaleplan.estimator import Estimator

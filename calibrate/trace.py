@@ -365,19 +365,22 @@ def compare(trace: Trace, spec, layout: dict, n_devices: int, est, stage: int | 
     per layer and micro-batch in full-recompute units. Keys: module docstring and the CLI's output."""
     from scaleplan.estimator.ckpt import CkptMode, full_recompute_units
     from scaleplan.estimator.dispatch import dispatch_time
-    from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.layout import ParallelLayout
-    from scaleplan.estimator.params import stage_params
+    from scaleplan.estimator.model_dims import geometry
+    from scaleplan.estimator.shapes import layout_shapes, stage_counts
 
     from scaleplan.specs import Layout
 
     g = geometry(spec.model)
     lay = ParallelLayout.from_specs([Layout(**layout)], n_devices)
     s, how = stage_of(trace, layout, stage)
-    sp = stage_params(g, lay, s)
-    L, n_moe, ep = float(sp.n_layers[0]), float(sp.n_moe[0]), int(layout["ep"])
-    n_mb = float(lay.n_mb(spec.data.gbs)[0])
-    e_loc = g.E / (ep * int(layout.get("etp", 1))) if g.is_moe else 0.0
+    st = stage_counts(g, lay, s)
+    L, n_moe, ep = float(st.n_layers[0]), float(st.n_moe[0]), int(layout["ep"])
+    one = layout_shapes(spec.model, Layout(**layout), spec.data.seqlen, spec.data.gbs, n_devices)
+    n_mb = one.n_mb
+    # the law's kappa(E_loc) counts the kernels of the E / EP local experts a rank launches (each runs its
+    # 1/ETP share of the expert's GEMMs: ETP does not change their number)
+    e_loc = one.E_loc if g.is_moe else 0.0
     codes, eps = np.array([CkptMode.parse(layout["ckpt"]).value]), np.array([ep])
     u = float(full_recompute_units(codes)[0])
     law = est.dispatch

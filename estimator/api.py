@@ -16,9 +16,10 @@ import numpy as np
 from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
 from scaleplan.estimator.model_dims import Geometry, GeometryBatch, geometry, structure
 from scaleplan.estimator.memory import RESERVE_BYTES, allocated_reserved, memory_breakdown, state_bytes
-from scaleplan.estimator.layout import LayoutContext, ParallelLayout
+from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
+from scaleplan.estimator.shapes import PlanShapes, plan_shapes
 from scaleplan.estimator.tables import (
     ANALYTIC,
     EXTRAPOLATE_MODES,
@@ -235,7 +236,8 @@ class Estimator:
                 scaled[k] = rows
             self.tables = dataclasses.replace(self.tables, host_ops=scaled)
 
-    def _memory(self, g, plans, gbs, seqlen, optimizer, rope=True) -> dict[str, np.ndarray]:
+    def _memory(self, g: Geometry, plans: ParallelLayout, gbs: int, seqlen: int, optimizer: str, rope: bool = True,
+                shapes: PlanShapes | None = None) -> dict[str, np.ndarray]:
         """Bytes per device by category (estimator/memory.py). Beyond the allocated bytes: the caching
         allocator's overhead and the memory outside it as the bench suite 'allocator' measured them on
         this profile's GPU; without such rows the fixed 5 GB ``reserve`` the plans were always held to
@@ -246,9 +248,9 @@ class Estimator:
         elif self.profile.serial_dispatch:
             frac, ctx = 0.0, 0.0
         else:
-            return memory_breakdown(g, plans, gbs, seqlen, optimizer, RESERVE_BYTES, rope=rope)
+            return memory_breakdown(g, plans, gbs, seqlen, optimizer, RESERVE_BYTES, rope=rope, shapes=shapes)
         return memory_breakdown(g, plans, gbs, seqlen, optimizer, allocator_fraction=frac, context_bytes=ctx,
-                                rope=rope)
+                                rope=rope, shapes=shapes)
 
     def _state_fits(self, geoms: Geometry, sets: list[ParallelLayout], optimizer: str,
                     limit: float) -> list[np.ndarray]:
@@ -256,11 +258,11 @@ class Estimator:
         of one plan per geometry), the indices of the plans whose model state alone
         (:func:`memory.state_bytes`) stays within ``limit`` bytes: the total of :meth:`_memory` sums it
         first and adds only non-negative bytes, so the others exceed the limit whatever their activations
-        (4 in 5 plans on the paper grid). Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP)."""
+        (4 in 5 plans on the paper grid). Evaluated once per distinct geometry and :data:`DEGREE_FIELDS`."""
         frac, ctx = self.tables.allocator if self.tables.allocator is not None else (0.0, 0.0)
         if frac < 0 or ctx < 0:  # a measured allocator term below zero: no bound, every plan goes on
             return [np.arange(len(s)) for s in sets]
-        parts = [s.distinct("tp", "cp", "pp", "dp", "ep", "etp") for s in sets]  # memoised per plan set
+        parts = [s.distinct(*DEGREE_FIELDS) for s in sets]  # memoised per plan set
         tuples = ParallelLayout.concat([s.take(f) for s, (f, _) in zip(sets, parts)])
         owner = np.repeat(np.arange(len(sets)), [len(f) for f, _ in parts])
         fits = ~(state_bytes(geoms.take(owner), tuples, optimizer) > limit)
@@ -273,26 +275,28 @@ class Estimator:
         return calibrations_in_force(self.db_url, self.profile.name, cal_id)
 
     # -- public API ----------------------------------------------------------------------------
-    def estimate(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None,
+    def estimate(self, spec: Spec, n_devices: int, layouts: list[Layout] | ParallelLayout | None = None,
                  mem_fraction: float = 1.0) -> list[EstimateResult]:
-        """Evaluate explicit layouts (default: the spec's own); a plan needing more than ``mem_fraction`` of HBM
-        is marked infeasible (reason "memory"). Raises OutOfRangeError or SpecError."""
+        """Evaluate explicit layouts (default: the spec's own; the user's :class:`Layout` list, or the plans
+        already built from them); a plan needing more than ``mem_fraction`` of HBM is marked infeasible
+        (reason "memory"). Raises OutOfRangeError or SpecError."""
         ev = self.evaluate(spec, n_devices, layouts)
         g, plans = geometry(spec.model), ev.plans
         mem = self._memory(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
-                           spec.model.rotary_embeds)
+                           spec.model.rotary_embeds, ev.shapes)
         cap = self.profile.hbm_bytes
         return [self._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, mem_fraction)
                 for i in range(len(plans))]
 
-    def evaluate(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> Evaluation:
-        """The time model's per-plan arrays for explicit layouts (default: the spec's own), validated as
-        :meth:`estimate` validates them but without the memory model or result rows: what a fit of step
-        times reads (:func:`scaleplan.calibrate.joint.estimator_t_pred`). Raises OutOfRangeError or SpecError."""
+    def evaluate(self, spec: Spec, n_devices: int, layouts: list[Layout] | ParallelLayout | None = None) -> Evaluation:
+        """The time model's per-plan arrays for explicit layouts (default: the spec's own), validated by the
+        layout's rules as :meth:`estimate` validates them but without the memory model or result rows: what a
+        fit of step times reads (:func:`scaleplan.calibrate.joint.estimator_t_pred`). Raises OutOfRangeError
+        or SpecError."""
         _check_positive(n_devices=n_devices, gbs=spec.data.gbs, seqlen=spec.data.seqlen)
-        layouts = layouts or [spec.default_layout()]
         g = geometry(spec.model)
-        plans = ParallelLayout.from_specs(layouts, n_devices)
+        plans = layouts if isinstance(layouts, ParallelLayout) else \
+            ParallelLayout.from_specs(layouts or [spec.default_layout()], n_devices)
         plans.validate(LayoutContext(g, n_devices, spec.data.gbs, spec.data.seqlen))
         ev = self.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type)
         if self.extrapolate == "error":
@@ -373,12 +377,13 @@ class Estimator:
             return
         plans, cap = ParallelLayout.concat(sets), self.profile.hbm_bytes
         batch = each.take(owner)
-        mem = self._memory(batch, plans, gbs, seqlen, optimizer, rope)
+        sh = plan_shapes(batch, plans, seqlen, gbs)
+        mem = self._memory(batch, plans, gbs, seqlen, optimizer, rope, sh)
         fits = np.nonzero(~(sum(mem.values()) > frac * cap))[0]
         if len(fits) == 0:
             return
         owner, mem = owner[fits], {k: v[fits] for k, v in mem.items()}
-        ev = self.model.evaluate(batch.take(fits), plans.take(fits), gbs, seqlen, optimizer)
+        ev = self.model.evaluate(batch.take(fits), plans.take(fits), gbs, seqlen, optimizer, shapes=sh.take(fits))
         ok = np.nonzero(ev.oor.reason == None)[0]  # noqa: E711 (an object array: elementwise)
         bounds = np.searchsorted(owner, np.arange(len(geoms) + 1))
         for b in _first_max_per_group(ev.mfu[ok], owner[ok], ok):
@@ -392,8 +397,9 @@ class Estimator:
         plans, counts, total = enumerate_plans(g, n_devices, gbs, constraints, seqlen)
         if len(plans) == 0:
             return g, plans, None, None, np.zeros(0, bool), np.zeros(0, object), counts, total
-        ev = self.model.evaluate(g, plans, gbs, seqlen, optimizer)
-        mem = self._memory(g, plans, gbs, seqlen, optimizer, model.rotary_embeds)
+        sh = plan_shapes(g, plans, seqlen, gbs)
+        ev = self.model.evaluate(g, plans, gbs, seqlen, optimizer, shapes=sh)
+        mem = self._memory(g, plans, gbs, seqlen, optimizer, model.rotary_embeds, sh)
         tot = sum(mem.values())
         reason = np.array(ev.oor.reason, dtype=object)
         oor = ev.oor.reason != None

@@ -1,7 +1,8 @@
 """Communication: TP/CP/EP/DP collectives from the measured tables (busbw invariance across group
 sizes, inter-node all-to-all by NIC bytes), the distributed optimizer's DP traffic and the
-expert-bias all-reduce; seconds, bytes. The functions take the tables they read (``tb``) and the
-profile (``prof``: link bandwidths, GPUs per node, serial dispatch) as arguments.
+expert-bias all-reduce; seconds, bytes. The functions take the tables they read and the profile (link
+bandwidths, GPUs per node, serial dispatch) as one argument (:class:`~scaleplan.estimator.context.Lookups`,
+or the whole :class:`~scaleplan.estimator.context.EvalContext` where they read the plans).
 
 Group sizes outside the measured set of the regime use busbw invariance: nccl-tests busbw of
 ring algorithms does not depend on the group size once the bottleneck link is fixed, so
@@ -22,20 +23,23 @@ from __future__ import annotations
 
 import numpy as np
 from scaleplan.estimator import analytic as an
-from scaleplan.estimator.model_dims import Geometry
-from scaleplan.estimator.layerwise import stage_tensors
+from scaleplan.estimator.context import EvalContext, Lookups
+from scaleplan.estimator.layerwise import Tensors, stage_tensors
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
+from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.optimizer import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_collectives, optimizer  # noqa: F401
 from scaleplan.estimator.params import dp_stages, stage_params  # noqa: F401  (dp_stages: re-exported)
+from scaleplan.estimator.shapes import StageCounts, concat_stages, plan_shapes
 from scaleplan.estimator.sources import Recorder, _arr, distinct
-from scaleplan.estimator.tables import ANALYTIC, LookupResult
+from scaleplan.estimator.tables import ANALYTIC, LookupResult, Tables
 
 # Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
 DDP_BUCKET_PARAMS = 40_000_000
 P2P_LAT_INTRA_S, P2P_LAT_INTER_S = 10e-6, 25e-6
-def dp_buckets(g: Geometry, lay: ParallelLayout, gpn: int, s=0.0):
-    """The distributed optimizer's two gradient groups on pipeline stage ``s`` (an index, arrays
-    broadcast), as ``[(params, group, layout, inter_node, n_buckets)]`` (parameters per rank).
+def dp_buckets(g: Geometry, lay: ParallelLayout, gpn: int, stage: StageCounts | np.ndarray | float = 0.0) -> list[tuple]:
+    """The distributed optimizer's two gradient groups on the pipeline stage whose blocks ``stage``
+    counts (a :class:`~scaleplan.estimator.shapes.StageCounts` or a stage index; arrays over plans), as
+    ``[(params, group, layout, inter_node, n_buckets)]`` (parameters per rank).
 
     The stage's parameters are :func:`params.stage_params`'s (embedding, LM head and final norm where
     Megatron-Core puts them, the padded vocabulary).
@@ -44,7 +48,7 @@ def dp_buckets(g: Geometry, lay: ParallelLayout, gpn: int, s=0.0):
     leave the node once ETP EP fills it (:meth:`ParallelLayout.spans_nodes`). Megatron buckets
     max(40M, 1M x group) parameters.
     """
-    p = stage_params(g, lay, s)
+    p = stage_params(g, lay, stage)
     out = []
     for params, group, layout, inter in ((p.dense, lay.dp * lay.cp, "contiguous", lay.spans_nodes("dp_cp", gpn)),
                                          (p.experts, lay.edp, "strided", lay.spans_nodes("edp", gpn))):
@@ -53,17 +57,22 @@ def dp_buckets(g: Geometry, lay: ParallelLayout, gpn: int, s=0.0):
     return out
 
 
-def bias_sync(g: Geometry, lay: ParallelLayout, gpn: int):
+def bias_sync(g: Geometry, lay: ParallelLayout, gpn: int, n_moe_stage: np.ndarray | None = None) -> tuple:
     """The loss-free balancing bias update (eq:bias-update): Megatron-Core stacks the fp32 token counts
     per expert of every MoE layer on the stage and all-reduces them once per step over the TP x CP x DP
     group (``_update_router_expert_bias`` in finalize_model_grads): (1 all-reduce where the stage has
-    MoE layers, group, inter_node, bytes = MoE layers on the stage x E x 4)."""
-    n_layers = np.ceil(g.n_moe / lay.pp)  # 0 for a dense model
+    MoE layers, group, inter_node, bytes = MoE layers on the stage x E x 4); ``n_moe_stage``: the most
+    MoE blocks a stage holds (:attr:`PlanShapes.max_moe_per_stage`, computed unless given), whose all-reduce
+    the step waits for."""
+    if n_moe_stage is None:
+        n_moe_stage = plan_shapes(g, lay, 1).max_moe_per_stage
+    n_layers = np.asarray(n_moe_stage, dtype=float)  # 0 for a dense model
     _, group = lay.group("tp_cp_dp")
     return np.minimum(n_layers, 1.0), group, lay.spans_nodes("tp_cp_dp", gpn), 4 * g.E * n_layers
 
 
-def _warn_off_grid(rec, comp, coll, layout, inter, g_lo, g_hi, by_nic_bytes, where) -> None:
+def _warn_off_grid(rec: Recorder, comp: str, coll: str, layout: str, inter: bool, g_lo: float, g_hi: float,
+                   by_nic_bytes: bool, where: np.ndarray) -> None:
     """Say that group sizes outside a table's measured ones were mapped by an invariance (for the
     plans in ``where``: mosaic/evidence.py reads it as extrapolation to more ranks)."""
     how = "inter-node bytes per rank" if by_nic_bytes else "busbw"
@@ -72,19 +81,19 @@ def _warn_off_grid(rec, comp, coll, layout, inter, g_lo, g_hi, by_nic_bytes, whe
     rec.warn(msg, where)
 
 
-def collective_time(tb, prof, rec, comp, coll, n, size, inter, layout="contiguous", active=True, per_node=None,
-                    small_analytic=False, rails=None):
+def collective_time(lk: Lookups, comp: str, coll: str, n, size, inter, layout: str = "contiguous", *, active=True,
+                    per_node=None, small_analytic: bool = False, rails=None) -> np.ndarray:
     """Seconds (shape (P,)) of collective ``coll`` on groups of ``n`` ranks moving ``size`` bytes per
     rank, for component ``comp``, from the table of the regime (:meth:`Tables.collective`: coll, layout,
-    inter-node); the analytic ring formula where unmeasured (labelled analytic). ``prof``: the link
-    bandwidths and GPUs per node. Group sizes outside the measured ones: busbw invariance, or the
+    inter-node) of ``lk``; the analytic ring formula where unmeasured (labelled analytic), at the profile's
+    link bandwidths. Group sizes outside the measured ones: busbw invariance, or the
     inter-node bytes per rank for an inter-node all-to-all (``per_node`` given: its ranks per node);
     ``rails``: a strided group's ranks per node (:func:`_multi_rail`). ``active``: plans where it runs
     (else 0). ``small_analytic``: messages below the measured sizes take the analytic time. Why each
     invariance: the module docstring."""
     if rails is not None and layout == "strided":
-        return _multi_rail(tb, prof, rec, comp, coll, n, size, inter, active, per_node, small_analytic, rails)
-    P = rec.P
+        return _multi_rail(lk, comp, coll, n, size, inter, active, per_node, small_analytic, rails)
+    tb, prof, rec, P = lk.tables, lk.profile, lk.rec, lk.P
     n = _arr(n, P)
     size = _arr(size, P)
     inter = np.broadcast_to(np.asarray(inter, dtype=bool), (P,))
@@ -131,82 +140,94 @@ def collective_time(tb, prof, rec, comp, coll, n, size, inter, layout="contiguou
                            and per_node is not None, off_grid)
     return out
 
-def _multi_rail(tb, prof, rec, comp, coll, n, size, inter, active, per_node, small_analytic, rails):
+def _multi_rail(lk: Lookups, comp: str, coll: str, n, size, inter, active, per_node, small_analytic: bool,
+                rails) -> np.ndarray:
     """A strided group on ``rails`` ranks per node: the strided table's time / rails, never below
     the contiguous table's (:func:`collective_time`)."""
-    t1 = collective_time(tb, prof, rec, comp, coll, n, size, inter, "strided", active, per_node, small_analytic)
-    m = np.broadcast_to(np.asarray(rails, dtype=float), (rec.P,))
+    t1 = collective_time(lk, comp, coll, n, size, inter, "strided", active=active, per_node=per_node,
+                         small_analytic=small_analytic)
+    m = np.broadcast_to(np.asarray(rails, dtype=float), (lk.P,))
     multi = np.asarray(inter, dtype=bool) & (m > 1)
     if not multi.any():
         return t1
-    tc = collective_time(tb, prof, rec, comp, coll, n, size, inter, "contiguous", np.asarray(active) & multi,
-                         per_node, small_analytic)
+    tc = collective_time(lk, comp, coll, n, size, inter, "contiguous", active=np.asarray(active) & multi,
+                         per_node=per_node, small_analytic=small_analytic)
     return np.where(multi, np.maximum(t1 / m, tc), t1)
 
-def dp_comm_time(tb, prof, rec, g, lay, w_fwd, w_bwd, optimizer_name="adamw", degrees=None):
+def dp_comm_time(ctx: EvalContext, w_fwd, w_bwd, optimizer_name: str = "adamw",
+                 degrees: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Exposed data-parallel traffic per iteration (seconds, shape (P,)): the most any pipeline
     stage leaves exposed (:func:`dp_stages`); groups and buckets: :func:`dp_buckets`; each
-    collective's time: :func:`collective_time` on ``tb`` and ``prof``.
+    collective's time: :func:`collective_time`.
 
     adam/adamw/sgd run Megatron's distributed optimizer (ZeRO-1): a bucketed fp32 gradient
     reduce-scatter overlapped with the stage's last backward and a bf16 parameter all-gather
     overlapped with the next first forward; the last bucket of each is always exposed.
-    muon/scion (:class:`~scaleplan.estimator.optimizer.Optimizer`) run Megatron-Core's layer-wise distributed optimizer: DDP
-    all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
+    muon/scion (:class:`~scaleplan.estimator.optimizer.Optimizer`) run Megatron-Core's layer-wise distributed
+    optimizer: DDP all-reduces the fp32 gradients bucket by bucket during the backward (overlapped like the
     reduce-scatter); after the step, which waits for every stage (the global gradient norm), the
     owners broadcast the updated bf16 parameters one tensor at a time (:func:`_broadcast_loop`,
     estimator/layerwise.py): nothing, not the drain either, hides that; the slowest stage's counts.
     sgd (not sharded) runs plain DDP: the bucketed all-reduce alone.
-    On a serial-dispatch profile (``prof.serial_dispatch``, a CPU) nothing overlaps: the collective
-    runs on the computing cores.
-    ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,)), the wall time of one forward /
-    backward pass of a stage, which a dispatch-bound pass sets by its host issue time. What a stage's
-    own passes leave (at least its last bucket) runs on while
-    the earlier stages drain, and a ZeRO-1 gather's remainder while they fill the next step
-    (:func:`dp_stages`); the step waits for the stage that leaves the most.
-    ``degrees``: the plans' distinct (geometry, TP, CP, PP, DP, EP, ETP) as
-    :func:`~scaleplan.estimator.layout.degree_groups` gives them, when the caller has them.
+    On a serial-dispatch profile (a CPU) nothing overlaps: the collective runs on the computing cores.
+    ``w_fwd`` / ``w_bwd``: the overlap windows (seconds, shape (P,), or (stages, P) in :func:`dp_stages`'
+    order), the wall time of one forward / backward pass of a stage, which a dispatch-bound pass sets by
+    its host issue time. What a stage's own passes leave (at least its last bucket) runs on while the
+    earlier stages drain, and a ZeRO-1 gather's remainder while they fill the next step; the step waits
+    for the stage that leaves the most. ``degrees``: the plans' :func:`~scaleplan.estimator.layout.degree_groups`,
+    when the caller has them.
     """
     # the collectives depend on the parallel degrees alone: each distinct tuple is looked up once,
     # for the k stages at once (k U elements); the overlap windows are per plan
-    P, gpn, serial = len(lay), prof.scaleup_domain, bool(getattr(prof, "serial_dispatch", False))
+    g, lay = ctx.g, ctx.lay
     first, inv = degrees if degrees is not None else degree_groups(g, lay)
-    stages = dp_stages(lay.pp[first])
+    stages = dp_stages(g.take(first), lay.take(first))
     k, U = len(stages), len(first)
     idx = np.arange(k)[:, None] * U + inv[None, :]  # (k, P): plan p's stage-j element
-    lay_s = lay.take(np.tile(first, k))  # each distinct degree tuple once per stage
-    present, s = (np.concatenate(col) for col in zip(*stages))
-    drain = s[idx] / np.asarray(lay.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
-    sub = Recorder(k * U, rec.mode)
-    # after the stage's last backward; before its first forward; the layer-wise broadcasts after the step
-    tail, fill, bcast = np.zeros((k, P)), np.zeros((k, P)), np.zeros((k, P))
+    present, st = np.concatenate([p for p, _ in stages]), concat_stages([c for _, c in stages])
+    drain = st.index[idx] / np.asarray(lay.vpp, dtype=float)  # VPP chunks: each stage drains 1/VPP of its pass
+    sub = ctx.with_rec(Recorder(k * U, ctx.rec.mode))
     opt = optimizer(optimizer_name)
-    ortho, colls = opt.sharded and opt.orthogonalises, opt.dp_collectives
-    g_s = g.take(np.tile(first, k))
-    per_tensor = stage_tensors(g_s, lay_s, s) if ortho else (None, None)
-    for (params, group, layout, inter, nb), tensors in zip(dp_buckets(g_s, lay_s, gpn, s), per_tensor):
-        act = (group > 1) & (params > 0) & present
-        rails = lay_s.ranks_per_node("edp", gpn) if layout == "strided" else None
-        # the layer-wise optimizer gathers by one broadcast per tensor (layerwise.py): no all-gather lookup
-        t = [nb * collective_time(tb, prof, sub, "dp_comm", coll, group, params / nb * nbytes, inter, layout, act,
-                                  rails=rails) for coll, nbytes in (colls[:1] if ortho else colls)]
-        if ortho:
-            t.append(_broadcast_loop(tb, prof, sub, tensors, group, inter, layout, act, rails))
-        # gradient side, parameter side (none for plain DDP), per plan and stage
-        rs, ag, nb = t[0][idx], (t[1][idx] if len(t) > 1 else 0.0), nb[idx]
-        if serial:
+    ortho = opt.sharded and opt.orthogonalises
+    # after the stage's last backward; before its first forward; the layer-wise broadcasts after the step
+    tail, fill, bcast = np.zeros((k, ctx.P)), np.zeros((k, ctx.P)), np.zeros((k, ctx.P))
+    for rs, ag, nb in _stage_collectives(sub, g.take(np.tile(first, k)), lay.take(np.tile(first, k)), st, present,
+                                         optimizer_name):
+        rs, ag, nb = rs[idx], (ag[idx] if ag is not None else 0.0), nb[idx]
+        if ctx.serial:
             tail += rs + ag
             continue
         tail += np.maximum(rs - w_bwd, rs / nb)
         bcast, fill = (bcast + ag, fill) if ortho else (bcast, fill + np.maximum(ag - w_fwd, ag / nb))
-    rec.fold(sub, idx)
-    if not serial:  # the drain (fill) of the earlier stages hides what is left after (before) them
+    ctx.rec.fold(sub.rec, idx)
+    if not ctx.serial:  # the drain (fill) of the earlier stages hides what is left after (before) them
         tail, fill = np.maximum(tail - drain * w_bwd, 0.0), np.maximum(fill - drain * w_fwd, 0.0)
     return (tail + fill).max(axis=0) + bcast.max(axis=0)  # an absent stage looked nothing up: 0
 
 
-def _broadcast_loop(tb, prof, rec, tensors, group, inter, layout, active, rails):
-    """Seconds (shape (rec.P,)) of the layer-wise optimizer's parameter broadcasts over ``group``: one call
+def _stage_collectives(lk: Lookups, g: Geometry, lay: ParallelLayout, stage: StageCounts, present: np.ndarray,
+                       optimizer_name: str) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray]]:
+    """Per gradient group of :func:`dp_buckets` (dense, experts): (gradient-side seconds, parameter-side
+    seconds or None for plain DDP, buckets) of the stages ``stage`` of the plans ``lay`` (elements of ``lk``);
+    absent stages (not ``present``) look nothing up."""
+    opt = optimizer(optimizer_name)
+    ortho, colls = opt.sharded and opt.orthogonalises, opt.dp_collectives
+    per_tensor = stage_tensors(g, lay, stage) if ortho else (None, None)
+    out = []
+    for (params, group, layout, inter, nb), tensors in zip(dp_buckets(g, lay, lk.gpn, stage), per_tensor):
+        act = (group > 1) & (params > 0) & present
+        rails = lay.ranks_per_node("edp", lk.gpn) if layout == "strided" else None
+        # the layer-wise optimizer gathers by one broadcast per tensor (layerwise.py): no all-gather lookup
+        t = [nb * collective_time(lk, "dp_comm", coll, group, params / nb * nbytes, inter, layout, active=act,
+                                  rails=rails) for coll, nbytes in (colls[:1] if ortho else colls)]
+        if ortho:
+            t.append(_broadcast_loop(lk, tensors, group, inter, layout, act, rails))
+        out.append((t[0], t[1] if len(t) > 1 else None, nb))
+    return out
+
+
+def _broadcast_loop(lk: Lookups, tensors: Tensors, group, inter, layout: str, active, rails) -> np.ndarray:
+    """Seconds (shape (P,)) of the layer-wise optimizer's parameter broadcasts over ``group``: one call
     per tensor of ``tensors`` ([(count, elements)], :func:`layerwise.stage_tensors`), bf16, each read
     from the all-gather table at the size that puts the same bytes on every link of the ring
     (S n / (n - 1) for a broadcast of S bytes). The calls are synchronous (``async_op`` False): each makes
@@ -219,23 +240,24 @@ def _broadcast_loop(tb, prof, rec, tensors, group, inter, layout, active, rails)
     ring longer than the largest measured inter-node group adds the measured latency per extra rank
     (:func:`_ring_hop_latency`: NCCL broadcasts along a ring, one hop per rank), where busbw invariance
     would keep the largest group's time. Without a table: the analytic time."""
+    tb = lk.tables
     n = np.asarray(group, dtype=float)
     per_link = n / np.maximum(n - 1, 1)
     floor = np.where(inter, _smallest_size(tb, layout, True), _smallest_size(tb, layout, False)) * per_link
     g_hi, hop = _ring_hop_latency(tb)
     longer = np.where(inter, np.maximum(n - g_hi, 0.0) * hop, 0.0)
-    total = np.zeros(rec.P)
+    total = np.zeros(lk.P)
     for count, numel in tensors:
         on = active & (count > 0)
         if np.any(on):
             size = np.maximum(numel * PARAM_BYTES_COMM * per_link, floor)
-            t = collective_time(tb, prof, rec, "dp_comm", "all_gather", group, size, inter, layout, on,
+            t = collective_time(lk, "dp_comm", "all_gather", group, size, inter, layout, active=on,
                                 small_analytic=True, rails=rails)
             total += count * (t + np.where(on, longer, 0.0))
     return total
 
 
-def _ring_hop_latency(tb) -> tuple[float, float]:
+def _ring_hop_latency(tb: Tables) -> tuple[float, float]:
     """(largest measured group, seconds per added rank) of the inter-node contiguous all-gather at its
     smallest message: the growth of the latency floor between the two largest measured groups (about
     11 us per rank from 16 to 32 ranks on the recorded B200 tables); (inf, 0) with fewer than two
@@ -247,7 +269,7 @@ def _ring_hop_latency(tb) -> tuple[float, float]:
     return float(g1), max((t1 - t0) / (g1 - g0), 0.0)
 
 
-def _smallest_size(tb, layout: str, inter: bool) -> float:
+def _smallest_size(tb: Tables, layout: str, inter: bool) -> float:
     """The smallest message (bytes) the all-gather tables of a regime measure (the strided regime falls
     back to the contiguous one, as :func:`collective_time` does); 0 where none is measured."""
     tab = _gather_table(tb, layout, inter) or _gather_table(tb, "contiguous", inter)
@@ -255,28 +277,31 @@ def _smallest_size(tb, layout: str, inter: bool) -> float:
     return float(min(s[0] for s in sizes)) if sizes else 0.0
 
 
-def _gather_table(tb, layout: str, inter: bool):
+def _gather_table(tb: Tables, layout: str, inter: bool):
     """The all-gather table of a regime, or None, read without a request (a recording view,
     :class:`~scaleplan.estimator.lookup_listing.RecordingTables`, lists only the lookups collective_time makes)."""
     return getattr(tb, "collectives", {}).get(("all_gather", layout, bool(inter)))
 
 
-def bias_sync_time(tb, prof, rec, g, lay, degrees=None):
+def bias_sync_time(ctx: EvalContext, degrees: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """The expert-bias token-count all-reduce of one step (:func:`bias_sync`), exposed: it runs
     between the backward and the optimizer step. A few kB: below a GPU table's measured sizes this
     is the analytic latency-bound ring time (labelled analytic). Seconds, shape (P,).
 
-    It depends on the geometry and (TP, CP, PP, DP) alone (a few per geometry against thousands of
-    plans): each distinct tuple is evaluated once and handed to its plans (:meth:`Recorder.fold`); found
-    among ``degrees`` (:func:`~scaleplan.estimator.layout.degree_groups`, finer) when the caller has them."""
+    It depends on the geometry, (TP, CP, PP, DP) and the MoE blocks per stage alone (a few per geometry
+    against thousands of plans): each distinct tuple is evaluated once and handed to its plans
+    (:meth:`Recorder.fold`); found among ``degrees`` (:func:`~scaleplan.estimator.layout.degree_groups`,
+    finer) when the caller has them."""
+    g, lay = ctx.g, ctx.lay
     first, inv = degrees if degrees is not None else degree_groups(g, lay)
-    f2, i2 = distinct(*(c[first] for c in (*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp)))
+    n_moe = ctx.shapes.max_moe_per_stage
+    f2, i2 = distinct(*(c[first] for c in (*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, n_moe)))
     first, inv = first[f2], i2[inv]
-    sub = Recorder(len(first), rec.mode)
+    sub = ctx.with_rec(Recorder(len(first), ctx.rec.mode))
     g1, lay1 = g.take(first), lay.take(first)
-    n_layers, group, inter, size = bias_sync(g1, lay1, prof.scaleup_domain)
+    n_layers, group, inter, size = bias_sync(g1, lay1, ctx.gpn, n_moe[first])
     act = (n_layers > 0) & (group > 1)
-    t = n_layers * collective_time(tb, prof, sub, "bias_sync", "all_reduce", group, size, inter, "contiguous",
-                                   act, small_analytic=True)
-    rec.fold(sub, inv)
+    t = n_layers * collective_time(sub, "bias_sync", "all_reduce", group, size, inter, "contiguous", active=act,
+                                   small_analytic=True)
+    ctx.rec.fold(sub.rec, inv)
     return np.broadcast_to(t, (len(first),))[inv]

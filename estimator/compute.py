@@ -1,19 +1,21 @@
 """Kernel times of one layer and micro-batch from the measured tables (GEMM, grouped GEMM, SDPA,
 router, element-wise, vocabulary) and the reference model's measured host time; seconds. Each function
-takes the tables it reads (``tb``: the spec precision's :meth:`Tables.view`, or a recording view of
-them) and records its lookups in ``rec``."""
+takes the evaluation's :class:`~scaleplan.estimator.context.EvalContext` (the tables it reads, the
+profile, the record its lookups go to, the plans' shapes); arrays over its plans."""
 from __future__ import annotations
 
 import numpy as np
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.ckpt import CkptMode
-from scaleplan.estimator.model_dims import Geometry, vocab_shard
+from scaleplan.estimator.context import EvalContext
+from scaleplan.estimator.shapes import StageCounts
 from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED, LookupResult
 
 
-def gemm_times(tb, prof, rec, comp, m, n, k, peak, active=True):
-    """Forward GEMM time; returns (fwd, bwd) seconds where bwd = dgrad (m,k,n) + wgrad (k,n,m)."""
-    hbm = prof.hbm_bandwidth
+def gemm_times(ctx: EvalContext, comp: str, m, n, k, active=True) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) seconds of the GEMM [m, k] x [k, n] for component ``comp`` (arrays over plans),
+    backward = dgrad (m,k,n) + wgrad (k,n,m); 0 where not ``active``. The GEMM table, else the roofline."""
+    tb, rec, peak, hbm = ctx.tables, ctx.rec, ctx.peak, ctx.hbm
     if tb.gemm is None:
         rec.mark(comp, ANALYTIC)
         f = an.gemm_time(m, n, k, peak, hbm)
@@ -27,8 +29,9 @@ def gemm_times(tb, prof, rec, comp, m, n, k, peak, active=True):
     return f, b
 
 
-def expert_times(tb, prof, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
-    """Routed-expert GEMMs (fc1 + fc2) of one MoE layer per micro-batch: (fwd, bwd) seconds.
+def expert_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
+    """Routed-expert GEMMs (fc1 + fc2) of one MoE layer per micro-batch: (fwd, bwd) seconds, keyed by the
+    shapes' local experts ``E_loc`` and rows per expert ``tile``.
 
     Per expert shape (d, d_expert / ETP), in order of preference:
 
@@ -53,11 +56,12 @@ def expert_times(tb, prof, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
        regime (tests/estimator/test_compute.py);
     3. neither table: the analytic roofline (labelled "analytic").
     """
-    P = rec.P
+    tb, rec, g, P = ctx.tables, ctx.rec, ctx.g, ctx.P
+    E_loc, tile = ctx.shapes.E_loc, ctx.shapes.tile
     ex_f, ex_b = np.zeros(P), np.zeros(P)
     # one grouped table per expert shape (d, d_expert / ETP); d and d_expert are per plan in a GeometryBatch
     shape_d = np.broadcast_to(np.asarray(g.d, dtype=np.int64), (P,))
-    shape_f = np.broadcast_to(np.rint(np.asarray(g.dexp / np.asarray(etp, dtype=float))).astype(np.int64), (P,))
+    shape_f = np.broadcast_to(np.rint(np.asarray(ctx.shapes.ffn_loc, dtype=float)).astype(np.int64), (P,))
     other = np.ones(P, dtype=bool)  # plans whose shape has no grouped table
     for d, f_loc in sorted(set(zip(shape_d.tolist(), shape_f.tolist()))):
         tabf, tabb = tb.grouped.get(("fwd", d, f_loc)), tb.grouped.get(("bwd", d, f_loc))
@@ -69,42 +73,45 @@ def expert_times(tb, prof, rec, g: Geometry, E_loc, tile, etp, peak, hbm):
             ex_b += rec.use("experts", tabb.lookup(e_s, t_s), sel)
             other &= ~sel
     if other.any():
-        f, b = _untabled_expert_times(tb, prof, rec, g, E_loc, tile, shape_d, shape_f, other, peak, hbm)
+        f, b = _untabled_expert_times(ctx, shape_d, shape_f, other)
         ex_f, ex_b = ex_f + f, ex_b + b
     return ex_f, ex_b
 
 
-def _untabled_expert_times(tb, prof, rec, g: Geometry, E_loc, tile, shape_d, shape_f, sel, peak, hbm):
+def _untabled_expert_times(ctx: EvalContext, shape_d: np.ndarray, shape_f: np.ndarray,
+                           sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The routed experts of the plans in ``sel``, whose shape (``shape_d`` x ``shape_f``, per plan) the
     grouped table lacks (:func:`expert_times` 2 and 3): the dense-GEMM loop for all of them in one lookup
     per GEMM (the shape is a coordinate of the dense table), else the analytic roofline."""
+    tb, rec, g = ctx.tables, ctx.rec, ctx.g
+    E_loc, tile = ctx.shapes.E_loc, ctx.shapes.tile
     w1 = 2 if g.glu else 1
     if tb.gemm is not None:
-        _grouped_envelope(tb, rec, E_loc, tile, sel)
+        _grouped_envelope(ctx, sel)
         P = rec.P  # the plans outside ``sel`` ask the dense table nothing: their keys are a selected plan's
         t_s, d_s, f_s = (_only(x, sel, P) for x in (tile, shape_d, shape_f))
-        f1, b1 = gemm_times(tb, prof, rec, "experts", t_s, w1 * f_s, d_s, peak, sel)
-        f2, b2 = gemm_times(tb, prof, rec, "experts", t_s, d_s, f_s, peak, sel)
+        f1, b1 = gemm_times(ctx, "experts", t_s, w1 * f_s, d_s, sel)
+        f2, b2 = gemm_times(ctx, "experts", t_s, d_s, f_s, sel)
         rec.mark("experts", np.where(sel, INTERPOLATED, 0))
         for d, f_loc in sorted(set(zip(shape_d[sel].tolist(), shape_f[sel].tolist()))):
             rec.note(f"experts from dense GEMM table (shape {d}x{f_loc} not in grouped table)",
                      sel & (shape_d == d) & (shape_f == f_loc))
         return E_loc * (f1 + f2), E_loc * (b1 + b2)
     rec.mark("experts", np.where(sel, ANALYTIC, 0))
-    fa = an.grouped_gemm_time(E_loc, tile, shape_d, shape_f, peak, hbm, g.glu)
+    fa = an.grouped_gemm_time(E_loc, tile, shape_d, shape_f, ctx.peak, ctx.hbm, g.glu)
     return np.where(sel, fa, 0.0), np.where(sel, 2 * fa, 0.0)
 
 
-def _only(x, sel, P):
+def _only(x, sel: np.ndarray, P: int) -> np.ndarray:
     """``x`` (shape (P,)) where ``sel``, elsewhere its first selected value: the keys a lookup for the
     plans in ``sel`` asks (the other plans' results are masked out)."""
     x = np.broadcast_to(np.asarray(x, dtype=float), (P,))
     return np.where(sel, x, x[np.argmax(sel)])
 
 
-def sdpa_times(tb, prof, rec, g: Geometry, seqlen, mbs, heads, hbm):
-    """Causal SDPA of one layer and micro-batch on ``heads`` local query heads: (fwd, bwd) seconds,
-    in the spec's ``sdpa_precision``.
+def sdpa_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
+    """Causal SDPA of one layer and micro-batch on a rank's query heads (``q_loc``, the whole sequence:
+    the caller divides by CP): (fwd, bwd) seconds, in the spec's ``sdpa_precision``.
 
     The SDPA table of that dtype where the profile measured one. Otherwise the table of the
     16-bit rows scaled to the dtype's attention rate (:func:`analytic.sdpa_lane_ratio`): fp32/tf32
@@ -113,6 +120,8 @@ def sdpa_times(tb, prof, rec, g: Geometry, seqlen, mbs, heads, hbm):
     keep the bf16 time (an upper bound: no measured low-precision attention). Such a lookup is
     labelled analytic with a note. Without any SDPA table: the roofline at that rate.
     """
+    tb, prof, rec, g, hbm = ctx.tables, ctx.profile, ctx.rec, ctx.g, ctx.hbm
+    seqlen, mbs, heads = ctx.seqlen, ctx.lay.mbs.astype(float), ctx.shapes.q_loc
     prec = g.sdpa_precision
     tabs, ratio = tb.sdpa_by_dtype.get(prec), 1.0
     if tabs is None:
@@ -128,9 +137,10 @@ def sdpa_times(tb, prof, rec, g: Geometry, seqlen, mbs, heads, hbm):
             ratio * rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)))
 
 
-def _grouped_envelope(tb, rec, E_loc, tile, sel):
+def _grouped_envelope(ctx: EvalContext, sel: np.ndarray) -> None:
     """Range-check (num_gemms, tokens_per_expert) of the dense-loop fallback against the envelope
     the grouped tables measure (union over shapes); records out_of_range:grouped_gemm.<axis>."""
+    tb, rec, E_loc, tile = ctx.tables, ctx.rec, ctx.shapes.E_loc, ctx.shapes.tile
     if not tb.grouped:
         return
     tabs = list(tb.grouped.values())
@@ -148,7 +158,7 @@ def _grouped_envelope(tb, rec, E_loc, tile, sel):
     rec.use("experts", res, sel)
 
 
-def permute_times(tb, rec, g: Geometry, Tsp, R, b_el: float, hbm: float, serial: bool):
+def permute_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     """Token permute + unpermute of one MoE layer and micro-batch: (forward, backward) seconds, arrays (P,).
 
     Measured where the tables have them (router suite variants ``permute``: sort of the [T, K] expert ids
@@ -163,9 +173,11 @@ def permute_times(tb, rec, g: Geometry, Tsp, R, b_el: float, hbm: float, serial:
     unfused torch index ops, which is what both stacks run: the reference model, and Megatron-Core with
     its default ``moe_permute_fusion = False`` (TransformerConfig), which scaleplan's emitted arguments
     keep (no ``--moe-permute-fusion``)."""
-    t_an = an.memory_time(b_el * (Tsp + R) * g.d * 2 * 2, hbm)
+    tb, rec, g, sh = ctx.tables, ctx.rec, ctx.g, ctx.shapes
+    Tsp = sh.Tsp
+    t_an = an.memory_time(sh.b_el * (Tsp + sh.R) * g.d * 2 * 2, ctx.hbm)
     keys = [(v, dirn, g.precision) for v in ("permute", "unpermute") for dirn in ("fwd", "bwd")]
-    if serial or not all(k in tb.permute for k in keys):
+    if ctx.serial or not all(k in tb.permute for k in keys):
         rec.mark("permute", ANALYTIC)
         return t_an, t_an
     res = [tb.permute[k].lookup(Tsp, g.E, g.K, g.d) for k in keys]
@@ -175,7 +187,7 @@ def permute_times(tb, rec, g: Geometry, Tsp, R, b_el: float, hbm: float, serial:
     return np.where(ok, pf + uf, t_an), np.where(ok, pb + ub, t_an)
 
 
-def measured_host_times(tb, rec, g, ckc, L_stage, nd0, t_law, T):
+def measured_host_times(ctx: EvalContext, stage: StageCounts, t_law: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Measured host seconds of the reference model's ops: (per micro-batch and stage, per step),
     arrays (P,) (sec:iteration-time-model, "Compute versus dispatch", kappa measured).
 
@@ -183,16 +195,16 @@ def measured_host_times(tb, rec, g, ckc, L_stage, nd0, t_law, T):
     the measured host time of the reference model's ops (dispatch rows ``ops:*``: op count kappa
     x seconds per op, bench/suites/model_ops.py); per step the optimizer's ops (step_moe,
     step_dense, step). A checkpoint mode without rows keeps the kernel-count law ``t_law``
-    (labelled analytic), as does every plan when the profile has no such rows. The first stage
-    (dense blocks, embedding) is the one costed. Used on a serial-dispatch (CPU) profile, where
+    (labelled analytic), as does every plan when the profile has no such rows. ``stage``: the blocks of
+    the stage costed. Used on a serial-dispatch (CPU) profile, where
     the caller adds it to the compute, and for the reference stack on a GPU, where it enters
     the max with the GPU time (:func:`scaleplan.estimator.pipeline.stage_periods`).
     """
-    P = rec.P
+    tb, rec, g, P = ctx.tables, ctx.rec, ctx.g, ctx.P
+    ckc, T = ctx.lay.ckpt, ctx.shapes.T
     prec = g.precision
     E = int(g.E) if g.is_moe else 1
-    n_moe = (L_stage - nd0) if g.is_moe else np.zeros(P)
-    n_den = nd0 if g.is_moe else L_stage * np.ones(P)
+    n_moe, n_den = stage.n_moe * np.ones(P), stage.n_dense * np.ones(P)
     t_mb = np.array(t_law, dtype=float, copy=True).reshape(-1) * np.ones(P)
     src = np.full(P, ANALYTIC, dtype=np.int8)
 
@@ -214,7 +226,7 @@ def measured_host_times(tb, rec, g, ckc, L_stage, nd0, t_law, T):
     st = {k: (v if v is not None else 0.0) for k in ("step_dense", "step") + (("step_moe",) if np.any(g.n_moe) else ())
           for v in [part(k, "")]}
     st.setdefault("step_moe", 0.0)
-    step = ((g.L - g.n_moe) * st["step_dense"] + st["step"] + g.n_moe * st["step_moe"]) * L_stage / g.L
+    step = ((g.L - g.n_moe) * st["step_dense"] + st["step"] + g.n_moe * st["step_moe"]) * stage.n_layers / g.L
     return t_mb, step
 
 
@@ -222,13 +234,16 @@ def measured_host_times(tb, rec, g, ckc, L_stage, nd0, t_law, T):
 _EW_OPS = (("rmsnorm", True, 2, 2.0), ("residual_add", True, 2, 3.0), ("rope", False, 1, 2.0))
 
 
-def elementwise_times(tb, rec, g, T, Tsp, rope_width, b_el, hbm):
+def elementwise_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     """Per layer and micro-batch (fwd, bwd) seconds of the 2 RMSNorms and 2 residual adds on the
     sequence-parallel shard [T/TP, d] and RoPE on the local q/k heads [T, (n_q/TP + kv_loc) hd]:
     the element-wise table (bench/suites/elementwise.py) where it has the op, else the bytes
     through HBM (read + write; backward twice the forward), labelled analytic. With dropout
     (spec model.dropout) each residual add is Megatron's fused bias-dropout-add: plus the
     1-byte mask written forward and applied backward."""
+    tb, rec, g, sh, hbm = ctx.tables, ctx.rec, ctx.g, ctx.shapes, ctx.hbm
+    T, Tsp, b_el = sh.T, sh.Tsp, sh.b_el
+    rope_width = (sh.q_loc + sh.kv_loc) * g.hd
     f = np.zeros(np.shape(T))
     b = np.zeros(np.shape(T))
     for op, sp, n, passes in _EW_OPS:
@@ -251,7 +266,7 @@ def elementwise_times(tb, rec, g, T, Tsp, rope_width, b_el, hbm):
     return f, b
 
 
-def vocab_times(tb, prof, rec, g, T, tp, peak, hbm, b_el):
+def vocab_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(t_first, t_last_fwd, t_last_bwd) per micro-batch: embedding gather/scatter; LM head GEMM +
     cross-entropy, forward and backward apart (the forward is exposed, :func:`stage_periods`).
 
@@ -259,7 +274,8 @@ def vocab_times(tb, prof, rec, g, T, tp, peak, hbm, b_el):
     to the logit count, so a TP-sharded padded vocab V_loc = pad(V, TP)/TP is looked up at the
     logit-equivalent token count T V_loc / V_t (in range or reported out of range like any axis).
     """
-    V_loc = vocab_shard(g.vocab, tp)
+    tb, rec, g, hbm = ctx.tables, ctx.rec, ctx.g, ctx.hbm
+    T, V_loc, b_el = ctx.shapes.T, ctx.shapes.V_loc, ctx.shapes.b_el
     t_first = an.memory_time(b_el * T * g.d * 2 + 4.0 * T * g.d * 2, hbm)  # gather fwd, fp32 scatter-add bwd
     if tb.vocab and tb.vocab_size:
         t_last = {"fwd": np.zeros_like(T), "bwd": np.zeros_like(T)}
@@ -271,7 +287,7 @@ def vocab_times(tb, prof, rec, g, T, tp, peak, hbm, b_el):
         return t_first, t_last["fwd"], t_last["bwd"]
     else:
         rec.mark("vocab", ANALYTIC)
-        f, b = gemm_times(tb, prof, rec, "vocab", T, V_loc, g.d, peak)
+        f, b = gemm_times(ctx, "vocab", T, V_loc, g.d)
         ce = an.memory_time(4.0 * T * V_loc * 3, hbm)
         rec.mark("vocab", ANALYTIC)
         return t_first, f + ce, b + ce

@@ -29,19 +29,23 @@ stage holds the word embedding, the last the final norm and the LM head (or a ti
 from __future__ import annotations
 
 import numpy as np
-from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.params import stage_params
+from scaleplan.estimator.shapes import StageCounts, local_experts
 
 Tensors = list[tuple[np.ndarray, np.ndarray]]  # [(tensors per rank, elements per tensor)], arrays over plans
 
 
-def stage_tensors(g: Geometry, lay: ParallelLayout, s=0.0) -> tuple[Tensors, Tensors]:
-    """The parameter tensors one rank of pipeline stage ``s`` holds, as (dense, routed experts): each a
-    list of (count, elements per tensor), arrays over plans (module docstring for the list). Dense
-    tensors are split over TP (the vocabulary over TP as Megatron pads it), expert tensors over ETP;
-    counts are per rank, so the routed experts count E / (EP ETP) local experts per MoE block."""
-    p = stage_params(g, lay, s)
+def stage_tensors(g: Geometry, lay: ParallelLayout,
+                  stage: StageCounts | np.ndarray | float = 0.0) -> tuple[Tensors, Tensors]:
+    """The parameter tensors one rank of the pipeline stage whose blocks ``stage`` counts holds, as (dense,
+    routed experts): each a list of (count, elements per tensor), arrays over plans (module docstring for
+    the list). Dense tensors are split over TP (the vocabulary over TP as Megatron pads it), expert tensors
+    over ETP: each of the E / EP local experts per MoE block keeps its own fc1 and fc2 tensor, 1/ETP of
+    the expert's weights (:func:`~scaleplan.estimator.shapes.local_experts`). ``stage``: its
+    :class:`~scaleplan.estimator.shapes.StageCounts`, or a stage index."""
+    p = stage_params(g, lay, stage)
     tp = lay.tp.astype(float)
     d = np.asarray(g.d, dtype=float)
     proj = d * g.nq * g.hd
@@ -56,7 +60,7 @@ def stage_tensors(g: Geometry, lay: ParallelLayout, s=0.0) -> tuple[Tensors, Ten
         dense += [(p.n_moe, router)]
         if g.has_shared:
             dense += [(p.n_moe, (shared - d * g.dsh) / tp), (p.n_moe, d * g.dsh / tp)]
-        e_loc = np.asarray(g.E, dtype=float) / (lay.ep * lay.etp)
+        e_loc = local_experts(g, lay)
         per_expert = np.asarray(g.expert_params, dtype=float) / g.E
         experts = [(p.n_moe * e_loc, (per_expert - d * g.dexp) / lay.etp), (p.n_moe * e_loc, d * g.dexp / lay.etp)]
     mlp = np.asarray(g.dense_mlp_params, dtype=float)

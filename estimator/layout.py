@@ -137,14 +137,6 @@ class ParallelLayout:
         """Expert data parallelism EDP = TP CP DP / (EP ETP) (eq:mesh-moe; integral for a valid plan)."""
         return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
-    def n_mb(self, gbs: int) -> np.ndarray:
-        """Micro-batches per step, G / (DP B_micro) (float; integral for a valid plan)."""
-        return gbs / (self.dp * self.mbs)
-
-    def layers_per_stage(self, n_layers: int) -> np.ndarray:
-        """L / PP (float): the blocks of one pipeline stage (its VPP chunks together)."""
-        return n_layers / self.pp
-
     @property
     def virtual_stages(self) -> np.ndarray:
         """PP VPP: the model chunks of the interleaved schedule."""
@@ -183,18 +175,25 @@ class ParallelLayout:
             out[~ok & (out == 0)] = i + 1
         return out
 
-    def violation(self, ctx: LayoutContext) -> tuple[str, object, str] | None:
-        """The first rule the first invalid plan breaks as (field, value, what is allowed), the parts of
-        a one-line error (field "mesh": the product TP CP PP DP); None when every plan is valid."""
+    def first_violation(self, ctx: LayoutContext) -> Violation | None:
+        """The first rule the first invalid plan breaks (:class:`Violation`: the plan's index, the rule,
+        and the parts of its one-line error); None when every plan is valid."""
         why = self.reasons(ctx)
         bad = np.nonzero(why != None)[0]  # noqa: E711  (object array)
         if not len(bad):
             return None
-        row, r = self.row(int(bad[0])), next(r for r in RULES if r.name == why[bad[0]])
+        i = int(bad[0])
+        row, r = self.row(i), next(r for r in RULES if r.name == why[i])
         mesh = "{tp}*{cp}*{pp}*{dp}".format(**row)
         facts = dict(row, n_devices=ctx.n_devices, gbs=ctx.gbs, seqlen=ctx.seqlen, n_experts=ctx.g.E, n_layers=ctx.g.L,
                      n_q_heads=ctx.g.nq, n_kv_heads=ctx.g.nkv, expert_inter_sz=ctx.g.dexp)
-        return r.field, (mesh if r.field == "mesh" else row[r.field]), r.allowed.format(**facts)
+        return Violation(i, r, r.field, mesh if r.field == "mesh" else row[r.field], r.allowed.format(**facts))
+
+    def violation(self, ctx: LayoutContext) -> tuple[str, object, str] | None:
+        """:meth:`first_violation` as (field, value, what is allowed) (field "mesh": the product TP CP PP DP);
+        None when every plan is valid."""
+        v = self.first_violation(ctx)
+        return None if v is None else (v.field, v.value, v.allowed)
 
     def validate(self, ctx: LayoutContext) -> None:
         """Raise SpecError("layout <field>", value, allowed) for :meth:`violation` (a user's layout)."""
@@ -207,14 +206,16 @@ class ParallelLayout:
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelLayout))
 _DISTINCT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ParallelLayout.distinct's memo
 MODEL_PARALLEL: tuple[str, ...] = ("tp", "cp", "pp")  # one model replica; DP is N_dev over their product
+# what a stage's parameters, its DP groups and its optimizer shard depend on: the degrees and the stage split
+DEGREE_FIELDS: tuple[str, ...] = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp")
 assert FIELDS == tuple(Layout.model_fields), "ParallelLayout's columns are specs.Layout's fields, in order"
 
 
 def degree_groups(g: Geometry, lay: ParallelLayout) -> tuple[np.ndarray, np.ndarray]:
-    """(first, inv) of :func:`~scaleplan.estimator.sources.distinct` over the plans' (geometry, TP, CP,
-    PP, DP, EP, ETP): all the DP traffic, the optimizer step and the model state depend on. An evaluation
-    groups its plans so once and hands the grouping to each of them."""
-    return distinct(*g.batch_keys, lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.etp)
+    """(first, inv) of :func:`~scaleplan.estimator.sources.distinct` over the plans' geometry, degrees
+    (:data:`DEGREE_FIELDS`) and stage split: all the DP traffic, the optimizer step and the model state
+    depend on. An evaluation groups its plans so once and hands the grouping to each of them."""
+    return distinct(*g.batch_keys, *(getattr(lay, f) for f in DEGREE_FIELDS))
 
 
 def layout_text(row: dict) -> str:
@@ -231,6 +232,18 @@ class LayoutContext:
     n_devices: int
     gbs: int
     seqlen: int | None = None
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A plan that breaks a rule: its index in the plan set, the rule, and the parts of the one-line error
+    (``field`` as the rule names it, the plan's ``value`` there, what is ``allowed``)."""
+
+    plan: int
+    rule: Rule
+    field: str
+    value: object
+    allowed: str
 
 
 @dataclass(frozen=True)

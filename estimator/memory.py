@@ -39,7 +39,9 @@ import numpy as np
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.optimizer import optimizer as opt_spec
+from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.params import StageParams, stage_params
+from scaleplan.estimator.shapes import PlanShapes, plan_shapes, stage_counts
 from scaleplan.estimator.sources import distinct
 from scaleplan.units import BYTES_PER_ELEMENT
 
@@ -268,10 +270,10 @@ def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = F
     return tuple(np.broadcast_to(np.asarray(x, dtype=float), (len(first),))[inv] for x in out)
 
 
-def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
+def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, optimizer: str,
                      reserve_bytes: float = RESERVE_BYTES, *, state: ModelState = MEGATRON,
                      allocator_fraction: float | None = None, context_bytes: float = DEFAULT_CONTEXT_BYTES,
-                     rope: bool = True) -> dict[str, np.ndarray]:
+                     rope: bool = True, shapes: PlanShapes | None = None) -> dict[str, np.ndarray]:
     """Bytes per device for the worst stage, by category, each an array over plans; the worst stage
     is chosen by total.
 
@@ -283,18 +285,20 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     ``allocator`` = fraction x allocated (reserved minus allocated: fragmentation and cached
     blocks of the caching allocator) and ``context`` = ``context_bytes`` (outside the allocator).
     :func:`allocated_reserved` splits the result. ``state``: how the stack stores the model state
-    (:data:`MEGATRON`, :data:`REFERENCE_DDP`). ``rope``: RoPE keeps rotated Q and K copies.
+    (:data:`MEGATRON`, :data:`REFERENCE_DDP`). ``rope``: RoPE keeps rotated Q and K copies. ``shapes``: the
+    plans' :func:`~scaleplan.estimator.shapes.plan_shapes` when the caller has them.
     """
-    tp, cp, pp, dp, vpp, mbs = (getattr(pl, f).astype(float) for f in ("tp", "cp", "pp", "dp", "vpp", "mbs"))
+    tp, pp, dp, vpp, mbs = (getattr(pl, f).astype(float) for f in ("tp", "pp", "dp", "vpp", "mbs"))
+    sh = shapes if shapes is not None else plan_shapes(g, pl, seqlen, gbs)
     a = act_bytes(g.precision)
-    n_mb, s = gbs / (dp * mbs), seqlen / cp
+    n_mb, s = sh.n_mb, sh.seq_shard
     pb = state_bytes_per_param(state, g.precision, optimizer)
     # Megatron's distributed optimizer shards the state except for optimizers it refuses (plain DDP)
     sharded = state.shard_optimizer and opt_spec(optimizer).sharded
 
     act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe)
     inflight = np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
-    logits = 4.0 * s * mbs * vocab_shard(g.vocab, pl.tp)  # fp32 logits forward, their gradient backward
+    logits = 4.0 * s * mbs * sh.V_loc  # fp32 logits forward, their gradient backward
     out = {}
     for name, (st, terms) in _end_stages(g, pl, pb, state, sharded).items():
         # the first stage keeps min(PP, n_mb) micro-batches in flight, the last one
@@ -324,21 +328,23 @@ def memory_breakdown(g: Geometry, pl, gbs: int, seqlen: int, optimizer: str,
     return {k: np.where(worst_first, out["first"][k], out["last"][k]) for k in out["first"]}
 
 
-def _end_stages(g: Geometry, pl, pb: dict, state: ModelState, sharded: bool) -> dict[str, tuple]:
+def _end_stages(g: Geometry, pl: ParallelLayout, pb: dict, state: ModelState, sharded: bool) -> dict[str, tuple]:
     """{"first" | "last": (the stage's :class:`StageParams`, its :func:`_state_terms`)}, arrays over plans,
-    evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP), all they depend on, and gathered back."""
-    first, inv = distinct(*g.batch_keys, pl.tp, pl.cp, pl.pp, pl.dp, pl.ep, pl.etp)
+    evaluated once per distinct :func:`~scaleplan.estimator.layout.degree_groups` tuple, all they depend on,
+    and gathered back."""
+    first, inv = degree_groups(g, pl)
     gu, pu = g.take(first), pl.take(first)
     out = {}
-    for name, s in (("first", 0.0), ("last", pu.pp - 1)):
-        st = stage_params(gu, pu, s)
+    for name, s in (("first", np.zeros(len(pu))), ("last", pu.pp - 1.0)):
+        st = stage_params(gu, pu, stage_counts(gu, pu, s))
         terms = _state_terms(gu, pu, st, pb, state, sharded)
         out[name] = (StageParams(*(getattr(st, f.name)[inv] for f in fields(StageParams))),
                      {k: v[inv] for k, v in terms.items()})
     return out
 
 
-def _state_terms(g: Geometry, pl, st, pb: dict, state: ModelState, sharded: bool) -> dict[str, np.ndarray]:
+def _state_terms(g: Geometry, pl: ParallelLayout, st: StageParams, pb: dict, state: ModelState,
+                 sharded: bool) -> dict[str, np.ndarray]:
     """Weights, gradients and optimizer state of one stage's parameters ``st`` (bytes per device, arrays
     over plans): the first categories of :func:`memory_breakdown`, which sums them first."""
     n_p = st.total
@@ -350,7 +356,7 @@ def _state_terms(g: Geometry, pl, st, pb: dict, state: ModelState, sharded: bool
             "optimizer": (pb["master"] + pb["moments"]) * shard - pb["master"] * n_r}
 
 
-def state_bytes(g: Geometry, pl, optimizer: str, state: ModelState = MEGATRON) -> np.ndarray:
+def state_bytes(g: Geometry, pl: ParallelLayout, optimizer: str, state: ModelState = MEGATRON) -> np.ndarray:
     """Weights + gradients + optimizer state of the heavier of the first and last pipeline stage (bytes
     per device, arrays over plans), summed as :func:`memory_breakdown` sums its total, whose other
     categories (activations, logits, allocator, context) are not negative: a total of at least this. It
@@ -359,8 +365,8 @@ def state_bytes(g: Geometry, pl, optimizer: str, state: ModelState = MEGATRON) -
     pb = state_bytes_per_param(state, g.precision, optimizer)
     sharded = state.shard_optimizer and opt_spec(optimizer).sharded
     out = []
-    for s in (0.0, pl.pp - 1):
-        t = _state_terms(g, pl, stage_params(g, pl, s), pb, state, sharded)
+    for s in (np.zeros(len(pl)), pl.pp - 1.0):
+        t = _state_terms(g, pl, stage_params(g, pl, stage_counts(g, pl, s)), pb, state, sharded)
         out.append(sum(t.values()))
     return np.maximum(*out)
 

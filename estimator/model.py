@@ -1,66 +1,15 @@
-"""The iteration-time model (paper sec:iteration-time-model), vectorised over plans.
+"""The iteration-time model (paper sec:iteration-time-model), vectorised over plans: :class:`TimeModel`
+composes, per plan, the per-layer kernel times (:mod:`kernels`), each pipeline stage's work from the blocks
+the shapes record counts on it (:mod:`stages`), the 1F1B periods (:mod:`pipeline`), the PP exchanges, the DP
+traffic and the optimizer step (:mod:`comm`, :mod:`optimizer`) into an :class:`~iteration.IterationTime`,
+then t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
 
-Every quantity is a numpy array over P plans (one element per execution plan). Per micro-batch
-and pipeline stage we cost, forward and backward, the blocks of the paper's architecture:
-
-* attention: QKV(+head gate) and output projections, TP-sharded, sequence parallel (GEMM table);
-  SDPA on the TP-sharded query heads, CP-sharded sequence (SDPA table);
-* MoE: router GEMM + top-k (router table), permute/unpermute, grouped expert GEMMs keyed by the
-  local experts E_loc = E/EP and the per-expert tile (grouped table), the shared expert (GEMM
-  table) overlapped with the routed all-to-all, EP all-to-all dispatch + combine (collective
-  table, intra vs inter node by the group's span);
-* the first dense block's SwiGLU MLP; norms, RoPE, residual adds, SwiGLU (element-wise);
-* TP all-gather / reduce-scatter (sequence parallel) and CP key/value exchange;
-* activation recomputation per checkpointing mode.
-
-**EP tile (first-principles correction of sec:microbenchmarks).** The paper keys the grouped
-GEMM on M_expert = ceil(T_seq B_micro K / E) "invariant to expert parallelism". Under EP each rank
-holds E/EP local experts that receive tokens from all EP ranks, so with balanced routing a rank
-still processes T_seq B_micro K rows, and each local expert's tile is EP T_seq B_micro K / E. A
-lookup at tile T_seq B_micro K / E with E/EP groups under-counts expert work by EP. We key on
-(num_gemms = E/EP, tokens_per_expert = EP T_seq B_micro K / E) (tests/estimator/test_kernels.py).
-
-Then, per pipeline stage and micro-batch, t_mb = max(t_GPU, t_disp) + t_A2A + t_LM-head-fwd
-(:func:`pipeline.stage_periods`): the EP all-to-all and the LM head + cross-entropy forward sit
-outside the dispatch max because the host synchronises on the device before each (the token counts
-that size the exchange; the loss's NaN check), so launch time already spent cannot hide them; the
-embedding and the LM head's backward join the GPU side. The 1F1B period is the slowest stage's;
-the fill and drain run once through the other PP-1 stages at their own periods, which carry
-no LM head (:mod:`pipeline`; the paper's t_vocab charges it there too, (PP-1) t_last more in the
-compute-bound case, tests/estimator/test_pipeline.py). The bubble term is that fill and drain at
-the stages' vocabulary-free periods (eq:bubble's f_bubble = (PP-1)/(VPP n_mb) of the layers' period
-when the stages are equal); the vocabulary term is what the embedding, LM head and loss add to the
-pipelined wall (:class:`iteration.IterationTime` names every term and sums them). Then PP
-send/recv, the DP gradient reduce-scatter and parameter all-gather of the distributed optimizer with
-the overlap 1F1B allows, the optimizer step, and t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
-
-**Where each piece lives.** :mod:`compute` (kernel times from the tables, a CPU's host time),
-:mod:`comm` (collectives, DP traffic, bias all-reduce), :mod:`pipeline` (bubble, stage periods),
-:mod:`dispatch` (the launch law), :mod:`desync` (eq:desync), :mod:`memory` (bytes per rank),
-:mod:`sources` (sources, out-of-range lookups), :mod:`iteration` (the terms of t_analytic). This
-module composes them per plan into an :class:`IterationTime`; the tables every lookup reads are an
-argument of :meth:`TimeModel.evaluate`, never state (a recording view of them,
-:class:`lookup_listing.RecordingTables`, lists what an evaluation looks up).
-
-**Dispatch law** (precedence: these module defaults < the profile's ``dispatch`` block < measured
-dispatch rows of the profile < a 'dispatch' calibration row). kappa0 = 642, kappa1 = 7.29 are kernel
-counts per layer and micro-batch of the Megatron-Core MoE block read off profiler traces (two counted
-points, E_loc = 16 and 128). The node-type profiles carry the per-kernel gap inside a real block
-(27 us on B200, against ~15 us for the isolated chain of the dispatch table), the fixed per-micro-
-batch host time and the per-MoE-layer host cost of the EP token permute/all-to-all path, all from
-the reference stack's profiler traces (cluster_profiles/*.yaml cite them). Because t_disp is a max
-with the GPU time, it vanishes for large models whose kernels are long (no additive launch term).
-The kernels kappa counts but the model does not cost one by one (copies, casts, router bookkeeping)
-each occupy the GPU at least the measured active time of the smallest chained kernel
-("framework_kernels"). The law is Megatron's count: for ``stack="reference"`` (scaleplan's own
-reference model, ``scaleplan validate``) and on every serial-dispatch profile, the measured host
-seconds of that model's ops (dispatch rows ``ops:*``) replace it where the profile has them for the
-plan's checkpoint mode (:func:`compute.measured_host_times`); on a GPU they still enter the max
-with the GPU time, on a CPU they add.
-
-**Vocabulary term for PP = 1.** The paper's t_vocab = (n_mb-1) max(t_first, t_last) + t_first
-+ t_last assumes the embedding and the LM head sit on different stages. With one stage both run
-on the same GPU for every micro-batch, so t_vocab = n_mb (t_first + t_last) there.
+Per pipeline stage and micro-batch, t_mb = max(t_GPU, t_disp) + t_A2A + t_LM-head-fwd
+(:func:`pipeline.stage_periods` says why the all-to-all and the loss's forward sit outside the dispatch
+max); the slowest stage sets the 1F1B period and the others the fill and drain. Where the model departs from
+the paper's equations and why: docs/architecture.md. The tables every lookup reads are an argument of
+:meth:`TimeModel.evaluate`, never state; a recording view of them
+(:class:`lookup_listing.RecordingTables`) lists what an evaluation looks up.
 
 Units: seconds, bytes, FLOP/s. Arrays: one element per plan.
 """
@@ -70,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scaleplan.estimator import analytic as an
-from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block, recomputes_sdpa
+from scaleplan.estimator.ckpt import kernel_units, recomputes_block, recomputes_sdpa
 from scaleplan.estimator.comm import (  # noqa: F401  (re-exported: the model's public names)
     DDP_BUCKET_PARAMS,
     P2P_LAT_INTER_S,
@@ -81,6 +30,7 @@ from scaleplan.estimator.comm import (  # noqa: F401  (re-exported: the model's 
     dp_comm_time,
 )
 from scaleplan.estimator.compute import measured_host_times
+from scaleplan.estimator.context import EvalContext
 from scaleplan.estimator.desync import ChiCoefficients, chi_sys, desync_features  # noqa: F401
 from scaleplan.estimator.dispatch import (  # noqa: F401
     COSTED_KERNELS_PER_FWD,
@@ -93,23 +43,27 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
     dispatch_time,
 )
 from scaleplan.estimator.exchanges import critical_exchanges
-from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.iteration import TERMS, IterationTime, layer_terms
-from scaleplan.estimator.kernels import KernelModel, LayerKernels
+from scaleplan.estimator.kernels import LayerKernels, layer_kernels
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
+from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.optimizer import optimizer as optimizer_spec
 from scaleplan.estimator.optimizer import slowest_step
 from scaleplan.estimator.pipeline import (  # noqa: F401
+    Middle,
     StagePeriods,
+    StageWork,
+    Vocab,
     bubble_fraction,
     pipeline_time,
     stage_periods,
 )
+from scaleplan.estimator.shapes import PlanShapes, plan_shapes
 from scaleplan.estimator.sources import OOR, Recorder
+from scaleplan.estimator.stages import LayerTotals, PipelineWork, layer_totals, pipeline_work, stage_dispatch
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
 from scaleplan.profiles import ClusterProfile
-from scaleplan.units import BYTES_PER_ELEMENT
 
 
 @dataclass
@@ -138,6 +92,7 @@ class Evaluation:
     warned: dict[str, np.ndarray] = field(default_factory=dict)  # each of ``warnings`` -> the plans that raised it
     # component -> plans whose collective of it was read at an unmeasured group size (Recorder.extrapolated)
     extrapolated: dict[str, np.ndarray] = field(default_factory=dict)
+    shapes: PlanShapes | None = None  # the plans' per-rank shapes the evaluation read
 
     @property
     def components(self) -> dict[str, np.ndarray]:
@@ -152,26 +107,7 @@ class Evaluation:
                        self.deep_pp_in_node) * self.t_analytic
 
 
-@dataclass
-class _Stages:
-    """Per-layer totals and per-stage compute, seconds per micro-batch (arrays over plans)."""
-
-    common_f: np.ndarray  # one layer's attention, SDPA, element-wise, TP and CP comm, forward
-    common_b: np.ndarray  # the same, backward
-    den_lf: np.ndarray    # one dense layer, forward
-    den_lb: np.ndarray    # one dense layer, backward
-    fw: np.ndarray        # one layer's framework kernels (fwd + bwd + recompute)
-    L_stage: np.ndarray   # layers per stage, L / PP
-    nd0: np.ndarray       # dense layers on the first stage
-    t_stage0: np.ndarray  # the first stage's layers
-    t_other: np.ndarray   # another stage's layers (0 where PP = 1)
-    a2a0: np.ndarray      # the exposed all-to-all wire time inside t_stage0
-    a2a_o: np.ndarray     # the exposed all-to-all wire time inside t_other
-    t_cmp: np.ndarray     # the slowest stage's, max(t_stage0, t_other)
-    n_m: np.ndarray | float  # MoE layers on the slowest stage (0.0 for a dense model)
-
-
-class TimeModel(KernelModel):
+class TimeModel:
     """Evaluate eq:mfu for arrays of plans of one geometry on one profile.
 
     Args:
@@ -208,30 +144,29 @@ class TimeModel(KernelModel):
         # this long: the measured GPU-active time of the smallest chained kernel, else the analytic floor
         self.t_kernel_min = tables.t_kernel_min_s or an.KERNEL_FLOOR_S
 
-    # -- kernels -------------------------------------------------------------------------------
     def evaluate(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int, optimizer: str,
-                 tables=None) -> Evaluation:
-        """Evaluate every plan of ``lay``; see the module docstring for the terms. Arrays of length P.
-        ``tables``: what the lookups read (default: this model's tables); either way their view in the
-        spec's precision (its GEMM / grouped / vocab rows, :meth:`Tables.view`)."""
+                 tables: Tables | None = None, shapes: PlanShapes | None = None) -> Evaluation:
+        """Evaluate every plan of ``lay`` (arrays of length P): the terms of :class:`IterationTime`, chi_sys,
+        t_iter, MFU and HFU. ``tables``: what the lookups read (default: this model's tables); either way
+        their view in the spec's precision (:meth:`Tables.view`). ``shapes``: the plans' shapes when the
+        caller has them (:func:`~scaleplan.estimator.shapes.plan_shapes` at ``seqlen`` and ``gbs``)."""
         P = len(lay)
-        rec = Recorder(P, self.mode)
-        tb = (self.tables if tables is None else tables).view(g.precision)
-        n_mb = lay.n_mb(gbs)
-        ckc = lay.ckpt
-        k = self.layer_kernels(tb, g, lay, seqlen, rec)
-        s = self._stages(tb, g, k, lay, rec)
-        t_disp, t_step_host, st = self._pipeline_terms(tb, g, k, s, lay, seqlen, rec)
+        ctx = self.context(g, lay, seqlen, gbs, tables, shapes)
+        rec, sh = ctx.rec, ctx.shapes
+        n_mb, ckc = sh.n_mb, lay.ckpt
+        k = layer_kernels(ctx)
+        lt = layer_totals(k, ckc, self._framework_kernels(ctx), g.is_moe)
+        w, t_step_host = self._stage_work(ctx, k, lt)
+        st = self._periods(ctx, k, w)
         deg = degree_groups(g, lay)  # shared by the DP traffic, the optimizer step and the bias all-reduce
-        t_dp, t_opt = self._dp_and_optimizer(tb, rec, g, lay, k, s, t_disp, t_step_host, optimizer, deg)
+        t_dp, t_opt = self._dp_and_optimizer(ctx, k, lt, w, t_step_host, optimizer, deg)
         vpp = np.asarray(lay.vpp, dtype=float)
         it = IterationTime(
-            **layer_terms(k, s.fw, n_mb, s.L_stage, s.n_m, ckc, g.is_moe),
-            dispatch_floor=n_mb * (st.period_disp - s.t_cmp),
+            **layer_terms(k, lt.fw, n_mb, w.slowest_layers, w.slowest_moe if g.is_moe else 0.0, ckc, g.is_moe),
+            dispatch_floor=n_mb * (st.period_disp - w.t_cmp),
             bubble=st.ramp_disp / vpp,
             vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
-            pp_p2p=self._pp_p2p(rec, g, k, lay, n_mb), dp_comm=t_dp,
-            bias_sync=bias_sync_time(tb, self.prof, rec, g, lay, deg), optimizer=t_opt)
+            pp_p2p=self._pp_p2p(ctx, k), dp_comm=t_dp, bias_sync=bias_sync_time(ctx, deg), optimizer=t_opt)
         if not self.serial:
             rec.mark("dispatch_floor", 0)
         rec.mark("bubble", rec.src.get("dispatch_floor", 0))
@@ -244,136 +179,100 @@ class TimeModel(KernelModel):
         ep_nodes, pp_hops, deep = desync_features(lay, self.gpn)
         pp_nodes = pp_hops + 1
         rc = recomputes_block(ckc)
-        t_a2a_wire = n_mb * s.n_m * (k.a2a_f * (1 + rc) + k.a2a_b) if g.is_moe else np.zeros(P)
+        t_a2a_wire = n_mb * w.slowest_moe * (k.a2a_f * (1 + rc) + k.a2a_b) if g.is_moe else np.zeros(P)
         chi = chi_sys(self.chi_c, t_a2a_wire, t_an, ep_nodes, pp_hops, deep)
         t_iter = chi * t_an
         mfu, mfu_val, hfu = self._utilization(g, lay, gbs, seqlen, t_iter)
         return Evaluation(lay, n_mb, it, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
                           pp_nodes.astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
-                          rec.notes, composed_share, rec.warned, rec.extrapolated)
+                          rec.notes, composed_share, rec.warned, rec.extrapolated, sh)
+
+    def context(self, g: Geometry, lay: ParallelLayout, seqlen: int, gbs: int | None = None,
+                tables: Tables | None = None, shapes: PlanShapes | None = None) -> EvalContext:
+        """The :class:`EvalContext` an evaluation of the plans ``lay`` of model ``g`` reads: this model's
+        tables (or ``tables``) in the spec precision, its profile, a fresh record in its extrapolation mode,
+        the plans' shapes (computed unless given) and its kernel scale."""
+        tb = (self.tables if tables is None else tables).view(g.precision)
+        sh = shapes if shapes is not None else plan_shapes(g, lay, seqlen, gbs)
+        return EvalContext(tb, self.prof, Recorder(len(lay), self.mode), g, lay, sh, seqlen, self.kernel_scale)
 
     # -- evaluate's steps, in the order it runs them ---------------------------------------------
-    def _framework_kernels(self, tb, rec: Recorder, ckc: np.ndarray) -> np.ndarray:
+    def _framework_kernels(self, ctx: EvalContext) -> np.ndarray:
         """Seconds per layer and micro-batch (fwd + bwd + recompute) of the kernels kappa0 counts
-        but :meth:`_kernels` does not cost; zero where measured host rows are used."""
-        P = len(ckc)
+        but no table costs; zero where measured host rows are used."""
+        ckc = ctx.lay.ckpt
         # framework kernels (permutation copies, casts, router bookkeeping, bias-adds...) counted in
-        # kappa0 but not costed by _kernels: each occupies the GPU for at least t_kernel_min.
+        # kappa0 but not costed one by one: each occupies the GPU for at least t_kernel_min.
         # With measured host rows none is charged: on a CPU these ops are host work (in the dispatch
         # term); for the reference stack on a GPU, kappa0 counts Megatron's kernels, not the reference
         # model's, and the ops:* rows hold host seconds, not kernel counts (their op counts include views
         # that launch nothing); each small op's kernel is shorter than its launch, so the host term that
         # takes the max with the GPU time (stage_periods) already bounds what they add
         if self.measured_host:
-            fw = np.zeros(P)
-            rec.mark("framework_kernels", np.zeros(P, np.int8))
-        else:
-            n_fw = kernel_units(ckc) * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
-            fw = n_fw * self.t_kernel_min * self.kernel_scale
-            rec.mark("framework_kernels", MEASURED if tb.t_kernel_min_s else ANALYTIC)
-        return fw
+            ctx.rec.mark("framework_kernels", np.zeros(ctx.P, np.int8))
+            return np.zeros(ctx.P)
+        n_fw = kernel_units(ckc) * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
+        ctx.rec.mark("framework_kernels", MEASURED if ctx.tables.t_kernel_min_s else ANALYTIC)
+        return n_fw * self.t_kernel_min * self.kernel_scale
 
-    def _stages(self, tb, g: Geometry, k: LayerKernels, lay: ParallelLayout, rec: Recorder) -> _Stages:
-        """Per-layer totals (fwd, bwd, recompute, framework kernels) and each pipeline stage's
-        compute per micro-batch, with the all-to-all wire time the shared expert leaves exposed."""
-        pp, ckc = lay.pp, lay.ckpt
-        moe = g.is_moe
-        # per-layer totals (shared expert overlapped with the routed all-to-all: max of the two)
-        common_f = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f
-        common_b = k.attn_b + k.sd_b + k.ew_b + k.tp_b + k.cp_b
-        moe_lf = common_f + k.moe_f + np.maximum(k.sh_f, k.a2a_f)
-        moe_lb = common_b + k.moe_b + np.maximum(k.sh_b, k.a2a_b)
-        den_lf = common_f + k.dense_f
-        den_lb = common_b + k.dense_b
-        FULL, SUPER, SEL = CkptMode.FULL, CkptMode.SUPER_SELECTIVE, CkptMode.SELECTIVE
-        rc_moe = np.select([ckc == FULL, ckc == SUPER, ckc == SEL],
-                           [moe_lf, k.sd_f + k.ew_f + (k.perm if moe else 0.0), k.sd_f], 0.0)
-        rc_den = np.select([ckc == FULL, ckc == SUPER, ckc == SEL], [den_lf, k.sd_f + k.ew_f, k.sd_f], 0.0)
-        fw = self._framework_kernels(tb, rec, ckc)
-        t_moe_layer = moe_lf + moe_lb + rc_moe + fw
-        t_den_layer = den_lf + den_lb + rc_den + fw
-
-        L_stage = g.L / pp
-        nd0 = np.minimum(g.n_dense, L_stage)  # dense blocks sit on the first stage
-        # the all-to-all wire time the shared expert does not cover, per MoE layer (fwd, bwd, recompute)
-        rc1 = recomputes_block(ckc)
-        a2a_x = (np.maximum(k.sh_f, k.a2a_f) - k.sh_f) * (1 + rc1) + np.maximum(k.sh_b, k.a2a_b) - k.sh_b
-        if moe:
-            t_stage0 = nd0 * t_den_layer + (L_stage - nd0) * t_moe_layer
-            t_other = np.where(pp > 1, L_stage * t_moe_layer, 0.0)
-            a2a0, a2a_o = (L_stage - nd0) * a2a_x, np.where(pp > 1, L_stage * a2a_x, 0.0)
-        else:
-            t_stage0 = L_stage * t_den_layer
-            t_other = np.where(pp > 1, t_stage0, 0.0)
-            a2a0 = a2a_o = np.zeros(len(pp))
-        t_cmp = np.maximum(t_stage0, t_other)
-        # the MoE layers of the slowest stage, whose compute the components attribute
-        n_m = L_stage - np.where(t_stage0 >= t_other, nd0, 0.0) if moe else 0.0
-        return _Stages(common_f, common_b, den_lf, den_lb, fw, L_stage, nd0, t_stage0, t_other, a2a0, a2a_o,
-                       t_cmp, n_m)
-
-    def _pipeline_terms(self, tb, g: Geometry, k: LayerKernels, s: _Stages, lay: ParallelLayout, seqlen: int,
-                        rec: Recorder) -> tuple[np.ndarray, np.ndarray, StagePeriods]:
-        """Host dispatch and the 1F1B stage periods (module docstring). Returns t_disp (seconds per stage
-        and micro-batch), t_step_host (the optimizer step's host seconds) and the stage periods."""
-        pp, ep, cp, mbs, ckc = lay.pp, lay.ep, lay.cp, lay.mbs, lay.ckpt
-        moe = g.is_moe
-        L_stage = s.L_stage
-        # CPU dispatch per stage and micro-batch (kernels x gap + host); the GPU of each stage runs
-        # its layers plus its vocabulary work, and t_mb = max(GPU, CPU) per stage (self-limiting)
-        n_moe_stage = L_stage * (g.n_moe / g.L) if moe else 0.0
-        t_disp = dispatch_time(self.disp, L_stage, k.E_loc if moe else 0.0, ckc, n_moe_stage, ep)
-        t_step_host = np.zeros(len(pp))
+    def _stage_work(self, ctx: EvalContext, k: LayerKernels, lt: LayerTotals) -> tuple[PipelineWork, np.ndarray]:
+        """Each stage's work per micro-batch (:func:`stages.pipeline_work`) with its host dispatch (the
+        kernel-count law, or the reference model's measured host rows), and the optimizer step's host seconds."""
+        sh = ctx.shapes
+        names = ("first", "middle_lo", "middle_hi", "middle", "last")
+        disp = {n: stage_dispatch(ctx, self.disp, getattr(sh, n)) for n in names}
+        t_step_host = np.zeros(ctx.P)
         if self.measured_host:
-            t_disp, t_step_host = measured_host_times(tb, rec, g, ckc, L_stage, s.nd0, t_disp, seqlen * mbs / cp)
+            t_mb, t_step_host = measured_host_times(ctx, sh.first, disp["first"])
+            disp = dict.fromkeys(names, t_mb)
+        return pipeline_work(ctx, lt, disp), t_step_host
+
+    def _periods(self, ctx: EvalContext, k: LayerKernels, w: PipelineWork) -> StagePeriods:
+        """The 1F1B stage periods (:func:`pipeline.stage_periods`) of the stages' work ``w``."""
         # full recompute of an MoE block re-runs its dispatcher's host sync at the start of the last block's
         # backward: the LM head's backward, issued just before, is exposed (pipeline.stage_periods)
-        x_lb = k.t_last_b * recomputes_block(ckc) if moe and not self.serial else 0.0
-        st = stage_periods(pp, s.t_stage0 - s.a2a0, s.t_other - s.a2a_o, k.t_first, k.t_last_f, k.t_last_b - x_lb,
-                           t_disp, self.serial, s.a2a0, s.a2a_o, x_lb)
-        return t_disp, t_step_host, st
+        x_lb = k.t_last_b * recomputes_block(ctx.lay.ckpt) if ctx.g.is_moe and not self.serial else 0.0
+        vocab = Vocab(k.t_first, k.t_last_f, k.t_last_b - x_lb, x_lb)
+        return stage_periods(ctx.lay.pp, w.first, w.middle, w.last, vocab, self.serial)
 
-    def _pp_p2p(self, rec: Recorder, g: Geometry, k: LayerKernels, lay: ParallelLayout,
-                n_mb: np.ndarray) -> np.ndarray:
+    def _pp_p2p(self, ctx: EvalContext, k: LayerKernels) -> np.ndarray:
         """PP send/recv seconds per iteration (0 where PP = 1)."""
-        pp, vpp = lay.pp, lay.vpp
-        prof = self.prof
-        b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
+        lay, g, prof = ctx.lay, ctx.g, self.prof
+        pp, vpp, n_mb = lay.pp, lay.vpp, ctx.shapes.n_mb
         # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); charged at the inter-node cost
         # where every stage boundary leaves the node (one stage per node: ParallelLayout)
         p2p_inter = lay.ranks_per_node("pp", self.gpn) <= 1
-        p2p_bytes = k.Tsp * g.d * b_el
+        p2p_bytes = k.Tsp * g.d * ctx.shapes.b_el
         p2p_bw = np.where(p2p_inter, prof.scaleout_bandwidth, prof.scaleup_bandwidth)
         t_p2p = np.where(p2p_inter, P2P_LAT_INTER_S, P2P_LAT_INTRA_S) + p2p_bytes / np.maximum(p2p_bw, 1.0)
-        rec.mark("pp_p2p", np.where(pp > 1, ANALYTIC, 0))
+        ctx.rec.mark("pp_p2p", np.where(pp > 1, ANALYTIC, 0))
         # non-interleaved: the blocking exchanges on the 1F1B critical path, once per slot at PP = 2 and
         # twice from PP = 3 (exchanges.critical_exchanges); interleaved (VPP > 1, overlapped p2p): a
         # micro-batch crosses each of this rank's VPP chunk boundaries once forward, once backward
         n_x = np.where(vpp > 1, 2 * (vpp * n_mb + pp - 1), critical_exchanges(pp, n_mb))
         return np.where(pp > 1, n_x * t_p2p, 0.0)
 
-    def _dp_and_optimizer(self, tb, rec: Recorder, g: Geometry, lay: ParallelLayout, k: LayerKernels, s: _Stages,
-                          t_disp: np.ndarray, t_step_host: np.ndarray, optimizer: str,
+    def _dp_and_optimizer(self, ctx: EvalContext, k: LayerKernels, lt: LayerTotals, w: PipelineWork,
+                          t_step_host: np.ndarray, optimizer: str,
                           deg: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration;
         ``deg``: the plans' :func:`~scaleplan.estimator.layout.degree_groups`."""
-        ckc = lay.ckpt
-        moe = g.is_moe
-        L_stage = s.L_stage
+        g, lay = ctx.g, ctx.lay
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
         # behind the last micro-batch's backward (and the first forward), on a later pipeline stage also
-        # behind the 1F1B drain (comm.dp_stages), not behind the EP all-to-all: that
-        # uses the same links (the NIC once either group leaves the node), so the window excludes its exposed part.
+        # behind the 1F1B drain (comm.dp_stages), not behind the EP all-to-all: that uses the same links
+        # (the NIC once either group leaves the node), so the window excludes its exposed part.
         # The window is the wall time of that pass, not its GPU time alone: a dispatch-bound pass lasts as
         # long as the host takes to issue it (its share of t_disp, in the checkpoint mode's kernel units:
         # forward 1, backward with its recompute the rest), and the NCCL stream runs meanwhile
-        share_f = 1.0 / kernel_units(ckc)
-        w_bwd = np.maximum(L_stage * (s.common_b + k.moe_b + k.sh_b if moe else s.den_lb), (1 - share_f) * t_disp)
-        w_fwd = np.maximum(L_stage * (s.common_f + k.moe_f + k.sh_f if moe else s.den_lf), share_f * t_disp)
-        t_dp = dp_comm_time(tb, self.prof, rec, g, lay, w_fwd, w_bwd, optimizer, deg)
-        peak, hbm = self.prof.peak(g.precision), self.prof.hbm_bandwidth
-        rec.mark("optimizer", ANALYTIC)
-        t_opt = self.kernel_scale * slowest_step(optimizer_spec(optimizer), g, lay, peak, hbm, deg)
+        share_f = 1.0 / kernel_units(lay.ckpt)
+        L_stage, t_disp = ctx.shapes.first.n_layers, w.first.disp
+        w_bwd = np.maximum(L_stage * (lt.common_b + k.moe_b + k.sh_b if g.is_moe else lt.dense_b),
+                           (1 - share_f) * t_disp)
+        w_fwd = np.maximum(L_stage * (lt.common_f + k.moe_f + k.sh_f if g.is_moe else lt.dense_f), share_f * t_disp)
+        t_dp = dp_comm_time(ctx, w_fwd, w_bwd, optimizer, deg)
+        ctx.rec.mark("optimizer", ANALYTIC)
+        t_opt = self.kernel_scale * slowest_step(optimizer_spec(optimizer), g, lay, ctx.peak, ctx.hbm, deg)
         # a CPU runs the step's ops on the host: they add; a GPU's host issues them while the device
         # runs the earlier ones: the slower of the two
         t_opt = t_opt + t_step_host if self.serial else np.maximum(t_opt, t_step_host)

@@ -64,6 +64,8 @@ class Geometry:
     capacity_factor: float = 1.0  # routed rows per expert relative to balanced routing (MoE block)
     sdpa_precision: str = "bf16"  # the dtype SDPA runs in (spec model.sdpa_precision)
     dropout: bool = False         # hidden dropout after attention and MLP, attention dropout in SDPA
+    first_dense: int = -1         # dense blocks before the first MoE block (-1: the n_dense first blocks)
+    moe_every: int = 1            # after them every moe_every-th block is an MoE block (--moe-layer-freq)
 
     @property
     def is_moe(self) -> bool:
@@ -73,6 +75,11 @@ class Geometry:
     def has_gate(self) -> bool:
         """The blocks carry an output gate (``gate`` > 0)."""
         return self.gate > 0
+
+    @property
+    def dense_lead(self):
+        """The dense blocks before the MoE pattern starts (``first_dense``, else the n_dense first blocks)."""
+        return np.where(np.asarray(self.first_dense) < 0, self.n_dense, self.first_dense)
 
     @property
     def has_shared(self) -> bool:
@@ -130,6 +137,7 @@ def geometry(m: ModelBlock) -> Geometry:
         expert_params=float(E * swiglu_params(m.hidden_sz, dexp)) if moe else 0.0,
         capacity_factor=float(moe.capacity_factor) if moe else 1.0,
         sdpa_precision=m.sdpa_precision, dropout=m.dropout,
+        first_dense=moe.first_dense_layers if moe else -1, moe_every=moe.moe_frequency if moe else 1,
     )
 
 

@@ -28,6 +28,7 @@ from scaleplan.estimator import analytic as an
 from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.params import StageParams, dp_stages, stage_params
+from scaleplan.estimator.shapes import local_experts
 
 from scaleplan.errors import SpecError
 
@@ -94,7 +95,8 @@ def step_time(opt: Optimizer, g: Geometry, lay: ParallelLayout, p: StageParams, 
         attn = _newton_schulz_flops(g.d, g.nq * g.hd) * 2 + _newton_schulz_flops(g.d, g.nkv * g.hd) * 2
         exp_m = _newton_schulz_flops(g.d, g.dexp) * 3
         fl_dense = p.n_layers * attn / (lay.tp * dense_rep)  # the DP rank's share of the matrices
-        fl_exp = p.n_moe * g.E * exp_m / (lay.ep * lay.etp * exp_rep)
+        # each local expert's matrices, 1/ETP of them on this rank, shared out over the expert-DP ranks
+        fl_exp = p.n_moe * local_experts(g, lay) * exp_m / (lay.etp * exp_rep)
         t = t + (fl_dense + fl_exp) / (0.5 * peak)
     return t
 
@@ -103,13 +105,12 @@ def slowest_step(opt: Optimizer, g: Geometry, lay: ParallelLayout, peak: float, 
                  degrees: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """The optimizer step of the stage whose own parameters take longest (seconds, arrays over plans):
     every stage steps its own shard once its gradients are reduced, and the step ends with the last.
-    The stages considered are :func:`params.dp_stages`' (first, first middle, last), which hold every
-    distinct parameter set a stage can have. Evaluated once per distinct (geometry, TP, CP, PP, DP, EP, ETP),
-    all it depends on (plans differing in B_micro, VPP or checkpointing share it); ``degrees``: that
-    grouping when the caller has it (:func:`~scaleplan.estimator.layout.degree_groups`)."""
+    The stages considered are :func:`params.dp_stages`' (first, first middle, last). Evaluated once per
+    distinct :func:`~scaleplan.estimator.layout.degree_groups` tuple, all it depends on (plans differing in
+    B_micro or checkpointing share it); ``degrees``: that grouping when the caller has it."""
     first, inv = degrees if degrees is not None else degree_groups(g, lay)
     g, lay = g.take(first), lay.take(first)
     t = np.zeros(len(lay))
-    for present, s in dp_stages(lay.pp):
-        t = np.maximum(t, np.where(present, step_time(opt, g, lay, stage_params(g, lay, s), peak, hbm), 0.0))
+    for present, stage in dp_stages(g, lay):
+        t = np.maximum(t, np.where(present, step_time(opt, g, lay, stage_params(g, lay, stage), peak, hbm), 0.0))
     return t[inv]

@@ -31,52 +31,93 @@ class StagePeriods:
     ramp_disp: np.ndarray     # the same without the vocabulary work (the bubble of the layers alone)
 
 
-def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_last_bwd, t_disp, serial=False,
-                  a2a_first=0.0, a2a_other=0.0, last_bwd_exposed=0.0) -> StagePeriods:
+@dataclass(frozen=True)
+class StageWork:
+    """One pipeline stage's work per micro-batch, seconds (arrays over plans): ``gpu`` its layers on the
+    GPU without the exposed EP all-to-all, ``disp`` the host's time to launch them, ``a2a`` the exposed
+    all-to-all wire time, which sits outside the dispatch max (:func:`stage_periods`)."""
+
+    gpu: np.ndarray
+    disp: np.ndarray
+    a2a: np.ndarray | float = 0.0
+
+    def period(self, serial: bool) -> np.ndarray:
+        """The stage's vocabulary-free period: max(GPU, dispatch) + A2A (every term adds when ``serial``)."""
+        return self.gpu + self.disp + self.a2a if serial else np.maximum(self.gpu, self.disp) + self.a2a
+
+
+@dataclass(frozen=True)
+class Middle:
+    """The PP - 2 middle stages (``n`` of them, arrays over plans): the ones with the fewest and the most
+    MoE blocks (``lo``, ``hi``: the slowest is one of them, the work being linear in the blocks) and the mean
+    middle stage (``mean``: their periods' sum is n of its period where they are alike)."""
+
+    n: np.ndarray
+    lo: StageWork
+    hi: StageWork
+    mean: StageWork
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """The vocabulary work of the end stages per micro-batch, seconds: the embedding (first stage), the LM
+    head + cross-entropy forward and backward (last stage), and the part of that backward no host work
+    hides (``last_bwd_exposed``)."""
+
+    t_first: np.ndarray | float = 0.0
+    t_last_fwd: np.ndarray | float = 0.0
+    t_last_bwd: np.ndarray | float = 0.0
+    last_bwd_exposed: np.ndarray | float = 0.0
+
+
+def stage_periods(pp, first: StageWork, middle: Middle, last: StageWork, vocab: Vocab,
+                  serial: bool = False) -> StagePeriods:
     """Per-micro-batch periods (seconds): the slowest stage's, and the other stages' summed (the
     fill and drain, :func:`pipeline_time`), first / middle / last stages considered.
 
     Per stage: t_mb = max(t_GPU, t_disp) + t_A2A + t_last_fwd (sec:iteration-time-model), where
 
-    * ``t_first_layers`` / ``t_other_layers``: the stage's GPU layer time *without* the exposed EP
-      all-to-all, passed separately (``a2a_first`` / ``a2a_other``). The all-to-all sits outside the
-      dispatch max: Megatron's token dispatcher reads the per-expert token counts on the host before
-      it can size the exchange (a device-to-host sync per MoE layer), so launch time already spent
-      cannot hide the wire time.
-    * the LM head + cross-entropy forward ``t_last_fwd`` (last stage) is exposed: Megatron's loss
-      function checks each micro-batch's loss for NaN/Inf on the host (rerun state machine,
-      ``check_for_nan_in_loss_and_grad``), a device-to-host sync right after those kernels, so the host
-      waits for them. Their backward ``t_last_bwd`` is launched at once after the loss and runs while
-      the host launches the layers' backward: it joins the GPU side of the max, as does the
-      embedding ``t_first`` (first stage).
-    * ``last_bwd_exposed``: the part of the LM head + CE backward that no host work hides, added
+    * the stage's GPU layer time excludes the exposed EP all-to-all (:class:`StageWork`). The all-to-all
+      sits outside the dispatch max: Megatron's token dispatcher reads the per-expert token counts on the
+      host before it can size the exchange (a device-to-host sync per MoE layer), so launch time already
+      spent cannot hide the wire time.
+    * the LM head + cross-entropy forward (last stage) is exposed: Megatron's loss function checks each
+      micro-batch's loss for NaN/Inf on the host (rerun state machine, ``check_for_nan_in_loss_and_grad``),
+      a device-to-host sync right after those kernels, so the host waits for them. Their backward is
+      launched at once after the loss and runs while the host launches the layers' backward: it joins the
+      GPU side of the max, as does the embedding (first stage).
+    * ``vocab.last_bwd_exposed``: the part of the LM head + CE backward that no host work hides, added
       outside the max like the forward. Under full recompute the last block's backward begins by
       re-running its forward, whose token dispatcher syncs the host on the per-expert counts (the
       sync above) before the host has issued more than the block's attention and router: the
-      host waits for the LM head's backward, which nothing overlapped (:meth:`TimeModel._pipeline_terms`).
+      host waits for the LM head's backward, which nothing overlapped.
 
-    PP = 1: one stage runs the layers, the embedding and the LM head. ``serial``: the host dispatches
-    on the cores that compute (a CPU device), so every term adds.
+    PP = 1: one stage (``first``) runs the layers, the embedding and the LM head. ``serial``: the host
+    dispatches on the cores that compute (a CPU device), so every term adds.
     """
     pp = np.asarray(pp)
+    v = vocab
+    f_gpu = first.gpu + v.t_first
+    d0, l0 = first.period(serial), last.period(serial)  # the end stages without their vocabulary work
     if serial:
-        first = t_first_layers + t_first + t_disp + a2a_first
-        mid = t_other_layers + t_disp + a2a_other
-        last = mid + t_last_fwd + t_last_bwd
-        one = first + t_last_fwd + t_last_bwd
-        d0 = t_first_layers + t_disp + a2a_first
+        first_p = f_gpu + first.disp + first.a2a
+        last_p = l0 + v.t_last_fwd + v.t_last_bwd
+        one = first_p + v.t_last_fwd + v.t_last_bwd
     else:
-        first = np.maximum(t_first_layers + t_first, t_disp) + a2a_first
-        mid = np.maximum(t_other_layers, t_disp) + a2a_other
-        last = np.maximum(t_other_layers + t_last_bwd, t_disp) + a2a_other + t_last_fwd + last_bwd_exposed
-        one = np.maximum(t_first_layers + t_first + t_last_bwd, t_disp) + a2a_first + t_last_fwd + last_bwd_exposed
-        d0 = np.maximum(t_first_layers, t_disp) + a2a_first
-    # middle stages run the layers alone; the last stage is never lighter than they are
-    period = np.where(pp > 1, np.maximum(first, last), one)
-    period_disp = np.where(pp > 1, np.maximum(d0, mid), d0)
-    ramp = np.where(pp > 1, first + (pp - 2) * mid + last - period, 0.0)
-    # without the vocabulary work the last stage runs as a middle one
-    ramp_disp = np.where(pp > 1, d0 + (pp - 1) * mid - period_disp, 0.0)
+        first_p = np.maximum(f_gpu, first.disp) + first.a2a
+        last_p = (np.maximum(last.gpu + v.t_last_bwd, last.disp) + last.a2a + v.t_last_fwd
+                  + v.last_bwd_exposed)
+        one = np.maximum(f_gpu + v.t_last_bwd, first.disp) + first.a2a + v.t_last_fwd + v.last_bwd_exposed
+    has_mid = np.asarray(middle.n) > 0
+    mid_max = np.where(has_mid, np.maximum(middle.lo.period(serial), middle.hi.period(serial)), 0.0)
+    mid_p = middle.mean.period(serial)
+    mid_sum = np.where(has_mid, middle.n * mid_p, 0.0)
+    period = np.where(pp > 1, np.maximum(np.maximum(first_p, last_p), mid_max), one)
+    period_disp = np.where(pp > 1, np.maximum(np.maximum(d0, l0), mid_max), d0)
+    ramp = np.where(pp > 1, first_p + mid_sum + last_p - period, 0.0)
+    # the stages after the first without their vocabulary work: PP - 1 alike ones where the split is even
+    after = np.where(mid_p == l0, (pp - 1) * l0, mid_sum + l0)
+    ramp_disp = np.where(pp > 1, d0 + after - period_disp, 0.0)
     return StagePeriods(period, period_disp, ramp, ramp_disp)
 
 

@@ -25,6 +25,7 @@ from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.layout import LayoutContext, ParallelLayout, enumerate_grid
 
 from scaleplan.specs import CKPT_MODES
+from scaleplan.units import SEARCH_MBS
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class PlanConstraints:
     ep: tuple[int, ...] | None = None
     etp: tuple[int, ...] = (1,)
     vpp: tuple[int, ...] = (1,)
-    mbs: tuple[int, ...] = (1, 2, 4)
+    mbs: tuple[int, ...] = SEARCH_MBS
     ckpt: tuple[str, ...] = tuple(CKPT_MODES)
     mem_fraction: float = 1.0
     max_tp: int = 8

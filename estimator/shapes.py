@@ -1,48 +1,284 @@
-"""Per-rank shapes of one micro-batch under a layout: computed once, read by the time model and by
-the table-point listing (``bench plan``), so the two cannot drift apart.
+"""One plan, derived once: the per-rank shapes every cost reads.
 
-All fields are float arrays over plans (one element per plan) unless noted. Token counts are rows
-of the activations a rank holds; widths are columns; bytes use the model precision.
+:func:`plan_shapes` derives from a :class:`~scaleplan.estimator.layout.ParallelLayout` and the model's
+:class:`~scaleplan.estimator.model_dims.Geometry` what one rank of each plan holds and processes: the
+tokens of a micro-batch, the micro-batches of a step (n_mb), the local experts and their routed rows, the
+vocabulary shard, and the blocks of each pipeline stage. The time model, the memory model, the optimizer,
+calibrate trace, validate and the Megatron-LM arguments all read it; nothing else divides a model size by
+a parallel degree (tests/structure/test_shapes_record.py).
+
+**Experts (Megatron-Core's MoE parallel folding).** The routed experts live on their own mesh, EP x ETP x
+EDP = TP x CP x DP ranks per stage: a rank holds E / EP local experts (``BaseMoELayer.num_local_experts =
+num_moe_experts // ep_size``), each of them 1/ETP of the expert width (``TEGroupedMLP`` shards fc1 / fc2
+over the expert-tensor-parallel group). After the all-to-all the ETP group all-gathers its tokens, so a
+rank runs T K ETP / TP routed rows (balanced routing), and each local expert's tile is EP times the paper's
+T B K / E: the local experts receive tokens from every EP rank (the paper keys the grouped GEMM on
+T B K / E, "invariant to expert parallelism", which under-counts expert work by EP).
+
+**Pipeline stages (Megatron-Core's ``get_num_layers_to_build`` and ``get_transformer_layer_offset``).** The
+first and the last stage may hold their own layer counts; the PP - 2 middle stages share the rest evenly.
+With VPP chunks each stage holds VPP chunks of 1/VPP of its layers, and the model runs VPP rounds: round v
+is stage 0's chunk, then each middle stage's, then the last stage's. Which blocks are dense follows the
+model's MoE layer pattern (the first ``first_dense`` blocks dense, then every ``moe_every``-th block an MoE
+one), so a stage's dense and MoE blocks are counted, not assumed.
+
+Arrays: float arrays of shape (P,), one element per plan; :meth:`PlanShapes.one` gives one plan's record
+with Python numbers in the same fields. Tokens are rows of the activations a rank holds, widths columns;
+bytes in the model precision.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
-from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.model_dims import Geometry, geometry, vocab_shard
+from scaleplan.estimator.sources import distinct
 
+from scaleplan.specs import Layout, ModelBlock
 from scaleplan.units import BYTES_PER_ELEMENT
 
 
 @dataclass(frozen=True)
-class RankShapes:
-    T: np.ndarray        # tokens of a rank's sequence shard, seqlen * mbs / CP (all TP ranks hold them)
-    Tsp: np.ndarray      # sequence-parallel shard, T / TP
-    kv_loc: np.ndarray   # KV heads per TP rank (replicated once TP exceeds n_kv)
-    n_qkv: np.ndarray    # QKV(+gate) GEMM output width per TP rank
+class StageCounts:
+    """The blocks one pipeline stage of each plan holds (arrays over plans; the mean middle stage may hold
+    a fractional MoE count)."""
+
+    index: np.ndarray          # the stage's index s (0 first, PP - 1 last)
+    n_layers: np.ndarray       # transformer blocks on the stage, all its VPP chunks
+    n_dense: np.ndarray        # its dense blocks
+    n_moe: np.ndarray          # its MoE blocks
+    chunk_layers: np.ndarray   # blocks per virtual stage (one VPP chunk), n_layers / VPP
+    has_embedding: np.ndarray  # bool: the first stage (input embedding)
+    has_head: np.ndarray       # bool: the last stage (final norm, LM head, loss)
+
+    def take(self, idx, memo: dict | None = None) -> StageCounts:
+        """The stage of the plans at ``idx``; ``memo`` ({id(array): its selection}) gathers an array the
+        stages share once."""
+        memo = {} if memo is None else memo
+        return StageCounts(*(_gather(getattr(self, f.name), idx, memo) for f in fields(StageCounts)))
+
+
+def _gather(x: np.ndarray, idx, memo: dict) -> np.ndarray:
+    """``x[idx]``, once per array in ``memo`` (the stages of the common case share their arrays)."""
+    key = id(x)
+    if key not in memo:
+        memo[key] = (x, x[idx])  # x kept alive so its id is not reused
+    return memo[key][1]
+
+
+def concat_stages(stages: list[StageCounts]) -> StageCounts:
+    """The stages one after the other (arrays concatenated in order): several stages of a plan set as one
+    set of elements."""
+    return StageCounts(*(np.concatenate([np.broadcast_to(getattr(st, f.name), np.shape(st.n_layers))
+                                         for st in stages]) for f in fields(StageCounts)))
+
+
+@dataclass(frozen=True)
+class PlanShapes:
+    """What one rank of each plan holds and processes per micro-batch (module docstring); built by
+    :func:`plan_shapes`. ``first``, ``last``: the end stages (the same stage where PP = 1); ``middle``: the
+    mean of the PP - 2 middle stages (``n_middle`` of them), ``middle_lo`` / ``middle_hi`` the middle stages
+    with the fewest / most MoE blocks (all three equal ``last`` in shape where PP <= 2, with n_middle 0)."""
+
+    n_mb: np.ndarray       # micro-batches per step, G / (DP B_micro)
+    seq_shard: np.ndarray  # sequence positions per rank, seqlen / CP
+    T: np.ndarray          # tokens of a rank's micro-batch, seqlen B_micro / CP (all TP ranks hold them)
+    Tsp: np.ndarray        # the sequence-parallel shard, T / TP
+    q_loc: np.ndarray      # query heads per TP rank, n_q / TP
+    kv_loc: np.ndarray     # KV heads per TP rank (replicated once TP exceeds n_kv)
+    n_qkv: np.ndarray      # QKV(+gate) GEMM output width per TP rank
     n_attn_out: np.ndarray  # attention output GEMM input width per TP rank (n_q head_dim / TP)
-    E_loc: np.ndarray    # local experts, E / EP (1 for a dense model)
-    R: np.ndarray        # routed rows per rank, T K ETP cf / TP (balanced routing; cf the capacity factor)
-    tile: np.ndarray     # rows per local expert, R EP / E (the EP tile correction, estimator.model)
-    ffn_loc: np.ndarray  # expert width per ETP rank
-    V_loc: np.ndarray    # Megatron-padded vocabulary per TP rank
+    E_loc: np.ndarray      # local experts, E / EP (1 for a dense model)
+    R: np.ndarray          # routed rows per rank, T K ETP cf / TP (balanced routing; cf the capacity factor)
+    tile: np.ndarray       # rows per local expert, R EP / E (tokens from every EP rank)
+    ffn_loc: np.ndarray    # expert width per ETP rank, d_expert / ETP
+    V_loc: np.ndarray      # Megatron-padded vocabulary per TP rank
     a2a_bytes: np.ndarray  # EP all-to-all buffer per rank and pass, R d bytes
-    b_el: int            # bytes per element of the model precision (scalar)
+    b_el: float            # bytes per element of the model precision (scalar)
+    n_middle: np.ndarray   # middle pipeline stages, max(PP - 2, 0)
+    first: StageCounts
+    middle: StageCounts
+    middle_lo: StageCounts
+    middle_hi: StageCounts
+    last: StageCounts
+
+    @property
+    def stages(self) -> tuple[StageCounts, ...]:
+        """(first, middle_lo, middle_hi, last): every distinct stage a plan can pace on."""
+        return self.first, self.middle_lo, self.middle_hi, self.last
+
+    @property
+    def max_moe_per_stage(self) -> np.ndarray:
+        """The most MoE blocks any stage holds (arrays over plans)."""
+        return np.maximum(np.maximum(self.first.n_moe, self.last.n_moe),
+                          np.where(self.n_middle > 0, self.middle_hi.n_moe, 0.0))
+
+    def take(self, idx) -> PlanShapes:
+        """The shapes of the plans at ``idx`` (indices or a mask)."""
+        out, memo = {}, {}
+        for f in fields(PlanShapes):
+            v = getattr(self, f.name)
+            out[f.name] = v if f.name == "b_el" else v.take(idx, memo) if isinstance(v, StageCounts) else \
+                _gather(v, idx, memo)
+        return PlanShapes(**out)
+
+    def one(self, i: int = 0) -> PlanShapes:
+        """Plan ``i``'s record with Python numbers in every field (the scalar form for one plan)."""
+        def scalar(x):
+            x = np.asarray(x)[i]
+            return bool(x) if x.dtype == bool else float(x)
+        out = {}
+        for f in fields(PlanShapes):
+            v = getattr(self, f.name)
+            if isinstance(v, StageCounts):
+                out[f.name] = replace(v, **{g.name: scalar(getattr(v, g.name)) for g in fields(StageCounts)})
+            else:
+                out[f.name] = v if f.name == "b_el" else scalar(v)
+        return PlanShapes(**out)
 
 
-def rank_shapes(g: Geometry, lay: ParallelLayout, seqlen: int) -> RankShapes:
-    """Shapes per plan of ``lay``; see :class:`RankShapes`."""
-    tp, cp, ep, etp, mbs = (getattr(lay, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs"))
+def plan_shapes(g: Geometry, lay: ParallelLayout, seqlen: int, gbs: int | None = None) -> PlanShapes:
+    """The shapes of every plan of ``lay`` for model ``g`` at ``seqlen`` tokens per sequence and ``gbs``
+    sequences per step (None: n_mb left NaN, for callers that cost one micro-batch). See :class:`PlanShapes`."""
+    tp, cp, ep, etp, mbs, dp = (getattr(lay, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs", "dp"))
     b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
+    seq = seqlen / cp
     T = seqlen * mbs / cp
     kv_loc = np.maximum(g.nkv / tp, 1.0)
     n_qkv = (g.nq * g.hd + g.gate) / tp + 2 * kv_loc * g.hd
-    E_loc = g.E / ep if g.is_moe else np.ones_like(tp)
-    # the capacity factor sizes the routed token budget and the all-to-all (paper sec:performance-model,
-    # "model.moe"): each expert's buffer holds cf x its balanced share (dropped or padded rows)
+    E_loc = local_experts(g, lay)
+    # the capacity factor sizes the routed token budget and the all-to-all: each expert's buffer holds
+    # cf x its balanced share (dropped or padded rows)
     R = T * g.K * etp * g.capacity_factor / tp if g.is_moe else np.zeros_like(T)
     tile = R * ep / g.E if g.is_moe else np.zeros_like(T)
-    V_loc = vocab_shard(g.vocab, tp)
-    return RankShapes(T=T, Tsp=T / tp, kv_loc=kv_loc, n_qkv=n_qkv, n_attn_out=g.nq * g.hd / tp, E_loc=E_loc,
-                      R=R, tile=tile, ffn_loc=g.dexp / etp, V_loc=V_loc, a2a_bytes=R * g.d * b_el, b_el=b_el)
+    n_mb = gbs / (dp * mbs) if gbs is not None else np.full_like(T, np.nan)
+    first, middle, lo, hi, last = _stage_summary(g, lay)
+    return PlanShapes(n_mb=n_mb, seq_shard=seq, T=T, Tsp=T / tp, q_loc=g.nq / tp, kv_loc=kv_loc, n_qkv=n_qkv, n_attn_out=g.nq * g.hd / tp,
+                     E_loc=E_loc, R=R, tile=tile, ffn_loc=g.dexp / etp, V_loc=vocab_shard(g.vocab, tp),
+                     a2a_bytes=R * g.d * b_el, b_el=b_el, n_middle=np.maximum(lay.pp - 2.0, 0.0), first=first,
+                     middle=middle, middle_lo=lo, middle_hi=hi, last=last)
+
+
+def layout_shapes(model: ModelBlock, layout: Layout, seqlen: int, gbs: int | None = None,
+                  n_devices: int | None = None) -> PlanShapes:
+    """One plan's shapes in the scalar form (:meth:`PlanShapes.one`) from a spec's model block and a
+    layout (DP derived from ``n_devices`` where the layout omits it)."""
+    n = n_devices or layout.tp * layout.cp * layout.pp * (layout.dp or 1)
+    return plan_shapes(geometry(model), ParallelLayout.from_specs([layout], n), seqlen, gbs).one()
+
+
+def local_experts(g: Geometry, lay: ParallelLayout) -> np.ndarray:
+    """E / EP: the routed experts one rank holds (each 1/ETP of an expert's weights; 1 for a dense model),
+    float arrays over plans (Megatron-Core's ``num_local_experts``)."""
+    return g.E / lay.ep.astype(float) if g.is_moe else np.ones(len(lay))
+
+
+# -- pipeline stages -----------------------------------------------------------------------------------
+def _stage_layers(g: Geometry, lay: ParallelLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first, middle, last) stage layer counts per plan, Megatron-Core's split: L / PP each (the layout
+    rules refuse a plan whose PP VPP does not divide L)."""
+    per = np.asarray(g.L, dtype=float) / lay.pp
+    return per, per, per
+
+
+def _moe_before(g: Geometry, b) -> np.ndarray:
+    """MoE blocks among the model's first ``b`` blocks (the MoE layer pattern of Megatron-LM's
+    ``--moe-layer-freq``: the first ``first_dense`` blocks dense, then every ``moe_every``-th an MoE block)."""
+    if not g.is_moe:
+        return np.zeros(np.shape(b))
+    return np.floor(np.maximum(np.asarray(b, dtype=float) - g.dense_lead, 0.0) / g.moe_every)
+
+
+def stage_counts(g: Geometry, lay: ParallelLayout, s) -> StageCounts:
+    """The blocks of stage ``s`` (an index, arrays broadcast with the plans) as Megatron-Core lays the
+    model out (module docstring): chunk v of stage s holds blocks [v R + o_s, v R + o_s + c_s), R the
+    blocks of one round, o_s the stage's offset in it and c_s its chunk."""
+    pp, vpp = lay.pp.astype(float), lay.vpp.astype(float)
+    s = np.broadcast_to(np.asarray(s, dtype=float), pp.shape)
+    F, M, Ls = _stage_layers(g, lay)
+    n_mid = np.maximum(pp - 2, 0.0)
+    last = (s == pp - 1) & (pp > 1)
+    n_layers = np.where(s == 0, F, np.where(last, Ls, M))
+    chunk = n_layers / vpp
+    rnd = (F + n_mid * M + np.where(pp > 1, Ls, 0.0)) / vpp
+    off = np.where(s == 0, 0.0, F / vpp + np.where(last, n_mid, s - 1) * M / vpp)
+    n_moe = np.zeros(pp.shape)
+    for v in range(int(vpp.max()) if len(vpp) else 0):
+        a = v * rnd + off
+        n_moe = n_moe + np.where(v < vpp, _moe_before(g, a + chunk) - _moe_before(g, a), 0.0)
+    return StageCounts(s, n_layers, n_layers - n_moe, n_moe, chunk, s == 0, (s == pp - 1))
+
+
+def as_stage(g: Geometry, lay: ParallelLayout, stage) -> StageCounts:
+    """``stage`` itself when it is a :class:`StageCounts`, else :func:`stage_counts` of the stage index it holds."""
+    return stage if isinstance(stage, StageCounts) else stage_counts(g, lay, stage)
+
+
+def _stage_summary(g: Geometry, lay: ParallelLayout) -> tuple[StageCounts, ...]:
+    """(first, mean middle, fewest-MoE middle, most-MoE middle, last) stages of every plan. The middle
+    stages hold equal block counts; their MoE counts differ only where the dense blocks reach past the first
+    stage or the MoE pattern skips blocks. With every block after the dense lead an MoE one (``moe_every``
+    1) the MoE count grows with the stage index, so stage 1 holds the fewest and stage PP - 2 the most;
+    otherwise every middle stage of each distinct (model, PP, VPP) is counted."""
+    pp = lay.pp.astype(float)
+    if _lead_in_first_chunk(g, lay):
+        return _lead_first_summary(g, lay)
+    first, last = stage_counts(g, lay, np.zeros(len(lay))), stage_counts(g, lay, pp - 1)
+    n_mid = np.maximum(pp - 2, 0.0)
+    has_mid = n_mid > 0
+    if not has_mid.any():
+        return first, last, last, last, last
+    if np.all(np.asarray(g.moe_every) == 1):
+        lo, hi = stage_counts(g, lay, np.where(has_mid, 1.0, pp - 1)), stage_counts(g, lay, np.where(has_mid, pp - 2, pp - 1))
+    else:
+        lo, hi = _middle_extremes(g, lay)
+    total_moe = np.asarray(g.n_moe, dtype=float) * np.ones(len(lay))
+    mean_moe = np.where(has_mid, (total_moe - first.n_moe - last.n_moe) / np.maximum(n_mid, 1.0), last.n_moe)
+    mid_layers = np.where(has_mid, lo.n_layers, last.n_layers)
+    middle = StageCounts(np.where(has_mid, 1.0, last.index), mid_layers, mid_layers - mean_moe, mean_moe,
+                         mid_layers / lay.vpp, np.zeros(len(lay), bool), ~has_mid)
+    return first, middle, lo, hi, last
+
+
+def _lead_in_first_chunk(g: Geometry, lay: ParallelLayout) -> bool:
+    """Whether every plan splits its blocks evenly, every block after the dense lead is an MoE one and the
+    dense lead fits in stage 0's first chunk: then stage 0 holds the dense blocks and every other stage MoE
+    blocks alone (the case of nearly every plan a search meets, counted in closed form)."""
+    if g.is_moe and not np.all(np.asarray(g.moe_every) == 1):
+        return False
+    per = np.asarray(g.L, dtype=float) / lay.pp
+    return bool(np.all(np.asarray(g.dense_lead) <= per / lay.vpp)) if g.is_moe else True
+
+
+def _lead_first_summary(g: Geometry, lay: ParallelLayout) -> tuple[StageCounts, ...]:
+    """:func:`_stage_summary` where :func:`_lead_in_first_chunk` holds (equal to the general count there)."""
+    pp = lay.pp.astype(float)
+    per = np.asarray(g.L, dtype=float) / pp
+    chunk = per / lay.vpp
+    nd0 = np.asarray(g.dense_lead, dtype=float) * np.ones(len(lay)) if g.is_moe else per
+    zero, has_mid, one = np.zeros(len(lay)), pp > 2, pp == 1
+    nd, nm = (np.where(one, nd0, 0.0), np.where(one, per - nd0, per)) if g.is_moe else (per, zero)  # PP 1: stage 0
+    no, yes = np.zeros(len(lay), bool), np.ones(len(lay), bool)
+    first = StageCounts(zero, per, nd0, per - nd0, chunk, yes, one)
+    last = StageCounts(pp - 1, per, nd, nm, chunk, one, yes)
+    lo = StageCounts(np.where(has_mid, 1.0, pp - 1), per, nd, nm, chunk, one, ~has_mid)
+    hi = StageCounts(np.where(has_mid, pp - 2, pp - 1), per, nd, nm, chunk, one, ~has_mid)
+    middle = StageCounts(np.where(has_mid, 1.0, pp - 1), per, nd, nm, chunk, no, ~has_mid)
+    return first, middle, lo, hi, last
+
+
+def _middle_extremes(g: Geometry, lay: ParallelLayout) -> tuple[StageCounts, StageCounts]:
+    """The middle stages with the fewest and the most MoE blocks (the last stage where PP <= 2), every
+    middle stage counted once per distinct (model, PP, VPP): a (distinct, stage) grid."""
+    first_u, inv = distinct(*g.batch_keys, lay.pp, lay.vpp)
+    gu, lu = g.take(first_u), lay.take(first_u)
+    pp = lu.pp.astype(float)
+    S = int(max(pp.max() - 2, 1))
+    s = 1.0 + np.arange(S)[None, :] * np.ones((len(lu), 1))
+    s = np.where(s <= pp[:, None] - 2, s, np.maximum(pp[:, None] - 1, 0))  # absent middles: the last stage
+    idx = np.repeat(np.arange(len(lu)), S)
+    moe = stage_counts(gu.take(idx), lu.take(idx), s.reshape(-1)).n_moe.reshape(len(lu), S)
+    lo_s = s[np.arange(len(lu)), np.argmin(moe, axis=1)]
+    hi_s = s[np.arange(len(lu)), np.argmax(moe, axis=1)]
+    return stage_counts(g, lay, lo_s[inv]), stage_counts(g, lay, hi_s[inv])

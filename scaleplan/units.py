@@ -16,3 +16,8 @@ BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4"
 # measured (up to 10% in MoE training, estimator/memory.py) and transient all-to-all buffers: a plan at
 # 175-177 of 179 GB leaves them no room.
 MEM_FRACTION = 0.95
+
+# The micro-batch sizes (sequences) `layouts` and the search try unless told otherwise: one list for both, so a
+# layout `layouts` ranks is one the search could have chosen (estimator.PlanConstraints, mosaic SearchRequest and
+# the --mbs defaults of both commands read it).
+SEARCH_MBS: tuple[int, ...] = (1, 2, 4)

@@ -62,7 +62,7 @@ def test_estimator_qkv_gemm_carries_the_gate_columns():
     """The QKV GEMM's output per TP rank: query width + gate columns over TP, plus the local K and V."""
     from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.layout import ParallelLayout
-    from scaleplan.estimator.shapes import rank_shapes
+    from scaleplan.estimator.shapes import plan_shapes
 
     from scaleplan.specs import ModelBlock
 
@@ -71,5 +71,5 @@ def test_estimator_qkv_gemm_carries_the_gate_columns():
         g = geometry(ModelBlock(**m, attn_gate=gate))
         assert g.gate == cols
         one = np.ones(1)
-        sh = rank_shapes(g, ParallelLayout.of(tp=8 * one), 4096)
+        sh = plan_shapes(g, ParallelLayout.of(tp=8 * one), 4096)
         assert float(sh.n_qkv[0]) == (4096 + cols) / 8 + 2 * 1 * 64  # 8 kv heads over TP 8: one per rank

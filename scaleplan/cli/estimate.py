@@ -30,6 +30,7 @@ from scaleplan.cli._common import (
     want_json,
 )
 from scaleplan.errors import SpecError
+from scaleplan.units import SEARCH_MBS
 
 specs = lazy_module("scaleplan.specs")  # pydantic loads on first use, not for `scaleplan --help`
 emit_mod = lazy_module("scaleplan.emit")
@@ -158,20 +159,14 @@ def _load_spec(spec_path):
     return spec
 
 
-def _check_batch(spec, lo, n: int, text: str | None) -> None:
-    """dp*mbs must divide data.gbs (whole micro-batches per step). Raises SpecError naming data.gbs with a
-    checked fix (scaleplan/cli/suggest.py: a --layout on ``n`` devices, else the nearest device counts that fit)."""
-    from scaleplan.estimator.layout import ParallelLayout
-
-    dp = int(ParallelLayout.from_specs([lo], n).dp[0])  # the layout's dp, else N_dev / (tp cp pp)
-    gbs = spec.data.gbs
-    if gbs % (dp * lo.mbs) == 0:
-        return
+def _batch_hint(spec, lo, dp: int, n: int, text: str | None) -> str:
+    """What data.gbs must be for the layout ``lo`` (data parallel ``dp``) on ``n`` devices, with a checked fix
+    (scaleplan/cli/suggest.py: a --layout on ``n`` devices, else the nearest device counts that fit)."""
     from scaleplan.cli.suggest import batch_hint
 
     hint = batch_hint(spec, lo, n)  # a --layout (or device count) that the same checks accept
     where = f"--layout {text}" if text else "the spec's layout"
-    raise SpecError("data.gbs", gbs, f"a multiple of dp*mbs = {dp * lo.mbs} ({where}); {hint}")
+    return f"a multiple of dp*mbs = {dp * lo.mbs} ({where}); {hint}"
 
 
 def _origin(key: str, text: str | None, spec_path) -> str:
@@ -181,37 +176,46 @@ def _origin(key: str, text: str | None, spec_path) -> str:
     return f"parallelism.{key} in {spec_path}"
 
 
-def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bool) -> list:
-    """The layouts `estimate` evaluates: each --layout over the spec's own layout as the default.
+def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bool):
+    """The plans `estimate` evaluates (a ParallelLayout, built once): each --layout over the spec's own layout
+    as the default.
 
     The spec's ``parallelism.dp`` holds only for the device count it was written for: with --devices or
-    --layout given and no ``dp=`` in the --layout text, dp is derived as N_dev / (tp cp pp). Raises
-    SpecError naming where a conflicting degree came from (the --layout text or the spec file).
+    --layout given and no ``dp=`` in the --layout text, dp is derived as N_dev / (tp cp pp). The layout's own
+    rules (:data:`~scaleplan.estimator.layout.RULES`) judge the plans; a broken one raises SpecError naming
+    where the degree came from (the --layout text or the spec file).
     """
-    from scaleplan.estimator.layout import MODEL_PARALLEL, ParallelLayout
+    from scaleplan.estimator.layout import MODEL_PARALLEL, LayoutContext, ParallelLayout
+    from scaleplan.estimator.model_dims import geometry
 
     base = spec.default_layout()
     derive = devices_given or bool(texts)
-    out = []
+    los = []
     for text in texts or [None]:
         lo = specs.parse_layout(text, base) if text is not None else base
         if derive and base.dp is not None and _origin("dp", text, spec_path).startswith("parallelism"):
             lo = lo.model_copy(update={"dp": None})
-        mesh = int(ParallelLayout.from_specs([lo], n).model_parallel[0])
-        if lo.dp is None and n % mesh:
+        los.append(lo)
+    plans = ParallelLayout.from_specs(los, n)
+    v = plans.first_violation(LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen))
+    if v is not None:
+        text, lo = (texts or [None])[v.plan], los[v.plan]
+        mesh = lo.tp * lo.cp * lo.pp
+        if v.rule.name == "mesh_not_dividing_devices" and lo.dp is None:
             named = [k for k in MODEL_PARALLEL if getattr(lo, k) > 1]
             where = ", ".join(_origin(k, text, spec_path) for k in named)
             value = getattr(lo, named[0]) if len(named) == 1 else ", ".join(f"{k}={getattr(lo, k)}" for k in named)
             raise SpecError(where or "--layout", value, f"degrees whose product tp*cp*pp (here {mesh}) divides "
                             f"--devices {n}")
-        if lo.dp is not None and mesh * lo.dp != n:
+        if v.rule.name == "mesh_not_dividing_devices":
             hint = "" if text is not None else " (--devices or --layout on the command line derive dp)"
             raise SpecError(_origin("dp", text, spec_path), lo.dp,
                             f"dp with tp*cp*pp*dp = {n} devices, i.e. dp={n / mesh:g}, or leave dp out to "
                             f"derive it{hint}")
-        _check_batch(spec, lo, n, text)
-        out.append(lo)
-    return out
+        if v.rule.name == "gbs_not_divisible":
+            raise SpecError("data.gbs", spec.data.gbs, _batch_hint(spec, lo, int(plans.dp[v.plan]), n, text))
+        raise SpecError(_origin(v.field, text, spec_path), v.value, v.allowed)
+    return plans
 
 
 def estimate(
@@ -299,7 +303,7 @@ def layouts(
     max_pp: int = typer.Option(None, "--max-pp", help="Largest pipeline degree PP to try (default: every divisor of N_dev)."),
     max_ep: int = typer.Option(None, "--max-ep", help="Largest expert-parallel degree EP to try (default: every divisor of N_dev)."),
     max_cp: int = typer.Option(None, "--max-cp", help="Largest context-parallel degree CP to try (default: every divisor of N_dev)."),
-    mbs: str = typer.Option("1,2,4", "--mbs", help="Micro-batch sizes to try."),
+    mbs: str = typer.Option(",".join(map(str, SEARCH_MBS)), "--mbs", help="Micro-batch sizes to try."),
     vpp: str = typer.Option("1", "--vpp", help="Virtual pipeline degrees to try."),
     ckpt: str = typer.Option(CKPT_ALL, "--ckpt", help="Checkpointing modes to try."),
     mem_fraction: float = MemFractionOpt,

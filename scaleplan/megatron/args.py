@@ -19,6 +19,7 @@ from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 from scaleplan.estimator.model_dims import VOCAB_DIVISOR, padded_vocab
 from scaleplan.megatron.features import attention_args, feature_notes, mlp_args, mtp_args, router_args
 from scaleplan.megatron.stack_args import stack_args, stack_notes
+from scaleplan.estimator.shapes import layout_shapes
 from scaleplan.specs import Layout, ModelBlock, Spec
 
 # fp8: the recipe is the stack's (--fp8-recipe, scaleplan/megatron/stack_args.py; default the current-scaling
@@ -128,7 +129,8 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | 
     if lo["tp"] > 1:
         out.append(["--sequence-parallel"])
     if lo["vpp"] > 1:
-        out.append(["--num-layers-per-virtual-pipeline-stage", str(m.n_layers // (lo["pp"] * lo["vpp"]))])
+        chunk = layout_shapes(m, Layout(**lo), spec.data.seqlen).first.chunk_layers
+        out.append(["--num-layers-per-virtual-pipeline-stage", str(int(chunk))])
     out += [["--micro-batch-size", str(lo["mbs"])], ["--global-batch-size", str(spec.data.gbs)]]
     if _RECOMPUTE[lo["ckpt"]]:
         out.append(_RECOMPUTE[lo["ckpt"]])

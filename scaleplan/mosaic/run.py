@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import SpecError
-from scaleplan.units import MEM_FRACTION  # the headroom of estimate, layouts and search alike (units.py)
+from scaleplan.units import MEM_FRACTION, SEARCH_MBS  # the headroom and micro-batch sizes of layouts and search alike
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class SearchRequest:
     experts: tuple[int, ...] = (4, 6, 8, 16, 24, 32, 48, 96, 128, 192, 256, 384, 512)
     topk: tuple[int, ...] = (1, 2, 4, 6, 8)
     g: tuple[int, ...] = (1, 2, 4, 8)
-    mbs: tuple[int, ...] = (1, 2, 4)
+    mbs: tuple[int, ...] = SEARCH_MBS
     ckpt: tuple[str, ...] | None = None  # None: every checkpointing mode (scaleplan.specs.CKPT_MODES)
     goodput: float = 1.0
     gbs: int = 1024

@@ -104,18 +104,18 @@ def predict_reference_memory(spec, layout, device: str, overhead: tuple[float, f
     from scaleplan.estimator import memory as mm
     from scaleplan.estimator.model_dims import geometry
     from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.estimator.shapes import plan_shapes
 
     if overhead is None:
         overhead = ((mm.DEFAULT_ALLOCATOR_FRACTION, mm.DEFAULT_CONTEXT_BYTES, "default") if device == "cuda"
                     else (0.0, 0.0, "none on CPU"))
     frac, ctx, source = overhead
     dp = layout.dp or 1
-    pl = ParallelLayout.from_specs([layout], dp)
-    mem = mm.memory_breakdown(geometry(spec.model), pl, spec.data.gbs, spec.data.seqlen, "adamw",
-                              state=mm.REFERENCE_DDP, allocator_fraction=frac, context_bytes=ctx,
-                              rope=spec.model.rotary_embeds)
-    n_mb = spec.data.gbs // (dp * layout.mbs)
-    alloc = float(mm.reference_peak_allocated(mem, n_mb)[0])
+    g, pl = geometry(spec.model), ParallelLayout.from_specs([layout], dp)
+    sh = plan_shapes(g, pl, spec.data.seqlen, spec.data.gbs)
+    mem = mm.memory_breakdown(g, pl, spec.data.gbs, spec.data.seqlen, "adamw", state=mm.REFERENCE_DDP,
+                              allocator_fraction=frac, context_bytes=ctx, rope=spec.model.rotary_embeds, shapes=sh)
+    alloc = float(mm.reference_peak_allocated(mem, sh.n_mb)[0])
     reserved = alloc * (1.0 + frac)
     gb = 1e9
     return {"allocated_gb": alloc / gb, "reserved_gb": reserved / gb, "device_gb": (reserved + ctx) / gb,

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from scaleplan.errors import ScaleplanError, SpecError
-from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import LayoutContext, ParallelLayout
+from scaleplan.estimator.model_dims import geometry
+from scaleplan.estimator.shapes import plan_shapes
 from scaleplan.specs import Layout, Spec
 from scaleplan.validate.load import machine_busy_s
 
@@ -89,10 +90,10 @@ def check_layout(spec: Spec, layout: Layout, nproc: int) -> int:
         raise SpecError("model.dropout", True, "false: the reference model has no dropout layers "
                         "(the estimator costs Megatron's dropout for a prediction)")
     _check_features(spec)
-    gbs = spec.data.gbs
+    gbs, g = spec.data.gbs, geometry(spec.model)
     lay = ParallelLayout.from_specs([layout.model_copy(update={"dp": nproc})], nproc)
-    lay.validate(LayoutContext(geometry(spec.model), nproc, gbs, spec.data.seqlen))  # the estimator's rules
-    return int(lay.n_mb(gbs)[0])
+    lay.validate(LayoutContext(g, nproc, gbs, spec.data.seqlen))  # the estimator's rules
+    return int(plan_shapes(g, lay, spec.data.seqlen, gbs).one().n_mb)
 
 
 def _check_features(spec: Spec) -> None:

@@ -58,3 +58,27 @@ def sweeps(validation_dir):
 
 def rel(a, b) -> float:
     return float(np.abs(a - b) / np.abs(b))
+
+
+def context(est, g, lay, seqlen: int = 8192, gbs: int | None = None, mode: str = "compose", tables=None,
+            profile=None, **shapes):
+    """The EvalContext ``est``'s time model reads for the plans ``lay`` of model ``g`` (a fresh record in
+    ``mode``; ``tables`` instead of the estimator's, viewed in g's precision), with the shape fields given
+    in ``shapes`` replaced (values broadcast over the plans): keys a test asks about directly. ``est`` None:
+    ``tables`` and ``profile`` (a name or a ClusterProfile) alone."""
+    from dataclasses import replace
+
+    from scaleplan.estimator.context import EvalContext
+    from scaleplan.estimator.shapes import plan_shapes
+    from scaleplan.estimator.sources import Recorder
+    from scaleplan.profiles import load_profile
+
+    P = len(lay)
+    if est is not None:
+        ctx = est.model.context(g, lay, seqlen, gbs, tables)
+    else:
+        prof = load_profile(profile) if isinstance(profile, str) else profile
+        ctx = EvalContext(tables.view(g.precision), prof, Recorder(P, mode), g, lay, plan_shapes(g, lay, seqlen, gbs),
+                          seqlen)
+    sh = replace(ctx.shapes, **{k: np.broadcast_to(np.asarray(v, dtype=float), (P,)).copy() for k, v in shapes.items()})
+    return replace(ctx, rec=Recorder(P, mode), shapes=sh)

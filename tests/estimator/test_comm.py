@@ -17,7 +17,8 @@ def test_bias_sync_is_one_all_reduce_of_the_stage_token_counts():
     assert list(n) == [1, 1]
     assert list(group) == [32, 8]  # TP x CP x DP: the stage's ranks
     assert list(inter) == [True, False]  # 32 contiguous ranks leave an 8-GPU node; 8 do not
-    # fp32 counts per expert of the stage's MoE blocks: ceil(15 / PP) blocks
+    # fp32 counts per expert of the MoE blocks of the stage holding the most: 15 at PP 1; at PP 4 the
+    # first stage holds the dense block and 3 MoE blocks, the others 4 MoE blocks each
     assert list(nbytes) == [4 * 128 * 15, 4 * 128 * 4]
     spec = moe_spec()
     del spec["model"]["moe"]

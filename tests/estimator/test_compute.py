@@ -9,6 +9,8 @@ import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.comm import collective_time
 from scaleplan.estimator.compute import expert_times
+from scaleplan.estimator.context import Lookups
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import ANALYTIC, CLAMPED, INTERPOLATED
@@ -16,7 +18,7 @@ from scaleplan.estimator.tables import ANALYTIC, CLAMPED, INTERPOLATED
 from scaleplan.geometry import ladder_model
 from scaleplan.specs import Layout, parse_spec
 
-from .conftest import frame, grouped_frame, moe_spec
+from .conftest import context, frame, grouped_frame, moe_spec
 
 C = 1e-15  # seconds per (m n k): t = C m n k, a pure power law
 AX = [2.0 ** i for i in range(6, 19)]  # 64 .. 262144 on every axis
@@ -30,10 +32,11 @@ def _gemm_frame(lo=6):
 
 def _experts(est, g, E_loc, tile, etp=1.0, clamp=False):
     E_loc, tile, etp = (np.atleast_1d(np.asarray(x, dtype=float)) for x in (E_loc, tile, etp))
-    rec = Recorder(len(tile), "clamp" if clamp else "error")
-    peak = est.profile.peak("bf16")
-    f, b = expert_times(est.tables.view("bf16"), est.profile, rec, g, E_loc, tile, etp, peak, est.profile.hbm_bandwidth)
-    return f, b, rec
+    P = max(len(E_loc), len(tile), len(etp))
+    ctx = context(est, g, ParallelLayout.of(etp=np.broadcast_to(etp, (P,)), tp=np.broadcast_to(etp, (P,))),
+                  mode="clamp" if clamp else "error", E_loc=E_loc, tile=tile)
+    f, b = expert_times(ctx)
+    return f, b, ctx.rec
 
 
 def test_dense_loop_equals_hand_computed_gemm_sum():
@@ -172,7 +175,7 @@ def test_inter_node_all_to_all_keeps_inter_node_bytes_per_rank():
     rec = Recorder(3, "error")
     n = np.array([16.0, 128.0, 64.0])
     S = np.array([1e8, 1e8, 4e8])
-    t = collective_time(est.tables, est.profile, rec, "ep_a2a", "all_to_all", n, S, True,
+    t = collective_time(Lookups(est.tables, est.profile, rec), "ep_a2a", "all_to_all", n, S, True,
                         per_node=np.array([8.0, 8.0, 4.0]))
     # 64 ranks 4 per node (TP = 2): 60 of 64 peers are remote
     assert np.allclose(t, S * np.array([8 / 16, 120 / 128, 60 / 64]) / BW, rtol=1e-9)

@@ -12,6 +12,7 @@ from scaleplan.estimator.comm import (
     dp_buckets,
     dp_comm_time,
 )
+from scaleplan.estimator.context import Lookups
 from scaleplan.estimator.model_dims import geometry, padded_vocab
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.sources import Recorder
@@ -40,10 +41,11 @@ def _last_buckets() -> float:
         rec = Recorder(1, "compose")
         per = np.atleast_1d(params / nb)
         act = np.atleast_1d(group > 1)
-        rs = collective_time(tb, prof, rec, "dp_comm", "reduce_scatter", np.atleast_1d(group), per * GRAD_BYTES_COMM,
-                             np.atleast_1d(inter), layout, act)
-        ag = collective_time(tb, prof, rec, "dp_comm", "all_gather", np.atleast_1d(group), per * PARAM_BYTES_COMM,
-                             np.atleast_1d(inter), layout, act)
+        lk = Lookups(tb, prof, rec)
+        rs = collective_time(lk, "dp_comm", "reduce_scatter", np.atleast_1d(group), per * GRAD_BYTES_COMM,
+                             np.atleast_1d(inter), layout, active=act)
+        ag = collective_time(lk, "dp_comm", "all_gather", np.atleast_1d(group), per * PARAM_BYTES_COMM,
+                             np.atleast_1d(inter), layout, active=act)
         total += float(rs[0] + ag[0])  # nb buckets each, of which the last one is exposed: nb * t / nb
     return total
 
@@ -73,8 +75,9 @@ def test_pipeline_stages_hold_every_parameter_once(pp, tie):
     spec = parse_spec(moe_spec(model={**moe_spec()["model"], "tie_embeddings": tie}))
     g = geometry(spec.model)
     total = 0.0
-    for present, s in dp_stages(pp):
-        total += sum(float(np.sum(p)) for p, *_ in dp_buckets(g, ParallelLayout.of(pp=pp), 8, s)) if present else 0.0
+    lay = ParallelLayout.of(pp=pp)
+    for present, s in dp_stages(g, lay):
+        total += sum(float(np.sum(p)) for p, *_ in dp_buckets(g, lay, 8, s)) if present else 0.0
     n_mats = (1 if tie else 2) + (1 if tie and pp > 1 else 0)  # embedding, LM head, the head's tied copy
     pad = (padded_vocab(g.vocab) - g.vocab) * g.d  # Megatron's padded rows (params.stage_params), per matrix
     expect = g.n_tot + g.embedding + (g.vocab * g.d if tie and pp > 1 else 0) + n_mats * pad + g.d  # + final norm
@@ -94,8 +97,8 @@ def _group_times(g, est, s: int, ep: int, grad_coll: str):
     for params, group, layout, inter, nb in dp_buckets(g, ParallelLayout.of(pp=2, dp=16, ep=ep), 8, s):
         params, group, inter, nb = (np.ravel(x)[0] for x in (params, group, inter, nb))
         per, grp, it = np.atleast_1d(params / nb), np.atleast_1d(group).astype(float), np.atleast_1d(inter)
-        t = [nb * collective_time(est.tables, est.profile, Recorder(1, "compose"), "dp_comm", coll, grp, per * nbytes,
-                                  it, layout, grp > 1)[0]
+        t = [nb * collective_time(Lookups(est.tables, est.profile, Recorder(1, "compose")), "dp_comm", coll, grp,
+                                  per * nbytes, it, layout, active=grp > 1)[0]
              for coll, nbytes in ((grad_coll, GRAD_BYTES_COMM), ("all_gather", PARAM_BYTES_COMM))]
         out.append((float(t[0]), float(t[1]), float(nb)))
     return out
@@ -104,8 +107,7 @@ def _group_times(g, est, s: int, ep: int, grad_coll: str):
 def _exposed(g, est, ep: int, vpp: int, window: float, optimizer: str) -> float:
     pl = ParallelLayout.from_specs([Layout(pp=2, vpp=vpp, ep=ep, dp=16, mbs=1, ckpt="full")], 32)
     a = lambda x: np.atleast_1d(np.asarray(x, dtype=float))  # noqa: E731
-    return float(dp_comm_time(est.tables, est.profile, Recorder(1, "compose"), g, pl, a(window), a(window),
-                              optimizer)[0])
+    return float(dp_comm_time(est.model.context(g, pl, 8192), a(window), a(window), optimizer)[0])
 
 
 @pytest.mark.parametrize("vpp", [1, 2])

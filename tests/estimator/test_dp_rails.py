@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
+from scaleplan.estimator.context import Lookups
 from scaleplan.estimator.comm import collective_time
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.sources import Recorder
@@ -25,7 +26,7 @@ def test_strided_group_time_between_one_rail_and_whole_nodes(recorded_db):
 
     def t(layout, rails=None):
         rec = Recorder(1, "compose")
-        return float(collective_time(tb, est.profile, rec, "dp_comm", "all_reduce", 32, size, True, layout,
+        return float(collective_time(Lookups(tb, est.profile, rec), "dp_comm", "all_reduce", 32, size, True, layout,
                                      rails=rails)[0])
 
     one, contiguous = t("strided"), t("contiguous")

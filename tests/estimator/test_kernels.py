@@ -1,9 +1,12 @@
-"""estimator/kernels.py (KernelModel.layer_kernels): the EP tile correction: each of the E/EP local experts sees EP*T*B*K/E rows (balanced routing)."""
+"""estimator/kernels.py (layer_kernels): the EP tile correction: each of the E/EP local experts sees EP*T*B*K/E rows (balanced routing)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.kernels import layer_kernels
 from scaleplan.estimator.sources import Recorder
 
 from scaleplan.specs import Layout, parse_spec
@@ -14,8 +17,10 @@ from .conftest import grouped_frame, moe_spec
 def _expert_fwd(est, spec, layouts, n=32):
     g = geometry(spec.model)
     pl = ParallelLayout.from_specs(layouts, n)
-    rec = Recorder(len(pl), "error")
-    k = est.model.layer_kernels(est.tables.view(g.precision), g, pl, spec.data.seqlen, rec)
+    ctx = est.model.context(g, pl, spec.data.seqlen)
+    ctx = replace(ctx, rec=Recorder(len(pl), "error"))
+    rec = ctx.rec
+    k = layer_kernels(ctx)
     return k.ex_f, rec
 
 
@@ -55,14 +60,14 @@ def test_lookup_keys_use_the_corrected_tile(sqlite_url):
 
 
 def test_capacity_factor_sizes_the_routed_rows():
-    from scaleplan.estimator.shapes import rank_shapes
+    from scaleplan.estimator.shapes import plan_shapes
 
     base = moe_spec()
     g1 = geometry(parse_spec(base).model)
     g2 = geometry(parse_spec(moe_spec(model={**base["model"], "moe": {**base["model"]["moe"],
                                                                       "capacity_factor": 1.25}})).model)
     lay = ParallelLayout.of(ep=8, mbs=1)
-    s1, s2 = rank_shapes(g1, lay, 8192), rank_shapes(g2, lay, 8192)
+    s1, s2 = plan_shapes(g1, lay, 8192), plan_shapes(g2, lay, 8192)
     assert float(s1.R[0]) == 8192 * 3 and float(s2.R[0]) == pytest.approx(1.25 * 8192 * 3)
     assert float(s2.tile[0]) == pytest.approx(1.25 * float(s1.tile[0])) and float(s2.a2a_bytes[0]) == pytest.approx(
         1.25 * float(s1.a2a_bytes[0]))

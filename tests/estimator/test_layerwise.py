@@ -7,6 +7,7 @@ import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.analytic import ALPHA_INTER_S
 from scaleplan.estimator.comm import collective_time, dp_buckets
+from scaleplan.estimator.context import Lookups
 from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layerwise import stage_tensors
 from scaleplan.estimator.layout import ParallelLayout
@@ -67,9 +68,9 @@ def _by_hand(ep: int, pp: int, dp: int):
             group, params, nb, inter = _f(group), _f(params), _f(nb), bool(_f(inter))
             if group <= 1:
                 continue
-            ar = collective_time(est.tables.view("bf16"), prof, Recorder(1, "compose"), "dp_comm", "all_reduce",
-                                 np.atleast_1d(group), np.atleast_1d(params / nb * 4.0), np.atleast_1d(inter), layout,
-                                 np.atleast_1d(True))
+            ar = collective_time(Lookups(est.tables.view("bf16"), prof, Recorder(1, "compose")), "dp_comm",
+                                 "all_reduce", np.atleast_1d(group), np.atleast_1d(params / nb * 4.0),
+                                 np.atleast_1d(inter), layout, active=np.atleast_1d(True))
             grads += float(ar[0])  # of nb buckets only the last one stays exposed: nb * t / nb
             bw = prof.scaleout_bandwidth if inter else prof.scaleup_bandwidth
             assert inter, "these layouts leave the node in every DP group"
@@ -130,8 +131,8 @@ def test_latency_bound_broadcasts_on_the_recorded_tables(recorded_db):
 
     def one_norm(n):  # a single 2048-element norm weight: far below the smallest measured message
         rec = Recorder(1, "compose")
-        return float(_broadcast_loop(tb, est.profile, rec, [(np.ones(1), np.full(1, 2048.0))], np.full(1, float(n)),
-                                     np.ones(1, bool), "contiguous", np.ones(1, bool), None)[0])
+        return float(_broadcast_loop(Lookups(tb, est.profile, rec), [(np.ones(1), np.full(1, 2048.0))],
+                                     np.full(1, float(n)), np.ones(1, bool), "contiguous", np.ones(1, bool), None)[0])
 
     assert one_norm(32) == pytest.approx(rows[32], rel=0.02)  # the measured floor, not the analytic 31 hops
     assert one_norm(256) == pytest.approx(one_norm(32) + 224 * hop, rel=1e-9)

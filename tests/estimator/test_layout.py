@@ -27,8 +27,7 @@ def test_derived_degrees():
     lay = ParallelLayout.of(tp=2, cp=2, pp=4, dp=8, ep=4, etp=2, vpp=2, mbs=2)
     assert int(lay.n_devices[0]) == 128
     assert int(lay.edp[0]) == 2 * 2 * 8 // (4 * 2)   # eq:mesh-moe: TP CP DP = EP ETP EDP
-    assert float(lay.n_mb(64)[0]) == 64 / (8 * 2)
-    assert float(lay.layers_per_stage(16)[0]) == 4.0 and int(lay.virtual_stages[0]) == 8
+    assert int(lay.virtual_stages[0]) == 8
 
 
 def test_each_plan_reports_its_first_broken_rule():

@@ -48,7 +48,11 @@ def test_vocabulary_matrices_with_and_without_tied_embeddings():
 
 
 def test_dp_stages_first_first_middle_and_last():
-    (p0, s0), (p1, s1), (p2, s2) = dp_stages(np.array([1, 2, 4]))
-    assert list(p0) == [True, True, True] and list(s0) == [0, 0, 0]
-    assert list(p1) == [False, False, True] and list(s1) == [1, 1, 1]  # a middle stage needs PP > 2
-    assert list(p2) == [False, True, True] and list(s2) == [0, 1, 3]
+    lay = ParallelLayout.of(pp=np.array([1, 2, 4]), dp=np.array([32, 16, 8]))
+    (p0, s0), (p1, s1), (p2, s2) = dp_stages(_g(), lay)
+    assert list(p0) == [True, True, True] and list(s0.index) == [0, 0, 0]
+    assert list(p1) == [False, False, True] and s1.index[2] == 1  # a middle stage needs PP > 2
+    assert list(p2) == [False, True, True] and list(s2.index) == [0, 1, 3]
+    # the blocks each holds (16 blocks, the first dense): the middle stage of PP 4 holds 4 MoE blocks
+    assert list(s0.n_dense) == [1, 1, 1] and list(s0.n_moe) == [15, 7, 3]
+    assert (s1.n_dense[2], s1.n_moe[2]) == (0, 4) and list(s2.n_moe[1:]) == [8, 4]

@@ -2,12 +2,15 @@
 ``permute`` / ``unpermute`` rows where they cover the geometry, else (out of range, or a serial-dispatch
 profile whose host rows already hold that compute) the analytic bytes-at-HBM form, never extrapolated;
 and ``bench plan`` asks for exactly the points the model reads."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.kernels import layer_kernels
 from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED
 
@@ -37,8 +40,10 @@ def _kernels(profile: str, spec_over: dict, lays):
     spec = parse_spec(moe_spec(**spec_over))
     g = geometry(spec.model)
     pl = ParallelLayout.from_specs(lays, 32)
-    rec = Recorder(len(pl), "error")
-    return est.model.layer_kernels(est.tables.view(g.precision), g, pl, spec.data.seqlen, rec), rec, g
+    ctx = est.model.context(g, pl, spec.data.seqlen)
+    ctx = replace(ctx, rec=Recorder(len(pl), "error"))
+    rec = ctx.rec
+    return layer_kernels(ctx), rec, g
 
 
 def test_measured_rows_give_the_permute_and_unpermute_each_way():

@@ -3,15 +3,24 @@ discrete-event 1F1B schedule."""
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
-from scaleplan.estimator.model import (
-    bubble_fraction,
-    pipeline_time,
-    stage_periods,
-)
+from scaleplan.estimator.model import bubble_fraction, pipeline_time
+from scaleplan.estimator.pipeline import Middle, StageWork, Vocab
+from scaleplan.estimator.pipeline import stage_periods as _stage_periods
 
 from scaleplan.specs import Layout, parse_spec
 
 from .conftest import moe_spec
+
+
+def stage_periods(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_last_bwd, t_disp, serial=False,
+                  a2a_first=0.0, a2a_other=0.0, last_bwd_exposed=0.0):
+    """:func:`pipeline.stage_periods` of a pipeline whose stages after the first run the same layers
+    (``t_other_layers``), all at dispatch time ``t_disp``."""
+    pp = np.asarray(pp)
+    other = StageWork(np.asarray(t_other_layers), np.asarray(t_disp), a2a_other)
+    return _stage_periods(pp, StageWork(np.asarray(t_first_layers), np.asarray(t_disp), a2a_first),
+                          Middle(np.maximum(pp - 2, 0), other, other, other), other,
+                          Vocab(t_first, t_last_fwd, t_last_bwd, last_bwd_exposed), serial)
 
 
 def test_bubble_fraction_hand_cases():
@@ -183,9 +192,9 @@ def test_full_recompute_exposes_the_lm_head_backward_at_the_next_dispatcher_sync
 def test_the_model_exposes_the_lm_head_backward_only_under_full_recompute(pp):
     # host-bound 700M MoE plans (host_scale 50): the vocabulary term is n_mb (t_LM fwd + t_LM bwd) under
     # full recompute (the recompute's dispatcher sync), n_mb t_LM fwd without recompute (hidden)
-    from scaleplan.estimator.model_dims import geometry
+    from scaleplan.estimator.kernels import layer_kernels
     from scaleplan.estimator.layout import ParallelLayout
-    from scaleplan.estimator.sources import Recorder
+    from scaleplan.estimator.model_dims import geometry
     from scaleplan.specs import Layout, parse_spec
     from tests.estimator.conftest import moe_spec
 
@@ -195,7 +204,7 @@ def test_the_model_exposes_the_lm_head_backward_only_under_full_recompute(pp):
     for ckpt, with_bwd in (("full", 1.0), ("none", 0.0)):
         lay = Layout(pp=pp, ep=8, dp=32 // pp, mbs=1, ckpt=ckpt)
         pl = ParallelLayout.from_specs([lay], 32)
-        k = est.model.layer_kernels(est.tables.view(g.precision), g, pl, 8192, Recorder(1, "compose"))
+        k = layer_kernels(est.model.context(g, pl, 8192))
         vocab = est.estimate(spec, 32, [lay])[0].breakdown_s["vocab"]
         expect = n_mb * (float(k.t_last_f[0]) + with_bwd * float(k.t_last_b[0]))
         assert vocab == pytest.approx(expect, rel=1e-9), ckpt

@@ -11,8 +11,8 @@ from scaleplan.estimator import analytic as an
 from scaleplan.estimator import memory as mm
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.compute import elementwise_times, sdpa_times
+from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.model_dims import geometry
-from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.table_build import build_tables
 from scaleplan.estimator.tables import Tables
 
@@ -22,7 +22,14 @@ from scaleplan.specs import parse_spec
 
 MODEL = {"n_layers": 4, "hidden_sz": 2048, "inter_sz": 5120, "n_q_heads": 16, "n_kv_heads": 8, "head_dim": 128,
          "vocab_sz": 32000, "moe": {"n_experts": 64, "experts_per_token": 2, "expert_inter_sz": 1024}}
+from .conftest import context
+
 PROFILE = "p6-b200.48xlarge"
+
+
+def _ctx(tb, prof, g, seqlen, n=1, **shapes):
+    """The evaluation context of ``n`` plans at TP 1, micro-batch 1 (shape fields ``shapes`` replaced)."""
+    return context(None, g, ParallelLayout.of(tp=np.ones(n, int)), seqlen, tables=tb, profile=prof, **shapes)
 
 
 def _geom(**over):
@@ -46,18 +53,17 @@ def test_fp32_attention_costs_a_third_of_the_tf32_lane(recorded_tables):
     ratio = prof.peak("bf16") / (prof.peak_flops["tf32"] / 3)   # 3xTF32: three MMAs per product
     assert ratio > 5  # B200: 2.25e15 / (1.1e15 / 3)
     tb = recorded_tables
-    seq, mbs, heads = np.array([4096.0, 8192.0]), np.array([1.0, 1.0]), np.array([16.0, 16.0])
-    rec16, rec32 = Recorder(2, "compose"), Recorder(2, "compose")
-    f16, b16 = sdpa_times(tb, prof, rec16, _geom(), seq, mbs, heads, prof.hbm_bandwidth)
-    f32, b32 = sdpa_times(tb, prof, rec32, _geom(sdpa_precision="fp32"), seq, mbs, heads, prof.hbm_bandwidth)
-    np.testing.assert_allclose(f32, ratio * f16, rtol=1e-12)
-    np.testing.assert_allclose(b32, ratio * b16, rtol=1e-12)
-    assert any("sdpa in fp32" in n for n in rec32.notes) and not rec16.notes
-    # fp16 runs on the bf16 lane; fp8 keeps the bf16 time (no measured fp8 attention: an upper bound)
-    for prec in ("fp16", "fp8"):
-        f, _ = sdpa_times(tb, prof, Recorder(2, "compose"), _geom(sdpa_precision=prec), seq, mbs, heads,
-                          prof.hbm_bandwidth)
-        np.testing.assert_allclose(f, f16, rtol=1e-12)
+    for seq in (4096, 8192):  # one micro-batch of one sequence on 16 query heads
+        c16, c32 = (_ctx(tb, prof, _geom(**over), seq) for over in ({}, {"sdpa_precision": "fp32"}))
+        f16, b16 = sdpa_times(c16)
+        f32, b32 = sdpa_times(c32)
+        np.testing.assert_allclose(f32, ratio * f16, rtol=1e-12)
+        np.testing.assert_allclose(b32, ratio * b16, rtol=1e-12)
+        assert any("sdpa in fp32" in n for n in c32.rec.notes) and not c16.rec.notes
+        # fp16 runs on the bf16 lane; fp8 keeps the bf16 time (no measured fp8 attention: an upper bound)
+        for prec in ("fp16", "fp8"):
+            f, _ = sdpa_times(_ctx(tb, prof, _geom(sdpa_precision=prec), seq))
+            np.testing.assert_allclose(f, f16, rtol=1e-12)
 
 
 def test_measured_rows_of_the_sdpa_dtype_are_used_as_measured(recorded_tables):
@@ -65,11 +71,10 @@ def test_measured_rows_of_the_sdpa_dtype_are_used_as_measured(recorded_tables):
     tb = dataclasses.replace(recorded_tables, sdpa_by_dtype={**recorded_tables.sdpa_by_dtype,
                                                              "fp32": recorded_tables.sdpa_by_dtype["bf16"]})
     prof = load_profile(PROFILE)
-    args = (np.array([8192.0]), np.array([1.0]), np.array([16.0]), prof.hbm_bandwidth)
-    rec = Recorder(1, "compose")
-    f32, _ = sdpa_times(tb, prof, rec, _geom(sdpa_precision="fp32"), *args)
-    f16, _ = sdpa_times(tb, prof, Recorder(1, "compose"), _geom(), *args)
-    assert f32 == pytest.approx(f16) and not rec.notes
+    c32 = _ctx(tb, prof, _geom(sdpa_precision="fp32"), 8192)
+    f32, _ = sdpa_times(c32)
+    f16, _ = sdpa_times(_ctx(tb, prof, _geom(), 8192))
+    assert f32 == pytest.approx(f16) and not c32.rec.notes
 
 
 def test_dropout_adds_the_mask_bytes_to_each_residual_add():
@@ -78,8 +83,9 @@ def test_dropout_adds_the_mask_bytes_to_each_residual_add():
     T = np.array([8192.0, 32768.0])
     hbm = prof.hbm_bandwidth
     g0, g1 = _geom(), _geom(dropout=True)
-    f0, b0 = elementwise_times(tb, Recorder(2, "compose"), g0, T, T, 2048.0, 2, hbm)
-    f1, b1 = elementwise_times(tb, Recorder(2, "compose"), g1, T, T, 2048.0, 2, hbm)
+    # T tokens of which every one is on this rank (T = T_sp), RoPE on 16 heads of 128 (no KV heads), bf16
+    f0, b0 = elementwise_times(_ctx(tb, prof, g0, 8192, n=2, T=T, Tsp=T, q_loc=16, kv_loc=0))
+    f1, b1 = elementwise_times(_ctx(tb, prof, g1, 8192, n=2, T=T, Tsp=T, q_loc=16, kv_loc=0))
     d = g0.d
     np.testing.assert_allclose(f1 - f0, 2 * np.maximum(T * d / hbm, an.KERNEL_FLOOR_S), rtol=1e-12)
     np.testing.assert_allclose(b1 - b0, 2 * np.maximum(5 * T * d / hbm, an.KERNEL_FLOOR_S), rtol=1e-12)

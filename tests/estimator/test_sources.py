@@ -69,13 +69,15 @@ def test_extrapolated_collectives_are_marked_per_plan():
     # not; each plan carries its own mark, whichever plans are evaluated with it
     from scaleplan.estimator import Estimator
     from scaleplan.estimator.comm import collective_time
+    from scaleplan.estimator.context import Lookups
     from tests.estimator.conftest import frame
 
     rows = [dict(collective="all_to_all", group_size=n, layout="contiguous", inter_node=True, size_bytes=s,
                  dtype="bf16", t_s=s / 40e9) for n in (16, 32) for s in (1e6, 1e8)]
     est = Estimator.from_frames("p6-b200.48xlarge", {"collectives": frame(rows)})
     rec = Recorder(3, "compose")
-    collective_time(est.tables, est.profile, rec, "ep_a2a", "all_to_all", np.array([16.0, 64.0, 32.0]), 1e7, True)
+    collective_time(Lookups(est.tables, est.profile, rec), "ep_a2a", "all_to_all", np.array([16.0, 64.0, 32.0]), 1e7,
+                    True)
     assert rec.extrapolated["ep_a2a"].tolist() == [False, True, False]
     # folded from distinct tuples back to plans: plan p takes its tuple's mark
     top = Recorder(4, "compose")

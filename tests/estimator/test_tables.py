@@ -1,9 +1,12 @@
 """Table interpolation inside the range, OutOfRangeError outside, clamp counting, the vocab axis."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
 from scaleplan.estimator.model_dims import geometry, padded_vocab
 from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.kernels import layer_kernels
 from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import GridTable
 
@@ -108,8 +111,9 @@ def test_single_valued_vocab_axis_maps_to_logit_count(vocab, tp, logit_ratio):
     spec = parse_spec(moe_spec(model={**moe_spec()["model"], "vocab_sz": vocab}))
     g = geometry(spec.model)
     pl = ParallelLayout.from_specs([Layout(tp=tp, pp=2, ep=8)], 32)
-    rec = Recorder(1, "error")
-    k = est.model.layer_kernels(est.tables.view(g.precision), g, pl, spec.data.seqlen, rec)
+    ctx = replace(est.model.context(g, pl, spec.data.seqlen), rec=Recorder(1, "error"))
+    rec = ctx.rec
+    k = layer_kernels(ctx)
     expect = 2 * 1e-9 * 8192 * logit_ratio * (2048 + 1000) * 2 / 2  # (gemm + ce) x (fwd + bwd)
     assert float((k.t_last_f + k.t_last_b)[0]) == pytest.approx(expect, rel=1e-9)
     assert not rec.has_oor.any()

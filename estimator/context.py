@@ -1,0 +1,87 @@
+"""What one evaluation reads, passed as one argument: the tables, the profile and the lookup record
+(:class:`Lookups`, all a table lookup needs), and the model, the plans and their shapes
+(:class:`EvalContext`).
+
+Every kernel, collective and stage cost of the time model takes an :class:`EvalContext` instead of a
+mixin's attributes or a long positional list. Costs that depend on fewer fields than the whole plan
+(the kernels on (TP, CP, EP, ETP, B_micro), the DP traffic on the degrees) evaluate each distinct tuple
+once on :meth:`EvalContext.take` of those plans, then hand the times back with :meth:`Recorder.fold`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scaleplan.estimator.layout import ParallelLayout
+from scaleplan.estimator.model_dims import Geometry
+from scaleplan.estimator.shapes import PlanShapes
+from scaleplan.estimator.sources import Recorder
+from scaleplan.estimator.tables import Tables
+
+from scaleplan.profiles import ClusterProfile
+
+
+@dataclass(frozen=True)
+class Lookups:
+    """What a table lookup reads: the tables (the spec precision's :meth:`Tables.view`, or a recording
+    view, :class:`~scaleplan.estimator.lookup_listing.RecordingTables`), the node type (peaks in FLOP/s,
+    HBM bandwidth in B/s, links, GPUs per node) and where each lookup's source, clamps and out-of-range
+    reasons go (``rec``, one element per plan)."""
+
+    tables: Tables
+    profile: ClusterProfile
+    rec: Recorder
+
+    @property
+    def P(self) -> int:
+        """The number of plans (elements of every array)."""
+        return self.rec.P
+
+    @property
+    def hbm(self) -> float:
+        """HBM bandwidth, B/s."""
+        return self.profile.hbm_bandwidth
+
+    @property
+    def gpn(self) -> int:
+        """GPUs of one scale-up (NVLink) domain, where a parallel group is placed (the node, unless the
+        profile's domain is larger: :attr:`ClusterProfile.scaleup_domain`)."""
+        return self.profile.scaleup_domain
+
+    @property
+    def serial(self) -> bool:
+        """The host dispatches on the cores that compute (a CPU profile): nothing overlaps."""
+        return bool(getattr(self.profile, "serial_dispatch", False))
+
+    def with_rec(self, rec: Recorder) -> Lookups:
+        """The same tables and profile recording into ``rec`` (other elements: the caller folds it back)."""
+        return Lookups(self.tables, self.profile, rec)
+
+
+@dataclass(frozen=True)
+class EvalContext(Lookups):
+    """One evaluation's inputs over P plans: the :class:`Lookups` and
+    g: the model (one :class:`Geometry`, or a GeometryBatch with one geometry per plan);
+    lay: the plans; shapes: their per-rank shapes (:func:`~scaleplan.estimator.shapes.plan_shapes`);
+    seqlen: tokens per sequence; kernel_scale: multiplies every device-kernel time (1 unless fitted).
+    """
+
+    g: Geometry
+    lay: ParallelLayout
+    shapes: PlanShapes
+    seqlen: int
+    kernel_scale: float = 1.0
+
+    @property
+    def peak(self) -> float:
+        """Dense tensor-core peak of the model precision, FLOP/s."""
+        return self.profile.peak(self.g.precision)
+
+    def take(self, idx, rec: Recorder | None = None) -> EvalContext:
+        """The plans at ``idx`` with their own record (a new one unless ``rec``): the caller folds it
+        back (:meth:`Recorder.fold`)."""
+        idx = np.asarray(idx)
+        n = int(idx.sum()) if idx.dtype == bool else len(idx)
+        return EvalContext(self.tables, self.profile, rec if rec is not None else Recorder(n, self.rec.mode),
+                           self.g.take(idx), self.lay.take(idx), self.shapes.take(idx), self.seqlen,
+                           self.kernel_scale)

@@ -1,0 +1,101 @@
+"""The work of each pipeline stage per micro-batch: one layer's totals (forward, backward, what the
+checkpoint mode recomputes, the framework kernels), then each stage's GPU time, exposed EP all-to-all and
+host dispatch from the blocks the shapes record counts on it (:class:`~scaleplan.estimator.shapes.StageCounts`),
+and the stage whose layers pace the step. Seconds per micro-batch, arrays over plans."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scaleplan.estimator.ckpt import CkptMode, recomputes_block
+from scaleplan.estimator.context import EvalContext
+from scaleplan.estimator.dispatch import DispatchLaw, dispatch_time
+from scaleplan.estimator.kernels import LayerKernels
+from scaleplan.estimator.pipeline import Middle, StageWork
+from scaleplan.estimator.shapes import StageCounts
+
+
+@dataclass(frozen=True)
+class LayerTotals:
+    """One block's seconds per micro-batch (arrays over plans): forward, backward, recompute and framework
+    kernels together (``moe``, ``dense``), their forward and backward parts, and the all-to-all wire time
+    the shared expert leaves exposed per MoE block (``a2a_x``)."""
+
+    common_f: np.ndarray  # attention, SDPA, element-wise, TP and CP comm, forward
+    common_b: np.ndarray  # the same, backward
+    dense_f: np.ndarray   # a dense block, forward
+    dense_b: np.ndarray   # a dense block, backward
+    moe: np.ndarray       # an MoE block in all (zeros for a dense model)
+    dense: np.ndarray     # a dense block in all
+    a2a_x: np.ndarray     # exposed all-to-all per MoE block (fwd, recompute, bwd)
+    fw: np.ndarray        # the framework kernels of one block (fwd + bwd + recompute)
+
+
+def layer_totals(k: LayerKernels, ckc: np.ndarray, fw: np.ndarray, is_moe: bool) -> LayerTotals:
+    """:class:`LayerTotals` from the kernels ``k``, the checkpoint mode codes ``ckc`` and one block's
+    framework kernels ``fw``; the shared expert runs under the routed all-to-all (the max of the two)."""
+    common_f = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f
+    common_b = k.attn_b + k.sd_b + k.ew_b + k.tp_b + k.cp_b
+    moe_lf = common_f + k.moe_f + np.maximum(k.sh_f, k.a2a_f)
+    moe_lb = common_b + k.moe_b + np.maximum(k.sh_b, k.a2a_b)
+    den_lf, den_lb = common_f + k.dense_f, common_b + k.dense_b
+    FULL, SUPER, SEL = CkptMode.FULL, CkptMode.SUPER_SELECTIVE, CkptMode.SELECTIVE
+    rc_moe = np.select([ckc == FULL, ckc == SUPER, ckc == SEL],
+                       [moe_lf, k.sd_f + k.ew_f + (k.perm if is_moe else 0.0), k.sd_f], 0.0)
+    rc_den = np.select([ckc == FULL, ckc == SUPER, ckc == SEL], [den_lf, k.sd_f + k.ew_f, k.sd_f], 0.0)
+    rc1 = recomputes_block(ckc)
+    a2a_x = (np.maximum(k.sh_f, k.a2a_f) - k.sh_f) * (1 + rc1) + np.maximum(k.sh_b, k.a2a_b) - k.sh_b
+    moe = moe_lf + moe_lb + rc_moe + fw if is_moe else np.zeros(np.shape(den_lf))
+    return LayerTotals(common_f, common_b, den_lf, den_lb, moe, den_lf + den_lb + rc_den + fw,
+                       a2a_x if is_moe else np.zeros(np.shape(den_lf)), fw)
+
+
+def stage_gpu(lt: LayerTotals, st: StageCounts, is_moe: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(its layers' GPU seconds with the exposed all-to-all, that all-to-all) of stage ``st``."""
+    if not is_moe:
+        return st.n_layers * lt.dense, np.zeros(np.shape(lt.dense))
+    return st.n_dense * lt.dense + st.n_moe * lt.moe, st.n_moe * lt.a2a_x
+
+
+@dataclass(frozen=True)
+class PipelineWork:
+    """Each stage's work per micro-batch (:class:`~scaleplan.estimator.pipeline.StageWork`) and the stage
+    with the most layer work: its blocks and MoE blocks and their GPU seconds (``t_cmp``)."""
+
+    first: StageWork
+    middle: Middle
+    last: StageWork
+    slowest_layers: np.ndarray  # blocks on the stage with the most layer work
+    slowest_moe: np.ndarray     # its MoE blocks
+    t_cmp: np.ndarray
+
+
+def stage_dispatch(ctx: EvalContext, law: DispatchLaw, st: StageCounts) -> np.ndarray:
+    """The host's seconds to launch one micro-batch of stage ``st`` by the kernel-count law
+    (:func:`~scaleplan.estimator.dispatch.dispatch_time`); the EP host term charged per MoE block on the
+    stage in proportion to the model's MoE share."""
+    g, lay = ctx.g, ctx.lay
+    n_moe = st.n_layers * (g.n_moe / g.L) if g.is_moe else 0.0
+    return dispatch_time(law, st.n_layers, ctx.shapes.E_loc if g.is_moe else 0.0, lay.ckpt, n_moe, lay.ep)
+
+
+def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]) -> PipelineWork:
+    """Every stage's :class:`StageWork` from the shapes' stage counts, ``disp`` their host seconds per
+    micro-batch by stage name (first, middle_lo, middle_hi, middle, last), and the slowest stage."""
+    sh, moe = ctx.shapes, ctx.g.is_moe
+
+    def work(name: str) -> tuple[StageWork, np.ndarray]:
+        t, a2a = stage_gpu(lt, getattr(sh, name), moe)
+        return StageWork(t - a2a, disp[name], a2a), t
+
+    (first, t0), (last, tl), (lo, tlo), (hi, thi), (mean, _) = (
+        work(n) for n in ("first", "last", "middle_lo", "middle_hi", "middle"))
+    pp, has_mid = ctx.lay.pp, sh.n_middle > 0
+    # the pacing stage by layer work, the first of equals in this order
+    cands = [(t0, sh.first), (np.where(pp > 1, tl, 0.0), sh.last), (np.where(has_mid, thi, 0.0), sh.middle_hi),
+             (np.where(has_mid, tlo, 0.0), sh.middle_lo)]
+    times = np.stack([t for t, _ in cands])
+    pick = np.argmax(times, axis=0)
+    n_layers, n_moe = (np.choose(pick, [np.broadcast_to(getattr(c, f), pick.shape) for _, c in cands])
+                       for f in ("n_layers", "n_moe"))
+    return PipelineWork(first, Middle(sh.n_middle, lo, hi, mean), last, n_layers, n_moe, times.max(axis=0))
