@@ -175,15 +175,19 @@ class ParallelLayout:
             out[~ok & (out == 0)] = i + 1
         return out
 
-    def first_violation(self, ctx: LayoutContext) -> Violation | None:
+    def first_violation(self, ctx: LayoutContext, prefer: tuple[str, ...] = ()) -> Violation | None:
         """The first rule the first invalid plan breaks (:class:`Violation`: the plan's index, the rule,
-        and the parts of its one-line error); None when every plan is valid."""
+        and the parts of its one-line error), or the first of the rules named in ``prefer`` that it breaks
+        (a caller whose error for one rule says more); None when every plan is valid."""
         why = self.reasons(ctx)
         bad = np.nonzero(why != None)[0]  # noqa: E711  (object array)
         if not len(bad):
             return None
         i = int(bad[0])
-        row, r = self.row(i), next(r for r in RULES if r.name == why[i])
+        one = self.take([i])
+        r = next((r for name in prefer for r in RULES if r.name == name and not np.all(r.check(one, ctx))),
+                 next(r for r in RULES if r.name == why[i]))
+        row = self.row(i)
         mesh = "{tp}*{cp}*{pp}*{dp}".format(**row)
         facts = dict(row, n_devices=ctx.n_devices, gbs=ctx.gbs, seqlen=ctx.seqlen, n_experts=ctx.g.E, n_layers=ctx.g.L,
                      n_q_heads=ctx.g.nq, n_kv_heads=ctx.g.nkv, expert_inter_sz=ctx.g.dexp)

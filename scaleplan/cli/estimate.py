@@ -197,7 +197,9 @@ def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bo
             lo = lo.model_copy(update={"dp": None})
         los.append(lo)
     plans = ParallelLayout.from_specs(los, n)
-    v = plans.first_violation(LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen))
+    # the mesh first, then a batch no dp divides: its hint names a layout that passes every rule
+    v = plans.first_violation(LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen),
+                              prefer=("mesh_not_dividing_devices", "gbs_not_divisible"))
     if v is not None:
         text, lo = (texts or [None])[v.plan], los[v.plan]
         mesh = lo.tp * lo.cp * lo.pp
