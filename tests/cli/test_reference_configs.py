@@ -47,11 +47,11 @@ def test_reference_config_estimates_unchanged(recorded_dir, recorded_db, run, na
 
 def test_a_batch_no_layout_of_the_spec_divides_names_one_that_does(recorded_dir, recorded_db, run):
     """5p3b_p6_actual.yaml: gbs 96 on 512 devices with the all-ones layout (dp 512). The error names data.gbs and
-    the smallest tp*cp*pp whose dp divides 96 (16: dp 32); that layout then estimates."""
+    a --layout whose dp divides 96 (pp=16: dp 32), checked against every layout rule; that layout then estimates."""
     path = recorded_dir / "configs" / "5p3b_p6_actual.yaml"
     code, _, err = run("estimate", path, "--db", recorded_db)
     assert code == 2 and len(err.strip().splitlines()) == 1
-    assert err.startswith("error: data.gbs: got 96;") and "tp*cp*pp = 16 (dp 32)" in err
+    assert err.startswith("error: data.gbs: got 96;") and "--layout pp=16 fits" in err
     code, out, err = run("estimate", path, "--db", recorded_db, "--layout", "pp=16,ep=8", "--json")
     assert code == 0, err
     assert json.loads(out)[0]["layout"]["dp"] == 32
