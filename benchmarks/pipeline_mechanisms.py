@@ -44,24 +44,25 @@ PROFILE = "p6-b200.48xlarge"
 LINEAR = {"ep_skew": (50.0, 500.0), "slot": (50.0, 500.0), "exchange": (20.0, 200.0), "a2a_hidden": (0.5, 1.0)}
 
 
-def _classic(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_last_bwd, t_disp, serial=False,
-             a2a_first=0.0, a2a_other=0.0, last_bwd_exposed=0.0):
-    """The model's stage periods with the fill and drain at the other stages' own periods (module docstring)."""
-    st = _ORIGINAL(pp, t_first_layers, t_other_layers, t_first, t_last_fwd, t_last_bwd, t_disp, serial,
-                   a2a_first, a2a_other, last_bwd_exposed)
-    pp = np.asarray(pp)
+def _classic(pp, first, middle, last, vocab, serial=False):
+    """The model's stage periods with the fill and drain at the other stages' own periods (module docstring):
+    the first stage's, the middle ones' summed and the last one's, less the pacing period."""
+    st = _ORIGINAL(pp, first, middle, last, vocab, serial)
+    pp, v = np.asarray(pp), vocab
+    f_gpu = first.gpu + v.t_first
+    d0, l0 = first.period(serial), last.period(serial)
     if serial:
-        first = t_first_layers + t_first + t_disp + a2a_first
-        mid = t_other_layers + t_disp + a2a_other
-        last = mid + t_last_fwd + t_last_bwd
-        d0 = t_first_layers + t_disp + a2a_first
+        first_p = f_gpu + first.disp + first.a2a
+        last_p = l0 + v.t_last_fwd + v.t_last_bwd
     else:
-        first = np.maximum(t_first_layers + t_first, t_disp) + a2a_first
-        mid = np.maximum(t_other_layers, t_disp) + a2a_other
-        last = np.maximum(t_other_layers + t_last_bwd, t_disp) + a2a_other + t_last_fwd + last_bwd_exposed
-        d0 = np.maximum(t_first_layers, t_disp) + a2a_first
-    ramp = np.where(pp > 1, first + (pp - 2) * mid + last - st.period, 0.0)
-    ramp_disp = np.where(pp > 1, d0 + (pp - 1) * mid - st.period_disp, 0.0)
+        first_p = np.maximum(f_gpu, first.disp) + first.a2a
+        last_p = (np.maximum(last.gpu + v.t_last_bwd, last.disp) + last.a2a + v.t_last_fwd
+                  + v.last_bwd_exposed)
+    mid_p = middle.mean.period(serial)
+    mid_sum = np.where(np.asarray(middle.n) > 0, middle.n * mid_p, 0.0)
+    ramp = np.where(pp > 1, first_p + mid_sum + last_p - st.period, 0.0)
+    after = np.where(mid_p == l0, (pp - 1) * l0, mid_sum + l0)
+    ramp_disp = np.where(pp > 1, d0 + after - st.period_disp, 0.0)
     return pipeline.StagePeriods(st.period, st.period_disp, ramp, ramp_disp)
 
 
