@@ -70,7 +70,8 @@ def main() -> None:
             for name, (spec, n, lays, real) in sw.items():
                 train = [o for o in sw if o != name]
                 tp = t_pred_of(a.db, [sw[o][:3] for o in train], np.concatenate([cnt[o] for o in train]))
-                fit = fit_joint(tp, np.concatenate([sw[o][3] for o in train]), terms=terms)
+                labels = np.repeat(train, [len(sw[o][3]) for o in train])  # each run weighed by its sweep
+                fit = fit_joint(tp, np.concatenate([sw[o][3] for o in train]), labels, terms=terms)
                 own = t_pred_of(a.db, [(spec, n, lays)], cnt[name])
                 ins = fit_joint(own, real, terms=terms)
                 print(f"   {label:<12}{name:<13} LOSO {_metrics(own(fit.params), real)}  in-sample "
