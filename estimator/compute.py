@@ -9,7 +9,7 @@ from scaleplan.estimator import analytic as an
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.context import EvalContext
 from scaleplan.estimator.shapes import StageCounts
-from scaleplan.estimator.tables import ANALYTIC, INTERPOLATED, MEASURED, LookupResult
+from scaleplan.estimator.tables import ANALYTIC, COMPOSED, INTERPOLATED, MEASURED, LookupResult
 
 
 def gemm_times(ctx: EvalContext, comp: str, m, n, k, active=True) -> tuple[np.ndarray, np.ndarray]:
@@ -128,13 +128,60 @@ def sdpa_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
         base = next((d for d in ("bf16", "fp16") if d in tb.sdpa_by_dtype), None)
         if base is None:
             rec.mark("sdpa", ANALYTIC)
-            f = an.sdpa_fwd_time(seqlen, mbs, heads, g.hd, an.sdpa_peak(prof, prec), hbm)
+            f = an.sdpa_fwd_time(seqlen, mbs, heads, g.v_dim, an.sdpa_peak(prof, prec), hbm) * _sdpa_variants(ctx)
             return f, an.SDPA_BWD_OVER_FWD * f
         tabs, ratio = tb.sdpa_by_dtype[base], an.sdpa_lane_ratio(prof, prec)
         rec.mark("sdpa", ANALYTIC)
         rec.note(f"sdpa in {prec}: the {base} SDPA table x {ratio:.3g} (no measured {prec} rows)")
-    return (ratio * rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.hd)),
-            ratio * rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.hd)))
+    f = rec.use("sdpa", tabs["fwd"].lookup(seqlen, mbs, heads, g.v_dim))
+    b = rec.use("sdpa", tabs["bwd"].lookup(seqlen, mbs, heads, g.v_dim))
+    return ratio * f * _sdpa_variants(ctx), ratio * b * _sdpa_variants(ctx)
+
+
+# FlashAttention-2/3 and cuDNN's fused attention work on 128 x 128 tiles of (queries, keys)
+SDPA_TILE = 128
+
+
+def window_fraction(seqlen, window, tile: int = SDPA_TILE):
+    """The share of causal attention's work a sliding window of ``window`` tokens keeps on a sequence of
+    ``seqlen`` tokens, counted in the kernel's tiles: causal attention runs n (n + 1) / 2 of the n x n
+    (query, key) tiles (n = seqlen / tile); a query tile whose queries see their own token and the
+    ``window`` before it touches at most ceil(window / tile) + 1 key tiles (the diagonal one and those the
+    window reaches). Arrays broadcast; 1 where the window covers the sequence."""
+    n = np.ceil(np.asarray(seqlen, dtype=float) / tile)
+    k = np.ceil(np.asarray(window, dtype=float) / tile) + 1.0  # key tiles one query tile touches
+    causal = n * (n + 1.0) / 2.0
+    kept = np.where(n <= k, causal, k * (k + 1.0) / 2.0 + (n - k) * k)  # the first k tiles ramp up
+    return np.where(np.asarray(window) > 0, kept / causal, 1.0)
+
+
+def _sdpa_variants(ctx: EvalContext):
+    """The SDPA table's causal full attention of head_dim-wide heads, composed for (labelled, noted):
+
+    * heads whose queries/keys and values differ in width (MLA: q/k ``head_dim``, values ``v_dim``):
+      the table at the value width times (head_dim + v_dim) / (2 v_dim): QK^T takes head_dim and PV
+      v_dim multiply-adds per (query, key) pair, the same FLOPs as symmetric heads of the mean width;
+    * sliding-window attention on a share of the blocks: those blocks' time times
+      :func:`window_fraction` (the tiles a window touches, out of the causal ones), averaged over blocks.
+    """
+    g, rec = ctx.g, ctx.rec
+    hd, hv = np.asarray(g.hd, dtype=float), np.asarray(g.v_dim, dtype=float)
+    scale = (hd + hv) / (2.0 * hv)
+    wide = scale != 1.0
+    if np.any(wide):
+        rec.mark("sdpa", np.where(wide, COMPOSED, 0))
+        rec.note(f"sdpa: q/k heads {int(np.max(hd))} wide, values {int(np.max(hv))}: the {int(np.max(hv))}-wide "
+                 "SDPA table x (q/k width + v width) / (2 v width), the FLOPs of QK^T and PV", wide)
+    share = np.asarray(g.window_share, dtype=float)
+    slide = share > 0
+    if np.any(slide):
+        frac = window_fraction(ctx.seqlen, g.window)
+        scale = scale * (1.0 - share + share * frac)
+        rec.mark("sdpa", np.where(slide, COMPOSED, 0))
+        rec.note(f"sdpa: sliding window of {int(np.max(g.window))} tokens on {100 * float(np.max(share)):.0f}% of "
+                 f"the blocks: the causal SDPA table x the {SDPA_TILE} x {SDPA_TILE} tiles the window touches "
+                 "out of the causal ones (compute.window_fraction)", slide)
+    return scale
 
 
 def _grouped_envelope(ctx: EvalContext, sel: np.ndarray) -> None:
@@ -243,7 +290,8 @@ def elementwise_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     1-byte mask written forward and applied backward."""
     tb, rec, g, sh, hbm = ctx.tables, ctx.rec, ctx.g, ctx.shapes, ctx.hbm
     T, Tsp, b_el = sh.T, sh.Tsp, sh.b_el
-    rope_width = (sh.q_loc + sh.kv_loc) * g.hd
+    # RoPE on q/k; MLA rotates only each query head's rotary part and the one shared rotary key
+    rope_width = np.where(np.asarray(g.kv_rank) > 0, (sh.q_loc + 1.0) * g.rope_dim, (sh.q_loc + sh.kv_loc) * g.hd)
     f = np.zeros(np.shape(T))
     b = np.zeros(np.shape(T))
     for op, sp, n, passes in _EW_OPS:

@@ -131,13 +131,23 @@ def _dense_kernels(ctx: EvalContext, post: Recorder) -> dict[str, np.ndarray]:
     act_dense = an.memory_time(b_el * T * g.dff / tp * 3, ctx.hbm)
     k["dense_f"], k["dense_b"] = dm_f1 + dm_f2 + act_dense, dm_b1 + dm_b2 + 2 * act_dense
 
-    # TP (sequence parallel): 2 all-gathers + 2 reduce-scatters of the full [T, d] per pass
+    # TP (sequence parallel): 2 all-gathers + 2 reduce-scatters of the full [T, d] per pass; MLA gathers its
+    # latents (q_lora_rank, kv_lora_rank and the rotary key; d without a query latent) instead of [T, d]
     late = replace(ctx, rec=post)
     tp_inter = lay.spans_nodes("tp", ctx.gpn)
+    gathered = g.d
+    if g.is_mla:
+        gathered = np.where(np.asarray(g.q_rank) > 0, g.q_rank, g.d) + g.kv_rank + g.rope_dim
     tp_one = collective_time(late, "tp_comm", "all_gather", tp, T * g.d * b_el, tp_inter) + \
         collective_time(late, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
-    k["tp_f"] = k["tp_b"] = 2 * tp_one
+    tp_attn = collective_time(late, "tp_comm", "all_gather", tp, T * gathered * b_el, tp_inter) + \
+        collective_time(late, "tp_comm", "reduce_scatter", tp, T * g.d * b_el, tp_inter)
+    k["tp_f"] = k["tp_b"] = tp_one + tp_attn
     k["t_first"], k["t_last_f"], k["t_last_b"] = vocab_times(late)
+    if np.any(np.asarray(g.mtp) > 0):  # each MTP layer: its 2d -> d projection, then the LM head and loss again
+        eh_f, eh_b = gemm_times(late, "vocab", T, g.d, 2 * g.d)
+        k["t_last_f"] = k["t_last_f"] + g.mtp * (k["t_last_f"] + eh_f)
+        k["t_last_b"] = k["t_last_b"] + g.mtp * (k["t_last_b"] + eh_b)
     k = _scaled(ctx.kernel_scale, k)
 
     # CP: all-gather K,V forward; all-gather + reduce-scatter of dK,dV backward
@@ -156,8 +166,10 @@ def _attention_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
     """The attention block's projections, SDPA and element-wise work, forward and backward
     (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b; seconds per layer and micro-batch)."""
     g, sh = ctx.g, ctx.shapes
-    # attention projections (gate folded into the QKV GEMM: same input, n_q extra columns)
-    f_qkv, b_qkv = gemm_times(ctx, "attn_proj", sh.T, sh.n_qkv, g.d)
+    if g.is_mla:
+        f_qkv, b_qkv = _mla_projections(ctx)
+    else:  # attention projections (gate folded into the QKV GEMM: same input, n_q extra columns)
+        f_qkv, b_qkv = gemm_times(ctx, "attn_proj", sh.T, sh.n_qkv, g.d)
     f_o, b_o = gemm_times(ctx, "attn_proj", sh.T, g.d, sh.n_attn_out)
     attn_f, attn_b = f_qkv + f_o, b_qkv + b_o
 
@@ -166,12 +178,52 @@ def _attention_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
     sd_f, sd_b = sdpa_times(ctx)
     sd_f, sd_b = sd_f / cp, sd_b / cp
 
-    # element-wise: 2 norms, 2 residual adds, RoPE on q/k, gate sigmoid*mul
+    # element-wise: 2 norms, 2 residual adds, RoPE on q/k, gate sigmoid*mul; q/k norms, bias gradients
     ew_f, ew_b = elementwise_times(ctx)
     if g.has_gate:  # the head gate has no table: bytes through HBM
         gate = an.memory_time(sh.b_el * sh.T * g.nq * g.hd / ctx.lay.tp.astype(float) * 3, ctx.hbm)
         ew_f, ew_b = ew_f + gate, ew_b + 2 * gate
-    return {"attn_f": attn_f, "attn_b": attn_b, "sd_f": sd_f, "sd_b": sd_b, "ew_f": ew_f, "ew_b": ew_b}
+    sf, sb = _small_kernels(ctx)
+    return {"attn_f": attn_f, "attn_b": attn_b, "sd_f": sd_f, "sd_b": sd_b, "ew_f": ew_f + sf, "ew_b": ew_b + sb}
+
+
+def _mla_projections(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-latent attention's input projections per layer and micro-batch, as Megatron-Core's MLASelfAttention
+    runs them under TP with sequence parallelism: the down-projections d -> q_lora_rank and d -> kv_lora_rank +
+    rope are duplicated on every TP rank (TELinear parallel_mode 'duplicated') over the rank's sequence shard
+    T/TP; the up-projections are column-parallel over the all-gathered T tokens, q_lora_rank -> n_q/TP head_dim
+    and kv_lora_rank -> n_q/TP (head_dim - rope + v_dim); without a query latent, d -> n_q/TP head_dim directly.
+    (forward, backward) seconds; the output projection is the caller's."""
+    g, sh = ctx.g, ctx.shapes
+    q_lat = np.asarray(g.q_rank) > 0
+    f1, b1 = gemm_times(ctx, "attn_proj", sh.Tsp, g.q_rank, g.d, active=q_lat)
+    f2, b2 = gemm_times(ctx, "attn_proj", sh.T, sh.mla_q_out, g.q_rank, active=q_lat)
+    f3, b3 = gemm_times(ctx, "attn_proj", sh.T, sh.mla_q_out, g.d, active=~q_lat)
+    f4, b4 = gemm_times(ctx, "attn_proj", sh.Tsp, g.kv_rank + g.rope_dim, g.d)
+    f5, b5 = gemm_times(ctx, "attn_proj", sh.T, sh.mla_kv_out, g.kv_rank)
+    return f1 + f2 + f3 + f4 + f5, b1 + b2 + b3 + b4 + b5
+
+
+def _small_kernels(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
+    """The model features' small kernels per layer and micro-batch (bytes through HBM, read and write; backward
+    twice the forward; labelled analytic): the q/k RMSNorms (``g.qk_norm`` elements per token: per-head norms over
+    the rank's heads, or MLA's two latent norms on the sequence shard) and, with linear biases, their gradient
+    reductions (one read of each biased output's gradient; the forward adds are fused into the GEMM epilogue and
+    the bias-dropout-add, as Megatron-Core and Transformer Engine run them). Attention sinks add one column to the
+    softmax: no time. Zero for the paper's architecture."""
+    g, sh, P = ctx.g, ctx.shapes, ctx.P
+    f, b = np.zeros(P), np.zeros(P)
+    tp = ctx.lay.tp.astype(float)
+    if np.any(np.asarray(g.qk_norm) > 0):
+        ctx.rec.mark("elementwise", ANALYTIC)
+        rows_width = sh.Tsp * g.qk_norm if g.is_mla else sh.T * g.qk_norm / tp
+        norm = an.memory_time(2.0 * sh.b_el * rows_width, ctx.hbm)
+        f, b = f + norm, b + 2 * norm
+    if g.bias != "none":
+        ctx.rec.mark("elementwise", ANALYTIC)
+        cols = sh.n_qkv + (g.d + 2 * g.dff / tp + g.d if g.bias == "all" else 0.0)  # QKV; O, the dense MLP
+        b = b + an.memory_time(sh.b_el * sh.T * cols, ctx.hbm)
+    return f, b
 
 
 def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:

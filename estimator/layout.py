@@ -322,6 +322,13 @@ def _etp(lo, c):
     return (lo.tp % lo.etp == 0) & (c.g.dexp % lo.etp == 0)
 
 
+# Megatron-Core builds an MoE layer with biases only at ETP 1 (TransformerConfig: "Bias in Moe is only supported
+# when ETP==1"): GPT-OSS's experts carry biases
+@rule("moe_bias_needs_etp_1", "etp", "1 for an MoE model with biases on every linear (model.linear_bias: all)")
+def _moe_bias(lo, c):
+    return (lo.etp == 1) | (c.g.bias != "all") | (not c.g.is_moe)
+
+
 # Megatron's load-balanced causal CP cuts the sequence into 2 CP chunks
 @rule("cp_not_dividing_seq", "cp", "2*cp must divide seqlen={seqlen}", geometric=False)
 def _cp(lo, c):

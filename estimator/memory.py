@@ -135,12 +135,32 @@ def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, r
         # mask each; attention dropout inside the flash kernel keeps only its RNG state
         "dropout_masks": (2.0 * T * h if g.dropout else 0.0, ""),
     }
+    if g.is_mla:
+        t.update(_mla_terms(T, g, a))
     if not is_moe:
         t.update(fc1_out=(a * T * w * g.dff, ""), act_out=(a * T * g.dff if g.glu else 0.0, "fine"),
                  fc2_in=(a * T * g.dff, ""))
         return {k: (v / tp, f) for k, (v, f) in t.items()}
     t.update(_moe_terms(T, b, g, tp, etp, a, mcore))
     return {k: (v / tp, f_) for k, (v, f_) in t.items()}
+
+
+def _mla_terms(T, g: Geometry, a: float) -> dict:
+    """Multi-latent attention's saved tensors in place of GQA's (bytes before the / tp; Megatron-Core's
+    MLASelfAttention with its fused MLA RoPE kernels, transformer/multi_latent_attention.py): the duplicated
+    down-projections save their input, the first norm's output (``qkv_in``, as GQA's); each latent norm saves
+    its input and each up-projection its normed input (the sequence shards it all-gathers: q_lora_rank and
+    kv_lora_rank wide; without a query latent the query projection reads ``qkv_in``); the fused RoPE kernels
+    write new contiguous query and key ([T, heads, head_dim]) and value ([T, heads, v_dim]) tensors, which the
+    fused attention saves with its output ([T, heads, v_dim], the output projection's input is a view of it)
+    and fp32 softmax statistics. No fused QKV buffer, no separate RoPE'd copies."""
+    hv, nq = g.v_dim, g.nq
+    latents = 2 * (g.q_rank + g.kv_rank)
+    return {"qkv_out": (0.0, ""), "qk_rope": (0.0, ""), "sdpa_in": (0.0, ""),
+            "mla_latents": (a * T * latents, ""),
+            "mla_latent_norm_stats": ((2.0 if g.q_rank else 1.0) * 8.0 * T, "fine"),
+            "mla_qkv": (a * T * nq * (2 * g.hd + hv), ""),
+            "sdpa_out": (a * T * nq * hv, ""), "sdpa_lse": (4.0 * T * nq, "core"), "out_proj_in": (0.0, "")}
 
 
 def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dict:
@@ -208,8 +228,11 @@ def outside_blocks_saved_bytes(s, b, g: Geometry, tp, a: float, first: bool, las
     T = s * b
     V_loc = vocab_shard(g.vocab, tp)
     head = a * T * g.d * 2 / tp + 8.0 * T / tp + 4.0 * T * V_loc + 8.0 * T
+    # each MTP layer (last stage) runs the final norm, LM head and loss again, and saves the inputs of its two
+    # input norms (the embedding of the shifted tokens, the hidden states) and of its 2d -> d projection
+    mtp = g.mtp * (head + a * T * 4 * g.d / tp + 2 * 8.0 * T / tp)
     emb = 8.0 * T + a * s * g.hd  # cos and sin tables, S x hd/2 each
-    return np.where(first, emb, 0.0) + np.where(last, head, 0.0)
+    return np.where(first, emb, 0.0) + np.where(last, head + mtp, 0.0)
 
 
 @dataclass(frozen=True)
@@ -298,7 +321,7 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
 
     act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe)
     inflight = np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
-    logits = 4.0 * s * mbs * sh.V_loc  # fp32 logits forward, their gradient backward
+    logits = 4.0 * s * mbs * sh.V_loc * (1 + g.mtp)  # fp32 logits forward, their gradient backward (each MTP head)
     out = {}
     for name, (st, terms) in _end_stages(g, pl, pb, state, sharded).items():
         # the first stage keeps min(PP, n_mb) micro-batches in flight, the last one

@@ -9,11 +9,12 @@ from dataclasses import MISSING, dataclass, fields
 
 import numpy as np
 from scaleplan.geometry import (
-    attention_params,
+    block_params,
     gate_columns,
+    is_moe_block,
     moe_layer_count,
     spec_param_counts,
-    swiglu_params,
+    window_layer_count,
 )
 from scaleplan.specs import ModelBlock
 
@@ -66,10 +67,33 @@ class Geometry:
     dropout: bool = False         # hidden dropout after attention and MLP, attention dropout in SDPA
     first_dense: int = -1         # dense blocks before the first MoE block (-1: the n_dense first blocks)
     moe_every: int = 1            # after them every moe_every-th block is an MoE block (--moe-layer-freq)
+    # today's models (spec model.mla, sliding_window, mtp_layers, qk_norm, attention_sinks, linear_bias)
+    hv: int = 0                   # value head width (0: head_dim; MLA's v_head_dim)
+    kv_rank: int = 0              # MLA's key/value latent rank (0: GQA attention)
+    q_rank: int = 0               # MLA's query latent rank (0: none, queries projected from d directly)
+    rope_dim: int = 0             # MLA's rotary part of each q/k head (the rest carries no position)
+    qk_norm: int = 0              # elements per token the q/k norms normalise (0: none)
+    window: int = 0               # sliding window W (tokens before each query; 0: full attention everywhere)
+    window_share: float = 0.0     # the share of the blocks that slide (model.sliding_window's pattern)
+    mtp: int = 0                  # multi-token prediction layers (on the last pipeline stage)
+    mtp_moe: bool = False         # an MTP layer's block is an MoE block (the last block's kind)
+    mtp_extra_params: float = 0.0  # per MTP layer beyond its block: 2 norms, the 2d x d projection, a norm
+    bias: str = "none"            # linear biases: none, qkv, all (their gradient reductions are costed)
+    sinks: bool = False           # a learned softmax logit per head (no time: one more column of the softmax)
 
     @property
     def is_moe(self) -> bool:
         return self.n_moe > 0
+
+    @property
+    def v_dim(self):
+        """Width of a value head (and of the output projection's input per head): head_dim except MLA's."""
+        return np.where(np.asarray(self.hv) > 0, self.hv, self.hd)
+
+    @property
+    def is_mla(self) -> bool:
+        """Any plan's model has multi-latent attention (its attention GEMMs are MLA's)."""
+        return bool(np.any(np.asarray(self.kv_rank) > 0))
 
     @property
     def has_gate(self) -> bool:
@@ -115,39 +139,50 @@ class Geometry:
         return self.n_act + self.embedding - router - gate
 
 
+def _features(m: ModelBlock) -> dict:
+    """The Geometry fields of the model features beyond the paper's architecture (spec model.mla, ...)."""
+    a, w = m.mla, m.sliding_window
+    qk = 0
+    if m.qk_norm:
+        qk = ((a.q_lora_rank or 0) + a.kv_lora_rank) if a is not None else (m.n_q_heads + m.n_kv_heads) * m.head_dim
+    return dict(hv=a.v_head_dim if a else 0, kv_rank=a.kv_lora_rank if a else 0,
+                q_rank=(a.q_lora_rank or 0) if a else 0, rope_dim=a.qk_rope_head_dim if a else 0, qk_norm=qk,
+                window=w.size if w else 0, window_share=window_layer_count(m) / m.n_layers,
+                mtp=m.mtp_layers, mtp_moe=m.moe is not None and is_moe_block(m, m.n_layers - 1),
+                mtp_extra_params=block_params(m).mtp_extra, bias=m.linear_bias, sinks=m.attention_sinks)
+
+
 def geometry(m: ModelBlock) -> Geometry:
-    pc = spec_param_counts(m)
+    pc, b = spec_param_counts(m), block_params(m)
     moe = m.moe
     n_moe = moe_layer_count(m)
     E = moe.n_experts if moe else 1
     K = moe.experts_per_token if moe else 1
     dexp = moe.expert_inter_sz if moe else m.inter_sz
     dsh = moe.shared_expert_inter_sz if moe else 0
-    attn = float(attention_params(m.hidden_sz, m.n_q_heads, m.n_kv_heads, m.head_dim, m.attn_gate))
-    mlp_mult = 3 if m.glu else 2
-    dense_mlp = float(mlp_mult * m.hidden_sz * m.inter_sz) if m.glu else float(2 * m.hidden_sz * m.inter_sz)
-    shared = float(swiglu_params(m.hidden_sz, dsh)) if dsh else 0.0
     return Geometry(
         L=m.n_layers, d=m.hidden_sz, nq=m.n_q_heads, nkv=m.n_kv_heads, hd=m.head_dim, dff=m.inter_sz,
         vocab=m.vocab_sz, tie=m.tie_embeddings, glu=m.glu,
         gate=int(gate_columns(m.n_q_heads, m.head_dim, m.attn_gate)), E=E, K=K, dexp=dexp, dsh=dsh,
         n_dense=m.n_layers - n_moe, n_moe=n_moe, precision=m.precision,
-        n_act=pc.n_act, n_tot=pc.n_tot, embedding=pc.embedding, attn_params=attn, dense_mlp_params=dense_mlp,
-        moe_dense_params=float(E * m.hidden_sz) + shared,
-        expert_params=float(E * swiglu_params(m.hidden_sz, dexp)) if moe else 0.0,
+        n_act=pc.n_act, n_tot=pc.n_tot, embedding=pc.embedding, attn_params=b.attention,
+        dense_mlp_params=b.dense_mlp, moe_dense_params=b.router + b.shared if moe else 0.0,
+        expert_params=E * b.expert if moe else 0.0,
         capacity_factor=float(moe.capacity_factor) if moe else 1.0,
         sdpa_precision=m.sdpa_precision, dropout=m.dropout,
         first_dense=moe.first_dense_layers if moe else -1, moe_every=moe.moe_frequency if moe else 1,
+        **_features(m),
     )
 
 
 #: the fields a batch holds once (the models branch on them), and the ones it holds per plan
-STRUCTURE_FIELDS = ("tie", "glu", "precision", "sdpa_precision", "dropout")
+STRUCTURE_FIELDS = ("tie", "glu", "precision", "sdpa_precision", "dropout", "bias", "sinks", "mtp_moe")
 PER_PLAN_FIELDS = tuple(f.name for f in fields(Geometry) if f.name not in STRUCTURE_FIELDS)
 # per-plan fields with a class default: the default would answer a read before __getattr__ could gather them
 DEFAULTED_FIELDS = tuple(f.name for f in fields(Geometry) if f.name in PER_PLAN_FIELDS and f.default is not MISSING)
 #: the fields the kernels outside the MoE block read (attention, dense MLP, TP/CP, vocabulary)
-DENSE_FIELDS = ("d", "nq", "nkv", "hd", "gate", "dff", "n_dense", "vocab")
+DENSE_FIELDS = ("d", "nq", "nkv", "hd", "gate", "dff", "n_dense", "vocab", "hv", "kv_rank", "q_rank", "rope_dim",
+                "qk_norm", "window", "window_share")
 
 
 def structure(g: Geometry) -> tuple:

@@ -45,10 +45,13 @@ def stage_params(g: Geometry, lay: ParallelLayout, stage: StageCounts | np.ndarr
     pp = lay.pp.astype(float)
     nd, nm, n_l = stage.n_dense, stage.n_moe, stage.n_layers
     first, last = np.asarray(stage.has_embedding, bool), np.asarray(stage.has_head, bool)
-    n_vocab = first * 1.0 + np.where(last & ((not g.tie) | (pp > 1)), 1.0, 0.0)
+    # MTP layers on the last stage (counted among its blocks) also read the input embedding: a copy there when
+    # PP > 1 and the head is not already one
+    mtp_emb = (np.asarray(g.mtp) > 0) & (pp > 1) & (not g.tie)
+    n_vocab = first * 1.0 + np.where(last & ((not g.tie) | (pp > 1)), 1.0, 0.0) + np.where(last & mtp_emb, 1.0, 0.0)
     V_loc = vocab_shard(g.vocab, lay.tp)
     dense = ((n_l * g.attn_params + nd * g.dense_mlp_params + nm * g.moe_dense_params) / lay.tp
-             + n_vocab * V_loc * g.d + np.where(last, g.d, 0.0))
+             + n_vocab * V_loc * g.d + np.where(last, g.d + g.mtp * g.mtp_extra_params / lay.tp, 0.0))
     experts = nm * g.expert_params / (lay.ep * lay.etp)  # E / EP local experts, each 1/ETP of its weights
     router = nm * g.E * g.d if g.is_moe else np.zeros_like(nm)
     shape = np.shape(dense)

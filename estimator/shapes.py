@@ -88,7 +88,9 @@ class PlanShapes:
     q_loc: np.ndarray      # query heads per TP rank, n_q / TP
     kv_loc: np.ndarray     # KV heads per TP rank (replicated once TP exceeds n_kv)
     n_qkv: np.ndarray      # QKV(+gate) GEMM output width per TP rank
-    n_attn_out: np.ndarray  # attention output GEMM input width per TP rank (n_q head_dim / TP)
+    n_attn_out: np.ndarray  # attention output GEMM input width per TP rank (n_q v_dim / TP: value heads)
+    mla_q_out: np.ndarray  # MLA: the query up-projection's output per TP rank, n_q head_dim / TP (0 for GQA)
+    mla_kv_out: np.ndarray  # MLA: the key/value up-projection's, n_q (head_dim - rope + v_dim) / TP (0 for GQA)
     E_loc: np.ndarray      # local experts, E / EP (1 for a dense model)
     R: np.ndarray          # routed rows per rank, T K ETP cf / TP (balanced routing; cf the capacity factor)
     tile: np.ndarray       # rows per local expert, R EP / E (tokens from every EP rank)
@@ -147,6 +149,9 @@ def plan_shapes(g: Geometry, lay: ParallelLayout, seqlen: int, gbs: int | None =
     T = seqlen * mbs / cp
     kv_loc = np.maximum(g.nkv / tp, 1.0)
     n_qkv = (g.nq * g.hd + g.gate) / tp + 2 * kv_loc * g.hd
+    mla = np.asarray(g.kv_rank) > 0
+    mla_q = np.where(mla, g.nq * g.hd / tp, 0.0)
+    mla_kv = np.where(mla, g.nq * (g.hd - g.rope_dim + g.v_dim) / tp, 0.0)
     E_loc = local_experts(g, lay)
     # the capacity factor sizes the routed token budget and the all-to-all: each expert's buffer holds
     # cf x its balanced share (dropped or padded rows)
@@ -154,7 +159,8 @@ def plan_shapes(g: Geometry, lay: ParallelLayout, seqlen: int, gbs: int | None =
     tile = R * ep / g.E if g.is_moe else np.zeros_like(T)
     n_mb = gbs / (dp * mbs) if gbs is not None else np.full_like(T, np.nan)
     first, middle, lo, hi, last = _stage_summary(g, lay)
-    return PlanShapes(n_mb=n_mb, seq_shard=seq, T=T, Tsp=T / tp, q_loc=g.nq / tp, kv_loc=kv_loc, n_qkv=n_qkv, n_attn_out=g.nq * g.hd / tp,
+    return PlanShapes(n_mb=n_mb, seq_shard=seq, T=T, Tsp=T / tp, q_loc=g.nq / tp, kv_loc=kv_loc, n_qkv=n_qkv, n_attn_out=g.nq * g.v_dim / tp,
+                      mla_q_out=mla_q, mla_kv_out=mla_kv,
                      E_loc=E_loc, R=R, tile=tile, ffn_loc=g.dexp / etp, V_loc=vocab_shard(g.vocab, tp),
                      a2a_bytes=R * g.d * b_el, b_el=b_el, n_middle=np.maximum(lay.pp - 2.0, 0.0), first=first,
                      middle=middle, middle_lo=lo, middle_hi=hi, last=last)
@@ -207,7 +213,18 @@ def stage_counts(g: Geometry, lay: ParallelLayout, s) -> StageCounts:
     for v in range(int(vpp.max()) if len(vpp) else 0):
         a = v * rnd + off
         n_moe = n_moe + np.where(v < vpp, _moe_before(g, a + chunk) - _moe_before(g, a), 0.0)
-    return StageCounts(s, n_layers, n_layers - n_moe, n_moe, chunk, s == 0, (s == pp - 1))
+    return _with_mtp(g, StageCounts(s, n_layers, n_layers - n_moe, n_moe, chunk, s == 0, (s == pp - 1)))
+
+
+def _with_mtp(g: Geometry, st: StageCounts) -> StageCounts:
+    """``st`` with the model's MTP layers among its blocks where it is the last stage: they run there
+    (Megatron-Core's placement without a layout string), each a block of the last block's kind, so its time,
+    parameters and activations count with the stage's blocks."""
+    mtp = np.where(np.asarray(st.has_head, bool), np.asarray(g.mtp, dtype=float), 0.0)
+    if not np.any(mtp):
+        return st
+    n_moe = st.n_moe + mtp * float(g.mtp_moe)
+    return replace(st, n_layers=st.n_layers + mtp, n_dense=st.n_dense + mtp * (1.0 - float(g.mtp_moe)), n_moe=n_moe)
 
 
 def as_stage(g: Geometry, lay: ParallelLayout, stage) -> StageCounts:
@@ -233,7 +250,7 @@ def _stage_summary(g: Geometry, lay: ParallelLayout) -> tuple[StageCounts, ...]:
         lo, hi = stage_counts(g, lay, np.where(has_mid, 1.0, pp - 1)), stage_counts(g, lay, np.where(has_mid, pp - 2, pp - 1))
     else:
         lo, hi = _middle_extremes(g, lay)
-    total_moe = np.asarray(g.n_moe, dtype=float) * np.ones(len(lay))
+    total_moe = (np.asarray(g.n_moe, dtype=float) + np.asarray(g.mtp, dtype=float) * float(g.mtp_moe)) * np.ones(len(lay))
     mean_moe = np.where(has_mid, (total_moe - first.n_moe - last.n_moe) / np.maximum(n_mid, 1.0), last.n_moe)
     mid_layers = np.where(has_mid, lo.n_layers, last.n_layers)
     middle = StageCounts(np.where(has_mid, 1.0, last.index), mid_layers, mid_layers - mean_moe, mean_moe,
@@ -265,7 +282,7 @@ def _lead_first_summary(g: Geometry, lay: ParallelLayout) -> tuple[StageCounts, 
     lo = StageCounts(np.where(has_mid, 1.0, pp - 1), per, nd, nm, chunk, one, ~has_mid)
     hi = StageCounts(np.where(has_mid, pp - 2, pp - 1), per, nd, nm, chunk, one, ~has_mid)
     middle = StageCounts(np.where(has_mid, 1.0, pp - 1), per, nd, nm, chunk, no, ~has_mid)
-    return first, middle, lo, hi, last
+    return tuple(_with_mtp(g, st) for st in (first, middle, lo, hi, last))
 
 
 def _middle_extremes(g: Geometry, lay: ParallelLayout) -> tuple[StageCounts, StageCounts]:

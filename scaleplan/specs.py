@@ -309,12 +309,7 @@ class Spec(BaseModel):
     def ignored(self) -> list[str]:
         """One line per field that is read but not used, with the reason (the reference tool's parallelism.sp,
         zero_level, n_param_buckets)."""
-        m, p, out = self.model, self.parallelism, []
-        # until the estimator costs them: counted and emitted, costed as their nearest
-        pending = [("mla", m.mla is not None, "costed as GQA attention of head_dim-wide heads"),
-                   ("mtp_layers", m.mtp_layers > 0, "its layers are left out of time and memory"),
-                   ("sliding_window", m.sliding_window is not None, "costed as full causal attention")]
-        out += [f"model.{k} not yet costed by the estimator: {why}" for k, on, why in pending if on]
+        p, out = self.parallelism, []
         if p is None:
             return out
         out += [f"parallelism.{k}={getattr(p, k)} ignored: {_IGNORED[k]}" for k in ("zero_level", "n_param_buckets")
