@@ -50,7 +50,26 @@ def geometry_dict(m: ModelBlock) -> dict[str, Any]:
         "moe_frequency": moe.moe_frequency if moe else None,
         "capacity_factor": moe.capacity_factor if moe else None,
         "tie_embeddings": m.tie_embeddings, "precision": m.precision,
+        **_features(m),
     }
+
+
+def _features(m: ModelBlock) -> dict[str, Any]:
+    """The model features beyond the paper's architecture that ``m`` uses (none: no keys, so the paper's
+    geometries print as before): MLA widths, MTP layers, the sliding window, q/k norms, sinks, biases, router."""
+    out: dict[str, Any] = {}
+    if m.mla is not None:
+        out["mla"] = m.mla.model_dump()
+    if m.mtp_layers:
+        out["mtp_layers"] = m.mtp_layers
+    if m.sliding_window is not None:
+        out["sliding_window"] = m.sliding_window.model_dump()
+    for k, default in (("qk_norm", False), ("attention_sinks", False), ("linear_bias", "none")):
+        if getattr(m, k) != default:
+            out[k] = getattr(m, k)
+    if m.moe is not None and (m.moe.router_score != "softmax" or m.moe.expert_bias):
+        out["router"] = {"score": m.moe.router_score, "expert_bias": m.moe.expert_bias}
+    return out
 
 
 def spec_document(model: ModelBlock, layout: dict[str, Any] | Layout, *, gbs: int, seqlen: int, optimizer: str,
