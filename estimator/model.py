@@ -58,9 +58,17 @@ from scaleplan.estimator.pipeline import (  # noqa: F401
     pipeline_time,
     stage_periods,
 )
-from scaleplan.estimator.shapes import PlanShapes, plan_shapes
+from scaleplan.estimator.params import dp_stages
+from scaleplan.estimator.shapes import PlanShapes, StageCounts, plan_shapes
 from scaleplan.estimator.sources import OOR, Recorder
-from scaleplan.estimator.stages import LayerTotals, PipelineWork, layer_totals, pipeline_work, stage_dispatch
+from scaleplan.estimator.stages import (
+    LayerTotals,
+    PipelineWork,
+    dp_windows,
+    layer_totals,
+    pipeline_work,
+    stage_dispatch,
+)
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
 from scaleplan.profiles import ClusterProfile
@@ -159,7 +167,7 @@ class TimeModel:
         w, t_step_host = self._stage_work(ctx, k, lt)
         st = self._periods(ctx, k, w)
         deg = degree_groups(g, lay)  # shared by the DP traffic, the optimizer step and the bias all-reduce
-        t_dp, t_opt = self._dp_and_optimizer(ctx, k, lt, w, t_step_host, optimizer, deg)
+        t_dp, t_opt = self._dp_and_optimizer(ctx, k, lt, t_step_host, optimizer, deg)
         vpp = np.asarray(lay.vpp, dtype=float)
         it = IterationTime(
             **layer_terms(k, lt.fw, n_mb, w.slowest_layers, w.slowest_moe if g.is_moe else 0.0, ckc, g.is_moe),
@@ -219,13 +227,15 @@ class TimeModel:
         """Each stage's work per micro-batch (:func:`stages.pipeline_work`) with its host dispatch (the
         kernel-count law, or the reference model's measured host rows), and the optimizer step's host seconds."""
         sh = ctx.shapes
-        names = ("first", "middle_lo", "middle_hi", "middle", "last")
-        disp = {n: stage_dispatch(ctx, self.disp, getattr(sh, n)) for n in names}
-        t_step_host = np.zeros(ctx.P)
-        if self.measured_host:
-            t_mb, t_step_host = measured_host_times(ctx, sh.first, disp["first"])
-            disp = dict.fromkeys(names, t_mb)
+        disp = {n: self._dispatch(ctx, getattr(sh, n))[0] for n in ("first", "middle_lo", "middle_hi", "middle", "last")}
+        t_step_host = self._dispatch(ctx, sh.first)[1] if self.measured_host else np.zeros(ctx.P)
         return pipeline_work(ctx, lt, disp), t_step_host
+
+    def _dispatch(self, ctx: EvalContext, st: StageCounts) -> tuple[np.ndarray, np.ndarray | None]:
+        """(host seconds to launch one micro-batch of stage ``st``, the optimizer step's host seconds or None):
+        the kernel-count law, or the reference model's measured host rows where the model reads them."""
+        law = stage_dispatch(ctx, self.disp, st)
+        return measured_host_times(ctx, st, law) if self.measured_host else (law, None)
 
     def _periods(self, ctx: EvalContext, k: LayerKernels, w: PipelineWork) -> StagePeriods:
         """The 1F1B stage periods (:func:`pipeline.stage_periods`) of the stages' work ``w``."""
@@ -252,24 +262,17 @@ class TimeModel:
         n_x = np.where(vpp > 1, 2 * (vpp * n_mb + pp - 1), critical_exchanges(pp, n_mb))
         return np.where(pp > 1, n_x * t_p2p, 0.0)
 
-    def _dp_and_optimizer(self, ctx: EvalContext, k: LayerKernels, lt: LayerTotals, w: PipelineWork,
-                          t_step_host: np.ndarray, optimizer: str,
+    def _dp_and_optimizer(self, ctx: EvalContext, k: LayerKernels, lt: LayerTotals, t_step_host: np.ndarray,
+                          optimizer: str,
                           deg: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration;
         ``deg``: the plans' :func:`~scaleplan.estimator.layout.degree_groups`."""
         g, lay = ctx.g, ctx.lay
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
-        # behind the last micro-batch's backward (and the first forward), on a later pipeline stage also
-        # behind the 1F1B drain (comm.dp_stages), not behind the EP all-to-all: that uses the same links
-        # (the NIC once either group leaves the node), so the window excludes its exposed part.
-        # The window is the wall time of that pass, not its GPU time alone: a dispatch-bound pass lasts as
-        # long as the host takes to issue it (its share of t_disp, in the checkpoint mode's kernel units:
-        # forward 1, backward with its recompute the rest), and the NCCL stream runs meanwhile
-        share_f = 1.0 / kernel_units(lay.ckpt)
-        L_stage, t_disp = ctx.shapes.first.n_layers, w.first.disp
-        w_bwd = np.maximum(L_stage * (lt.common_b + k.moe_b + k.sh_b if g.is_moe else lt.dense_b),
-                           (1 - share_f) * t_disp)
-        w_fwd = np.maximum(L_stage * (lt.common_f + k.moe_f + k.sh_f if g.is_moe else lt.dense_f), share_f * t_disp)
+        # behind each stage's last micro-batch's backward (and the first forward), on a later pipeline stage
+        # also behind the 1F1B drain (comm.dp_stages): the windows of each of those stages (stages.dp_windows)
+        stages = [st for _, st in dp_stages(g, lay)]
+        w_fwd, w_bwd = dp_windows(ctx, k, lt, stages, [self._dispatch(ctx, st)[0] for st in stages])
         t_dp = dp_comm_time(ctx, w_fwd, w_bwd, optimizer, deg)
         ctx.rec.mark("optimizer", ANALYTIC)
         t_opt = self.kernel_scale * slowest_step(optimizer_spec(optimizer), g, lay, ctx.peak, ctx.hbm, deg)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scaleplan.estimator.ckpt import CkptMode, recomputes_block
+from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block
 from scaleplan.estimator.context import EvalContext
 from scaleplan.estimator.dispatch import DispatchLaw, dispatch_time
 from scaleplan.estimator.kernels import LayerKernels
@@ -72,11 +72,31 @@ class PipelineWork:
 
 def stage_dispatch(ctx: EvalContext, law: DispatchLaw, st: StageCounts) -> np.ndarray:
     """The host's seconds to launch one micro-batch of stage ``st`` by the kernel-count law
-    (:func:`~scaleplan.estimator.dispatch.dispatch_time`); the EP host term charged per MoE block on the
-    stage in proportion to the model's MoE share."""
+    (:func:`~scaleplan.estimator.dispatch.dispatch_time`): the EP host term once per MoE block the stage
+    holds (a dense block launches no token permute or all-to-all)."""
     g, lay = ctx.g, ctx.lay
-    n_moe = st.n_layers * (g.n_moe / g.L) if g.is_moe else 0.0
+    n_moe = st.n_moe if g.is_moe else 0.0
     return dispatch_time(law, st.n_layers, ctx.shapes.E_loc if g.is_moe else 0.0, lay.ckpt, n_moe, lay.ep)
+
+
+def dp_windows(ctx: EvalContext, k: LayerKernels, lt: LayerTotals, stages: list[StageCounts],
+               disp: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) overlap windows of each stage's DP traffic, seconds, shape (stages, P): the wall
+    time of one of the stage's forward / backward passes, its layers on the GPU without the exposed EP
+    all-to-all (the traffic shares its links) or, when the pass is dispatch-bound, the host's share of the
+    stage's launch time ``disp`` (in the checkpoint mode's kernel units: forward 1, backward with its
+    recompute the rest), whichever is longer: the NCCL stream runs meanwhile."""
+    share_f = 1.0 / kernel_units(ctx.lay.ckpt)
+    moe_f, moe_b = lt.common_f + k.moe_f + k.sh_f, lt.common_b + k.moe_b + k.sh_b
+    fwd, bwd = [], []
+    for st, t_disp in zip(stages, disp):
+        if ctx.g.is_moe:
+            f, b = st.n_dense * lt.dense_f + st.n_moe * moe_f, st.n_dense * lt.dense_b + st.n_moe * moe_b
+        else:
+            f, b = st.n_layers * lt.dense_f, st.n_layers * lt.dense_b
+        fwd.append(np.maximum(f, share_f * t_disp))
+        bwd.append(np.maximum(b, (1 - share_f) * t_disp))
+    return np.stack(fwd), np.stack(bwd)
 
 
 def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]) -> PipelineWork:
