@@ -3,8 +3,8 @@
 A kernel's time is bounded below by each resource it needs: its launch and set-up (a fixed floor),
 the bytes it moves at the device's memory bandwidth, and its FLOPs at the throughput it can reach.
 Where the affine rule of tables.COMPOSE_RULES (continue the last measured interval) reads a
-transition as a trend, these bounds hold whatever regime the edge sits in (issue 27; the hold-out
-errors are in benchmarks/compose_accuracy.py):
+transition as a trend, these bounds hold whatever regime the edge sits in (each rule's hold-out error:
+docs/accuracy.md, ``benchmarks/compose_accuracy.py``):
 
 * grouped GEMM above the measured tokens per expert: ``max(t_edge, W / R_sat, t_dense)``. A call with
   more tokens per expert never takes less than one with fewer (its host and launch part is the same),
@@ -13,23 +13,23 @@ errors are in benchmarks/compose_accuracy.py):
   of all its tokens concatenated where the dense table of the same dtype holds them
   (:func:`concatenated_time`). The affine rule
   charges the edge interval's slope, which mid-ramp is the wave fill still improving and, where the
-  edge is launch-bound, noise (hold-out: 14% / 26% at 2048 / 1024 tokens, worst 449%).
+  edge is launch-bound, noise.
 * grouped GEMM below the measured tokens per expert: ``max(t_fixed(num_gemms), W / R_edge)``, the
   fastest any shape ran that many GEMMs (the call's host and launch part) or the FLOPs at the edge's
-  throughput (affine rule: 15% at < 512 tokens).
+  throughput.
 * dense GEMM below the measured m: ``max(t_min + B / BW, W / R_edge)``: the operands B = m k + k n +
   m n at the device's best measured bandwidth BW after its fastest kernel time t_min (alpha-beta
   in bytes), or the FLOPs W = 2 m n k at the edge's own throughput R_edge (throughput only falls
-  as m shrinks). The affine rule ran the edge's compute slope down into the memory-bound regime
-  (hold-out m < 1024: 51%). Where the transposed problem (n, m', k) lies inside the table it is read
+  as m shrinks). The affine rule ran the edge's compute slope down into the memory-bound regime.
+  Where the transposed problem (n, m', k) lies inside the table it is read
   instead (:func:`transposed_time`).
 * grouped GEMM grids are undominated first (:func:`undominated_grid`): a disturbed point is no edge.
 * causal SDPA below the measured seq_len: the call's fixed part plus the edge's GPU time scaled by its
-  linear + quadratic work (:class:`SdpaFloor`; affine rule in s^2: 16.5% at < 8192).
+  linear + quadratic work (:class:`SdpaFloor`).
 * collectives beyond the largest message: alpha-beta from a robust edge, beta fitted over the last
   messages and bounded by the regime's saturated bus bandwidth and, for an all-reduce, by its
-  reduce-scatter plus all-gather (:func:`collective_tail`, :func:`ring_all_reduce_bound`; last
-  interval's slope: 17.0% at a quarter of the largest message).
+  reduce-scatter plus all-gather (:func:`collective_tail`, :func:`ring_all_reduce_bound`), where the
+  last interval's slope alone is noise-bound.
 
 Every quantity is read off the measured table itself: the SDPA and collective fits are least squares
 over the table's own points, no coefficient is set by hand.
@@ -81,9 +81,7 @@ def concatenated_time(dense, gemms: tuple, tokens: np.ndarray, mask: np.ndarray)
     per expert), read off the dense GEMM table ``dense``: a grouped GEMM of G groups of T tokens does the
     work of one dense GEMM of G T tokens and cannot run faster (the dense call is one launch, one tile
     schedule over all the rows, one weight). Where ``mask`` holds and every GEMM's point lies inside the
-    table (measured or interpolated); NaN elsewhere (the caller keeps its other bounds). Hold-out above
-    2,048 / 1,024 tokens per expert: recorded B200 10.0 / 9.3% -> 9.8 / 9.3%, own H200 15.7 / 9.9% ->
-    13.8 / 8.2% (benchmarks/compose_accuracy.py)."""
+    table (measured or interpolated); NaN elsewhere (the caller keeps its other bounds)."""
     out = np.full(np.shape(mask), np.nan)
     x = tokens[mask]
     if not x.size:
@@ -125,9 +123,7 @@ def transposed_time(table, cs, mask: np.ndarray, align: float = 8.0) -> np.ndarr
     GEMM of fewer rows never takes longer: the fastest measured row count from max(m, ``align``) up to the
     table's smallest m. Only where that row count itself is measured on the n axis: across a sparse axis
     (scaleplan's own H200 table: n = 32 then 640) a skinny GEMM is no log-linear blend, nor is 640 rows
-    a bound for 256. inf elsewhere (the caller keeps its roofline). On the recorded B200 table, hiding
-    m < 1024 / 2048: 9.7 / 10.4% -> 8.0 / 9.2%; own H200 table 40.4 / 21.6 -> 42.3 / 23.9% (its
-    transposed GEMMs of 1,024 rows run up to 1.3x slower than the direct ones; compose_accuracy.py)."""
+    a bound for 256. inf elsewhere (the caller keeps its roofline)."""
     shape = np.shape(mask)
     m, n, k = (np.broadcast_to(np.asarray(c, dtype=float), shape) for c in cs)
     rows = np.maximum(m, align)
@@ -280,8 +276,7 @@ def collective_tail(coll: str, groups, sizes, times) -> CollectiveTail:
 def _alpha_beta_slope(s: np.ndarray, t: np.ndarray) -> float:
     """beta (seconds per byte) of t = a + beta s fitted to (s, t) by least squares in seconds (Hockney's
     fit: the largest messages, the most bandwidth-bound, weigh most; in relative error the latency-bound
-    ones pulled the slope down, hold-out at a sixteenth of the largest message 10.1% vs 8.4%); one
-    point: t / s."""
+    ones would pull the slope down); one point: t / s."""
     if len(s) < 2:
         return float(t[-1] / s[-1])
     a, b = np.linalg.lstsq(np.stack([np.ones_like(t), s], axis=1), t, rcond=None)[0]
@@ -296,7 +291,7 @@ class SdpaFloor:
     (Q, K, V, O and their gradients read and written: s B H D) and quadratic (the causal score tiles:
     s^2 B H D) work, split as the whole table says (``l``, ``q``: seconds per unit). The affine rule
     continued the edge interval's slope in s^2 alone: the linear and fixed parts, which dominate below
-    4k tokens, came out 2x too fast in the backward (hold-out seq_len < 8192: 16.5%)."""
+    4k tokens, came out 2x too fast in the backward."""
 
     axis: int
     c: float

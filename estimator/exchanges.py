@@ -1,5 +1,5 @@
 """Megatron-Core's blocking pipeline exchanges in non-interleaved 1F1B: how many lie on the step's
-critical path (issue 27). Seconds; pure functions.
+critical path. Seconds; pure functions.
 
 The schedule (``forward_backward_pipelining_without_interleaving``) moves activations and gradients
 with ``p2p_communication``: recv_forward / send_forward around each warm-up forward,
@@ -22,11 +22,7 @@ where a middle stage meets each neighbour once per slot and every meeting waits 
 (:func:`critical_exchanges`; ``tests/estimator/test_exchanges.py`` checks it against :func:`simulate`).
 The paper's count, two per micro-batch and stage boundary for every PP > 1, charges PP = 2 twice.
 
-What it does not explain: a per-exchange cost large enough to make the 700M sweep's PP = 4 slots
-26-40% longer (tens of ms per exchange) would charge its EP = 1 layouts as much, and those pipeline
-at no cost beyond the layers (estimator/jitter.py gives the fit); the measurable parts of an
-exchange are 0.1-2 ms (33 MB over NVLink or one 400 Gb/s NIC, the sync's drain of a host-bound
-stream).
+What it does not explain (the 700M sweep's slow PP = 4 slots): docs/accuracy.md, "Tried and not kept".
 """
 from __future__ import annotations
 

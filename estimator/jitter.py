@@ -1,4 +1,4 @@
-"""Per-stage jitter through a 1F1B pipeline: a discrete-event schedule and its closed form (issue 27).
+"""Per-stage jitter through a 1F1B pipeline: a discrete-event schedule and its closed form.
 
 A stage's forward or backward of one micro-batch does not take a fixed time: host stalls (garbage
 collection, allocator, Python, interrupts) and launch jitter add a random, one-sided delay. In 1F1B
@@ -22,25 +22,10 @@ an upper bound (a delay needs up to a slot per stage to reach the far end, so no
 at once): 0.75, 1.55, 2.36, 3.18 sigma. tests/estimator/test_jitter.py checks both against
 ``simulate``.
 
-What it says about the measured sweeps: the cost per micro-batch is largest *from one stage to two*
-(0 -> 0.74 sigma) and grows slowly after (x1.9 to P = 4, x1.3 to P = 8). The 700M sweep shows the
-opposite (PP 1 -> 2 about free, 2 -> 4 +26-40%), so stage jitter is not what makes its PP = 4
-layouts slow; for deep pipelines at r_fill ~ 1 the fill/drain intercept (negative: fewer stages
-couple during the ramps) makes it smaller still. Its input, sigma, is measurable (the spread of one
-stage's per-micro-batch forward + backward in a trace); none is published for these runs, so the
-term is not in the time model (estimator/pipeline.py).
-
-Nor is host synchronisation at the stage boundaries (estimator/exchanges.py): Megatron's blocking
-p2p calls and ``batch_p2p_sync`` make every exchange a rendezvous of two stages' hosts, which with
-fixed stage times costs only the exchanges' own time (once per slot at PP = 2, twice from PP = 3).
-What the 700M sweep says instead: its EP = 1 layouts pipeline at no cost beyond the layers (step =
-(n_mb + PP - 1)(26 ms + 48 ms x 16/PP) + 38 ms x 16/PP, within 1.1% at PP 1, 2, 4 and 8), while with
-EP > 1 a PP >= 4 slot is 40-70 ms longer than the layers explain. A mechanism must therefore couple
-the EP all-to-all with the pipeline. Per-rank delays that every MoE layer's EP rendezvous and every
-stage exchange propagate were checked in estimator/jitter_ep.py: the EP ranks of a stage move
-together, so the block is this module's pipeline with the slowest of EP per segment; exponential
-delays give an EP level with 1F1B's own P shape, rare long stalls an EP x PP product that charges
-the 5.4B's PP = 4 layouts twice the 700M's (docs/accuracy.md has the leave-one-sweep-out figures).
+Not in the time model (estimator/pipeline.py): what its shape says about the measured sweeps, and why
+neither it nor the coupled form of estimator/jitter_ep.py is kept, is in docs/accuracy.md ("Tried and not
+kept"). Its input, sigma, is measurable: the spread of one stage's per-micro-batch forward + backward in a
+trace.
 """
 from __future__ import annotations
 

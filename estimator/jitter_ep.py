@@ -1,4 +1,4 @@
-"""Per-rank delays coupled through the EP all-to-all and the 1F1B stage exchanges (issue 27, eq:desync).
+"""Per-rank delays coupled through the EP all-to-all and the 1F1B stage exchanges (eq:desync).
 
 The hypothesis checked here: the EP ranks of one pipeline stage belong to EP different data-parallel
 replicas (Megatron-Core's rank order folds EP into DP), so every MoE layer's dispatch and combine
@@ -30,13 +30,11 @@ limit, :func:`stall_exponential`, :func:`stall_rare`):
 * rare long stalls (probability q per rank and segment, length D; per unit q D): every rank's
   stall on a zero-slack op delays the whole block, so the excess is EP x (the K-weighted count of
   critical ops over all P stages) - the rank's own: about EP x PP x n_mb(PP = 1) (K_f + K_b) - own,
-  the EP x PP product the 700M sweep shows, but twice as large for the 5.4B's PP = 4 layouts
-  (twice the MoE layers per stage at the same EP, PP and n_mb), which measure no excess.
+  an EP x PP product that grows with the MoE layers per stage.
 
-Fitted jointly with calibrate/joint.py's terms, neither form helps both sweeps' leave-one-sweep-out
-(figures in docs/accuracy.md): the term is not in the time model. Its input is measurable in
-principle: the spread across ranks of one MoE layer's forward / backward time in a trace (sigma), or
-the rate and length of a rank's host stalls (q, D); none is published for the validation runs.
+Not in the time model (why: docs/accuracy.md, "Tried and not kept"). Its input is measurable: the
+spread across ranks of one MoE layer's forward / backward time in a trace (sigma), or the rate and length
+of a rank's host stalls (q, D).
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """How Megatron-Core's layer-wise distributed optimizer (muon, scion) returns the updated parameters:
-one broadcast per parameter tensor, not a bucketed all-gather (issue 27, the PP = 1 bias).
+one broadcast per parameter tensor, not a bucketed all-gather.
 
 ``LayerWiseDistributedOptimizer`` (megatron/core/optimizer/layer_wise_optimizer.py, 2025) assigns
 whole parameter tensors to DP ranks, steps only its own, and then "all-gathers" the updated

@@ -14,7 +14,7 @@ Activations: :func:`block_activation_terms` lists, term by term, what a block sa
 (the reference model's structure, which is Megatron's: fused QKV buffer kept alive by V's view,
 RoPE'd Q/K copies, flash SDPA output + fp32 log-sum-exp, gate sigmoid, GEMM inputs, SwiGLU outputs,
 fp32 router tensors, permuted expert rows, int64 indices, fp32 norm statistics), checked per layer and
-checkpoint mode against the bytes torch saves (saved_tensors_hooks, within 0.4%). Under :data:`MEGATRON`
+checkpoint mode against the bytes torch saves (saved_tensors_hooks, tests/validate/test_memory.py). Under :data:`MEGATRON`
 an MoE block saves what Megatron-Core (0.13 on) saves instead (``mcore``): the router's GEMM keeps its
 model-dtype input, no fp32 copy, and the gate probabilities multiply the expert activation before fc2,
 so the combine keeps no expert-output rows. Checkpoint modes:

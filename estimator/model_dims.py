@@ -132,7 +132,8 @@ class Geometry:
         """Parameters per token of the FLOP count the validation runs logged their MFU in
         (shared/validation/README.md: 6 N tokens, N every active parameter that multiplies a token:
         input embedding and untied LM head, attention Q K V O, dense MLPs, K routed experts and the
-        shared expert; router and head-wise gate left out, which gives the README's N to 0.02%).
+        shared expert; router and head-wise gate left out, which gives the README's N:
+        tests/estimator/test_geometry_ladder.py).
         calibrate/flops.py's '6n' count; ``mfu`` is eq:mfu with N = N_act."""
         router = self.n_moe * self.E * self.d if self.is_moe else 0.0
         gate = self.L * self.d * self.gate

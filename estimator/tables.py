@@ -54,7 +54,7 @@ EXTRAPOLATE_MODES = ("compose", "error", "clamp")
 # never under its fixed part: an edge that already sits on its launch floor (flat first interval) keeps
 # it, one whose time still follows its work (e.g. 4 grouped GEMMs of 12k tokens: 1 GEMM is a quarter of
 # the work; an LM head of 2k tokens is half of 4k) scales down. (A floor at the table's fastest point
-# was tried: it charged 1 GEMM at least 4 GEMMs' launches, hold-out num_gemms < 8 35% vs 8%.)
+# was tried: it charged 1 GEMM at least 4 GEMMs' launches; its hold-out error: docs/accuracy.md.)
 # Collectives keep their smallest message's latency-bound time.
 # (table name prefix) -> (work exponent per axis, rule text)
 COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {

@@ -17,9 +17,8 @@ So beyond the largest measured group n_ref: t(n, S) = max(t_table(n_ref, S'), L(
 message (comm.py), L(n) the latency floor on n ranks: the measured floor (the curve's smallest message) plus
 alpha per added step (:func:`latency_floor`), alpha fitted on the table's own curves (:func:`step_latency`),
 the ring's steps, or for an all-reduce the fewer of the ring's and the tree's (the algorithm is returned).
-Hold-out on the recorded tables (tests/estimator/test_topology.py): the 32-rank reduce-scatter and all-gather
-from the 16-rank curves alone, mean error 15% and 16% by busbw invariance, 6% and 4% with the floor. (The
-16-rank all-reduce is no ring: 646 GB/s of bus bandwidth at 2 GB, above its reduce-scatter's 362; NCCL's
+Its hold-out on the recorded tables (the 32-rank curves from the 16-rank ones): docs/accuracy.md and
+tests/estimator/test_topology.py. (The 16-rank all-reduce is no ring: 646 GB/s of bus bandwidth at 2 GB, above its reduce-scatter's 362; NCCL's
 two-node algorithm. An all-reduce is bounded by a reduce-scatter plus an all-gather, compose.py.)
 
 Seconds; sizes in bytes per rank; ranks counted as a group size n.
