@@ -6,7 +6,13 @@ broadcasting). Units: seconds, bytes, FLOP, FLOP/s, bytes/s.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    from scaleplan.profiles import ClusterProfile
 
 # Per-hop latencies of the ring algorithms (NCCL Simple protocol order of magnitude).
 ALPHA_INTRA_S = 5e-6
@@ -15,7 +21,7 @@ ALPHA_INTER_S = 20e-6
 KERNEL_FLOOR_S = 4e-6
 
 # nccl-tests bus-bandwidth factors: busbw = algbw * factor(n)
-def bus_factor(collective: str, n):
+def bus_factor(collective: str, n: ArrayLike) -> np.ndarray:
     n = np.asarray(n, dtype=float)
     if collective == "all_reduce":
         return 2.0 * (n - 1) / n
@@ -24,7 +30,8 @@ def bus_factor(collective: str, n):
     return np.ones_like(n)
 
 
-def gemm_time(m, n, k, peak, hbm_bw, bytes_per_el=2.0):
+def gemm_time(m: ArrayLike, n: ArrayLike, k: ArrayLike, peak: ArrayLike, hbm_bw: ArrayLike,
+              bytes_per_el: ArrayLike = 2.0) -> np.ndarray:
     """Roofline time of C[m,n] = A[m,k] B[k,n]: max(FLOPs / peak, bytes / HBM bandwidth)."""
     m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
     flops = 2.0 * m * n * k
@@ -32,14 +39,16 @@ def gemm_time(m, n, k, peak, hbm_bw, bytes_per_el=2.0):
     return np.maximum(np.maximum(flops / peak, byts / hbm_bw), KERNEL_FLOOR_S)
 
 
-def grouped_gemm_time(num_gemms, tile, hidden, ffn, peak, hbm_bw, glu=True):
+def grouped_gemm_time(num_gemms: ArrayLike, tile: ArrayLike, hidden: ArrayLike, ffn: ArrayLike,
+                      peak: ArrayLike, hbm_bw: ArrayLike, glu: bool = True) -> np.ndarray:
     """Expert MLP (fc1 d -> (2 if GLU) d_expert, fc2 d_expert -> d) over ``num_gemms`` tiles, forward."""
     f1 = gemm_time(tile, (2 if glu else 1) * ffn, hidden, peak, hbm_bw)
     f2 = gemm_time(tile, hidden, ffn, peak, hbm_bw)
     return np.asarray(num_gemms, dtype=float) * (f1 + f2)
 
 
-def sdpa_fwd_time(seq, mbs, q_heads, head_dim, peak, hbm_bw):
+def sdpa_fwd_time(seq: ArrayLike, mbs: ArrayLike, q_heads: ArrayLike, head_dim: ArrayLike, peak: ArrayLike,
+                  hbm_bw: ArrayLike) -> np.ndarray:
     """Causal attention forward: 4 s^2 d_head n_q b / 2 FLOPs (QK^T and PV, half masked)."""
     s, b, q, hd = (np.asarray(x, dtype=float) for x in (seq, mbs, q_heads, head_dim))
     flops = 2.0 * s * s * hd * q * b
@@ -49,7 +58,7 @@ def sdpa_fwd_time(seq, mbs, q_heads, head_dim, peak, hbm_bw):
 
 SDPA_BWD_OVER_FWD = 2.5  # flash backward: 5 GEMM-equivalents vs 2 forward
 
-def sdpa_peak(prof, precision: str) -> float:
+def sdpa_peak(prof: ClusterProfile, precision: str) -> float:
     """FLOP/s of causal attention with inputs in ``precision`` (per device): the 16-bit tensor-core
     lane for bf16/fp16 and, as an upper bound on time, for fp8/fp4 (no measured low-precision
     attention); for fp32/tf32 a third of the TF32 lane: the flash and cuDNN kernels take 16-bit inputs
@@ -64,19 +73,20 @@ def sdpa_peak(prof, precision: str) -> float:
     return prof.peak(precision)
 
 
-def sdpa_lane_ratio(prof, precision: str) -> float:
+def sdpa_lane_ratio(prof: ClusterProfile, precision: str) -> float:
     """Time of attention in ``precision`` over its time in bf16 (>= 1; see :func:`sdpa_peak`)."""
     if "bf16" not in prof.peak_flops:
         return 1.0
     return max(prof.peak("bf16") / sdpa_peak(prof, precision), 1.0)
 
 
-def memory_time(nbytes, hbm_bw):
+def memory_time(nbytes: ArrayLike, hbm_bw: ArrayLike) -> np.ndarray:
     """A bandwidth-bound kernel moving ``nbytes`` through HBM."""
     return np.maximum(np.asarray(nbytes, dtype=float) / hbm_bw, KERNEL_FLOOR_S)
 
 
-def collective_time(collective: str, n, size_bytes, bw, inter):
+def collective_time(collective: str, n: ArrayLike, size_bytes: ArrayLike, bw: ArrayLike,
+                    inter: ArrayLike) -> np.ndarray:
     """Ring collective (nccl-tests size convention) on per-GPU per-direction bandwidth ``bw``.
 
     all_reduce 2(n-1)/n S/bw; reduce_scatter, all_gather, all_to_all (n-1)/n S/bw; plus (n-1)

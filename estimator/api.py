@@ -10,7 +10,7 @@ import dataclasses
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
@@ -31,6 +31,9 @@ from scaleplan.estimator.table_build import build_tables, cached_tables
 from scaleplan.errors import OutOfRangeError, ScaleplanError, SpecError
 from scaleplan.profiles import ClusterProfile, load_profile
 from scaleplan.specs import OPTIMIZERS, Layout, ModelBlock, Spec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 GB = 1e9
 
@@ -191,7 +194,8 @@ class Estimator:
                                self.kernel_scale, stack)
 
     @classmethod
-    def from_frames(cls, profile: str | ClusterProfile, frames, **kw) -> Estimator:
+    def from_frames(cls, profile: str | ClusterProfile, frames: dict[str, pd.DataFrame],
+                    **kw: Any) -> Estimator:
         prof = profile if isinstance(profile, ClusterProfile) else load_profile(profile)
         return cls(prof, tables=build_tables(prof.name, frames, prof.peak("bf16")), use_calibration=False, **kw)
 
@@ -391,7 +395,7 @@ class Estimator:
             out[j] = self._result(geoms[j], ev, mem, b, gbs * seqlen, cap, frac, slice(bounds[j], bounds[j + 1]))
 
     def evaluate_arrays(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str,
-                        constraints: PlanConstraints = PlanConstraints()):
+                        constraints: PlanConstraints = PlanConstraints()) -> tuple:
         """Vectorised core: (plans, evaluation, memory bytes, feasible mask, reasons, counts, n_total)."""
         g = geometry(model)
         plans, counts, total = enumerate_plans(g, n_devices, gbs, constraints, seqlen)

@@ -13,9 +13,11 @@ and the dispatch law; arrays of modes are int codes (the enum's values), one per
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import IntEnum
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from scaleplan.errors import SpecError
 from scaleplan.specs import CKPT_MODES
@@ -49,32 +51,32 @@ _KERNEL_UNITS = np.array([3.0, 3.1, 3.3, 4.0])
 assert len(_KERNEL_UNITS) == len(CkptMode) == len(CKPT_MODES)
 
 
-def kernel_units(codes) -> np.ndarray:
+def kernel_units(codes: ArrayLike) -> np.ndarray:
     """Kernels issued per layer and micro-batch in forward-pass units (arrays of mode codes)."""
     return _KERNEL_UNITS[np.asarray(codes, dtype=np.int64)]
 
 
-def full_recompute_units(codes) -> np.ndarray:
+def full_recompute_units(codes: ArrayLike) -> np.ndarray:
     """:func:`kernel_units` as a share of full recompute's (the unit the dispatch law's kappa is counted in)."""
     return kernel_units(codes) / _KERNEL_UNITS[CkptMode.FULL]
 
 
-def recomputes_block(codes) -> np.ndarray:
+def recomputes_block(codes: ArrayLike) -> np.ndarray:
     """1.0 where the whole block forward is re-run (full), else 0.0 (float arrays, a multiplier)."""
     return np.where(np.asarray(codes) == CkptMode.FULL, 1.0, 0.0)
 
 
-def recomputes_sdpa(codes) -> np.ndarray:
+def recomputes_sdpa(codes: ArrayLike) -> np.ndarray:
     """1.0 where the SDPA forward is re-run (every mode but none), else 0.0."""
     return np.where(np.asarray(codes) >= CkptMode.SELECTIVE, 1.0, 0.0)
 
 
-def recomputes_pointwise(codes) -> np.ndarray:
+def recomputes_pointwise(codes: ArrayLike) -> np.ndarray:
     """1.0 where the element-wise work (norms, activations, MoE permutation) is re-run
     (super-selective and full), else 0.0."""
     return np.where(np.asarray(codes) >= CkptMode.SUPER_SELECTIVE, 1.0, 0.0)
 
 
-def codes(names) -> np.ndarray:
+def codes(names: Iterable[str]) -> np.ndarray:
     """Mode codes (int64 array) of spec spellings."""
     return np.array([CkptMode.parse(n).value for n in names], dtype=np.int64)

@@ -22,6 +22,7 @@ inter-node strided group with m ranks per node moves its bytes over m rails."""
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.context import EvalContext, Lookups
 from scaleplan.estimator.layerwise import Tensors, stage_tensors
@@ -81,8 +82,10 @@ def _warn_off_grid(rec: Recorder, comp: str, coll: str, layout: str, inter: bool
     rec.warn(msg, where)
 
 
-def collective_time(lk: Lookups, comp: str, coll: str, n, size, inter, layout: str = "contiguous", *, active=True,
-                    per_node=None, small_analytic: bool = False, rails=None) -> np.ndarray:
+def collective_time(lk: Lookups, comp: str, coll: str, n: ArrayLike, size: ArrayLike, inter: ArrayLike,
+                    layout: str = 'contiguous', *, active: ArrayLike = True,
+                    per_node: ArrayLike | None = None, small_analytic: bool = False,
+                    rails: ArrayLike | None = None) -> np.ndarray:
     """Seconds (shape (P,)) of collective ``coll`` on groups of ``n`` ranks moving ``size`` bytes per
     rank, for component ``comp``, from the table of the regime (:meth:`Tables.collective`: coll, layout,
     inter-node) of ``lk``; the analytic ring formula where unmeasured (labelled analytic), at the profile's
@@ -154,7 +157,7 @@ def _multi_rail(lk: Lookups, comp: str, coll: str, n, size, inter, active, per_n
                          per_node=per_node, small_analytic=small_analytic)
     return np.where(multi, np.maximum(t1 / m, tc), t1)
 
-def dp_comm_time(ctx: EvalContext, w_fwd, w_bwd, optimizer_name: str = "adamw",
+def dp_comm_time(ctx: EvalContext, w_fwd: ArrayLike, w_bwd: ArrayLike, optimizer_name: str = 'adamw',
                  degrees: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """Exposed data-parallel traffic per iteration (seconds, shape (P,)): the most any pipeline
     stage leaves exposed (:func:`dp_stages`); groups and buckets: :func:`dp_buckets`; each

@@ -36,9 +36,15 @@ over the table's own points, no coefficient is set by hand.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    from scaleplan.estimator.tables import GridTable
 
 
 @dataclass(frozen=True)
@@ -54,10 +60,10 @@ class Ceiling:
     dense: object = None
     gemms: tuple = ()
 
-    def work(self, cs) -> np.ndarray:
+    def work(self, cs: Sequence[np.ndarray]) -> np.ndarray:
         return self.flops_per_point * np.prod(np.broadcast_arrays(*cs), axis=0)
 
-    def above(self, cs, t_comp: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def above(self, cs: Sequence[np.ndarray], t_comp: np.ndarray, mask: np.ndarray) -> np.ndarray:
         t = np.maximum(t_comp, self.work(cs) / self.r_sat)
         if self.dense is not None and np.any(mask):
             tokens = np.asarray(cs[0], dtype=float) * np.asarray(cs[1], dtype=float)  # G T rows
@@ -76,7 +82,7 @@ def expert_gemms(hidden: int, ffn: int, direction: str) -> tuple:
     return ((0, h, f2), (h, f2, 0), (0, f, h), (f, h, 0))
 
 
-def concatenated_time(dense, gemms: tuple, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def concatenated_time(dense: GridTable, gemms: tuple, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """Seconds of the dense GEMMs ``gemms`` (:func:`expert_gemms`) over ``tokens`` rows (num_gemms x tokens
     per expert), read off the dense GEMM table ``dense``: a grouped GEMM of G groups of T tokens does the
     work of one dense GEMM of G T tokens and cannot run faster (the dense call is one launch, one tile
@@ -104,8 +110,8 @@ class MemoryFloor:
     bw: float      # bytes/s (in the units of gemm_bytes)
     align: float = 8.0  # elements in 16 bytes (:func:`transposed_time`)
 
-    def below(self, cs, at_edge, t_edge: np.ndarray, t_comp: np.ndarray, mask: np.ndarray,
-              table=None) -> np.ndarray:
+    def below(self, cs: Sequence[np.ndarray], at_edge: Sequence[np.ndarray], t_edge: np.ndarray,
+              t_comp: np.ndarray, mask: np.ndarray, table: GridTable | None = None) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
             r_edge = gemm_work(at_edge) / t_edge
             t = np.maximum(self.t_min + gemm_bytes(cs) / self.bw, gemm_work(cs) / r_edge)
@@ -115,7 +121,8 @@ class MemoryFloor:
         return np.where(mask, t, t_comp)
 
 
-def transposed_time(table, cs, mask: np.ndarray, align: float = 8.0) -> np.ndarray:
+def transposed_time(table: GridTable, cs: Sequence[np.ndarray], mask: np.ndarray,
+                    align: float = 8.0) -> np.ndarray:
     """Seconds of the (m, n, k) GEMMs of ``mask`` below the table's measured m read off the transposed
     problem C^T = B^T A^T, the measured (n, m, k) GEMM (the same FLOPs and bytes; cuBLAS picks a kernel
     for either). A row count under ``align`` (16 bytes of elements: 8 in bf16) is a misaligned row of
@@ -149,8 +156,8 @@ class LaunchFloor:
     num_gemms: tuple[float, ...]   # measured counts, increasing
     t_fixed: tuple[float, ...]     # seconds at each
 
-    def below(self, cs, at_edge, t_edge: np.ndarray, t_comp: np.ndarray, mask: np.ndarray,
-              table=None) -> np.ndarray:
+    def below(self, cs: Sequence[np.ndarray], at_edge: Sequence[np.ndarray], t_edge: np.ndarray,
+              t_comp: np.ndarray, mask: np.ndarray, table: GridTable | None = None) -> np.ndarray:
         ng = np.clip(cs[0], self.num_gemms[0], self.num_gemms[-1])
         fixed = np.exp(np.interp(np.log(ng), np.log(self.num_gemms), np.log(self.t_fixed)))
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -173,19 +180,20 @@ def undominated_grid(vals: np.ndarray) -> np.ndarray:
     return out
 
 
-def gemm_work(cs) -> np.ndarray:
+def gemm_work(cs: Sequence[np.ndarray]) -> np.ndarray:
     """FLOPs of an (m, n, k) GEMM: 2 m n k."""
     return 2.0 * cs[0] * cs[1] * cs[2]
 
 
-def gemm_bytes(cs) -> np.ndarray:
+def gemm_bytes(cs: Sequence[np.ndarray]) -> np.ndarray:
     """Elements an (m, n, k) GEMM moves at least (A m k, B k n, C m n); per-element size cancels
     against the bandwidth measured in the same units."""
     m, n, k = cs[0], cs[1], cs[2]
     return m * k + k * n + m * n
 
 
-def gemm_floor(m, n, k, t, elem_bytes: float = 2.0) -> MemoryFloor:
+def gemm_floor(m: ArrayLike, n: ArrayLike, k: ArrayLike, t: ArrayLike,
+               elem_bytes: float = 2.0) -> MemoryFloor:
     """The MemoryFloor of a GEMM table from its measured points (arrays m, n, k, seconds t): the
     fastest kernel time and the best elements-per-second any point reached; rows align at 16 bytes of
     ``elem_bytes`` elements."""
@@ -198,8 +206,8 @@ def grouped_flops_per_point(hidden: int, ffn: int, direction: str) -> float:
     return 6.0 * hidden * ffn * (2.0 if direction == "bwd" else 1.0)
 
 
-def grouped_rules(points: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]], dense=None
-                  ) -> dict[tuple[str, int, int], tuple[Ceiling, LaunchFloor]]:
+def grouped_rules(points: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray, np.ndarray]],
+                  dense: GridTable | None = None) -> dict[tuple[str, int, int], tuple[Ceiling, LaunchFloor]]:
     """(Ceiling, LaunchFloor) on tokens_per_expert per grouped table, from every table's measured
     points: (direction, hidden, ffn) -> (num_gemms, tokens_per_expert, seconds). Per direction, R_sat
     is the fastest throughput any shape reached on the device and t_fixed(num_gemms) the fastest
@@ -237,7 +245,7 @@ class CollectiveTail:
         return np.clip(t_e + self.beta[j] * (size - s_e), t_e, t_e * size / s_e)
 
 
-def collective_tail(coll: str, groups, sizes, times) -> CollectiveTail:
+def collective_tail(coll: str, groups: ArrayLike, sizes: ArrayLike, times: ArrayLike) -> CollectiveTail:
     """The :class:`CollectiveTail` of one regime from its measured curves (group sizes; per group the
     message sizes, bytes, increasing, and seconds).
 
@@ -298,19 +306,20 @@ class SdpaFloor:
     l: float
     q: float
 
-    def work(self, cs) -> np.ndarray:
+    def work(self, cs: Sequence[np.ndarray]) -> np.ndarray:
         s = np.asarray(cs[0], dtype=float)
         return (self.l * s + self.q * s * s) * cs[1] * cs[2] * cs[3]
 
-    def below(self, cs, at_edge, t_edge: np.ndarray, t_comp: np.ndarray, mask: np.ndarray,
-              table=None) -> np.ndarray:
+    def below(self, cs: Sequence[np.ndarray], at_edge: Sequence[np.ndarray], t_edge: np.ndarray,
+              t_comp: np.ndarray, mask: np.ndarray, table: GridTable | None = None) -> np.ndarray:
         w, w_edge = self.work(cs), self.work(at_edge)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = np.where(w_edge > 0, w / w_edge, 1.0)
         return np.where(mask, self.c + np.maximum(t_edge - self.c, 0.0) * ratio, t_comp)
 
 
-def sdpa_floor(seq, micro_bs, heads, head_dim, t) -> SdpaFloor | None:
+def sdpa_floor(seq: ArrayLike, micro_bs: ArrayLike, heads: ArrayLike, head_dim: ArrayLike,
+               t: ArrayLike) -> SdpaFloor | None:
     """The :class:`SdpaFloor` of an SDPA table from its measured points (arrays; seconds ``t``): c, l, q of
     t = c + (l s + q s^2) B H D, non-negative least squares in relative error over every point. None with
     fewer than 3 points (the affine rule then)."""
@@ -326,8 +335,8 @@ def sdpa_floor(seq, micro_bs, heads, head_dim, t) -> SdpaFloor | None:
     return SdpaFloor(0, float(w[0]), float(w[1]), float(w[2]))
 
 
-def ring_all_reduce_bound(ar: CollectiveTail, ar_groups, rs: CollectiveTail, rs_groups, ag: CollectiveTail,
-                          ag_groups) -> CollectiveTail:
+def ring_all_reduce_bound(ar: CollectiveTail, ar_groups: ArrayLike, rs: CollectiveTail, rs_groups: ArrayLike,
+                          ag: CollectiveTail, ag_groups: ArrayLike) -> CollectiveTail:
     """The all-reduce tail with each group's beta at most the reduce-scatter's plus the all-gather's of the
     same group size and regime (seconds per byte): a ring all-reduce is a reduce-scatter then an all-gather,
     and NCCL runs the faster of its algorithms, so beyond the measured messages an all-reduce never costs

@@ -5,6 +5,7 @@ profile, the record its lookups go to, the plans' shapes); arrays over its plans
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.context import EvalContext
@@ -12,7 +13,8 @@ from scaleplan.estimator.shapes import StageCounts
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, INTERPOLATED, MEASURED, LookupResult
 
 
-def gemm_times(ctx: EvalContext, comp: str, m, n, k, active=True) -> tuple[np.ndarray, np.ndarray]:
+def gemm_times(ctx: EvalContext, comp: str, m: ArrayLike, n: ArrayLike, k: ArrayLike,
+               active: ArrayLike = True) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) seconds of the GEMM [m, k] x [k, n] for component ``comp`` (arrays over plans),
     backward = dgrad (m,k,n) + wgrad (k,n,m); 0 where not ``active``. The GEMM table, else the roofline."""
     tb, rec, peak, hbm = ctx.tables, ctx.rec, ctx.peak, ctx.hbm
@@ -142,7 +144,7 @@ def sdpa_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
 SDPA_TILE = 128
 
 
-def window_fraction(seqlen, window, tile: int = SDPA_TILE):
+def window_fraction(seqlen: ArrayLike, window: ArrayLike, tile: int = SDPA_TILE) -> np.ndarray:
     """The share of causal attention's work a sliding window of ``window`` tokens keeps on a sequence of
     ``seqlen`` tokens, counted in the kernel's tiles: causal attention runs n (n + 1) / 2 of the n x n
     (query, key) tiles (n = seqlen / tile); a query tile whose queries see their own token and the

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.shapes import PlanShapes
@@ -77,7 +78,7 @@ class EvalContext(Lookups):
         """Dense tensor-core peak of the model precision, FLOP/s."""
         return self.profile.peak(self.g.precision)
 
-    def take(self, idx, rec: Recorder | None = None) -> EvalContext:
+    def take(self, idx: ArrayLike, rec: Recorder | None = None) -> EvalContext:
         """The plans at ``idx`` with their own record (a new one unless ``rec``): the caller folds it
         back (:meth:`Recorder.fold`)."""
         idx = np.asarray(idx)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.layout import ParallelLayout
 
 
@@ -22,7 +23,7 @@ class ChiCoefficients:
     c_level: float = 0.0
 
 
-def desync_features(lay: ParallelLayout, gpn: int):
+def desync_features(lay: ParallelLayout, gpn: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """eq:desync's placement features from Megatron-Core's default rank order
     (:class:`~scaleplan.estimator.layout.ParallelLayout`), arrays over plans:
 
@@ -41,7 +42,8 @@ def desync_features(lay: ParallelLayout, gpn: int):
     return ep_nodes, pp_hops, deep
 
 
-def chi_sys(c: ChiCoefficients, t_a2a, t_an, ep_nodes, pp_hops, deep):
+def chi_sys(c: ChiCoefficients, t_a2a: ArrayLike, t_an: ArrayLike, ep_nodes: ArrayLike, pp_hops: ArrayLike,
+            deep: ArrayLike) -> np.ndarray:
     """eq:desync's multiplier per plan (arrays): t_a2a the all-to-all wire time of the step, t_an the
     analytic step time (seconds), the placement features of :func:`desync_features`."""
     return 1.0 + c.c_level + c.c_a2a * (t_a2a / t_an) * (ep_nodes > 1) + c.c_pp * pp_hops + c.c_ovl * deep

@@ -9,9 +9,14 @@ host_scale still scales them. Seconds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.ckpt import CkptMode, full_recompute_units, kernel_units
+
+if TYPE_CHECKING:
+    from scaleplan.profiles import DispatchDefaults
 
 # Kernel-count law kappa(E_loc) = kappa0 + kappa1 E_loc per transformer layer and micro-batch
 # (forward + backward + full recompute). Defaults: GPU kernel counts read from rank-0 profiler
@@ -49,7 +54,7 @@ class DispatchLaw:
     source: str = "default"
     t_ep_host_s: float = 0.0
 
-    def kappa(self, E_loc):
+    def kappa(self, E_loc: ArrayLike) -> np.ndarray:
         """kappa(E_loc) = kappa0 + kappa1 E_loc: kernels per layer and micro-batch, full-recompute units."""
         return self.kappa0 + self.kappa1 * E_loc
 
@@ -57,8 +62,9 @@ class DispatchLaw:
 RUNTIME_SCALES = ("host_scale", "kernel_scale", "ep_host_scale")  # carried by a 'dispatch' calibration
 
 
-def law_in_force(profile_law, table_t_gap_s: float | None, table_t_host_s: float | None,
-                 calibration=None) -> tuple[DispatchLaw, dict[str, float]]:
+def law_in_force(profile_law: DispatchDefaults | None, table_t_gap_s: float | None,
+                 table_t_host_s: float | None, calibration: Any = None) -> tuple[DispatchLaw,
+                 dict[str, float]]:
     """The dispatch law a prediction uses, and the runtime scales (:data:`RUNTIME_SCALES`, 1 unless set).
 
     Precedence, lowest first: the module defaults; the profile's trace-derived law (``profile_law``, a
@@ -85,7 +91,8 @@ def law_in_force(profile_law, table_t_gap_s: float | None, table_t_host_s: float
     return law, {k: float(co.get(k, 1.0)) for k in RUNTIME_SCALES}
 
 
-def dispatch_time(law: DispatchLaw, L_stage, E_loc, ckc, n_moe_stage, ep):
+def dispatch_time(law: DispatchLaw, L_stage: ArrayLike, E_loc: ArrayLike, ckc: ArrayLike,
+                  n_moe_stage: ArrayLike, ep: ArrayLike) -> np.ndarray:
     """Host seconds to launch one micro-batch of one stage (arrays over plans): L_stage kappa(E_loc)
     t_gap + n_moe_stage [EP > 1] t_ep_host + t_host, in the checkpoint mode's kernel units."""
     units = full_recompute_units(ckc)

@@ -27,6 +27,7 @@ What it does not explain (the 700M sweep's slow PP = 4 slots): docs/accuracy.md,
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 def stage_calls(s: int, p: int, n: int, t_f: float, t_b: float) -> list[tuple[str, object]]:
@@ -101,7 +102,7 @@ def simulate(p: int, n: int, t_f: float, t_b: float, t_x: float = 0.0) -> float:
     return max(clock)
 
 
-def critical_exchanges(pp, n_mb):
+def critical_exchanges(pp: ArrayLike, n_mb: ArrayLike) -> np.ndarray:
     """Blocking exchanges on the critical path of one non-interleaved 1F1B step (arrays): 0 at
     PP = 1, n_mb + 1 at PP = 2, 2 (n_mb + PP) - 5 + [n_mb = 1] from PP = 3 (module docstring)."""
     pp = np.asarray(pp, dtype=float)

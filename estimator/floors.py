@@ -21,8 +21,13 @@ Times in seconds; work in any unit that grows with the work of a point (FLOPs fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # A floor: at least FLOOR_MIN_POINTS points within FLOOR_TOL of the fastest, spanning FLOOR_MIN_DECADES
 # decades of work (a kernel whose time follows its work doubles in time over 0.3 decades; the recorded
@@ -49,7 +54,7 @@ class Floor:
     work_max: float
 
 
-def detect_floor(work, t, tol: float = FLOOR_TOL, min_points: int = FLOOR_MIN_POINTS,
+def detect_floor(work: ArrayLike, t: ArrayLike, tol: float = FLOOR_TOL, min_points: int = FLOOR_MIN_POINTS,
                  min_decades: float = FLOOR_MIN_DECADES) -> Floor | None:
     """The flat per-call floor of points (``work``, ``t``), arrays of one length, or None: the points within
     ``tol`` of the table's fastest time (its FLOOR_QUANTILE-th quantile), when there are at least
@@ -80,7 +85,7 @@ def host_floor(floor: Floor | None, device_min_s: float) -> float:
     return excess if excess > HOST_MARGIN * device_min_s else 0.0
 
 
-def device_times(t, host_s: float, device_min_s: float):
+def device_times(t: ArrayLike, host_s: float, device_min_s: float) -> np.ndarray:
     """Device seconds of points of measured time ``t`` (array) whose calls each hold ``host_s`` of host time:
     t - host_s, never below ``device_min_s`` (the shortest call of the device; the point at the floor)."""
     t = np.asarray(t, dtype=float)
@@ -93,7 +98,7 @@ def device_times(t, host_s: float, device_min_s: float):
 REFERENCE_DTYPE = "bf16"
 
 
-def gemm_host_floors(df) -> dict[str, tuple[float, float]]:
+def gemm_host_floors(df: pd.DataFrame) -> dict[str, tuple[float, float]]:
     """Per dtype of dense-GEMM rows (a frame with columns m, n, k, dtype, t_s): (host seconds per call, the
     device's shortest call), the host time being :func:`host_floor` of the dtype's flat floor above the
     reference dtype's (bf16; without bf16 rows, the fastest floor of the others). (0, floor) for the reference
@@ -108,7 +113,7 @@ def gemm_host_floors(df) -> dict[str, tuple[float, float]]:
     return {dt: (host_floor(f, ref_s), ref_s) for dt, f in floors.items()}
 
 
-def without_host_floor(df, hosts: dict[str, tuple[float, float]]):
+def without_host_floor(df: pd.DataFrame, hosts: dict[str, tuple[float, float]]) -> pd.DataFrame:
     """``df`` (dense-GEMM rows) with each dtype's host floor (:func:`gemm_host_floors`) taken off its times
     (:func:`device_times`), and the seconds taken off each row in a column ``host_floor_s``."""
     df = df.copy()

@@ -10,8 +10,15 @@ inputs). Both are read as device time: the dense tables with their per-call host
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.tables import COMPOSED, LookupResult
+
+if TYPE_CHECKING:
+    from scaleplan.estimator.tables import GridTable
 
 # E4M3 elements read and written by one quantize of a bf16 tensor per element, by recipe: per-tensor current
 # scaling reads it twice (amax, then cast) and writes the row-wise and the column-wise copy; MXFP8 reads it
@@ -19,7 +26,9 @@ from scaleplan.estimator.tables import COMPOSED, LookupResult
 CAST_BYTES_PER_ELEMENT = {"tensorwise": 6.0, "delayed": 4.0, "blockwise": 4.0 + 2 * 4 / 128, "mxfp8": 4.0 + 2 / 32}
 
 
-def expert_gemm_shapes(tile, d, f, glu: bool):
+def expert_gemm_shapes(tile: ArrayLike, d: ArrayLike, f: ArrayLike,
+                       glu: bool) -> tuple[list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                       list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
     """(forward, backward) GEMM shapes (m, n, k) of one expert's fc1 and fc2 on ``tile`` rows (arrays): forward
     fc1 [tile, d] x [d, w f] and fc2 [tile, f] x [f, d] (w = 2 with GLU); backward each one's data gradient
     (m, k, n) and weight gradient (k, n, m)."""
@@ -29,7 +38,9 @@ def expert_gemm_shapes(tile, d, f, glu: bool):
     return fwd, bwd
 
 
-def device_ratio(fp8_gemm, bf16_gemm, shapes) -> tuple[np.ndarray, list[LookupResult]]:
+def device_ratio(fp8_gemm: GridTable, bf16_gemm: GridTable,
+                 shapes: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
+                 list[LookupResult]]:
     """Sum of FP8 over sum of bf16 dense-GEMM device time over ``shapes`` [(m, n, k)], each a GridTable
     (host floors already off, table_build); returns (ratio, the FP8 lookups, for the record)."""
     r8 = [fp8_gemm.lookup(m, n, k) for m, n, k in shapes]
@@ -39,13 +50,15 @@ def device_ratio(fp8_gemm, bf16_gemm, shapes) -> tuple[np.ndarray, list[LookupRe
     return np.asarray(t8, dtype=float) / np.maximum(np.asarray(t16, dtype=float), 1e-30), r8
 
 
-def composed_grouped(bf16_f, bf16_b, ratio_f, ratio_b) -> tuple[np.ndarray, np.ndarray]:
+def composed_grouped(bf16_f: ArrayLike, bf16_b: ArrayLike, ratio_f: ArrayLike,
+                     ratio_b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """FP8 grouped expert GEMMs (forward, backward seconds): the bf16 grouped table's times scaled by the dense
     tables' FP8 / bf16 device-time ratio of the same GEMMs (labelled composed by the caller: COMPOSED)."""
     return np.asarray(bf16_f) * ratio_f, np.asarray(bf16_b) * ratio_b
 
 
-def cast_time(rows, cols, recipe: str, hbm: float, kernel_min_s: float, measured=None) -> np.ndarray:
+def cast_time(rows: ArrayLike, cols: ArrayLike, recipe: str, hbm: float, kernel_min_s: float,
+              measured: ArrayLike | None = None) -> np.ndarray:
     """Seconds of one quantize of a bf16 [rows, cols] GEMM input in ``recipe``: a measured cast row (the
     elementwise suite's quantize_<recipe>, ``measured``: its seconds) where given, else the bytes it moves
     (CAST_BYTES_PER_ELEMENT) at HBM bandwidth ``hbm`` (B/s), never under ``kernel_min_s`` per kernel

@@ -51,7 +51,8 @@ def _rebuilt(frames: dict[str, pd.DataFrame], suite: str, keep: pd.DataFrame, pe
     return build_tables("holdout", {**{k: pd.DataFrame() for k in frames}, **full, suite: keep}, peak)
 
 
-def grouped(frames, peak: float, cut: float = 2048, axis: str = "tokens_per_expert", below: bool = False) -> Holdout:
+def grouped(frames: dict[str, pd.DataFrame], peak: float, cut: float = 2048, axis: str = 'tokens_per_expert',
+            below: bool = False) -> Holdout:
     """Grouped GEMM, ``axis`` (tokens_per_expert or num_gemms) above ``cut`` hidden, or under it with
     ``below`` (fc1 + fc2, fwd + bwd, balanced bf16)."""
     df = frames["grouped_gemm"]
@@ -71,7 +72,8 @@ def grouped(frames, peak: float, cut: float = 2048, axis: str = "tokens_per_expe
     return _summary("grouped_gemm", axis, cut, pred, meas, below)
 
 
-def gemm(frames, peak: float, cut: float = 32768, min_nk: float = 1024, below: bool = False) -> Holdout:
+def gemm(frames: dict[str, pd.DataFrame], peak: float, cut: float = 32768, min_nk: float = 1024,
+         below: bool = False) -> Holdout:
     """Dense GEMM, m above ``cut`` hidden (under it with ``below``); checked where n, k >= ``min_nk``
     (the model's shapes)."""
     df = frames["gemm"]
@@ -84,7 +86,7 @@ def gemm(frames, peak: float, cut: float = 32768, min_nk: float = 1024, below: b
     return _summary("gemm", "m", cut, pred, hid["t_s"], below)
 
 
-def sdpa(frames, peak: float, cut: float = 8192, below: bool = False) -> Holdout:
+def sdpa(frames: dict[str, pd.DataFrame], peak: float, cut: float = 8192, below: bool = False) -> Holdout:
     """Causal SDPA (the backend the tables pick), seq_len above ``cut`` hidden, or under it with
     ``below`` (fwd + bwd)."""
     df = frames["sdpa"]
@@ -99,7 +101,7 @@ def sdpa(frames, peak: float, cut: float = 8192, below: bool = False) -> Holdout
     return _summary("sdpa", "seq_len", cut, pred, hid["fwd_s"] + hid["bwd_s"], below)
 
 
-def collectives(frames, peak: float, frac: float = 0.25) -> Holdout:
+def collectives(frames: dict[str, pd.DataFrame], peak: float, frac: float = 0.25) -> Holdout:
     """Every collective curve with its sizes above ``frac`` x its largest size hidden; the table is rebuilt
     from what is left of every curve (a regime's rule reads its other group sizes: compose.collective_tail)."""
     df = frames["collectives"]
@@ -117,13 +119,13 @@ def collectives(frames, peak: float, frac: float = 0.25) -> Holdout:
     return _summary("collectives", "size_bytes", frac, pred, meas)
 
 
-def all_holdouts(frames, peak: float) -> list[Holdout]:
+def all_holdouts(frames: dict[str, pd.DataFrame], peak: float) -> list[Holdout]:
     """The hold-outs of every table kind the recorded B200 data can test."""
     return [grouped(frames, peak), grouped(frames, peak, 64, "num_gemms"), gemm(frames, peak), sdpa(frames, peak),
             collectives(frames, peak)]
 
 
-def group_sizes(frames, peak: float, gpus_per_node: int = 8) -> Holdout:
+def group_sizes(frames: dict[str, pd.DataFrame], peak: float, gpus_per_node: int = 8) -> Holdout:
     """Collectives at the largest measured group size hidden and predicted from the smaller ones the way the
     estimator extrapolates to more ranks than measured (comm.collective_time): busbw invariance (the
     per-link bytes S factor(n) kept), an inter-node all-to-all by its inter-node bytes per rank
@@ -171,13 +173,13 @@ DEPTHS = (
 )
 
 
-def depth_holdouts(frames, peak: float) -> list[tuple[Holdout, Holdout]]:
+def depth_holdouts(frames: dict[str, pd.DataFrame], peak: float) -> list[tuple[Holdout, Holdout]]:
     """(present cut, twice as deep) hold-out of every rule in DEPTHS."""
     fn = {"grouped": grouped, "gemm": gemm, "sdpa": sdpa, "collectives": collectives}
     return [(fn[k](frames, peak, **a), fn[k](frames, peak, **b)) for k, a, b in DEPTHS]
 
 
-def rule_errors(frames, peak: float) -> dict[str, float]:
+def rule_errors(frames: dict[str, pd.DataFrame], peak: float) -> dict[str, float]:
     """Each table kind's composition error as measured on hidden points: the largest MAPE (a fraction
     of the time) over its rules' hold-outs at both depths, table kind -> error (grouped_gemm, gemm,
     sdpa, collectives). What a composed lookup of that kind is uncertain by, e.g. for ``search
@@ -191,7 +193,7 @@ def rule_errors(frames, peak: float) -> dict[str, float]:
     return out
 
 
-def measured_errors(frames, peak: float) -> dict:
+def measured_errors(frames: dict[str, pd.DataFrame], peak: float) -> dict:
     """What the rules' hold-outs measure on ``frames``: ``{"composed": {table kind: MAPE}, "group_extrapolation":
     MAPE or None}`` (fractions; :func:`rule_errors`, :func:`group_sizes`). A kind without a hold-out (no rows,
     or none beyond a cut) is absent and no group extrapolation measured is None: the caller's fallback decides."""
@@ -207,7 +209,7 @@ def _has_rows(frames, suite: str) -> bool:
 _SUITE = {"grouped": "grouped_gemm", "gemm": "gemm", "sdpa": "sdpa", "collectives": "collectives"}
 
 
-def depth_holdouts_present(frames, peak: float) -> list[tuple[Holdout, Holdout]]:
+def depth_holdouts_present(frames: dict[str, pd.DataFrame], peak: float) -> list[tuple[Holdout, Holdout]]:
     """:func:`depth_holdouts` of the rules whose table has rows in ``frames`` (an empty suite has no columns
     to cut)."""
     fn = {"grouped": grouped, "gemm": gemm, "sdpa": sdpa, "collectives": collectives}

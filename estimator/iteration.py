@@ -23,9 +23,14 @@ then the PP send/recv, the exposed DP traffic, the expert-bias all-reduce and th
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.ckpt import recomputes_block, recomputes_pointwise, recomputes_sdpa
+
+if TYPE_CHECKING:
+    from scaleplan.estimator.kernels import LayerKernels
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,8 @@ TERMS = tuple(f.name for f in fields(IterationTime))
 LAYER_TERMS = TERMS[:TERMS.index("dispatch_floor")]
 
 
-def layer_terms(k, fw, n_mb, L_stage, n_moe, ckpt, is_moe: bool) -> dict[str, np.ndarray]:
+def layer_terms(k: LayerKernels, fw: ArrayLike, n_mb: ArrayLike, L_stage: ArrayLike, n_moe: ArrayLike,
+                ckpt: np.ndarray, is_moe: bool) -> dict[str, np.ndarray]:
     """The slowest stage's layer compute per iteration, one term per block component (seconds; the
     keys of :data:`LAYER_TERMS`). ``k``: :class:`kernels.LayerKernels`; ``fw``: one layer's framework
     kernels (fwd + bwd + recompute); ``L_stage``: layers on the stage; ``n_moe``: its MoE layers (the

@@ -56,9 +56,11 @@ CUDA graphs (``stack.cuda_graphs``): the captured parts launch as one graph per 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from scaleplan.stack import Stack
 
@@ -88,12 +90,12 @@ class LayerCounts:
     fwd: dict[str, np.ndarray]
     bwd: dict[str, np.ndarray]
 
-    def total(self, parts=None) -> tuple[np.ndarray, np.ndarray]:
+    def total(self, parts: Iterable[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(forward, backward) kernels summed over ``parts`` (default: all)."""
         keys = self.fwd.keys() if parts is None else parts
         return sum(self.fwd[k] for k in keys), sum(self.bwd[k] for k in keys)
 
-    def full_recompute_units(self, parts=None) -> np.ndarray:
+    def full_recompute_units(self, parts: Iterable[str] | None = None) -> np.ndarray:
         """Kernels per layer and micro-batch under full recompute (the law's unit): 2 forward + backward."""
         f, b = self.total(parts)
         return 2.0 * f + b
@@ -107,7 +109,7 @@ def _quantize(recipe: str | None, groups, grouped_kernel: bool):
     return np.full_like(groups, per) if (grouped_kernel or recipe in _ONE_CALL_FOR_ALL_GROUPS) else per * groups
 
 
-def moe_layer_counts(stack: Stack, E_loc, ep, precision: str, glu: bool = True,
+def moe_layer_counts(stack: Stack, E_loc: ArrayLike, ep: ArrayLike, precision: str, glu: bool = True,
                      shared_expert: bool = False) -> LayerCounts:
     """:class:`LayerCounts` of one MoE layer (arrays over plans of ``E_loc`` local experts and ``ep``) on
     ``stack`` for a model in ``precision`` (its FP8 recipe: :meth:`Stack.recipe`). Raises nothing."""
@@ -163,7 +165,8 @@ PAPER_STACK = Stack()
 FRAMEWORK_PARTS = ("router_scores", "permute", "a2a", "unpermute", "expert_act", "fp8_padding")
 
 
-def named_framework_kernels(stack: Stack, E_loc, ep, precision: str = "bf16") -> np.ndarray:
+def named_framework_kernels(stack: Stack, E_loc: ArrayLike, ep: ArrayLike,
+                            precision: str = 'bf16') -> np.ndarray:
     """Framework kernels named per MoE layer and micro-batch in full-recompute units: the attention block, the
     router's gating GEMM, the token counts and :data:`FRAMEWORK_PARTS` (arrays over plans)."""
     c = moe_layer_counts(stack, E_loc, ep, precision)
@@ -177,8 +180,9 @@ def framework_scale(kappa0: float) -> float:
     return float(kappa0 / named_framework_kernels(PAPER_STACK, np.array([16.0]), np.array([8]))[0])
 
 
-def kappa_delta(stack: Stack, E_loc, ep, precision: str, kappa0: float, glu: bool = True,
-                shared_expert: bool = False, law_stack: Stack = PAPER_STACK, law_precision: str = "bf16"):
+def kappa_delta(stack: Stack, E_loc: ArrayLike, ep: ArrayLike, precision: str, kappa0: float,
+                glu: bool = True, shared_expert: bool = False, law_stack: Stack = PAPER_STACK,
+                law_precision: str = 'bf16') -> np.ndarray:
     """Kernels per MoE layer and micro-batch (full-recompute units, the law's) that ``stack`` launches more
     than ``law_stack``, the stack the law in force was counted on (arrays over plans): framework parts at
     :func:`framework_scale` launches each, GEMMs and quantize kernels one."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator import analytic as an
 from scaleplan.estimator.comm import collective_time
 from scaleplan.estimator.context import EvalContext
@@ -63,7 +64,7 @@ class LayerKernels:
     T: np.ndarray         # tokens of a rank's sequence shard
     Tsp: np.ndarray       # its sequence-parallel shard, T / TP
 
-    def take(self, idx) -> LayerKernels:
+    def take(self, idx: ArrayLike) -> LayerKernels:
         return LayerKernels(**{f: getattr(self, f)[idx] for f in _NAMES})
 
 

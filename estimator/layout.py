@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.sources import distinct
@@ -63,7 +64,9 @@ class ParallelLayout:
     ckpt: np.ndarray
 
     @classmethod
-    def of(cls, tp=1, cp=1, pp=1, dp=1, ep=1, etp=1, vpp=1, mbs=1, ckpt="full") -> ParallelLayout:
+    def of(cls, tp: ArrayLike = 1, cp: ArrayLike = 1, pp: ArrayLike = 1, dp: ArrayLike = 1, ep: ArrayLike = 1,
+           etp: ArrayLike = 1, vpp: ArrayLike = 1, mbs: ArrayLike = 1,
+           ckpt: ArrayLike = 'full') -> ParallelLayout:
         """Plans from scalars or arrays (broadcast together); ``ckpt`` by spec name(s) or code(s)."""
         ck = np.asarray(ckpt)
         if ck.dtype.kind in "US":
@@ -90,7 +93,7 @@ class ParallelLayout:
     def __len__(self) -> int:
         return len(self.tp)
 
-    def take(self, idx) -> ParallelLayout:
+    def take(self, idx: ArrayLike) -> ParallelLayout:
         """The plans at ``idx`` (indices or a mask)."""
         return ParallelLayout(*(getattr(self, f)[idx] for f in FIELDS))
 
@@ -266,7 +269,7 @@ class Rule:
 RULES: list[Rule] = []  # in the order a plan's first failing rule is reported
 
 
-def rule(name: str, field: str, allowed: str, geometric: bool = True):
+def rule(name: str, field: str, allowed: str, geometric: bool = True) -> Callable[[Callable], Callable]:
     """Register a validity rule (a function (layout, context) -> bool array, True where valid):
     adding a rule is one decorated function. ``geometric=False`` only for a check that never reads
     ``ctx.g`` (the model): enumeration then runs it once for every model searched on the grid."""

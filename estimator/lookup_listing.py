@@ -9,9 +9,16 @@ keys only. Because the keys come from the model's own lookups, the list cannot d
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.model_dims import Geometry
 from scaleplan.estimator.tables import MEASURED, LookupResult, Tables
+
+if TYPE_CHECKING:
+    from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.estimator.model import TimeModel
 
 _T = 1e-6  # the placeholder time of every recorded lookup (seconds)
 
@@ -128,7 +135,8 @@ class RecordingTables:
             {"seq_len": s, "micro_bs": b, "n_q_heads": h, "n_kv_heads": max(round(g.nkv * h / g.nq), 1),
              "head_dim": d, "causal": True, "dtype": dtype}])
 
-    def collective(self, coll: str, layout: str, inter: bool, group, size):
+    def collective(self, coll: str, layout: str, inter: bool, group: ArrayLike,
+                   size: ArrayLike) -> _Collective:
         """Record the request (``group`` ranks, ``size`` bytes per rank; arrays over the plans that
         ask) of :meth:`Tables.collective`. Collectives are keyed in bytes; they are measured in the dtype
         on the wire: fp32 for an fp32 model (a CPU model: its bench asks for no bf16 point), else bf16
@@ -139,14 +147,16 @@ class RecordingTables:
                                      "inter_node": bool(inter), "size_bytes": s, "dtype": wire})
         return self.collectives.get((coll, layout, inter))
 
-    def vocab_lookup(self, op: str, dirn: str, tokens, vocab, hidden: int) -> LookupResult:
+    def vocab_lookup(self, op: str, dirn: str, tokens: ArrayLike, vocab: ArrayLike,
+                     hidden: int) -> LookupResult:
         """Record the LM head / cross-entropy point (:meth:`Tables.vocab_lookup`)."""
         for t, v in _ints(tokens, vocab):
             self.add("vocab", {"op": op, "tokens": t, "hidden": int(hidden), "vocab": v,
                                "dtype": self._g.precision if op == "lm_head_gemm" else "fp32"})
         return _result("vocab", ("tokens", "hidden"), np.broadcast(tokens, vocab).shape)
 
-    def host_time(self, part: str, ckpt: str, dtype: str, tokens, hidden: int, experts: int):
+    def host_time(self, part: str, ckpt: str, dtype: str, tokens: ArrayLike, hidden: int,
+                  experts: int) -> np.ndarray:
         """Record the host-dispatch row of a model part (:meth:`Tables.host_time`)."""
         mode = f"ops:{part}:{ckpt}" if ckpt else f"ops:{part}"
         for (m,) in _ints(tokens):
@@ -170,8 +180,8 @@ def chain_point(g: Geometry) -> dict:
     return {"mode": "gemm", "m": CHAIN_M, "n": width, "k": width, "dtype": dtype, "chain_len": CHAIN_LEN}
 
 
-def recorded_lookups(model, tables: Tables, g: Geometry, lay, gbs: int, seqlen: int,
-                     optimizer: str) -> dict[str, list[dict]]:
+def recorded_lookups(model: TimeModel, tables: Tables, g: Geometry, lay: ParallelLayout, gbs: int,
+                     seqlen: int, optimizer: str) -> dict[str, list[dict]]:
     """The table points (suite -> key dicts, keyed by measurement-table column names) that ``model`` (a
     :class:`~scaleplan.estimator.model.TimeModel`) looks up evaluating the plans ``lay`` of geometry
     ``g`` on ``tables``, and the dispatch chain its law's t_gap is read from (at construction, not per

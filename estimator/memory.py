@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.model_dims import Geometry, vocab_shard
 from scaleplan.estimator.optimizer import optimizer as opt_spec
@@ -49,8 +50,10 @@ WEIGHT_BYTES, GRAD_BYTES = 2.0, 4.0
 RESERVE_BYTES = 5e9  # legacy fixed reserve (the estimator now uses the allocator and context terms)
 
 
-def dense_layer_activation_bytes(s, b, h, a, ffn, *, kv_heads=None, head_dim=None, glu=False,
-                                 dropout=True, flash=False, tp=1, gate=False):
+def dense_layer_activation_bytes(s: ArrayLike, b: ArrayLike, h: ArrayLike, a: ArrayLike, ffn: ArrayLike, *,
+                                 kv_heads: int | None = None, head_dim: int | None = None, glu: bool = False,
+                                 dropout: bool = True, flash: bool = False, tp: ArrayLike = 1,
+                                 gate: bool = False) -> np.ndarray:
     """Korthikanti activation bytes of one dense transformer block (no recomputation), per device.
 
     With kv_heads = a, ffn = 4h, no GLU, dropout, no flash: s b h (34 + 5 a s / h) / tp.
@@ -85,8 +88,8 @@ def sdpa_cast(g: Geometry) -> bool:
     return ACT_DTYPE.get(g.sdpa_precision, "bf16") != ACT_DTYPE.get(g.precision, "bf16")
 
 
-def block_activation_terms(s, b, g: Geometry, tp, etp, is_moe: bool, a: float, rope: bool = True,
-                           mcore: bool = False) -> dict:
+def block_activation_terms(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
+                           is_moe: bool, a: float, rope: bool = True, mcore: bool = False) -> dict:
     """Bytes one block saves for its backward, per device and micro-batch, term by term, with no
     recomputation: ``{name: (bytes, freed_by)}``; ``freed_by`` is 'core' for tensors selective
     recompute drops (SDPA output and log-sum-exp, head-gate sigmoid), 'fine' for those
@@ -196,8 +199,9 @@ def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dic
     return t
 
 
-def block_activation_bytes(s, b, g: Geometry, tp, etp, is_moe: bool, mode_code, a: float = 2.0,
-                           rope: bool = True, mcore: bool = False):
+def block_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
+                           is_moe: bool, mode_code: ArrayLike, a: float = 2.0, rope: bool = True,
+                           mcore: bool = False) -> np.ndarray:
     """One block's stored activations (bytes per device, one micro-batch) under checkpoint mode
     ``mode_code`` (array over plans): none keeps every term of :func:`block_activation_terms`,
     selective drops the 'core' terms, super-selective also the 'fine' ones, full keeps the block
@@ -210,18 +214,21 @@ def block_activation_bytes(s, b, g: Geometry, tp, etp, is_moe: bool, mode_code, 
     return np.select([mode == m for m in CkptMode], [by_mode[m] for m in CkptMode])
 
 
-def moe_layer_activation_bytes(s, b, g: Geometry, tp, etp, mode_code, a: float = 2.0, rope: bool = True,
-                               mcore: bool = False):
+def moe_layer_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
+                               mode_code: ArrayLike, a: float = 2.0, rope: bool = True,
+                               mcore: bool = False) -> np.ndarray:
     """One MoE block's stored activations per device (see :func:`block_activation_terms`)."""
     return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope, mcore)
 
 
-def dense_block_bytes(s, b, g: Geometry, tp, mode_code, a: float = 2.0, rope: bool = True):
+def dense_block_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, mode_code: ArrayLike,
+                      a: float = 2.0, rope: bool = True) -> np.ndarray:
     """One dense block's stored activations per device (see :func:`block_activation_terms`)."""
     return block_activation_bytes(s, b, g, tp, 1, False, mode_code, a, rope)
 
 
-def outside_blocks_saved_bytes(s, b, g: Geometry, tp, a: float, first: bool, last: bool):
+def outside_blocks_saved_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, a: float, first: bool,
+                               last: bool) -> np.ndarray:
     """Saved tensors outside the blocks, per device and micro-batch: int64 token ids (embedding
     backward) and RoPE tables on the first stage; the final norm's input and statistics, the LM
     head input, the fp32 log-softmax and int64 labels on the last stage."""
@@ -408,7 +415,7 @@ def allocated_reserved(mem: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarr
     return allocated, reserved, reserved + mem.get("context", 0.0)
 
 
-def reference_peak_allocated(mem: dict[str, np.ndarray], n_mb) -> np.ndarray:
+def reference_peak_allocated(mem: dict[str, np.ndarray], n_mb: ArrayLike) -> np.ndarray:
     """Peak allocated bytes of the reference runner (:data:`REFERENCE_DDP`), whose gradients exist
     only from the first backward to the optimizer step (zero_grad sets them to None) and whose fp32
     master gradients only during the step: weights, master weights, moments and DDP buckets always;

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, fields
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.geometry import (
     block_params,
     gate_columns,
@@ -23,13 +24,13 @@ from scaleplan.specs import ModelBlock
 VOCAB_DIVISOR = 128
 
 
-def padded_vocab(vocab, tp=1):
+def padded_vocab(vocab: ArrayLike, tp: ArrayLike = 1) -> np.ndarray:
     """Megatron's padded vocabulary size (works on numpy arrays of TP)."""
     mult = VOCAB_DIVISOR * tp
     return -(-vocab // mult) * mult
 
 
-def vocab_shard(vocab, tp):
+def vocab_shard(vocab: ArrayLike, tp: ArrayLike) -> np.ndarray:
     """V_loc: the rows of the padded vocabulary one TP rank holds, pad(V, TP) / TP (float arrays of TP):
     its share of the embedding and the LM head, and the logits it computes."""
     tp = np.asarray(tp)
@@ -86,7 +87,7 @@ class Geometry:
         return self.n_moe > 0
 
     @property
-    def v_dim(self):
+    def v_dim(self) -> ArrayLike:
         """Width of a value head (and of the output projection's input per head): head_dim except MLA's."""
         return np.where(np.asarray(self.hv) > 0, self.hv, self.hd)
 
@@ -101,7 +102,7 @@ class Geometry:
         return self.gate > 0
 
     @property
-    def dense_lead(self):
+    def dense_lead(self) -> ArrayLike:
         """The dense blocks before the MoE pattern starts (``first_dense``, else the n_dense first blocks)."""
         return np.where(np.asarray(self.first_dense) < 0, self.n_dense, self.first_dense)
 
@@ -123,7 +124,7 @@ class Geometry:
         attention, dense-MLP, TP/CP and vocabulary kernels are the same for geometries alike in them."""
         return ()
 
-    def take(self, idx) -> Geometry:
+    def take(self, idx: ArrayLike) -> Geometry:
         """The geometry of the plans at ``idx``: one geometry serves every plan (GeometryBatch selects)."""
         return self
 
@@ -264,5 +265,5 @@ class GeometryBatch(Geometry):
     def dense_keys(self) -> tuple:
         return (self.dense_index,)
 
-    def take(self, idx) -> GeometryBatch:
+    def take(self, idx: ArrayLike) -> GeometryBatch:
         return GeometryBatch._of(self._table, self._rank, self.index[idx], self)

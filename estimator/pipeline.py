@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def bubble_fraction(pp, vpp, n_mb):
+def bubble_fraction(pp: ArrayLike, vpp: ArrayLike, n_mb: ArrayLike) -> np.ndarray:
     """eq:bubble: f_bubble = (PP - 1) / (VPP n_mb) (array-friendly)."""
     return (np.asarray(pp, dtype=float) - 1) / (np.asarray(vpp, dtype=float) * np.asarray(n_mb, dtype=float))
 
@@ -70,7 +71,7 @@ class Vocab:
     last_bwd_exposed: np.ndarray | float = 0.0
 
 
-def stage_periods(pp, first: StageWork, middle: Middle, last: StageWork, vocab: Vocab,
+def stage_periods(pp: ArrayLike, first: StageWork, middle: Middle, last: StageWork, vocab: Vocab,
                   serial: bool = False) -> StagePeriods:
     """Per-micro-batch periods (seconds): the slowest stage's, and the other stages' summed (the
     fill and drain, :func:`pipeline_time`), first / middle / last stages considered.
@@ -121,7 +122,7 @@ def stage_periods(pp, first: StageWork, middle: Middle, last: StageWork, vocab: 
     return StagePeriods(period, period_disp, ramp, ramp_disp)
 
 
-def pipeline_time(n_mb, vpp, period, ramp):
+def pipeline_time(n_mb: ArrayLike, vpp: ArrayLike, period: ArrayLike, ramp: ArrayLike) -> np.ndarray:
     """1F1B wall of the pipelined part (seconds): n_mb periods of the slowest stage plus the fill
     and drain through the other stages, ``ramp`` (:class:`StagePeriods`), which VPP-way
     interleaving divides by VPP as it divides the bubble (eq:bubble)."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.model_dims import Geometry, geometry, vocab_shard
 from scaleplan.estimator.sources import distinct
@@ -52,7 +53,7 @@ class StageCounts:
     has_embedding: np.ndarray  # bool: the first stage (input embedding)
     has_head: np.ndarray       # bool: the last stage (final norm, LM head, loss)
 
-    def take(self, idx, memo: dict | None = None) -> StageCounts:
+    def take(self, idx: ArrayLike, memo: dict | None = None) -> StageCounts:
         """The stage of the plans at ``idx``; ``memo`` ({id(array): its selection}) gathers an array the
         stages share once."""
         memo = {} if memo is None else memo
@@ -116,7 +117,7 @@ class PlanShapes:
         return np.maximum(np.maximum(self.first.n_moe, self.last.n_moe),
                           np.where(self.n_middle > 0, self.middle_hi.n_moe, 0.0))
 
-    def take(self, idx) -> PlanShapes:
+    def take(self, idx: ArrayLike) -> PlanShapes:
         """The shapes of the plans at ``idx`` (indices or a mask)."""
         out, memo = {}, {}
         for f in fields(PlanShapes):
@@ -196,7 +197,7 @@ def _moe_before(g: Geometry, b) -> np.ndarray:
     return np.floor(np.maximum(np.asarray(b, dtype=float) - g.dense_lead, 0.0) / g.moe_every)
 
 
-def stage_counts(g: Geometry, lay: ParallelLayout, s) -> StageCounts:
+def stage_counts(g: Geometry, lay: ParallelLayout, s: ArrayLike) -> StageCounts:
     """The blocks of stage ``s`` (an index, arrays broadcast with the plans) as Megatron-Core lays the
     model out (module docstring): chunk v of stage s holds blocks [v R + o_s, v R + o_s + c_s), R the
     blocks of one round, o_s the stage's offset in it and c_s its chunk."""
@@ -227,7 +228,7 @@ def _with_mtp(g: Geometry, st: StageCounts) -> StageCounts:
     return replace(st, n_layers=st.n_layers + mtp, n_dense=st.n_dense + mtp * (1.0 - float(g.mtp_moe)), n_moe=n_moe)
 
 
-def as_stage(g: Geometry, lay: ParallelLayout, stage) -> StageCounts:
+def as_stage(g: Geometry, lay: ParallelLayout, stage: StageCounts | ArrayLike) -> StageCounts:
     """``stage`` itself when it is a :class:`StageCounts`, else :func:`stage_counts` of the stage index it holds."""
     return stage if isinstance(stage, StageCounts) else stage_counts(g, lay, stage)
 

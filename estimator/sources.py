@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.tables import CLAMPED, COMPOSED, LookupResult, compose_rule
 
 
@@ -43,7 +44,7 @@ class Recorder:
         # measured ones (busbw / NIC-bytes invariance): per plan, whatever else is evaluated with it
         self.extrapolated: dict[str, np.ndarray] = {}
 
-    def warn(self, msg: str, where=True) -> None:
+    def warn(self, msg: str, where: ArrayLike = True) -> None:
         """A warning about component ``msg.split(":")[0]`` raised by the plans in ``where``: shown with a
         plan whose component is analytic (``Estimator`` results); ``warned`` keeps which plans raised it."""
         where = np.broadcast_to(np.asarray(where, dtype=bool), (self.P,))
@@ -52,25 +53,25 @@ class Recorder:
         if msg not in self.warnings:
             self.warnings.append(msg)
 
-    def mark_extrapolated(self, comp: str, where) -> None:
+    def mark_extrapolated(self, comp: str, where: ArrayLike) -> None:
         """Mark the plans in ``where`` as having read a collective of ``comp`` at a group size the table
         did not measure (mosaic/evidence.py weighs that part with the group-size extrapolation error)."""
         where = np.broadcast_to(np.asarray(where, dtype=bool), (self.P,))
         cur = self.extrapolated.get(comp)
         self.extrapolated[comp] = where.copy() if cur is None else (cur | where)
 
-    def note(self, msg: str, where=True) -> None:
+    def note(self, msg: str, where: ArrayLike = True) -> None:
         """A per-plan note (shown in the warnings of the plans in ``where``)."""
         where = np.broadcast_to(np.asarray(where, dtype=bool), (self.P,))
         cur = self.notes.get(msg)
         self.notes[msg] = where.copy() if cur is None else (cur | where)
 
-    def mark(self, comp: str, code) -> None:
+    def mark(self, comp: str, code: ArrayLike) -> None:
         code = np.asarray(code, dtype=np.int8)
         cur = self.src.get(comp)
         self.src[comp] = np.broadcast_to(code, (self.P,)).copy() if cur is None else np.maximum(cur, code)
 
-    def fold(self, other: Recorder, idx) -> None:
+    def fold(self, other: Recorder, idx: ArrayLike) -> None:
         """Take over the records of a recorder over other elements (distinct tuples, stacked pipeline
         stages) where element ``idx[j, p]`` is plan p's j-th lookup (int array (k, P), or (P,) for one):
         per plan the weakest source, the clamps summed, the first out-of-range lookup, the notes of any."""
@@ -92,7 +93,7 @@ class Recorder:
             self.mark_extrapolated(comp, where[idx].any(axis=0))
         self.warnings.extend(w for w in other.warnings if w not in self.warnings)
 
-    def use(self, comp: str, res: LookupResult, active=True) -> np.ndarray:
+    def use(self, comp: str, res: LookupResult, active: ArrayLike = True) -> np.ndarray:
         """Record one lookup for component ``comp`` (``active``: plans where it really happens)."""
         P = self.P
         all_active = active is True
@@ -139,7 +140,7 @@ _DENSE_CODES = 1 << 16
 _DENSE_TUPLES = 1 << 24
 
 
-def distinct(*cols) -> tuple[np.ndarray, np.ndarray]:
+def distinct(*cols: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """The distinct tuples of equal-length columns (arrays over plans), for lookups made once per tuple
     and handed back with :meth:`Recorder.fold`: (first, inv), ``first`` the index of each tuple's first
     plan (the tuples in sorted order), ``inv`` (shape (P,)) the tuple of each plan. Each column is coded by its own distinct values and the codes

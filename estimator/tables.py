@@ -26,8 +26,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from scaleplan.estimator.compose import collective_tail
+from scaleplan.estimator.compose import Ceiling, LaunchFloor, MemoryFloor, SdpaFloor, collective_tail
 from scaleplan.estimator.lookup_points import DISTINCT_MIN, distinct_points, memoised
 from scaleplan.lazy import lazy_module
 
@@ -81,7 +82,8 @@ COMPOSE_RULES: dict[str, tuple[tuple[float, ...], str]] = {
 }
 
 
-def affine_growth(t_edge, t_nb, edge, nb, x, e: float = 1.0):
+def affine_growth(t_edge: ArrayLike, t_nb: ArrayLike, edge: ArrayLike, nb: ArrayLike, x: ArrayLike,
+                  e: float = 1.0) -> np.ndarray:
     """t(x) / t(edge) of a kernel whose time is a fixed part plus a part proportional to its work (work
     ~ size^e), continued from the measured interval (nb, edge) to ``x`` outside it (COMPOSE_RULES):
     1 + s ((x / edge)^e - 1), s = (1 - t_nb / t_edge) / (1 - (nb / edge)^e) the edge's marginal share,
@@ -174,7 +176,7 @@ class GridTable:
     """log-time on a regular grid of log axes; lookups report range status per axis."""
 
     def __init__(self, name: str, axes: tuple[str, ...], grid: list[np.ndarray], values: np.ndarray,
-                 ceiling=None, floor=None):
+                 ceiling: Ceiling | None = None, floor: LaunchFloor | MemoryFloor | SdpaFloor | None = None):
         self.name, self.axes = name, axes
         # roofline composition (estimator/compose.py): above ``ceiling.axis``, below ``floor.axis``
         self.ceiling, self.floor = ceiling, floor
@@ -194,7 +196,7 @@ class GridTable:
         self._points = [set(g.tolist()) for g in self.grid]
         self._cache: dict = {}
 
-    def lookup(self, *coords) -> LookupResult:
+    def lookup(self, *coords: ArrayLike) -> LookupResult:
         """Interpolated times at ``coords`` (one array per axis, broadcast together).
 
         Results of a request of fewer than DISTINCT_MIN points are memoised (:mod:`lookup_points`); the
@@ -294,7 +296,8 @@ class GridTable:
         return t_all[0], grow
 
 
-def fill_grid(df: pd.DataFrame, axes: list[str], value: str, work: np.ndarray | None = None):
+def fill_grid(df: pd.DataFrame, axes: list[str], value: str,
+              work: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """Pivot ``df`` onto the full product grid of its axes; fill holes by nearest neighbour.
 
     Holes are filled in log(value / work) (log inverse-throughput when ``work`` is the FLOP count
@@ -339,7 +342,8 @@ class CollectiveTable:
             self.tail = collective_tail(self.name.split(".")[-1], self.groups, self.sizes,
                                         [np.exp(x) for x in self.log_t])
 
-    def time(self, group: np.ndarray, size: np.ndarray):
+    def time(self, group: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+             np.ndarray]:
         """(seconds, size lo, size hi, exact) per element; memoised like :meth:`GridTable.lookup`."""
         g, s = np.asarray(group, dtype=float), np.asarray(size, dtype=float)
         key = lambda: (g.shape, g.tobytes(), s.shape, s.tobytes())  # noqa: E731
@@ -434,7 +438,8 @@ class Tables:
     # for tables built from frames in hand
     source: tuple | None = None
 
-    def host_time(self, part: str, ckpt: str, dtype: str, tokens, hidden: int, experts: int):
+    def host_time(self, part: str, ckpt: str, dtype: str, tokens: ArrayLike, hidden: int,
+                  experts: int) -> np.ndarray | None:
         """Host seconds of a model part at ``tokens`` per micro-batch (array), or None without rows.
 
         Rows of the exact (hidden, experts) are used where present (else all rows); between measured
@@ -449,13 +454,15 @@ class Tables:
         m, t = np.log(rows[:, 0]), np.log(rows[:, 3])
         return np.exp(np.interp(np.log(np.asarray(tokens, dtype=float)), m, t))
 
-    def collective(self, coll: str, layout: str, inter: bool, group=None, size=None) -> CollectiveTable | None:
+    def collective(self, coll: str, layout: str, inter: bool, group: ArrayLike | None = None,
+                   size: ArrayLike | None = None) -> CollectiveTable | None:
         """The collective table of a regime (None: unmeasured). ``group`` / ``size`` (ranks, bytes per
         rank; arrays over the plans that ask) are the request, which these tables do not need and a
         recording view (:class:`~scaleplan.estimator.lookup_listing.RecordingTables`) lists."""
         return self.collectives.get((coll, layout, bool(inter)))
 
-    def vocab_lookup(self, op: str, dirn: str, tokens, vocab, hidden) -> LookupResult | None:
+    def vocab_lookup(self, op: str, dirn: str, tokens: ArrayLike, vocab: ArrayLike,
+                     hidden: int) -> LookupResult | None:
         """LM head / cross-entropy (``op``, ``dirn``) at ``tokens`` and a (padded, TP-sharded) ``vocab``:
         the table of the one vocab size it measures, at the logit-equivalent token count
         tokens x vocab / vocab_size (both kernels' work is proportional to the logit count). None where

@@ -26,23 +26,24 @@ Seconds; sizes in bytes per rank; ranks counted as a group size n.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 RING, TREE = "ring", "tree"
 
 
-def ring_steps(coll: str, n) -> np.ndarray:
+def ring_steps(coll: str, n: ArrayLike) -> np.ndarray:
     """Latency-bound steps of ``coll`` on ``n`` ranks: n - 1 for a reduce-scatter, an all-gather and an
     all-to-all (its peer exchanges), 2 (n - 1) for a ring all-reduce (a reduce-scatter then an all-gather)."""
     n = np.asarray(n, dtype=float)
     return (2.0 if coll == "all_reduce" else 1.0) * np.maximum(n - 1.0, 0.0)
 
 
-def tree_steps(n) -> np.ndarray:
+def tree_steps(n: ArrayLike) -> np.ndarray:
     """An all-reduce on a double binary tree: up and down its depth, 2 log2 n steps."""
     return 2.0 * np.log2(np.maximum(np.asarray(n, dtype=float), 1.0))
 
 
-def step_latency(groups, sizes, times, coll: str) -> float:
+def step_latency(groups: ArrayLike, sizes: ArrayLike, times: ArrayLike, coll: str) -> float:
     """Seconds per ring step of one collective regime, from its measured curves (``groups``: group sizes,
     ascending; ``sizes`` / ``times``: each group's message bytes and seconds, ascending): the growth of the
     smallest message common to the two largest groups per added step; with one group (or no growth), that
@@ -62,7 +63,8 @@ def step_latency(groups, sizes, times, coll: str) -> float:
     return float(t[np.argmin(s)]) / steps if steps > 0 else 0.0
 
 
-def latency_floor(coll: str, n, n_ref, floor_ref, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+def latency_floor(coll: str, n: ArrayLike, n_ref: ArrayLike, floor_ref: ArrayLike,
+                  alpha: float) -> tuple[np.ndarray, np.ndarray]:
     """(seconds, algorithm): the latency-bound time of ``coll`` on ``n`` ranks, the measured ``floor_ref``
     on ``n_ref`` (its smallest message's time) plus alpha per added step, ring steps or for an all-reduce the
     tree's where they are fewer (its algorithm then "tree"); arrays broadcast. n <= n_ref keeps the floor."""
