@@ -46,3 +46,25 @@ def test_search_sigma_from_the_calibration_whatever_names_the_database(how, tmp_
     # --calibration none: the uncalibrated estimator, so the paper's fallback error
     none = run_json(*argv, "--calibration", "none")["uncertainty_inputs"]["mfu_error"]
     assert none["source"].startswith("fallback")
+
+
+def test_law_by_name_from_the_default_database(tmp_path, monkeypatch, run_json):
+    """--law NAME without --db reads the fit stored in the default database (it fell back to the paper's law, as
+    the MFU error did), and the loss band widens by that fit's own held-out scatter beyond its data."""
+    from scaleplan.db import models as m
+    from scaleplan.db import session as dbs
+    from scaleplan.mosaic.law import PAPER_JOINT_LAW
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SCALEPLAN_DB", raising=False)
+    url = dbs.default_url()
+    dbs.upgrade(url)
+    with dbs.session_scope(url) as s:
+        row = m.LawFit(name="mine", dataset="d", coefficients=PAPER_JOINT_LAW.to_dict(), heldout_rmse=0.02,
+                       n_runs=10, settings={})
+        s.add(row)
+        s.flush()
+        fit_id = row.id
+    doc = run_json(*SMALL_SEARCH[:-4], "--samples", "20", "--workers", "1", "--law", "mine")
+    assert doc["law"] == f"db:{fit_id}" and doc["evidence_range"]["law_scatter"] == 0.02
+    assert doc["uncertainty_inputs"]["law_beyond_data_scatter"] == 0.02
