@@ -209,6 +209,8 @@ def _bounds() -> dict[str, Bound]:
         "samples": _b("int", 0, 100_000, allowed="0 (none) to 100000 draws"),
         "prescription": _b("float", 0, 1e32, True, "a FLOP count in (0, 1e32]"),
         "s_step": _b("float", 0, 0.5, True, "a sparsity bin width in (0, 0.5]"),
+        # search --robust's quantile, checked whether or not --robust is given (run.check_request's range)
+        "robust_quantile": _b("float", 0.5, 1, allowed="a quantile in [0.5, 1)", hi_open=True),
         # scaleplan plan: the target, the constraints and the goodput model
         "target_loss": _b("float", 0, 100, True, "a loss in nats in (0, 100]"),
         "max_days": _b("float", 0, MAX_DAYS, True, f"days in (0, {MAX_DAYS:g}]"),
