@@ -89,3 +89,15 @@ def adjust_saved(terms: dict, recipe: str | None, act_bytes: float, dense_block:
         view = (b == 0) & (terms["sdpa_out"][0] > 0)
         out["out_proj_in"] = (b + view * terms["sdpa_out"][0] * scale, freed)
     return out
+
+
+# GPU model tokens whose FP8 GEMMs take any operand layout (TE's is_non_tn_fp8_gemm_supported: compute
+# capability 10 and up)
+NON_TN_GPUS = ("B200", "B300", "GB200", "GB300")
+
+
+def non_tn_fp8(gpu_name: str | None) -> bool:
+    """Whether the GPU runs FP8 GEMMs in any layout (Blackwell), so per-tensor FP8 needs no transposed copy."""
+    from scaleplan.profiles import gpu_model
+
+    return (gpu_model(gpu_name) or "") in NON_TN_GPUS

@@ -15,10 +15,11 @@ The two do not add: a ring pipelines its chunks, so the steps' latency hides beh
 takes longer than a hop (the recorded 16- and 32-rank reduce-scatters take 0.482 and 0.495 ms at 128 MB).
 So beyond the largest measured group n_ref: t(n, S) = max(t_table(n_ref, S'), L(n)), S' the busbw-invariant
 message (comm.py), L(n) the latency floor on n ranks: the measured floor (the curve's smallest message) plus
-alpha per added step (:func:`latency_floor`), alpha fitted on the table's own curves (:func:`step_latency`),
-the ring's steps, or for an all-reduce the fewer of the ring's and the tree's (the algorithm is returned).
-Its hold-out on the recorded tables (the 32-rank curves from the 16-rank ones): docs/accuracy.md and
-tests/estimator/test_topology.py. (The 16-rank all-reduce is no ring: 646 GB/s of bus bandwidth at 2 GB, above its reduce-scatter's 362; NCCL's
+alpha per added step (:func:`latency_floor`), alpha the growth between the two largest measured groups
+(:func:`step_latency`; where it is not identified, invariance alone), the ring's steps, or for an all-reduce
+the fewer of the ring's and the tree's (the algorithm is returned). Its hold-out on the recorded tables (the
+32-rank curves from the 16-rank ones): docs/accuracy.md and tests/estimator/test_topology.py. (The
+16-rank all-reduce is no ring: 646 GB/s of bus bandwidth at 2 GB, above its reduce-scatter's 362; NCCL's
 two-node algorithm. An all-reduce is bounded by a reduce-scatter plus an all-gather, compose.py.)
 
 Seconds; sizes in bytes per rank; ranks counted as a group size n.
@@ -43,24 +44,22 @@ def tree_steps(n: ArrayLike) -> np.ndarray:
     return 2.0 * np.log2(np.maximum(np.asarray(n, dtype=float), 1.0))
 
 
-def step_latency(groups: ArrayLike, sizes: ArrayLike, times: ArrayLike, coll: str) -> float:
+def step_latency(groups: ArrayLike, sizes: ArrayLike, times: ArrayLike, coll: str) -> float | None:
     """Seconds per ring step of one collective regime, from its measured curves (``groups``: group sizes,
     ascending; ``sizes`` / ``times``: each group's message bytes and seconds, ascending): the growth of the
-    smallest message common to the two largest groups per added step; with one group (or no growth), that
-    group's smallest-message time over its steps (all of it latency: an upper bound). Never negative."""
-    groups = [float(g) for g in groups]
-    if len(groups) >= 2:
-        (g1, s1, t1), (g2, s2, t2) = ((groups[i], np.asarray(sizes[i]), np.asarray(times[i])) for i in (-2, -1))
-        common = np.intersect1d(s1, s2)
-        if common.size:
-            s = common.min()
-            dt = float(t2[s2 == s][0] - t1[s1 == s][0])
-            ds = float(ring_steps(coll, g2) - ring_steps(coll, g1))
-            if dt > 0 and ds > 0:
-                return dt / ds
-    g, s, t = groups[-1], np.asarray(sizes[-1]), np.asarray(times[-1])
-    steps = float(ring_steps(coll, g))
-    return float(t[np.argmin(s)]) / steps if steps > 0 else 0.0
+    smallest message common to the two largest groups per added step. None where it is not identified (one
+    group, no common message, or no growth: the recorded strided all-gather is faster on 4 ranks than on 2
+    at 4 MB), and busbw invariance stays alone."""
+    if len(groups) < 2:
+        return None
+    (g1, s1, t1), (g2, s2, t2) = ((float(groups[i]), np.asarray(sizes[i]), np.asarray(times[i])) for i in (-2, -1))
+    common = np.intersect1d(s1, s2)
+    if not common.size:
+        return None
+    s = common.min()
+    dt = float(t2[s2 == s][0] - t1[s1 == s][0])
+    ds = float(ring_steps(coll, g2) - ring_steps(coll, g1))
+    return dt / ds if dt > 0 and ds > 0 else None
 
 
 def latency_floor(coll: str, n: ArrayLike, n_ref: ArrayLike, floor_ref: ArrayLike,

@@ -62,3 +62,12 @@ def test_without_the_fused_activation_every_term_is_kept_as_counted():
     g = _gpt_oss_like()
     terms = block_activation_terms(1024, 1, g, 1.0, 1.0, True, 2.0, mcore=True)
     assert sm.adjust_saved(terms, None, 2.0, dense_block=False, fused_activation=False) == terms
+
+
+@pytest.mark.parametrize("name, any_layout", [
+    ("NVIDIA B200", True), ("NVIDIA GB200", True), ("NVIDIA H100 80GB HBM3", False),
+    ("NVIDIA H200", False), ("NVIDIA A100-SXM4-80GB", False), (None, False)])
+def test_only_blackwell_runs_fp8_gemms_in_any_layout(name, any_layout):
+    # TE keeps a transposed FP8 copy of per-tensor weights only where FP8 GEMMs need the TN layout
+    # (compute capability below 10: Hopper, Ada)
+    assert sm.non_tn_fp8(name) is any_layout

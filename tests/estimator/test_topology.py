@@ -33,7 +33,8 @@ def _busbw_invariant(s16, t16, coll, sizes):
 def test_rings_on_more_ranks_pay_their_added_steps(inter, coll):
     s16, t16 = _curve(inter, coll, 16)
     s32, t32 = _curve(inter, coll, 32)
-    alpha = step_latency([16], [s16], [t16], coll)  # one group: its smallest message is all latency
+    assert step_latency([16], [s16], [t16], coll) is None  # one group: the step latency is not identified
+    alpha = t16[0] / 15  # held out, the 16-rank floor taken as all latency (an upper bound)
     floor, algo = latency_floor(coll, 32, 16, t16[0], alpha)
     assert algo == RING and float(floor) == pytest.approx(t16[0] * 31 / 15)
     plain = _busbw_invariant(s16, t16, coll, s32)
@@ -50,6 +51,16 @@ def test_the_step_latency_of_two_groups_is_the_growth_per_added_step(inter):
     alpha = step_latency([16, 32], [s16, s32], [t16, t32], "reduce_scatter")
     assert alpha == pytest.approx((t32[0] - t16[0]) / (31 - 15))
     assert 5e-6 < alpha < 30e-6  # an inter-node hop of a few microseconds to tens (EFA), not ms
+
+
+def test_no_step_latency_where_the_larger_group_is_not_slower(recorded_dir):
+    """The recorded strided all-gather takes 0.331 ms on 2 ranks and 0.196 on 4 at 4 MB: no growth to fit."""
+    d = pd.read_parquet(recorded_dir / "dp_collectives_b200_stride8.parquet")
+    x = d[(d["collective"] == "all_gather") & (d["status"] == "OK")]
+    curves = [x[x["group_size"] == n].sort_values("payload_bytes") for n in (2, 4)]
+    sizes = [c["payload_bytes"].to_numpy(float) for c in curves]
+    times = [c["time_ms_p50"].to_numpy(float) * 1e-3 for c in curves]
+    assert times[1][0] < times[0][0] and step_latency([2, 4], sizes, times, "all_gather") is None
 
 
 def test_an_all_reduce_on_many_ranks_takes_the_tree_when_it_adds_fewer_steps():
