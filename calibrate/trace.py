@@ -436,19 +436,21 @@ def fit_law(rows: list[dict], kappa1_prior: float) -> tuple[dict[str, float], li
     return {"kappa0": kappa0, "kappa1": kappa1, "t_gap_s": t_gap}, notes
 
 
-def store_law(url: str | None, profile: str, rows: list[dict], law) -> dict[str, Any]:
+def store_law(url: str | None, profile: str, rows: list[dict], law, stack: str = "megatron") -> dict[str, Any]:
     """Fit (:func:`fit_law`) and store a new 'dispatch' version of ``profile``: kappa0, kappa1, t_gap_s from
     the traces, the law's non-kernel host terms as they were in force (``law``, scales applied) and the
     host scales at 1 (the traces measured the host); what else the previous row carried (kernel_scale, the
     chain gap) stays. It stores no step-time residuals: the errors of a new law are not known until runs are
-    compared under it (`calibrate report`), so `search --samples` falls back to its default sigma until then."""
+    compared under it (`calibrate report`), so `search --samples` falls back to its default sigma until then.
+    ``stack``: the traced runs' training stack (a Stack.key): the row is that stack's, and its kappa counts
+    that stack's kernels (``kappa_from_traces`` 1: estimator.dispatch.law_in_force)."""
     from scaleplan.calibrate.writers import keys_not_in, write_dispatch
 
     from scaleplan.db import session as dbs
 
     fitted, notes = fit_law(rows, law.kappa1)
     coeffs = {**fitted, "t_ep_host_s": law.t_ep_host_s, "t_host_s": law.t_host_s, "host_scale": 1.0,
-              "ep_host_scale": 1.0}
+              "ep_host_scale": 1.0, "kappa_from_traces": 1.0}
     host_err = [((r["L_stage"] * (fitted["kappa0"] + fitted["kappa1"] * r["E_loc"]) * r["kernel_units"]
                   * fitted["t_gap_s"] + r["law_fixed_per_mb_s"]) / r["host_per_mb_s"] - 1) for r in rows]
     inputs = {"traces": [{"file": r["file"], "sha256": r["sha256"], "E_loc": r["E_loc"],
@@ -456,7 +458,7 @@ def store_law(url: str | None, profile: str, rows: list[dict], law) -> dict[str,
               "host_time_rel_err": host_err}
     dbs.ensure_schema(url)
     with dbs.session_scope(url) as s:
-        row = write_dispatch(s, profile, coeffs, keep=keys_not_in(coeffs), inputs=inputs, residuals=[],
+        row = write_dispatch(s, profile, coeffs, keep=keys_not_in(coeffs), stack=stack, inputs=inputs, residuals=[],
                              cv_error=None, n_obs=len(rows), notes="; ".join(["from profiler traces", *notes]))
         cid, version, stored = row.id, row.version, dict(row.coefficients)
     return {"calibration_id": cid, "version": version, "profile": profile, "coefficients": stored,

@@ -6,10 +6,10 @@ are loaded once per (database URL, profile) and cached; every evaluation is vect
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,7 +19,9 @@ from scaleplan.estimator.memory import RESERVE_BYTES, allocated_reserved, memory
 from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
+from scaleplan.estimator.results import GB, EstimateResult, LayoutsResult
 from scaleplan.estimator.shapes import PlanShapes, plan_shapes
+from scaleplan.estimator.stack_memory import non_tn_fp8
 from scaleplan.estimator.tables import (
     ANALYTIC,
     EXTRAPOLATE_MODES,
@@ -27,64 +29,13 @@ from scaleplan.estimator.tables import (
     Tables,
 )
 from scaleplan.estimator.table_build import build_tables, cached_tables
-
 from scaleplan.errors import OutOfRangeError, ScaleplanError, SpecError
 from scaleplan.profiles import ClusterProfile, load_profile
 from scaleplan.specs import OPTIMIZERS, Layout, ModelBlock, Spec
+from scaleplan.stack import PAPER_STACK, Stack
 
 if TYPE_CHECKING:
     import pandas as pd
-
-GB = 1e9
-
-
-@dataclass
-class EstimateResult:
-    """One plan's prediction (JSON keys per the API contract)."""
-
-    layout: dict[str, Any]
-    mfu: float
-    mfu_validation: float
-    hfu: float
-    t_iter_s: float
-    t_analytic_s: float
-    chi_sys: float
-    chi_inputs: dict[str, Any]
-    tokens_per_s: float
-    mem_per_device_gb: float
-    mem_breakdown_gb: dict[str, float]
-    n_act: float
-    n_tot: float
-    breakdown_s: dict[str, float]
-    sources: dict[str, str]
-    feasible: bool
-    reason: str | None
-    warnings: list[str] = field(default_factory=list)
-    n_clamped: int = 0
-    composed_share: float = 0.0  # fraction of t_analytic_s read from composed (out-of-range) lookups
-    # components whose collectives this plan read at group sizes the tables did not measure (invariance)
-    extrapolated_collectives: list[str] = field(default_factory=list)
-    # GB per device: what torch.cuda.max_memory_allocated sees, and torch.cuda.memory_reserved (plus the
-    # allocator's overhead); mem_per_device_gb adds the memory outside the allocator (CUDA context)
-    mem_allocated_gb: float = 0.0
-    mem_reserved_gb: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class LayoutsResult:
-    ranked: list[EstimateResult]
-    infeasible_counts: dict[str, int]
-    n_plans: int
-    n_feasible: int = 0
-    analytic_components: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ranked": [r.to_dict() for r in self.ranked], "infeasible_counts": self.infeasible_counts,
-                "n_plans": self.n_plans, "n_feasible": self.n_feasible,
-                "analytic_components": self.analytic_components}
 
 
 def _check_positive(**kw) -> None:
@@ -179,6 +130,16 @@ class Estimator:
 
             tables = cached_tables(resolve_url(db_url), self.profile.name, self.profile.peak("bf16"))
         self.tables = tables
+        # the training stack the model-only paths (best_plans, the search) cost; a spec names its own
+        self.training_stack, self.stack_key = PAPER_STACK, PAPER_STACK.key()
+        self._given = (calibration_id, use_calibration, host_scale, kernel_scale, ep_host_scale)
+        self._by_stack: dict[str, Estimator] = {}
+        self._calibrate_and_build()
+
+    def _calibrate_and_build(self) -> None:
+        """The law, chi_sys and runtime scales in force for this estimator's training stack (the calibration
+        rows of that stack only, then the scales given explicitly), and the time model on them."""
+        calibration_id, use_calibration, host_scale, kernel_scale, ep_host_scale = self._given
         self.host_scale = self.kernel_scale = self.ep_host_scale = 1.0
         self.dispatch, self.chi = self._calibration(calibration_id, use_calibration)
         if ep_host_scale is not None:
@@ -190,8 +151,22 @@ class Estimator:
         if not (math.isfinite(self.kernel_scale) and self.kernel_scale > 0):
             raise SpecError("kernel_scale", self.kernel_scale, "a positive finite number")
         self._apply_host_scale()
-        self.model = TimeModel(self.profile, self.tables, extrapolate, self.dispatch, self.chi,
-                               self.kernel_scale, stack)
+        self.model = TimeModel(self.profile, self.tables, self.extrapolate, self.dispatch, self.chi,
+                               self.kernel_scale, self.stack)
+
+    def for_stack(self, stack: Stack, precision: str) -> Estimator:
+        """This estimator for plans on training ``stack`` in ``precision``: the same tables and profile, the
+        calibration of that stack (:meth:`Stack.key`; none of another stack's is ever applied). Cached."""
+        key = stack.key(precision)
+        if key == self.stack_key:
+            return self
+        other = self._by_stack.get(key)
+        if other is None:
+            other = copy.copy(self)
+            other.training_stack, other.stack_key = stack, key
+            other._calibrate_and_build()
+            self._by_stack[key] = other
+        return other
 
     @classmethod
     def from_frames(cls, profile: str | ClusterProfile, frames: dict[str, pd.DataFrame],
@@ -247,14 +222,15 @@ class Estimator:
         this profile's GPU; without such rows the fixed 5 GB ``reserve`` the plans were always held to
         (counted as reserved; the suite's measurement replaces it); nothing on a serial-dispatch (CPU)
         profile, which has no device allocator or context."""
+        st = {"stack": self.training_stack, "non_tn": non_tn_fp8(self.profile.gpu_name)}
         if self.tables.allocator is not None:
             frac, ctx = self.tables.allocator
         elif self.profile.serial_dispatch:
             frac, ctx = 0.0, 0.0
         else:
-            return memory_breakdown(g, plans, gbs, seqlen, optimizer, RESERVE_BYTES, rope=rope, shapes=shapes)
+            return memory_breakdown(g, plans, gbs, seqlen, optimizer, RESERVE_BYTES, rope=rope, shapes=shapes, **st)
         return memory_breakdown(g, plans, gbs, seqlen, optimizer, allocator_fraction=frac, context_bytes=ctx,
-                                rope=rope, shapes=shapes)
+                                rope=rope, shapes=shapes, **st)
 
     def _state_fits(self, geoms: Geometry, sets: list[ParallelLayout], optimizer: str,
                     limit: float) -> list[np.ndarray]:
@@ -269,27 +245,30 @@ class Estimator:
         parts = [s.distinct(*DEGREE_FIELDS) for s in sets]  # memoised per plan set
         tuples = ParallelLayout.concat([s.take(f) for s, (f, _) in zip(sets, parts)])
         owner = np.repeat(np.arange(len(sets)), [len(f) for f, _ in parts])
-        fits = ~(state_bytes(geoms.take(owner), tuples, optimizer) > limit)
+        fits = ~(state_bytes(geoms.take(owner), tuples, optimizer, stack=self.training_stack,
+                             non_tn=non_tn_fp8(self.profile.gpu_name)) > limit)
         starts = np.cumsum([0] + [len(f) for f, _ in parts])
         return [np.nonzero(fits[a + inv])[0] for (_, inv), a in zip(parts, starts)]
 
     def _calibration_rows(self, cal_id) -> dict[str, Any]:
         from scaleplan.db.calibrations import calibrations_in_force
 
-        return calibrations_in_force(self.db_url, self.profile.name, cal_id)
+        return calibrations_in_force(self.db_url, self.profile.name, cal_id, self.stack_key)
 
     # -- public API ----------------------------------------------------------------------------
     def estimate(self, spec: Spec, n_devices: int, layouts: list[Layout] | ParallelLayout | None = None,
                  mem_fraction: float = 1.0) -> list[EstimateResult]:
         """Evaluate explicit layouts (default: the spec's own; the user's :class:`Layout` list, or the plans
         already built from them); a plan needing more than ``mem_fraction`` of HBM is marked infeasible
-        (reason "memory"). Raises OutOfRangeError or SpecError."""
-        ev = self.evaluate(spec, n_devices, layouts)
+        (reason "memory"). The spec's training stack is costed, with its own calibration (:meth:`for_stack`).
+        Raises OutOfRangeError or SpecError."""
+        est = self.for_stack(spec.stack, spec.model.precision)
+        ev = est.evaluate(spec, n_devices, layouts)
         g, plans = geometry(spec.model), ev.plans
-        mem = self._memory(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
-                           spec.model.rotary_embeds, ev.shapes)
+        mem = est._memory(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
+                          spec.model.rotary_embeds, ev.shapes)
         cap = self.profile.hbm_bytes
-        return [self._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, mem_fraction)
+        return [est._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, mem_fraction)
                 for i in range(len(plans))]
 
     def evaluate(self, spec: Spec, n_devices: int, layouts: list[Layout] | ParallelLayout | None = None) -> Evaluation:
@@ -298,11 +277,13 @@ class Estimator:
         fit of step times reads (:func:`scaleplan.calibrate.joint.estimator_t_pred`). Raises OutOfRangeError
         or SpecError."""
         _check_positive(n_devices=n_devices, gbs=spec.data.gbs, seqlen=spec.data.seqlen)
+        est = self.for_stack(spec.stack, spec.model.precision)
         g = geometry(spec.model)
         plans = layouts if isinstance(layouts, ParallelLayout) else \
             ParallelLayout.from_specs(layouts or [spec.default_layout()], n_devices)
         plans.validate(LayoutContext(g, n_devices, spec.data.gbs, spec.data.seqlen))
-        ev = self.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type)
+        ev = est.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
+                                stack=spec.stack)
         if self.extrapolate == "error":
             bad = np.nonzero(ev.oor.reason != None)[0]
             if len(bad):
@@ -315,8 +296,8 @@ class Estimator:
                 top: int | None = 10) -> LayoutsResult:
         """Ranked feasible plans of P_disc(N_dev) with counts of infeasible plans by reason."""
         _check_positive(n_devices=n_devices, gbs=spec.data.gbs, seqlen=spec.data.seqlen)
-        return self._search(spec.model, n_devices, spec.data.gbs, spec.data.seqlen,
-                            spec.optimizer.optimizer_type, constraints, top)
+        return self.for_stack(spec.stack, spec.model.precision)._search(
+            spec.model, n_devices, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type, constraints, top)
 
     def best_plan(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str = "adamw",
                   constraints: PlanConstraints = PlanConstraints()) -> EstimateResult | None:
@@ -387,7 +368,8 @@ class Estimator:
         if len(fits) == 0:
             return
         owner, mem = owner[fits], {k: v[fits] for k, v in mem.items()}
-        ev = self.model.evaluate(batch.take(fits), plans.take(fits), gbs, seqlen, optimizer, shapes=sh.take(fits))
+        ev = self.model.evaluate(batch.take(fits), plans.take(fits), gbs, seqlen, optimizer, shapes=sh.take(fits),
+                                 stack=self.training_stack)
         ok = np.nonzero(ev.oor.reason == None)[0]  # noqa: E711 (an object array: elementwise)
         bounds = np.searchsorted(owner, np.arange(len(geoms) + 1))
         for b in _first_max_per_group(ev.mfu[ok], owner[ok], ok):
@@ -402,7 +384,7 @@ class Estimator:
         if len(plans) == 0:
             return g, plans, None, None, np.zeros(0, bool), np.zeros(0, object), counts, total
         sh = plan_shapes(g, plans, seqlen, gbs)
-        ev = self.model.evaluate(g, plans, gbs, seqlen, optimizer, shapes=sh)
+        ev = self.model.evaluate(g, plans, gbs, seqlen, optimizer, shapes=sh, stack=self.training_stack)
         mem = self._memory(g, plans, gbs, seqlen, optimizer, model.rotary_embeds, sh)
         tot = sum(mem.values())
         reason = np.array(ev.oor.reason, dtype=object)
@@ -438,9 +420,10 @@ class Estimator:
         from scaleplan.estimator.lookup_listing import recorded_lookups
 
         layouts = layouts or [spec.default_layout()]
-        return recorded_lookups(self.model, self.tables, geometry(spec.model),
+        est = self.for_stack(spec.stack, spec.model.precision)
+        return recorded_lookups(est.model, self.tables, geometry(spec.model),
                                 ParallelLayout.from_specs(layouts, n_devices), spec.data.gbs, spec.data.seqlen,
-                                spec.optimizer.optimizer_type)
+                                spec.optimizer.optimizer_type, spec.stack)
 
     # -- helpers -------------------------------------------------------------------------------
     def _result(self, g: Geometry, ev: Evaluation, mem, i: int, tokens: int, cap: float,

@@ -33,6 +33,9 @@ from scaleplan.estimator.params import dp_stages, stage_params  # noqa: F401  (d
 from scaleplan.estimator.shapes import StageCounts, concat_stages, plan_shapes
 from scaleplan.estimator.sources import Recorder, _arr, distinct
 from scaleplan.estimator.tables import ANALYTIC, LookupResult, Tables
+from scaleplan.estimator.topology import latency_floor, step_latency
+
+from scaleplan.stack import PAPER_STACK, Stack
 
 # Megatron distributed-data-parallel bucket: max(40M, 1M x DP) parameters (DistributedDataParallelConfig)
 DDP_BUCKET_PARAMS = 40_000_000
@@ -85,17 +88,18 @@ def _warn_off_grid(rec: Recorder, comp: str, coll: str, layout: str, inter: bool
 def collective_time(lk: Lookups, comp: str, coll: str, n: ArrayLike, size: ArrayLike, inter: ArrayLike,
                     layout: str = 'contiguous', *, active: ArrayLike = True,
                     per_node: ArrayLike | None = None, small_analytic: bool = False,
-                    rails: ArrayLike | None = None) -> np.ndarray:
+                    rails: ArrayLike | None = None, ring_floor: bool = True) -> np.ndarray:
     """Seconds (shape (P,)) of collective ``coll`` on groups of ``n`` ranks moving ``size`` bytes per
     rank, for component ``comp``, from the table of the regime (:meth:`Tables.collective`: coll, layout,
     inter-node) of ``lk``; the analytic ring formula where unmeasured (labelled analytic), at the profile's
     link bandwidths. Group sizes outside the measured ones: busbw invariance, or the
     inter-node bytes per rank for an inter-node all-to-all (``per_node`` given: its ranks per node);
     ``rails``: a strided group's ranks per node (:func:`_multi_rail`). ``active``: plans where it runs
-    (else 0). ``small_analytic``: messages below the measured sizes take the analytic time. Why each
-    invariance: the module docstring."""
+    (else 0). ``small_analytic``: messages below the measured sizes take the analytic time. ``ring_floor``:
+    groups beyond the largest measured one held to the ring's (or tree's) latency floor (off for a caller
+    that counts the added hops itself). Why each invariance: the module docstring."""
     if rails is not None and layout == "strided":
-        return _multi_rail(lk, comp, coll, n, size, inter, active, per_node, small_analytic, rails)
+        return _multi_rail(lk, comp, coll, n, size, inter, active, per_node, small_analytic, rails, ring_floor)
     tb, prof, rec, P = lk.tables, lk.profile, lk.rec, lk.P
     n = _arr(n, P)
     size = _arr(size, P)
@@ -135,27 +139,56 @@ def collective_time(lk: Lookups, comp: str, coll: str, n: ArrayLike, size: Array
                            np.where(below, t, tab.composed(nref, s_ref)))
         tt = rec.use(comp, res, sel)
         out[sel] = tt[sel]
-        off_grid = sel & ((n < g_lo) | (n > g_hi))
-        if off_grid.any():
-            rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
-            rec.mark_extrapolated(comp, off_grid)
-            _warn_off_grid(rec, comp, coll, layout, flag, g_lo, g_hi, flag and coll == "all_to_all"
-                           and per_node is not None, off_grid)
+        _off_grid(rec, comp, coll, layout, flag, tab, n, sel, out, flag and coll == "all_to_all"
+                  and per_node is not None, ring_floor)
     return out
 
+
+def _off_grid(rec: Recorder, comp: str, coll: str, layout: str, inter: bool, tab, n: np.ndarray, sel: np.ndarray,
+              out: np.ndarray, by_nic_bytes: bool, ring_floor: bool = True) -> None:
+    """Plans in ``sel`` whose group size ``n`` lies outside the table's measured ones: labelled analytic and
+    extrapolated, with a warning; beyond the largest, ``out`` held to the ring's (or tree's) latency floor
+    (estimator/topology.py)."""
+    g_lo, g_hi = tab.groups[0], tab.groups[-1]
+    above = sel & (n > g_hi)
+    if ring_floor and above.any():
+        out[above] = np.maximum(out[above], _beyond_floor(rec, comp, coll, tab, n, above)[above])
+    off_grid = sel & ((n < g_lo) | (n > g_hi))
+    if off_grid.any():
+        rec.mark(comp, np.where(off_grid, ANALYTIC, 0))
+        rec.mark_extrapolated(comp, off_grid)
+        _warn_off_grid(rec, comp, coll, layout, inter, g_lo, g_hi, by_nic_bytes, off_grid)
+
+
+def _beyond_floor(rec: Recorder, comp: str, coll: str, tab, n: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """The latency floor of ``coll`` on ``n`` ranks (the plans in ``where``) beyond the table's largest measured
+    group: its smallest message's time there plus the table's own per-step latency for each added ring step,
+    an all-reduce's tree where fewer (estimator/topology.py); the algorithm is noted per plan."""
+    times = [np.exp(lt) for lt in getattr(tab, "log_t", ())]
+    alpha = step_latency(tab.groups, tab.sizes, times, coll) if times else None
+    if alpha is None:  # not identified by the table's curves: busbw invariance alone
+        return np.zeros(rec.P)
+    floor, algo = latency_floor(coll, n, tab.groups[-1], float(times[-1][0]), alpha)
+    for a in sorted(set(algo[where].tolist())):
+        rec.note(f"{comp}: {coll} beyond the measured {int(tab.groups[-1])} ranks: busbw invariance for the "
+                 f"bandwidth, the {a}'s latency over its added steps (estimator/topology.py)", where & (algo == a))
+    return floor
+
+
 def _multi_rail(lk: Lookups, comp: str, coll: str, n, size, inter, active, per_node, small_analytic: bool,
-                rails) -> np.ndarray:
+                rails, ring_floor: bool = True) -> np.ndarray:
     """A strided group on ``rails`` ranks per node: the strided table's time / rails, never below
     the contiguous table's (:func:`collective_time`)."""
     t1 = collective_time(lk, comp, coll, n, size, inter, "strided", active=active, per_node=per_node,
-                         small_analytic=small_analytic)
+                         small_analytic=small_analytic, ring_floor=ring_floor)
     m = np.broadcast_to(np.asarray(rails, dtype=float), (lk.P,))
     multi = np.asarray(inter, dtype=bool) & (m > 1)
     if not multi.any():
         return t1
     tc = collective_time(lk, comp, coll, n, size, inter, "contiguous", active=np.asarray(active) & multi,
-                         per_node=per_node, small_analytic=small_analytic)
+                         per_node=per_node, small_analytic=small_analytic, ring_floor=ring_floor)
     return np.where(multi, np.maximum(t1 / m, tc), t1)
+
 
 def dp_comm_time(ctx: EvalContext, w_fwd: ArrayLike, w_bwd: ArrayLike, optimizer_name: str = 'adamw',
                  degrees: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
@@ -195,7 +228,7 @@ def dp_comm_time(ctx: EvalContext, w_fwd: ArrayLike, w_bwd: ArrayLike, optimizer
     # after the stage's last backward; before its first forward; the layer-wise broadcasts after the step
     tail, fill, bcast = np.zeros((k, ctx.P)), np.zeros((k, ctx.P)), np.zeros((k, ctx.P))
     for rs, ag, nb in _stage_collectives(sub, g.take(np.tile(first, k)), lay.take(np.tile(first, k)), st, present,
-                                         optimizer_name):
+                                         optimizer_name, ctx.stack):
         rs, ag, nb = rs[idx], (ag[idx] if ag is not None else 0.0), nb[idx]
         if ctx.serial:
             tail += rs + ag
@@ -209,12 +242,17 @@ def dp_comm_time(ctx: EvalContext, w_fwd: ArrayLike, w_bwd: ArrayLike, optimizer
 
 
 def _stage_collectives(lk: Lookups, g: Geometry, lay: ParallelLayout, stage: StageCounts, present: np.ndarray,
-                       optimizer_name: str) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray]]:
+                       optimizer_name: str, stack: Stack = PAPER_STACK
+                       ) -> list[tuple[np.ndarray, np.ndarray | None, np.ndarray]]:
     """Per gradient group of :func:`dp_buckets` (dense, experts): (gradient-side seconds, parameter-side
     seconds or None for plain DDP, buckets) of the stages ``stage`` of the plans ``lay`` (elements of ``lk``);
-    absent stages (not ``present``) look nothing up."""
+    absent stages (not ``present``) look nothing up. The training ``stack`` sets the bytes: gradients
+    reduced in fp32 or bf16 (``grads_fp32``), parameters gathered in bf16 or FP8 (``fp8_param``)."""
     opt = optimizer(optimizer_name)
-    ortho, colls = opt.sharded and opt.orthogonalises, opt.dp_collectives
+    ortho = opt.sharded and opt.orthogonalises
+    nbytes_of = {GRAD_BYTES_COMM: 4 if stack.grads_fp32 else 2,
+                 PARAM_BYTES_COMM: 1 if (stack.fp8_param and stack.recipe(g.precision)) else 2}
+    colls = tuple((c, nbytes_of.get(b, b)) for c, b in opt.dp_collectives)
     per_tensor = stage_tensors(g, lay, stage) if ortho else (None, None)
     out = []
     for (params, group, layout, inter, nb), tensors in zip(dp_buckets(g, lay, lk.gpn, stage), per_tensor):
@@ -241,8 +279,9 @@ def _broadcast_loop(lk: Lookups, tensors: Tensors, group, inter, layout: str, ac
     message is read at that message's ring-equivalent size (smallest x n / (n - 1): the measured latency
     floor, as the collectives' compose rule has it below the range), and a
     ring longer than the largest measured inter-node group adds the measured latency per extra rank
-    (:func:`_ring_hop_latency`: NCCL broadcasts along a ring, one hop per rank), where busbw invariance
-    would keep the largest group's time. Without a table: the analytic time."""
+    (:func:`_ring_hop_latency`: NCCL broadcasts along a ring, one hop per rank, strided groups too), where
+    busbw invariance would keep the largest group's time (collective_time's own floor is off: the hops are
+    counted here). Without a table: the analytic time."""
     tb = lk.tables
     n = np.asarray(group, dtype=float)
     per_link = n / np.maximum(n - 1, 1)
@@ -255,7 +294,7 @@ def _broadcast_loop(lk: Lookups, tensors: Tensors, group, inter, layout: str, ac
         if np.any(on):
             size = np.maximum(numel * PARAM_BYTES_COMM * per_link, floor)
             t = collective_time(lk, "dp_comm", "all_gather", group, size, inter, layout, active=on,
-                                small_analytic=True, rails=rails)
+                                small_analytic=True, rails=rails, ring_floor=False)
             total += count * (t + np.where(on, longer, 0.0))
     return total
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 from scaleplan.estimator import analytic as an
+from scaleplan.estimator import fp8_costs as fp8c
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.context import EvalContext
 from scaleplan.estimator.shapes import StageCounts
@@ -71,13 +72,38 @@ def expert_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
             sel = (shape_d == d) & (shape_f == f_loc)
             # the other shapes' plans ask this table nothing: their keys are one of this shape's
             e_s, t_s = (_only(x, sel, P) for x in (E_loc, tile))
-            ex_f += rec.use("experts", tabf.lookup(e_s, t_s), sel)
-            ex_b += rec.use("experts", tabb.lookup(e_s, t_s), sel)
+            f, b = rec.use("experts", tabf.lookup(e_s, t_s), sel), rec.use("experts", tabb.lookup(e_s, t_s), sel)
+            if _fp8_from_bf16_grouped(ctx):
+                f, b = _fp8_grouped(ctx, f, b, t_s, d, f_loc, sel)
+            ex_f, ex_b = ex_f + f, ex_b + b
             other &= ~sel
     if other.any():
         f, b = _untabled_expert_times(ctx, shape_d, shape_f, other)
         ex_f, ex_b = ex_f + f, ex_b + b
     return ex_f, ex_b
+
+
+def _fp8_from_bf16_grouped(ctx: EvalContext) -> bool:
+    """An FP8 model whose grouped tables are the bf16 ones (no FP8 grouped rows measured) while both dense
+    GEMM tables exist: its grouped times are composed (:func:`_fp8_grouped`)."""
+    by = ctx.tables.by_dtype
+    return (ctx.g.precision == "fp8" and not by.get("fp8", {}).get("grouped")
+            and by.get("fp8", {}).get("gemm") is not None and by.get("bf16", {}).get("gemm") is not None)
+
+
+def _fp8_grouped(ctx: EvalContext, f, b, tile, d: int, f_loc: int, sel: np.ndarray):
+    """FP8 grouped expert GEMMs of the plans in ``sel``: the bf16 grouped times ``f``, ``b`` scaled by the
+    dense tables' FP8 / bf16 device-time ratio of the same expert GEMMs (host floors off; estimator/fp8_costs.py),
+    labelled composed."""
+    by, rec = ctx.tables.by_dtype, ctx.rec
+    fwd, bwd = fp8c.expert_gemm_shapes(tile, float(d), float(f_loc), bool(ctx.g.glu))
+    r_f, looked_f = fp8c.device_ratio(by["fp8"]["gemm"], by["bf16"]["gemm"], fwd)
+    r_b, looked_b = fp8c.device_ratio(by["fp8"]["gemm"], by["bf16"]["gemm"], bwd)
+    for res in looked_f + looked_b:  # their range checks: an FP8 lookup outside the table is out of range too
+        rec.use("experts", res, sel)
+    rec.mark("experts", np.where(sel, fp8c.SOURCE, 0))
+    rec.note("experts in fp8: the bf16 grouped table x the dense FP8 / bf16 device-time ratio (composed)", sel)
+    return fp8c.composed_grouped(f, b, np.where(sel, r_f, 1.0), np.where(sel, r_b, 1.0))
 
 
 def _untabled_expert_times(ctx: EvalContext, shape_d: np.ndarray, shape_f: np.ndarray,

@@ -20,6 +20,7 @@ from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import Tables
 
 from scaleplan.profiles import ClusterProfile
+from scaleplan.stack import PAPER_STACK, Stack
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,8 @@ class EvalContext(Lookups):
     """One evaluation's inputs over P plans: the :class:`Lookups` and
     g: the model (one :class:`Geometry`, or a GeometryBatch with one geometry per plan);
     lay: the plans; shapes: their per-rank shapes (:func:`~scaleplan.estimator.shapes.plan_shapes`);
-    seqlen: tokens per sequence; kernel_scale: multiplies every device-kernel time (1 unless fitted).
+    seqlen: tokens per sequence; kernel_scale: multiplies every device-kernel time (1 unless fitted);
+    stack: the training stack the plans run on (scaleplan/stack.py; default the paper's).
     """
 
     g: Geometry
@@ -72,6 +74,12 @@ class EvalContext(Lookups):
     shapes: PlanShapes
     seqlen: int
     kernel_scale: float = 1.0
+    stack: Stack = PAPER_STACK
+
+    @property
+    def recipe(self) -> str | None:
+        """The FP8 recipe the plans' GEMMs run (None: not FP8)."""
+        return self.stack.recipe(self.g.precision)
 
     @property
     def peak(self) -> float:
@@ -85,4 +93,4 @@ class EvalContext(Lookups):
         n = int(idx.sum()) if idx.dtype == bool else len(idx)
         return EvalContext(self.tables, self.profile, rec if rec is not None else Recorder(n, self.rec.mode),
                            self.g.take(idx), self.lay.take(idx), self.shapes.take(idx), self.seqlen,
-                           self.kernel_scale)
+                           self.kernel_scale, self.stack)

@@ -53,6 +53,9 @@ class DispatchLaw:
     t_host_s: float = T_HOST_DEFAULT_S
     source: str = "default"
     t_ep_host_s: float = 0.0
+    # the training stack kappa was counted on (a Stack.key): the paper's for the defaults and the profiles'
+    # trace-derived laws; a calibration fitted on a stack's own traces counts that stack's kernels
+    kappa_stack: str = "megatron"
 
     def kappa(self, E_loc: ArrayLike) -> np.ndarray:
         """kappa(E_loc) = kappa0 + kappa1 E_loc: kernels per layer and micro-batch, full-recompute units."""
@@ -87,15 +90,19 @@ def law_in_force(profile_law: DispatchDefaults | None, table_t_gap_s: float | No
     co = calibration.coefficients
     law = DispatchLaw(float(co.get("kappa0", law.kappa0)), float(co.get("kappa1", law.kappa1)),
                       float(co.get("t_gap_s", law.t_gap_s)), float(co.get("t_host_s", law.t_host_s)),
-                      f"calibration {calibration.id}", float(co.get("t_ep_host_s", law.t_ep_host_s)))
+                      f"calibration {calibration.id}", float(co.get("t_ep_host_s", law.t_ep_host_s)),
+                      str(getattr(calibration, "stack", law.kappa_stack)) if co.get("kappa_from_traces")
+                      else law.kappa_stack)
     return law, {k: float(co.get(k, 1.0)) for k in RUNTIME_SCALES}
 
 
 def dispatch_time(law: DispatchLaw, L_stage: ArrayLike, E_loc: ArrayLike, ckc: ArrayLike,
-                  n_moe_stage: ArrayLike, ep: ArrayLike) -> np.ndarray:
-    """Host seconds to launch one micro-batch of one stage (arrays over plans): L_stage kappa(E_loc)
-    t_gap + n_moe_stage [EP > 1] t_ep_host + t_host, in the checkpoint mode's kernel units."""
+                  n_moe_stage: ArrayLike, ep: ArrayLike, extra_kernels: ArrayLike = 0.0) -> np.ndarray:
+    """Host seconds to launch one micro-batch of one stage (arrays over plans): (L_stage kappa(E_loc) +
+    extra_kernels) t_gap + n_moe_stage [EP > 1] t_ep_host + t_host, in the checkpoint mode's kernel units.
+    ``extra_kernels``: what the plans' training stack launches beyond the stack the law was counted on, per
+    stage and micro-batch in full-recompute units (estimator/kernel_counts.py)."""
     units = full_recompute_units(ckc)
-    kappa = law.kappa(E_loc) * units
+    kappa = (L_stage * law.kappa(E_loc) + extra_kernels) * units
     t_ep_host = np.where(ep > 1, n_moe_stage * law.t_ep_host_s * units, 0.0)
-    return L_stage * kappa * law.t_gap_s + t_ep_host + law.t_host_s
+    return kappa * law.t_gap_s + t_ep_host + law.t_host_s

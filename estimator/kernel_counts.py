@@ -226,3 +226,40 @@ def graph_savings(stack: Stack, counts: LayerCounts, kappa0: float, moe_layer: b
             continue
         saved = saved + scale * fw + other - 3.0
     return np.asarray(saved, dtype=float)
+
+
+def dense_layer_delta(stack: Stack, precision: str, law_stack: Stack, law_precision: str) -> float:
+    """Kernels per dense layer and micro-batch (full-recompute units) ``stack`` launches more than
+    ``law_stack``: an FP8 recipe's quantize kernels of the attention's and the dense MLP's four GEMM inputs
+    (forward) and output gradients (backward), and delayed scaling's amax update."""
+    def n(st: Stack, prec: str) -> float:
+        r = st.recipe(prec)
+        if r is None:
+            return 0.0
+        per_pass = 4 * QUANTIZE_KERNELS[r] + (DELAYED_AMAX_UPDATE if r == "delayed" else 0)
+        return 3.0 * per_pass  # forward twice under full recompute, backward once
+    return n(stack, precision) - n(law_stack, law_precision)
+
+
+def stack_extra_kernels(stack: Stack, law_stack: Stack, E_loc: ArrayLike, ep: ArrayLike, precision: str,
+                        kappa0: float, glu: bool = True, shared_expert: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(per MoE layer, per dense layer) kernels per micro-batch in full-recompute units that the host issues for
+    ``stack`` beyond what the law counts on ``law_stack`` (arrays over plans): :func:`kappa_delta` and
+    :func:`dense_layer_delta`, less what CUDA graphs take off the host (:func:`graph_savings`)."""
+    law_precision = "fp8" if law_stack.fp8_recipe else "bf16"
+    counts = moe_layer_counts(stack, E_loc, ep, precision, glu, shared_expert)
+    moe = kappa_delta(stack, E_loc, ep, precision, kappa0, glu, shared_expert, law_stack, law_precision) \
+        - graph_savings(stack, counts, kappa0, moe_layer=True)
+    dense = dense_layer_delta(stack, precision, law_stack, law_precision) \
+        - graph_savings(stack, counts, kappa0, moe_layer=False)
+    return moe, dense + 0.0 * moe
+
+
+def framework_delta(stack: Stack, law_stack: Stack, E_loc: ArrayLike, ep: ArrayLike, precision: str,
+                    kappa0: float) -> np.ndarray:
+    """The framework launches per MoE layer and micro-batch (full-recompute units) ``stack`` runs on the device
+    beyond ``law_stack`` (fusions remove kernels; CUDA graphs do not: a replayed kernel still runs)."""
+    law_precision = "fp8" if law_stack.fp8_recipe else "bf16"
+    mine = moe_layer_counts(stack, E_loc, ep, precision).full_recompute_units(FRAMEWORK_PARTS)
+    theirs = moe_layer_counts(law_stack, E_loc, ep, law_precision).full_recompute_units(FRAMEWORK_PARTS)
+    return framework_scale(kappa0) * (mine - theirs)

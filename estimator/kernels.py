@@ -255,9 +255,25 @@ def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
         sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
     # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes; the EP ranks on one
     # node exchange over NVLink (ParallelLayout.ranks_per_node)
-    a2a_one = collective_time(ctx, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, lay.spans_nodes("ep", ctx.gpn),
-                              active=ep > 1, per_node=lay.ranks_per_node("ep", ctx.gpn))
+    a2a_one = _token_exchange(ctx) if ctx.stack.dispatcher == "allgather" else collective_time(
+        ctx, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, lay.spans_nodes("ep", ctx.gpn), active=ep > 1,
+        per_node=lay.ranks_per_node("ep", ctx.gpn))
     return {"moe_f": rg_f + tk_f + perm_f + ex_f, "moe_b": rg_b + tk_b + perm_b + ex_b,
             "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": sh.E_loc,
             "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm_f, "perm_b": perm_b, "ex_f": ex_f,
             "ex_b": ex_b}
+
+
+def _token_exchange(ctx: EvalContext) -> np.ndarray:
+    """Half of one pass's token exchange under the all-gather dispatcher (MoEAllGatherTokenDispatcher): every
+    EP rank gathers all the group's tokens before its local experts (all-gather, nccl-tests size: EP x the
+    rank's R / (K cf) rows x d) and the combine reduce-scatters the same buffer; the backward runs the two the
+    other way round. Where K < EP it moves EP / K times the all-to-all's bytes."""
+    g, sh, lay = ctx.g, ctx.shapes, ctx.lay
+    ep = lay.ep.astype(float)
+    size = ep * sh.R / (g.K * g.capacity_factor) * g.d * sh.b_el
+    inter = lay.spans_nodes("ep", ctx.gpn)
+    ag = collective_time(ctx, "ep_a2a", "all_gather", ep, size, inter, active=ep > 1)
+    rs = collective_time(ctx, "ep_a2a", "reduce_scatter", ep, size, inter, active=ep > 1)
+    return 0.5 * (ag + rs)
+

@@ -19,6 +19,7 @@ from scaleplan.estimator.tables import MEASURED, LookupResult, Tables
 if TYPE_CHECKING:
     from scaleplan.estimator.layout import ParallelLayout
     from scaleplan.estimator.model import TimeModel
+    from scaleplan.stack import Stack
 
 _T = 1e-6  # the placeholder time of every recorded lookup (seconds)
 
@@ -181,12 +182,13 @@ def chain_point(g: Geometry) -> dict:
 
 
 def recorded_lookups(model: TimeModel, tables: Tables, g: Geometry, lay: ParallelLayout, gbs: int,
-                     seqlen: int, optimizer: str) -> dict[str, list[dict]]:
+                     seqlen: int, optimizer: str, stack: Stack | None = None) -> dict[str, list[dict]]:
     """The table points (suite -> key dicts, keyed by measurement-table column names) that ``model`` (a
     :class:`~scaleplan.estimator.model.TimeModel`) looks up evaluating the plans ``lay`` of geometry
     ``g`` on ``tables``, and the dispatch chain its law's t_gap is read from (at construction, not per
-    plan). The reference model's host rows ``ops:*`` appear wherever the model reads them."""
+    plan). The reference model's host rows ``ops:*`` appear wherever the model reads them. ``stack``: the
+    training stack the plans run on (default the paper's)."""
     rt = RecordingTables(tables, g)
-    model.evaluate(g, lay, gbs, seqlen, optimizer, tables=rt)
+    model.evaluate(g, lay, gbs, seqlen, optimizer, tables=rt, **({"stack": stack} if stack is not None else {}))
     rt.add("dispatch", chain_point(g))
     return rt.points

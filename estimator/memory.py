@@ -44,7 +44,10 @@ from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.params import StageParams, stage_params
 from scaleplan.estimator.shapes import PlanShapes, plan_shapes, stage_counts
 from scaleplan.estimator.sources import distinct
-from scaleplan.units import BYTES_PER_ELEMENT
+from scaleplan.estimator.stack_memory import adjust_saved, grad_bytes, linear_weight_bytes
+from scaleplan.units import ACT_DTYPE, BYTES_PER_ELEMENT
+
+from scaleplan.stack import PAPER_STACK, Stack
 
 WEIGHT_BYTES, GRAD_BYTES = 2.0, 4.0
 RESERVE_BYTES = 5e9  # legacy fixed reserve (the estimator now uses the allocator and context terms)
@@ -69,12 +72,6 @@ def dense_layer_activation_bytes(s: ArrayLike, b: ArrayLike, h: ArrayLike, a: Ar
     mlp = 2 * sbh + 2 * s * b * ffn * (2 if glu else 1) + 2 * s * b * ffn + (sbh if dropout else 0)
     norms = 4 * sbh
     return (attn + mlp + norms) / tp
-
-
-
-
-# the dtype activations of a precision are stored in (fp8/fp4 GEMMs keep bf16 activations; tf32 is fp32)
-ACT_DTYPE = {"fp32": "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp4": "bf16"}
 
 
 def act_bytes(precision: str) -> float:
@@ -201,12 +198,15 @@ def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dic
 
 def block_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
                            is_moe: bool, mode_code: ArrayLike, a: float = 2.0, rope: bool = True,
-                           mcore: bool = False) -> np.ndarray:
+                           mcore: bool = False, recipe: str | None = None) -> np.ndarray:
     """One block's stored activations (bytes per device, one micro-batch) under checkpoint mode
     ``mode_code`` (array over plans): none keeps every term of :func:`block_activation_terms`,
     selective drops the 'core' terms, super-selective also the 'fine' ones, full keeps the block
-    input only. ``mcore``: an MoE block as Megatron-Core saves it."""
+    input only. ``mcore``: the block as Megatron-Core saves it, with its fused SwiGLU and, under an FP8
+    ``recipe``, FP8 copies of the GEMM inputs (:func:`~scaleplan.estimator.stack_memory.adjust_saved`)."""
     terms = block_activation_terms(s, b, g, tp, etp, is_moe, a, rope, mcore)
+    if mcore:
+        terms = adjust_saved(terms, recipe, a, dense_block=not is_moe)
     keep = {CkptMode.NONE: ("", "core", "fine"), CkptMode.SELECTIVE: ("", "fine"), CkptMode.SUPER_SELECTIVE: ("",)}
     by_mode = {m: sum(v for v, f in terms.values() if f in kinds) for m, kinds in keep.items()}
     by_mode[CkptMode.FULL] = a * s * b * g.d / tp  # the block input only
@@ -216,15 +216,16 @@ def block_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLik
 
 def moe_layer_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
                                mode_code: ArrayLike, a: float = 2.0, rope: bool = True,
-                               mcore: bool = False) -> np.ndarray:
+                               mcore: bool = False, recipe: str | None = None) -> np.ndarray:
     """One MoE block's stored activations per device (see :func:`block_activation_terms`)."""
-    return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope, mcore)
+    return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope, mcore, recipe)
 
 
 def dense_block_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, mode_code: ArrayLike,
-                      a: float = 2.0, rope: bool = True) -> np.ndarray:
+                      a: float = 2.0, rope: bool = True, mcore: bool = False,
+                      recipe: str | None = None) -> np.ndarray:
     """One dense block's stored activations per device (see :func:`block_activation_terms`)."""
-    return block_activation_bytes(s, b, g, tp, 1, False, mode_code, a, rope)
+    return block_activation_bytes(s, b, g, tp, 1, False, mode_code, a, rope, mcore, recipe)
 
 
 def outside_blocks_saved_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, a: float, first: bool,
@@ -272,17 +273,22 @@ DEFAULT_ALLOCATOR_FRACTION = 0.10  # reserved / max allocated - 1 of the caching
 DEFAULT_CONTEXT_BYTES = 1.0e9  # per GPU process outside torch's allocator: CUDA context, NCCL, cuBLAS handles
 
 
-def state_bytes_per_param(state: ModelState, precision: str, optimizer: str) -> dict[str, float]:
-    """(weights, grads, master, moments, master_grads) bytes per parameter, before any sharding.
-    fp32/tf32 models keep no separate master copy (the parameter is the master)."""
+def state_bytes_per_param(state: ModelState, precision: str, optimizer: str, stack: Stack = PAPER_STACK,
+                          non_tn: bool = True) -> dict[str, float]:
+    """(weights, grads, master, moments, master_grads) bytes per parameter, before any sharding, and
+    ``linear_weights``: a linear layer's weight with the training stack's FP8 copies (:data:`MEGATRON` only;
+    estimator/stack_memory.py). fp32/tf32 models keep no separate master copy (the parameter is the master).
+    Megatron-Core's gradient buffer is fp32 unless the stack reduces gradients in bf16."""
     wb = act_bytes(precision)
     low = wb < 4.0
-    return {"weights": wb, "grads": wb if state.grad_bytes is None else state.grad_bytes,
-            "master": 4.0 if low else 0.0, "moments": opt_spec(optimizer).moment_bytes,
-            "master_grads": 4.0 if (low and state.master_grad) else 0.0}
+    mcore = state.mcore_moe
+    grads = wb if state.grad_bytes is None else (grad_bytes(stack.grads_fp32, wb) if mcore else state.grad_bytes)
+    linear = linear_weight_bytes(stack.recipe(precision), stack.fp8_param, non_tn, wb) if mcore else wb
+    return {"weights": wb, "grads": grads, "master": 4.0 if low else 0.0, "moments": opt_spec(optimizer).moment_bytes,
+            "master_grads": 4.0 if (low and state.master_grad) else 0.0, "linear_weights": linear}
 
 
-def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = False):
+def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = False, recipe: str | None = None):
     """(one dense block's, one MoE block's saved bytes, the extra peak of a full recompute) per device
     and micro-batch, arrays over plans: full recompute still materialises one layer's full
     activations during its backward. Computed once per distinct (geometry, TP, CP, ETP, B_micro, ckpt),
@@ -291,11 +297,11 @@ def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = F
     first, inv = distinct(*g.batch_keys, pl.tp, pl.cp, pl.etp, pl.mbs, pl.ckpt)
     g, pl, s = g.take(first), pl.take(first), s[first]
     tp, etp, mbs, ck = pl.tp.astype(float), pl.etp.astype(float), pl.mbs.astype(float), pl.ckpt
-    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope, mcore) if g.is_moe else 0.0
-    act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope)
+    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope, mcore, recipe) if g.is_moe else 0.0
+    act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope, mcore, recipe)
     zero = np.zeros_like(ck)
-    whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope, mcore) if g.is_moe else 0.0,
-                       dense_block_bytes(s, mbs, g, tp, zero, a, rope))
+    whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope, mcore, recipe)
+                       if g.is_moe else 0.0, dense_block_bytes(s, mbs, g, tp, zero, a, rope, mcore, recipe))
     out = (act_den, act_moe, np.where(ck == CkptMode.FULL, whole, 0.0))
     return tuple(np.broadcast_to(np.asarray(x, dtype=float), (len(first),))[inv] for x in out)
 
@@ -303,7 +309,8 @@ def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = F
 def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, optimizer: str,
                      reserve_bytes: float = RESERVE_BYTES, *, state: ModelState = MEGATRON,
                      allocator_fraction: float | None = None, context_bytes: float = DEFAULT_CONTEXT_BYTES,
-                     rope: bool = True, shapes: PlanShapes | None = None) -> dict[str, np.ndarray]:
+                     rope: bool = True, shapes: PlanShapes | None = None, stack: Stack = PAPER_STACK,
+                     non_tn: bool = True) -> dict[str, np.ndarray]:
     """Bytes per device for the worst stage, by category, each an array over plans; the worst stage
     is chosen by total.
 
@@ -316,17 +323,20 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
     blocks of the caching allocator) and ``context`` = ``context_bytes`` (outside the allocator).
     :func:`allocated_reserved` splits the result. ``state``: how the stack stores the model state
     (:data:`MEGATRON`, :data:`REFERENCE_DDP`). ``rope``: RoPE keeps rotated Q and K copies. ``shapes``: the
-    plans' :func:`~scaleplan.estimator.shapes.plan_shapes` when the caller has them.
+    plans' :func:`~scaleplan.estimator.shapes.plan_shapes` when the caller has them. ``stack``: the training
+    stack (its gradient buffer, FP8 weights and saved inputs, estimator/stack_memory.py) under :data:`MEGATRON`;
+    ``non_tn``: the GPU runs FP8 GEMMs in any layout (Blackwell: no transposed FP8 copies).
     """
     tp, pp, dp, vpp, mbs = (getattr(pl, f).astype(float) for f in ("tp", "pp", "dp", "vpp", "mbs"))
     sh = shapes if shapes is not None else plan_shapes(g, pl, seqlen, gbs)
     a = act_bytes(g.precision)
     n_mb, s = sh.n_mb, sh.seq_shard
-    pb = state_bytes_per_param(state, g.precision, optimizer)
+    pb = state_bytes_per_param(state, g.precision, optimizer, stack, non_tn)
     # Megatron's distributed optimizer shards the state except for optimizers it refuses (plain DDP)
     sharded = state.shard_optimizer and opt_spec(optimizer).sharded
 
-    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe)
+    recipe = stack.recipe(g.precision) if state.mcore_moe else None
+    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe, recipe)
     inflight = np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
     logits = 4.0 * s * mbs * sh.V_loc * (1 + g.mtp)  # fp32 logits forward, their gradient backward (each MTP head)
     out = {}
@@ -382,17 +392,21 @@ def _state_terms(g: Geometry, pl: ParallelLayout, st: StageParams, pb: dict, sta
     # fp32 router weights in a low-precision model: 4-byte weights and grads, no master copy
     n_r = st.router * float(state.router_fp32 and g.is_moe)
     lift = 4.0 - pb["weights"]
-    return {"weights": pb["weights"] * n_p + lift * n_r, "grads": pb["grads"] * n_p + lift * n_r,
+    # linear layers (every parameter but the vocabulary matrices and the routers) carry an FP8 stack's copies
+    linear = n_p - st.n_vocab * vocab_shard(g.vocab, pl.tp) * g.d - st.router
+    fp8 = (pb.get("linear_weights", pb["weights"]) - pb["weights"]) * linear
+    return {"weights": pb["weights"] * n_p + lift * n_r + fp8, "grads": pb["grads"] * n_p + lift * n_r,
             "optimizer": (pb["master"] + pb["moments"]) * shard - pb["master"] * n_r}
 
 
-def state_bytes(g: Geometry, pl: ParallelLayout, optimizer: str, state: ModelState = MEGATRON) -> np.ndarray:
+def state_bytes(g: Geometry, pl: ParallelLayout, optimizer: str, state: ModelState = MEGATRON,
+                stack: Stack = PAPER_STACK, non_tn: bool = True) -> np.ndarray:
     """Weights + gradients + optimizer state of the heavier of the first and last pipeline stage (bytes
     per device, arrays over plans), summed as :func:`memory_breakdown` sums its total, whose other
     categories (activations, logits, allocator, context) are not negative: a total of at least this. It
     depends on (geometry, TP, CP, PP, DP, EP, ETP) alone, so a search can drop the plans whose model
     state alone exceeds the memory cap before costing their activations."""
-    pb = state_bytes_per_param(state, g.precision, optimizer)
+    pb = state_bytes_per_param(state, g.precision, optimizer, stack, non_tn)
     sharded = state.shard_optimizer and opt_spec(optimizer).sharded
     out = []
     for s in (np.zeros(len(pl)), pl.pp - 1.0):

@@ -43,6 +43,7 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
     dispatch_time,
 )
 from scaleplan.estimator.exchanges import critical_exchanges
+from scaleplan.estimator.kernel_counts import framework_delta
 from scaleplan.estimator.iteration import TERMS, IterationTime, layer_terms
 from scaleplan.estimator.kernels import LayerKernels, layer_kernels
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
@@ -72,6 +73,7 @@ from scaleplan.estimator.stages import (
 from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
 from scaleplan.profiles import ClusterProfile
+from scaleplan.stack import PAPER_STACK, Stack, stack_from_key
 
 
 @dataclass
@@ -153,17 +155,19 @@ class TimeModel:
         self.t_kernel_min = tables.t_kernel_min_s or an.KERNEL_FLOOR_S
 
     def evaluate(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int, optimizer: str,
-                 tables: Tables | None = None, shapes: PlanShapes | None = None) -> Evaluation:
+                 tables: Tables | None = None, shapes: PlanShapes | None = None,
+                 stack: Stack = PAPER_STACK) -> Evaluation:
         """Evaluate every plan of ``lay`` (arrays of length P): the terms of :class:`IterationTime`, chi_sys,
         t_iter, MFU and HFU. ``tables``: what the lookups read (default: this model's tables); either way
         their view in the spec's precision (:meth:`Tables.view`). ``shapes``: the plans' shapes when the
-        caller has them (:func:`~scaleplan.estimator.shapes.plan_shapes` at ``seqlen`` and ``gbs``)."""
+        caller has them (:func:`~scaleplan.estimator.shapes.plan_shapes` at ``seqlen`` and ``gbs``).
+        ``stack``: the training stack the plans run on (scaleplan/stack.py)."""
         P = len(lay)
-        ctx = self.context(g, lay, seqlen, gbs, tables, shapes)
+        ctx = self.context(g, lay, seqlen, gbs, tables, shapes, stack)
         rec, sh = ctx.rec, ctx.shapes
         n_mb, ckc = sh.n_mb, lay.ckpt
         k = layer_kernels(ctx)
-        lt = layer_totals(k, ckc, self._framework_kernels(ctx), g.is_moe)
+        lt = layer_totals(k, ckc, self._framework_kernels(ctx), g.is_moe, stack.dispatcher != "allgather")
         w, t_step_host = self._stage_work(ctx, k, lt)
         st = self._periods(ctx, k, w)
         deg = degree_groups(g, lay)  # shared by the DP traffic, the optimizer step and the bias all-reduce
@@ -196,13 +200,15 @@ class TimeModel:
                           rec.notes, composed_share, rec.warned, rec.extrapolated, sh)
 
     def context(self, g: Geometry, lay: ParallelLayout, seqlen: int, gbs: int | None = None,
-                tables: Tables | None = None, shapes: PlanShapes | None = None) -> EvalContext:
+                tables: Tables | None = None, shapes: PlanShapes | None = None,
+                stack: Stack = PAPER_STACK) -> EvalContext:
         """The :class:`EvalContext` an evaluation of the plans ``lay`` of model ``g`` reads: this model's
         tables (or ``tables``) in the spec precision, its profile, a fresh record in its extrapolation mode,
         the plans' shapes (computed unless given) and its kernel scale."""
         tb = (self.tables if tables is None else tables).view(g.precision)
         sh = shapes if shapes is not None else plan_shapes(g, lay, seqlen, gbs)
-        return EvalContext(tb, self.prof, Recorder(len(lay), self.mode), g, lay, sh, seqlen, self.kernel_scale)
+        return EvalContext(tb, self.prof, Recorder(len(lay), self.mode), g, lay, sh, seqlen, self.kernel_scale,
+                           stack)
 
     # -- evaluate's steps, in the order it runs them ---------------------------------------------
     def _framework_kernels(self, ctx: EvalContext) -> np.ndarray:
@@ -219,7 +225,11 @@ class TimeModel:
         if self.measured_host:
             ctx.rec.mark("framework_kernels", np.zeros(ctx.P, np.int8))
             return np.zeros(ctx.P)
-        n_fw = kernel_units(ckc) * np.maximum(self.disp.kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
+        kappa0 = self.disp.kappa0
+        if ctx.g.is_moe and ctx.stack.key(ctx.g.precision) != self.disp.kappa_stack:  # fused kernels run fewer
+            kappa0 = kappa0 + framework_delta(ctx.stack, stack_from_key(self.disp.kappa_stack), ctx.shapes.E_loc,
+                                              ctx.lay.ep, ctx.g.precision, kappa0)
+        n_fw = kernel_units(ckc) * np.maximum(kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
         ctx.rec.mark("framework_kernels", MEASURED if ctx.tables.t_kernel_min_s else ANALYTIC)
         return n_fw * self.t_kernel_min * self.kernel_scale
 

@@ -37,7 +37,7 @@ from scaleplan.estimator.model_dims import Geometry, geometry, vocab_shard
 from scaleplan.estimator.sources import distinct
 
 from scaleplan.specs import Layout, ModelBlock
-from scaleplan.units import BYTES_PER_ELEMENT
+from scaleplan.units import ACT_DTYPE, BYTES_PER_ELEMENT
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class PlanShapes:
     ffn_loc: np.ndarray    # expert width per ETP rank, d_expert / ETP
     V_loc: np.ndarray      # Megatron-padded vocabulary per TP rank
     a2a_bytes: np.ndarray  # EP all-to-all buffer per rank and pass, R d bytes
-    b_el: float            # bytes per element of the model precision (scalar)
+    b_el: float            # bytes per activation element (the model precision's; bf16 under FP8; scalar)
     n_middle: np.ndarray   # middle pipeline stages, max(PP - 2, 0)
     first: StageCounts
     middle: StageCounts
@@ -145,7 +145,7 @@ def plan_shapes(g: Geometry, lay: ParallelLayout, seqlen: int, gbs: int | None =
     """The shapes of every plan of ``lay`` for model ``g`` at ``seqlen`` tokens per sequence and ``gbs``
     sequences per step (None: n_mb left NaN, for callers that cost one micro-batch). See :class:`PlanShapes`."""
     tp, cp, ep, etp, mbs, dp = (getattr(lay, f).astype(float) for f in ("tp", "cp", "ep", "etp", "mbs", "dp"))
-    b_el = BYTES_PER_ELEMENT.get(g.precision, 2)
+    b_el = BYTES_PER_ELEMENT[ACT_DTYPE.get(g.precision, "bf16")]  # activations: bf16 under FP8 GEMMs
     seq = seqlen / cp
     T = seqlen * mbs / cp
     kv_loc = np.maximum(g.nkv / tp, 1.0)

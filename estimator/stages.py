@@ -10,9 +10,12 @@ import numpy as np
 from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block
 from scaleplan.estimator.context import EvalContext
 from scaleplan.estimator.dispatch import DispatchLaw, dispatch_time
+from scaleplan.estimator.kernel_counts import stack_extra_kernels
 from scaleplan.estimator.kernels import LayerKernels
 from scaleplan.estimator.pipeline import Middle, StageWork
 from scaleplan.estimator.shapes import StageCounts
+
+from scaleplan.stack import stack_from_key
 
 
 @dataclass(frozen=True)
@@ -31,20 +34,23 @@ class LayerTotals:
     fw: np.ndarray        # the framework kernels of one block (fwd + bwd + recompute)
 
 
-def layer_totals(k: LayerKernels, ckc: np.ndarray, fw: np.ndarray, is_moe: bool) -> LayerTotals:
+def layer_totals(k: LayerKernels, ckc: np.ndarray, fw: np.ndarray, is_moe: bool,
+                 overlap: bool = True) -> LayerTotals:
     """:class:`LayerTotals` from the kernels ``k``, the checkpoint mode codes ``ckc`` and one block's
-    framework kernels ``fw``; the shared expert runs under the routed all-to-all (the max of the two)."""
+    framework kernels ``fw``; the shared expert runs under the routed all-to-all (the max of the two) where
+    the stack ``overlap``s them (--moe-shared-expert-overlap: the alltoall and flex dispatchers), else after it."""
     common_f = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f
     common_b = k.attn_b + k.sd_b + k.ew_b + k.tp_b + k.cp_b
-    moe_lf = common_f + k.moe_f + np.maximum(k.sh_f, k.a2a_f)
-    moe_lb = common_b + k.moe_b + np.maximum(k.sh_b, k.a2a_b)
+    both = np.maximum if overlap else np.add
+    moe_lf = common_f + k.moe_f + both(k.sh_f, k.a2a_f)
+    moe_lb = common_b + k.moe_b + both(k.sh_b, k.a2a_b)
     den_lf, den_lb = common_f + k.dense_f, common_b + k.dense_b
     FULL, SUPER, SEL = CkptMode.FULL, CkptMode.SUPER_SELECTIVE, CkptMode.SELECTIVE
     rc_moe = np.select([ckc == FULL, ckc == SUPER, ckc == SEL],
                        [moe_lf, k.sd_f + k.ew_f + (k.perm if is_moe else 0.0), k.sd_f], 0.0)
     rc_den = np.select([ckc == FULL, ckc == SUPER, ckc == SEL], [den_lf, k.sd_f + k.ew_f, k.sd_f], 0.0)
     rc1 = recomputes_block(ckc)
-    a2a_x = (np.maximum(k.sh_f, k.a2a_f) - k.sh_f) * (1 + rc1) + np.maximum(k.sh_b, k.a2a_b) - k.sh_b
+    a2a_x = (both(k.sh_f, k.a2a_f) - k.sh_f) * (1 + rc1) + both(k.sh_b, k.a2a_b) - k.sh_b
     moe = moe_lf + moe_lb + rc_moe + fw if is_moe else np.zeros(np.shape(den_lf))
     return LayerTotals(common_f, common_b, den_lf, den_lb, moe, den_lf + den_lb + rc_den + fw,
                        a2a_x if is_moe else np.zeros(np.shape(den_lf)), fw)
@@ -72,11 +78,19 @@ class PipelineWork:
 
 def stage_dispatch(ctx: EvalContext, law: DispatchLaw, st: StageCounts) -> np.ndarray:
     """The host's seconds to launch one micro-batch of stage ``st`` by the kernel-count law
-    (:func:`~scaleplan.estimator.dispatch.dispatch_time`): the EP host term once per MoE block the stage
-    holds (a dense block launches no token permute or all-to-all)."""
+    (:func:`~scaleplan.estimator.dispatch.dispatch_time`), with what the plans' training stack launches
+    beyond the stack the law was counted on (:func:`~scaleplan.estimator.kernel_counts.stack_extra_kernels`):
+    the EP host term once per MoE block the stage holds (a dense block launches no token permute or
+    all-to-all)."""
     g, lay = ctx.g, ctx.lay
     n_moe = st.n_moe if g.is_moe else 0.0
-    return dispatch_time(law, st.n_layers, ctx.shapes.E_loc if g.is_moe else 0.0, lay.ckpt, n_moe, lay.ep)
+    E_loc = ctx.shapes.E_loc if g.is_moe else 0.0
+    extra = 0.0
+    if ctx.stack.key(g.precision) != law.kappa_stack:
+        per_moe, per_dense = stack_extra_kernels(ctx.stack, stack_from_key(law.kappa_stack), np.asarray(E_loc),
+                                                 lay.ep, g.precision, law.kappa0, g.glu, g.has_shared)
+        extra = n_moe * per_moe + (st.n_layers - n_moe) * per_dense
+    return dispatch_time(law, st.n_layers, E_loc, lay.ckpt, n_moe, lay.ep, extra)
 
 
 def dp_windows(ctx: EvalContext, k: LayerKernels, lt: LayerTotals, stages: list[StageCounts],

@@ -423,6 +423,8 @@ class Tables:
     t_gap_s: float | None = None  # per-kernel CPU dispatch gap (dispatch table)
     t_host_s: float | None = None  # fixed per-microbatch host time (dispatch table, mode host_overhead)
     t_kernel_min_s: float | None = None  # GPU-active time of the smallest measured kernel (dispatch table)
+    # per dtype: the per-call host floor taken off its dense-GEMM rows (estimator/floors.py), seconds
+    gemm_host_floor_s: dict[str, float] = field(default_factory=dict)
     n_points: dict[str, int] = field(default_factory=dict)
     # per precision ("bf16", "fp32", ...): the GEMM / grouped / vocab tables of that dtype's rows;
     # ``gemm``, ``grouped``, ``vocab`` hold bf16 (the default view); see :meth:`view`

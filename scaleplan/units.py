@@ -8,6 +8,10 @@ PFLOPS = 1e15
 DAY = 86400.0
 
 BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
+# the dtype a model precision keeps its activations in: FP8 and FP4 run only the GEMM operands in that format
+# (Transformer Engine quantizes inside each linear layer); activations, permutes and the token, tensor- and
+# pipeline-parallel exchanges stay bf16
+ACT_DTYPE = {"fp32": "fp32", "tf32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "bf16", "fp4": "bf16"}
 
 # The one memory headroom rule of estimate, layouts and search (docs/estimate.md, "Memory headroom"): a plan may use this
 # fraction of the profile's HBM. The memory model counts weights, gradients, optimizer states, activations and

@@ -399,7 +399,11 @@ def trace(traces: list[Path] = typer.Argument(..., help="torch.profiler Chrome t
                                              "t_host_s": est.dispatch.t_host_s, "source": est.dispatch.source},
                  "traces": rows, "peer_waits": group_waits(trs, rows, logs)}
     if store:
-        out["stored"] = store_law(url, profile, rows, est.dispatch)
+        keys = {plans[lg][0].stack.key(plans[lg][0].model.precision) for lg in logs}
+        if len(keys) > 1:
+            raise SpecError("--megatron-log", ", ".join(sorted(keys)), "logs of one training stack (a calibration "
+                            "belongs to one)")
+        out["stored"] = store_law(url, profile, rows, est.dispatch, keys.pop())
         read_back_calibrations(url, [out["stored"]["calibration_id"]])
     if want_json(json_out):
         print_json(out)

@@ -45,7 +45,7 @@ def test_flash_drops_the_score_term_and_full_recompute_keeps_layer_inputs():
     lays = [Layout(pp=1, dp=8, mbs=1, ckpt=c) for c in ("none", "full")]
     m = memory_breakdown(g, ParallelLayout.from_specs(lays, 8), gbs=64, seqlen=s, optimizer="adam")
     none, full = m["activations"]
-    one_layer = float(dense_block_bytes(s, b, g, 1, 0))
+    one_layer = float(dense_block_bytes(s, b, g, 1, 0, mcore=True))  # Megatron-Core's: its fused SwiGLU
     outside = none - L * one_layer  # token ids, RoPE tables, final norm, LM head input, log-softmax
     assert 0 < outside < one_layer
     # full: one stored [s, b, h] bf16 input per layer + one layer's activations while it is recomputed
@@ -101,8 +101,11 @@ def test_moe_blocks_save_what_megatron_core_saves(ckpt):
     """Megatron-Core's MoE layer (0.13 on), against the reference model's (REFERENCE_DDP): its router
     GEMM saves the bf16 input the shared expert saves too, not an fp32 copy (4 T h bytes less); the
     probabilities multiply the SwiGLU output before fc2 and the unpermute takes none, so neither the
-    fc2 output nor its gated copy is kept (2 x 2 R h less) but the product keeps its bf16 input
-    (2 R f more, recomputed with the activation under super-selective); R = T K routed rows."""
+    fc2 output nor its gated copy is kept (2 x 2 R h less); and its SwiGLUs are fused
+    (WeightedSwiGLUFunction, bias_swiglu_fusion on by default), saving their input and the probabilities
+    only: no activation output of the routed experts (2 R f), the shared expert (2 T f_s) or the dense
+    block (2 T d_ff), which the reference model keeps unless super-selective recompute drops them; R = T K
+    routed rows."""
     from scaleplan.estimator.memory import REFERENCE_DDP
     from scaleplan.geometry import ladder_model
 
@@ -115,8 +118,10 @@ def test_moe_blocks_save_what_megatron_core_saves(ckpt):
     g = geometry(m)
     mcore, ref = (memory_breakdown(g, pl, gbs=64, seqlen=s, optimizer="adamw", state=st)["activations"][0]
                   for st in (MEGATRON, REFERENCE_DDP))
-    per_block = 4 * T * h + 2 * 2 * R * h - (2 * R * f if ckpt != "super-selective" else 0)
-    # one stage holds all L - 1 MoE blocks; full recompute keeps only the block inputs (same in both)
-    # plus one MoE block's whole activations while it is recomputed
-    expect = per_block if ckpt == "full" else (L - 1) * per_block
+    fs, dff = m.moe.shared_expert_inter_sz, m.inter_sz
+    act = ckpt != "super-selective"  # the activation outputs the reference model keeps
+    per_block = 4 * T * h + 2 * 2 * R * h + (2 * R * f + 2 * T * fs if act else 0)
+    # one stage holds the dense block and all L - 1 MoE blocks; full recompute keeps only the block inputs
+    # (same in both) plus one MoE block's whole activations while it is recomputed
+    expect = per_block if ckpt == "full" else (L - 1) * per_block + (2 * T * dff if act else 0)
     assert ref - mcore == pytest.approx(expect, rel=1e-9)

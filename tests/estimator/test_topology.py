@@ -73,3 +73,26 @@ def test_an_all_reduce_on_many_ranks_takes_the_tree_when_it_adds_fewer_steps():
     assert algo == RING and float(rs) == pytest.approx(floor + alpha * 480)
     assert ring_steps("all_reduce", 512) - ring_steps("all_reduce", 32) == 2 * 480
     assert tree_steps(512) == 18.0
+
+
+def test_collective_time_holds_a_larger_group_to_the_rings_latency_floor(recorded_dir, recorded_db):
+    """A 4 MB inter-node reduce-scatter on 256 ranks: busbw invariance alone gives the 32-rank time; the ring's
+    224 added steps at the 16 -> 32 growth per step come on top, labelled by a note."""
+    from scaleplan.estimator import Estimator
+    from scaleplan.estimator.comm import collective_time
+    from scaleplan.estimator.context import Lookups
+    from scaleplan.estimator.sources import Recorder
+
+    d = pd.read_parquet(recorded_dir / "dp_collectives_b200_4node.parquet")
+    x = d[(d["collective"] == "reduce_scatter") & d["inter_node"] & (d["status"] == "OK")]
+    s0 = x["payload_bytes"].min()
+    t16, t32 = (float(x[(x["group_size"] == n) & (x["payload_bytes"] == s0)]["time_ms_p50"].iloc[0]) * 1e-3
+                for n in (16, 32))
+    alpha = (t32 - t16) / 16.0
+    est = Estimator("p6-b200.48xlarge", db_url=recorded_db, use_calibration=False)
+    rec = Recorder(2, "compose")
+    t = collective_time(Lookups(est.tables, est.profile, rec), "dp_comm", "reduce_scatter", np.array([32.0, 256.0]),
+                        np.array([s0, s0 * 32 / 31 * 255 / 256]), True)
+    assert t[0] == pytest.approx(t32, rel=0.02)
+    assert t[1] == pytest.approx(t32 + 224 * alpha, rel=0.05) and t[1] > 5 * t32
+    assert any("beyond the measured 32 ranks" in m and "ring" in m for m in rec.notes)
