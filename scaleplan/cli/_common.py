@@ -45,6 +45,8 @@ stderr = _LazyConsole(stderr=True, soft_wrap=True)
 MemFractionOpt = typer.Option(MEM_FRACTION, "--mem-fraction", help=f"Usable fraction of HBM per device (default "
                               f"{MEM_FRACTION}, the same for estimate, layouts and search: headroom for transient "
                               "buffers the memory model does not count; docs/estimate.md).")
+StackOpt = typer.Option(None, "--stack", help="The training stack, over the spec's stack block: key=value pairs, "
+                        "e.g. fp8_recipe=mxfp8,dispatcher=deepep,cuda_graphs=attn+moe_router (docs/spec.md).")
 
 
 def check_mem_fraction(x: float) -> None:

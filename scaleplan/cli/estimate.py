@@ -20,6 +20,7 @@ from scaleplan.cli._common import (
     ExtrapOpt,
     JsonOpt,
     MemFractionOpt,
+    StackOpt,
     check_mem_fraction,
     db_url,
     int_list,
@@ -151,9 +152,16 @@ def _device_count(spec, devices: int | None) -> int:
     return n
 
 
-def _load_spec(spec_path):
-    """The spec at ``spec_path``; a note on stderr for each field read but not used (Spec.ignored)."""
+def _load_spec(spec_path, stack: str | None = None):
+    """The spec at ``spec_path``, its training stack overridden by ``stack`` (--stack key=value pairs); a note on
+    stderr for each field read but not used (Spec.ignored)."""
     spec = specs.load_spec(spec_path)
+    if stack:
+        from scaleplan.stack import check_for_model, parse_stack
+
+        st, moe = parse_stack(stack, spec.stack), spec.model.moe
+        check_for_model(st, spec.model.precision, moe.capacity_factor if moe else None)
+        spec = spec.model_copy(update={"stack": st})
     for line in spec.ignored():
         stderr.print(f"note: {spec_path}: {line}", highlight=False, markup=False)
     return spec
@@ -229,6 +237,7 @@ def estimate(
     db: str = DbOpt,
     extrapolate: str = ExtrapOpt,
     calibration: str = CalibrationOpt,
+    stack: str = StackOpt,
     emit: str = EmitOpt,
     mem_fraction: float = MemFractionOpt,
     tokens: float = typer.Option(None, "--tokens", help="--emit megatron: the token budget D (tokens), emitted as "
@@ -241,7 +250,7 @@ def estimate(
 
     emit_mod.check_emit(emit)
     check_mem_fraction(mem_fraction)
-    spec = _load_spec(spec_path)
+    spec = _load_spec(spec_path, stack)
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     layouts = what_if_layouts(spec, spec_path, n, layout or [], devices is not None)
@@ -313,6 +322,7 @@ def layouts(
     db: str = DbOpt,
     extrapolate: str = ExtrapOpt,
     calibration: str = CalibrationOpt,
+    stack: str = StackOpt,
     emit: str = EmitOpt,
     emit_spec: Path = EmitSpecOpt,
     html: Path = HtmlOpt,
@@ -324,7 +334,7 @@ def layouts(
     from scaleplan.report.provenance import provenance
 
     emit_mod.check_emit(emit, files={"--emit-spec": emit_spec, "--html": html})
-    spec = _load_spec(spec_path)
+    spec = _load_spec(spec_path, stack)
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     modes = specs.parse_ckpt_modes(ckpt)

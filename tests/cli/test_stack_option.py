@@ -1,0 +1,31 @@
+"""--stack on estimate and layouts: the training stack over the spec's stack block, and a bad option or FP8
+recipe refused in one line with exit 2."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from .conftest import SPEC
+
+
+def test_estimate_costs_the_stack_given_on_the_command_line(run_json, spec_file, recorded_db):
+    args = ("estimate", spec_file, "--devices", 32, "--layout", "pp=2,ep=8", "--db", recorded_db)
+    paper = run_json(*args)[0]
+    grouped = run_json(*args, "--stack", "grouped_gemm=grouped")[0]
+    # one grouped kernel for the 16 local experts' GEMMs: fewer launches, the same device work
+    assert grouped["breakdown_s"]["dispatch_floor"] < paper["breakdown_s"]["dispatch_floor"]
+    assert grouped["breakdown_s"]["experts"] == paper["breakdown_s"]["experts"]
+
+
+@pytest.mark.parametrize("precision, text, field", [
+    ("fp8", "fp8_recipe=mxfp9", "--stack fp8_recipe"),
+    ("bf16", "fp8_recipe=mxfp8", "stack.fp8_recipe"),
+    ("bf16", "dispatcher=nccl", "--stack dispatcher"),
+    ("bf16", "fusion=true", "--stack"),
+])
+def test_a_bad_stack_option_is_one_line_and_exit_2(run, tmp_path, recorded_db, precision, text, field):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({**SPEC, "model": {**SPEC["model"], "precision": precision}}))
+    for cmd in ("estimate", "layouts"):
+        code, _, err = run(cmd, p, "--devices", 32, "--stack", text, "--db", recorded_db)
+        assert code == 2 and field in err and len(err.strip().splitlines()) == 1, (cmd, err)
