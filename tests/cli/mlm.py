@@ -113,11 +113,20 @@ def validate(ns: dict, world: int) -> None:
     ep, etp = ns["expert_model_parallel_size"], ns["expert_tensor_parallel_size"] or tp  # unset: ETP = TP
     if world % (ep * etp * pp):
         raise Rejected(f"world size {world} not divisible by ep*etp*pp = {ep * etp * pp}")
+    uneven = ns["decoder_first_pipeline_num_layers"] is not None or ns["decoder_last_pipeline_num_layers"] is not None
     if ns["num_layers_per_virtual_pipeline_stage"] is not None:
+        if ns["num_virtual_stages_per_pipeline_rank"] is not None:
+            raise Rejected("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank")
+        if uneven:  # validate_args: uneven stages name their virtual stages per rank instead
+            raise Rejected("please use --num-virtual-stages-per-pipeline-rank with uneven pipeline parallelism")
         per_stage = ns["num_layers"] // pp
         if per_stage % ns["num_layers_per_virtual_pipeline_stage"]:
             raise Rejected("layers per pipeline stage not divisible by layers per virtual stage")
         ns["virtual_pipeline_model_parallel_size"] = per_stage // ns["num_layers_per_virtual_pipeline_stage"]
+    elif ns["num_virtual_stages_per_pipeline_rank"] is not None:
+        ns["virtual_pipeline_model_parallel_size"] = ns["num_virtual_stages_per_pipeline_rank"]
+    if ns.get("virtual_pipeline_model_parallel_size") == 1:
+        ns["virtual_pipeline_model_parallel_size"] = None
     if isinstance(ns["moe_layer_freq"], list) and len(ns["moe_layer_freq"]) != ns["num_layers"]:
         raise Rejected(f"--moe-layer-freq has {len(ns['moe_layer_freq'])} entries for {ns['num_layers']} layers")
     if ns["train_samples"] is not None and ns["train_iters"] is not None:
