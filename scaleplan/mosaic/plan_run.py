@@ -270,7 +270,7 @@ def unreachable(ctx: Context, fwd: dict) -> SpecError:
     free = target_points(ctx, {k: np.inf for k in ctx.keys}) if r.target_loss else spec_points(ctx)
     pts = [p for p in free.values() if p]
     if not pts:
-        return SpecError(field, value, "unreachable on every platform and node count: " + _law_floor(ctx))
+        return SpecError(field, value, "unreachable on every platform and node count: " + _nothing_reaches(ctx))
     fast, cheap = pp.fastest(pts), pp.cheapest(pts)
     parts = []
     if all("deadline" in p["violates"] for p in pts):
@@ -300,13 +300,20 @@ def _best_within(ctx: Context, fwd: dict) -> str:
                                     f"({best['nodes']} x {best['profile']}, {best['days']:.3g} days)")
 
 
-def _law_floor(ctx: Context) -> str:
+def _nothing_reaches(ctx: Context) -> str:
+    """Why no (platform, nodes) reaches the target: the law (no geometry of the grid within --tpp-max), or memory
+    (those that could have no plan that fits on these node counts); a fixed model: no plan fits."""
+    if ctx.r.spec is not None:
+        return "no plan of the model fits on these node counts (memory: more nodes, or --mem-fraction)"
     g, s = ctx.bank.geoms, ctx.r.search
     n_act = g["n_act"].to_numpy(float)
-    floor = ctx.loaded.law(g["n_tot"].to_numpy(float), g["s"].to_numpy(float), s.tpp_max * n_act,
-                           g["g"].to_numpy(float))
+    floor = float(np.min(ctx.loaded.law(g["n_tot"].to_numpy(float), g["s"].to_numpy(float), s.tpp_max * n_act,
+                                        g["g"].to_numpy(float))))
+    if floor < ctx.r.target_loss:
+        return (f"no geometry that reaches it (the grid's lowest loss at TPP {s.tpp_max:g} is {floor:.4f}) has a plan "
+                "that fits on these node counts (memory: more nodes or --max-gpus, or --mem-fraction)")
     return (f"the law's range binds (the lowest loss any geometry of the grid reaches at TPP {s.tpp_max:g} is "
-            f"{float(np.min(floor)):.4f}; a larger --q, --experts or --tpp-max, or a plan that fits more nodes)")
+            f"{floor:.4f}; a larger --q, --experts or --tpp-max)")
 
 
 # ------------------------------------------------------------------------------------------ the chosen point

@@ -65,27 +65,28 @@ class PlanBank:
 
     def ensure(self, wants: dict[tuple[str, int], np.ndarray]) -> None:
         """Plan every geometry index of ``wants[(name, nodes)]`` not planned yet (all keys at once, over the
-        workers: the largest clusters first, since their plans take longest)."""
-        tasks = []
+        workers). One worker task per cluster size (GPU count), its platforms one after another: a worker then
+        enumerates each plan set once for all platforms (``enumerate_plans`` memoises per GPU count), and the
+        largest clusters, whose plans take longest, go first."""
+        groups: dict[int, list] = {}
         for (name, nodes), idx in wants.items():
             idx = np.asarray(idx, dtype=int)
             todo = idx[~self.done(name, nodes)[idx]]
             for lo in range(0, len(todo), CHUNK):
-                tasks.append((name, nodes, todo[lo:lo + CHUNK]))
-        if not tasks:
-            return
-        tasks.sort(key=lambda t: (-t[1] * self.gpus_per_node(t[0]), -len(t[2])))
-        for name, nodes, idx, part in self._run(tasks):
-            part.index = self.geoms.index[idx]
-            self._parts.setdefault((name, nodes), []).append(part)
-            self.done(name, nodes)[idx] = True
-            self._full.pop((name, nodes), None)
-            self.n_planned += len(idx)
+                groups.setdefault(nodes * self.gpus_per_node(name), []).append((name, nodes, todo[lo:lo + CHUNK]))
+        tasks = [groups[n] for n in sorted(groups, reverse=True)]
+        for part_list in self._run(tasks):
+            for name, nodes, idx, part in part_list:
+                part.index = self.geoms.index[idx]
+                self._parts.setdefault((name, nodes), []).append(part)
+                self.done(name, nodes)[idx] = True
+                self._full.pop((name, nodes), None)
+                self.n_planned += len(idx)
 
-    def _run(self, tasks: list[tuple]):
+    def _run(self, tasks: list[list]):
         if self.workers <= 1 or len(tasks) == 1:
-            return [_plan_part(t, self) for t in tasks]
-        return list(self._workers().imap_unordered(_plan_part, tasks))
+            return [_plan_parts(t, self) for t in tasks]
+        return list(self._workers().imap_unordered(_plan_parts, tasks))
 
     def _workers(self):
         global _BANK
@@ -114,6 +115,11 @@ class PlanBank:
 
 def _empty(index) -> pd.DataFrame:
     return pd.DataFrame({c: pd.Series(dtype=bool if c == "plan_ok" else float) for c in PLAN_COLUMNS}, index=index)
+
+
+def _plan_parts(tasks: list[tuple], bank: PlanBank | None = None) -> list[tuple]:
+    """:func:`_plan_part` of each task, in order (one worker task: one cluster size's platforms)."""
+    return [_plan_part(t, bank or _BANK) for t in tasks]
 
 
 def _plan_part(task: tuple, bank: PlanBank | None = None):

@@ -123,3 +123,16 @@ def test_goodput_stretches_every_window_by_its_cluster(recorded_db):
         assert (b["plan"]["n_layers"], b["plan"]["n_experts"]) == (a["plan"]["n_layers"], a["plan"]["n_experts"])
     # a larger cluster loses more: the cheapest moves to fewer nodes
     assert real["cheapest"]["nodes"] < ideal["cheapest"]["nodes"]
+
+
+def test_forked_workers_give_the_same_answer(recorded_db):
+    """The plan bank's worker processes (one task per cluster size, its platforms in turn) plan what one process
+    plans: the same points and the same count of estimator evaluations."""
+    target = _best_loss(recorded_db, 8, (20.0,))[0]
+    nodes = {B200: (4, 8, 16), GB200: (8, 16, 32)}
+    one, two = (run_plan(PlanRequest(search=replace(_search(recorded_db, (1,), (1.0,)), workers=w), target_loss=target,
+                                     platforms=(B200, GB200), nodes=nodes, goodput=Goodput())).out for w in (1, 2))
+    pts = lambda o: [(p["profile"], p["nodes"], p["days"], p["plan"]["n_experts"], p["plan"]["layout"])  # noqa: E731
+                     for pl in o["platforms"] for p in pl["points"] if p.get("plan")]
+    assert pts(one) == pts(two) and len(pts(one)) >= 4
+    assert one["counts"]["estimator_evaluations"] == two["counts"]["estimator_evaluations"]
