@@ -74,7 +74,8 @@ def _three_way(m, n_slot, n_mb, real, res) -> None:
     A = np.column_stack([n_slot, n_slot * m, np.ones_like(m)])
     (a, b, c), *_ = np.linalg.lstsq(A, real, rcond=None)
     layers = np.array([sum(r.breakdown_s.get(k, 0.0) for k in LAYER_TERMS) for r in res]) / n_mb
-    lm = np.array([r.breakdown_s.get("vocab", 0.0) for r in res]) / n_mb
+    # the model charges the LM head's exposed part on every slot (estimator/pipeline.py), so per slot
+    lm = np.array([r.breakdown_s.get("vocab", 0.0) for r in res]) / n_slot
     pace, mid = _per_sample(m, 1e3 * (layers + lm)), _per_sample(m, 1e3 * layers)
     print(f"      measured = slots x ({1e3 * a:.0f} + {1e3 * b:.0f} mbs) ms + {c:.2f} s per step; ours per sample: "
           f"pacing stage (layers + LM head) {pace:.0f} ms, layers alone {mid:.0f} ms. A fill and drain at the "

@@ -3,8 +3,8 @@ sum of named terms, each computed from its own physics (sec:iteration-time-model
 seconds per iteration.
 
 The 1F1B wall of the pipelined part is n_mb p + R / VPP (:func:`pipeline.pipeline_time`): p the
-pacing stage's period per micro-batch, R the other stages' periods summed (fill and drain). It
-splits into
+pacing stage's period per micro-batch, R = (PP - 1) p the fill and drain (every ramp slot a pacing
+period: :mod:`pipeline`). It splits into
 
 * the **layers' compute** of the stage with the most layer work (``t_cmp``), one term per block
   component (attention projections, SDPA, routed experts, router, permutation, shared expert, the
@@ -12,11 +12,11 @@ splits into
   kernels, TP and CP collectives), forward + backward + the checkpoint mode's recompute, x n_mb;
 * the **dispatch floor**: what the host adds to that stage's period beyond its GPU time,
   n_mb (q - t_cmp), q the slowest vocabulary-free period (max(GPU, host) + exposed all-to-all);
-* the **bubble**: the fill and drain through the other PP-1 stages at their vocabulary-free
-  periods, (sum_s q_s - max_s q_s) / VPP; eq:bubble's f_bubble n_mb q when the stages are equal;
+* the **bubble**: the fill and drain at the vocabulary-free pacing period, (PP - 1) q / VPP:
+  eq:bubble's f_bubble n_mb q;
 * the **vocabulary**: what the embedding (first stage), the LM head and the loss (last stage) add
-  to the pipelined wall, n_mb (p - q) + (R - R_q) / VPP (with one stage: n_mb (t_first + t_last)
-  wherever the GPU paces);
+  to the pipelined wall, (n_mb + (PP - 1) / VPP) (p - q) (the paper's t_vocab with its ramp term;
+  with one stage: n_mb (t_first + t_last) wherever the GPU paces);
 
 then the PP send/recv, the exposed DP traffic, the expert-bias all-reduce and the optimizer step.
 """
@@ -54,7 +54,7 @@ class IterationTime:
     tp_comm: np.ndarray            # TP all-gathers + reduce-scatters (sequence parallel)
     cp_comm: np.ndarray            # CP key/value exchange the attention does not cover
     dispatch_floor: np.ndarray     # host launch time beyond the pacing stage's GPU time
-    bubble: np.ndarray             # 1F1B fill + drain through the other stages (vocabulary-free)
+    bubble: np.ndarray             # 1F1B fill + drain, PP - 1 pacing periods (vocabulary-free)
     vocab: np.ndarray              # embedding, LM head and loss, as they lengthen the pipelined wall
     pp_p2p: np.ndarray             # PP send/recv of activations and their gradients
     dp_comm: np.ndarray            # exposed DP gradient / parameter collectives

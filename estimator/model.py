@@ -6,7 +6,8 @@ then t_iter = chi_sys t_analytic (eq:cal-iter, eq:desync).
 
 Per pipeline stage and micro-batch, t_mb = max(t_GPU, t_disp) + t_A2A + t_LM-head-fwd
 (:func:`pipeline.stage_periods` says why the all-to-all and the loss's forward sit outside the dispatch
-max); the slowest stage sets the 1F1B period and the others the fill and drain. Where the model departs from
+max); the slowest stage sets the 1F1B period, and each fill and drain slot lasts one such period (the
+paper's eq:bubble and t_vocab ramp term, fitted: :mod:`pipeline`). Where the model departs from
 the paper's equations and why: docs/accuracy.md. The tables every lookup reads are an argument of
 :meth:`TimeModel.evaluate`, never state; a recording view of them
 (:class:`lookup_listing.RecordingTables`) lists what an evaluation looks up.

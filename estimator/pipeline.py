@@ -1,16 +1,22 @@
 """The 1F1B pipeline: bubble (eq:bubble), per-stage periods, the vocabulary stages
 (sec:iteration-time-model). Pure functions of per-stage times; arrays over plans; seconds.
 
-**Fill and drain run through the other stages (a departure from the paper's t_vocab).** With
-per-micro-batch stage periods p_s (forward + backward), a 1F1B step lasts
-(n_mb - 1) max_s p_s + sum_s p_s: the first micro-batch's forward crosses stages 0..PP-2, the
-slowest stage then paces n_mb periods, and the last micro-batch's backward crosses the stages back.
-This is exact when the last stage is the slowest and the first stage carries at most a light
-embedding (tests/estimator/test_pipeline.py checks it against a discrete-event 1F1B schedule).
-The paper's t_vocab adds t_last n_mb f_bubble = (PP-1) t_last "for the ramp", charging the LM-head
-surplus on each of the PP-1 fill/drain slots, which the last stage does not run; in the
-compute-bound case :func:`pipeline_time` is the paper's t_block (1 + f_bubble) + t_vocab minus
-exactly (PP-1) t_last."""
+**Every fill and drain slot lasts a pacing period (the paper's form; fitted, no mechanism found).** With
+per-micro-batch stage periods p_s (forward + backward) and the slowest p = max_s p_s, the step's pipelined
+part lasts (n_mb + (PP - 1) / VPP) p: eq:bubble's t_bubble = f_bubble t_block with t_block = n_mb p, the
+LM head and loss of the last stage inside p, which is what the paper's t_vocab ramp term
+t_last n_mb f_bubble adds. A 1F1B schedule with fixed op times runs the fill and drain at the other
+stages' own periods instead, (n_mb - 1) p + sum_s p_s (estimator/exchanges.py's discrete-event schedule
+of Megatron's blocking exchanges; no stall beyond it), less by (PP - 1) times the last stage's LM head
+surplus. The measurements side with the paper: on the 18B sweep at PP 16 (EP 8, three micro-batch
+sizes) every slot, fill and drain included, grows by 129-140 ms per sample (benchmarks/deep_pipeline.py),
+the pacing stage's slope (ours: 136 ms, its layers and LM head), not the other stages' (68 ms, their
+layers). No cost in Megatron-Core's schedule code (the exchanges' device synchronize, the loss's and the
+token dispatcher's host syncs, the warm-up order) reproduces it with fixed op times, so the form is a fit
+to the runs, labelled so in docs/accuracy.md; the measurement that decides it is one rank's trace: the
+first micro-batch's round trip on stage s in steady periods, PP - s - 1 + f/p under this form and less
+at the other stages' periods (``scaleplan calibrate trace``, calibrate/trace_pipeline.py).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +34,7 @@ def bubble_fraction(pp: ArrayLike, vpp: ArrayLike, n_mb: ArrayLike) -> np.ndarra
 class StagePeriods:
     period: np.ndarray        # 1F1B period: slowest stage's max(GPU, dispatch) + A2A + exposed LM head/CE
     period_disp: np.ndarray   # the same without the vocabulary work
-    ramp: np.ndarray          # the other PP-1 stages' periods summed (0 for one stage): fill + drain
+    ramp: np.ndarray          # fill + drain: PP - 1 pacing periods (0 for one stage)
     ramp_disp: np.ndarray     # the same without the vocabulary work (the bubble of the layers alone)
 
 
@@ -51,7 +57,8 @@ class StageWork:
 class Middle:
     """The PP - 2 middle stages (``n`` of them, arrays over plans): the ones with the fewest and the most
     MoE blocks (``lo``, ``hi``: the slowest is one of them, the work being linear in the blocks) and the mean
-    middle stage (``mean``: their periods' sum is n of its period where they are alike)."""
+    middle stage (``mean``: their periods' sum is n of its period where they are alike, what a fill and drain
+    at the stages' own periods would add up; benchmarks/pipeline_mechanisms.py compares that form)."""
 
     n: np.ndarray
     lo: StageWork
@@ -73,8 +80,8 @@ class Vocab:
 
 def stage_periods(pp: ArrayLike, first: StageWork, middle: Middle, last: StageWork, vocab: Vocab,
                   serial: bool = False) -> StagePeriods:
-    """Per-micro-batch periods (seconds): the slowest stage's, and the other stages' summed (the
-    fill and drain, :func:`pipeline_time`), first / middle / last stages considered.
+    """Per-micro-batch periods (seconds): the slowest stage's, first / middle / last stages considered,
+    and the fill and drain, PP - 1 of them (:func:`pipeline_time`; module docstring).
 
     Per stage: t_mb = max(t_GPU, t_disp) + t_A2A + t_last_fwd (sec:iteration-time-model), where
 
@@ -111,19 +118,15 @@ def stage_periods(pp: ArrayLike, first: StageWork, middle: Middle, last: StageWo
         one = np.maximum(f_gpu + v.t_last_bwd, first.disp) + first.a2a + v.t_last_fwd + v.last_bwd_exposed
     has_mid = np.asarray(middle.n) > 0
     mid_max = np.where(has_mid, np.maximum(middle.lo.period(serial), middle.hi.period(serial)), 0.0)
-    mid_p = middle.mean.period(serial)
-    mid_sum = np.where(has_mid, middle.n * mid_p, 0.0)
     period = np.where(pp > 1, np.maximum(np.maximum(first_p, last_p), mid_max), one)
     period_disp = np.where(pp > 1, np.maximum(np.maximum(d0, l0), mid_max), d0)
-    ramp = np.where(pp > 1, first_p + mid_sum + last_p - period, 0.0)
-    # the stages after the first without their vocabulary work: PP - 1 alike ones where the split is even
-    after = np.where(mid_p == l0, (pp - 1) * l0, mid_sum + l0)
-    ramp_disp = np.where(pp > 1, d0 + after - period_disp, 0.0)
-    return StagePeriods(period, period_disp, ramp, ramp_disp)
+    # every fill and drain slot a pacing period (module docstring)
+    hops = np.maximum(pp - 1, 0)
+    return StagePeriods(period, period_disp, hops * period, hops * period_disp)
 
 
 def pipeline_time(n_mb: ArrayLike, vpp: ArrayLike, period: ArrayLike, ramp: ArrayLike) -> np.ndarray:
     """1F1B wall of the pipelined part (seconds): n_mb periods of the slowest stage plus the fill
-    and drain through the other stages, ``ramp`` (:class:`StagePeriods`), which VPP-way
-    interleaving divides by VPP as it divides the bubble (eq:bubble)."""
+    and drain, ``ramp`` (:class:`StagePeriods`), which VPP-way interleaving divides by VPP as it divides
+    the bubble (eq:bubble)."""
     return np.asarray(n_mb, dtype=float) * period + ramp / np.asarray(vpp, dtype=float)

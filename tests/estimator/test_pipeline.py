@@ -1,5 +1,6 @@
-"""1F1B bubble (eq:bubble) and vocabulary-stage terms against hand-computed cases and a
-discrete-event 1F1B schedule."""
+"""1F1B bubble (eq:bubble) and vocabulary-stage terms against hand-computed cases, the paper's t_vocab, and
+a discrete-event 1F1B schedule with fixed op times (which the model's pacing ramp exceeds by the last stage's
+LM head surplus per fill and drain hop)."""
 import numpy as np
 import pytest
 from scaleplan.estimator import Estimator
@@ -64,28 +65,37 @@ def _one_f_one_b(f, b, n_mb):
 @pytest.mark.parametrize("pp,n_mb,t_first,t_last_f,t_last_b", [
     (2, 8, 1e-3, 4e-3, 8e-3), (4, 32, 0.5e-3, 6e-3, 12e-3), (8, 64, 2e-3, 15e-3, 30e-3), (4, 4, 0.0, 20e-3, 1e-3),
 ])
-def test_pipeline_wall_matches_a_discrete_event_1f1b_schedule(pp, n_mb, t_first, t_last_f, t_last_b):
+def test_ramp_at_the_pacing_period_exceeds_a_fixed_op_time_schedule_by_the_last_stages_surplus(
+        pp, n_mb, t_first, t_last_f, t_last_b):
     # compute-bound stages: 10 ms forward, 20 ms backward of layers; the embedding on the first stage's
-    # forward, the LM head + CE on the last stage's forward and backward
+    # forward, the LM head + CE on the last stage's forward and backward. A schedule with fixed op times
+    # runs the PP-1 fill and drain hops at the other stages' periods; the model runs each at the pacing
+    # (last) stage's: more by PP-1 LM head surpluses. The first stage's embedding hides in its hop.
     f_l, b_l = 10e-3, 20e-3
     f = [f_l + (t_first if s == 0 else 0.0) + (t_last_f if s == pp - 1 else 0.0) for s in range(pp)]
     b = [b_l + (t_last_b if s == pp - 1 else 0.0) for s in range(pp)]
     z = np.array(0.0)
     st = stage_periods(np.array(pp), np.array(f_l + b_l), np.array(f_l + b_l), np.array(t_first),
                        np.array(t_last_f), np.array(t_last_b), z)
-    assert pipeline_time(n_mb, 1, st.period, st.ramp) == pytest.approx(_one_f_one_b(f, b, n_mb), rel=1e-12)
+    surplus = (pp - 1) * (t_last_f + t_last_b) - t_first
+    assert pipeline_time(n_mb, 1, st.period, st.ramp) == pytest.approx(_one_f_one_b(f, b, n_mb) + surplus,
+                                                                       rel=1e-12)
+    # equal stages: the two agree
+    st = stage_periods(np.array(pp), np.array(f_l + b_l), np.array(f_l + b_l), z, z, z, z)
+    assert pipeline_time(n_mb, 1, st.period, st.ramp) == pytest.approx(_one_f_one_b([f_l] * pp, [b_l] * pp, n_mb),
+                                                                       rel=1e-12)
 
 
-def test_ramp_departs_from_the_papers_t_vocab_by_pp_minus_1_last_stage_surpluses():
+def test_ramp_is_the_papers_t_vocab_with_its_ramp_term():
     # compute-bound, last stage slowest: the paper's t_block (1 + f_bubble) + t_vocab, with
-    # t_vocab = (n_mb-1) max(t_first, t_last) + t_first + t_last + t_last n_mb f_bubble, charges the LM
-    # head on the PP-1 ramp slots too; the schedule runs those through the other stages
+    # t_vocab = (n_mb-1) max(t_first, t_last) + t_first + t_last + t_last n_mb f_bubble; the embedding
+    # (t_first) runs on the first stage's hop, inside its pacing period, so it adds nothing of its own
     n_mb, pp, t_layers, tf, tl = 16, 4, 50e-3, 1e-3, 20e-3
     st = stage_periods(np.array(pp), np.array(t_layers), np.array(t_layers), np.array(tf), np.array(tl / 3),
                        np.array(2 * tl / 3), np.array(0.0))
     f = (pp - 1) / n_mb
     paper = n_mb * t_layers * (1 + f) + (n_mb - 1) * tl + tf + tl + tl * n_mb * f
-    assert pipeline_time(n_mb, 1, st.period, st.ramp) == pytest.approx(paper - (pp - 1) * tl)
+    assert pipeline_time(n_mb, 1, st.period, st.ramp) == pytest.approx(paper - tf)
     # one stage: embedding and LM head every micro-batch, no ramp
     st1 = stage_periods(np.array(1), np.array(t_layers), np.array(0.0), np.array(tf), np.array(tl / 3),
                         np.array(2 * tl / 3), np.array(0.0))
@@ -147,20 +157,19 @@ def _breakdown(sqlite_url, dense_first: int, pp: int):
     return b, sum(v for k, v in b.items() if k not in _NOT_LAYERS) / n_mb  # per micro-batch
 
 
-def test_model_bubble_is_the_fill_and_drain_of_the_other_stages(sqlite_url):
+def test_model_bubble_is_pp_minus_1_pacing_periods(sqlite_url):
     # equal stages (no dense block): the bubble is eq:bubble, f_bubble = 3/32 of the layers' time
     b, stage = _breakdown(sqlite_url, 0, 4)
     assert b["bubble"] == pytest.approx(3 * stage, rel=1e-9)
     assert b["vocab"] > 0
-    # a dense first block makes stage 0 lighter by (MoE layer - dense layer), which the two PP=1 runs
-    # give; the fill and drain run once through stage 0 and two MoE-only stages, not 3 x the slowest
+    # a dense first block makes stage 0 lighter (the two PP = 1 runs give by how much); the slowest stage
+    # holds 4 MoE layers either way, and every fill and drain slot lasts its period: the same bubble
     b1, stage1 = _breakdown(sqlite_url, 1, 4)
-    assert stage1 == pytest.approx(stage, rel=1e-12)  # the slowest stage holds 4 MoE layers either way
+    assert stage1 == pytest.approx(stage, rel=1e-12)
     _, moe16 = _breakdown(sqlite_url, 0, 1)
     _, dense1_moe15 = _breakdown(sqlite_url, 1, 1)
-    lighter = moe16 - dense1_moe15
-    assert lighter > 0
-    assert b1["bubble"] == pytest.approx(3 * stage - lighter, rel=1e-9)
+    assert moe16 - dense1_moe15 > 0
+    assert b1["bubble"] == pytest.approx(3 * stage, rel=1e-9)
 
 
 def test_all_to_all_adds_outside_the_dispatch_max():
@@ -190,8 +199,9 @@ def test_full_recompute_exposes_the_lm_head_backward_at_the_next_dispatcher_sync
 
 @pytest.mark.parametrize("pp", [1, 4])
 def test_the_model_exposes_the_lm_head_backward_only_under_full_recompute(pp):
-    # host-bound 700M MoE plans (host_scale 50): the vocabulary term is n_mb (t_LM fwd + t_LM bwd) under
-    # full recompute (the recompute's dispatcher sync), n_mb t_LM fwd without recompute (hidden)
+    # host-bound 700M MoE plans (host_scale 50): the vocabulary term is (t_LM fwd + t_LM bwd) per slot under
+    # full recompute (the recompute's dispatcher sync), t_LM fwd per slot without recompute (hidden); a slot
+    # each of the n_mb micro-batches and of the PP - 1 fill and drain hops, which last a pacing period
     from scaleplan.estimator.kernels import layer_kernels
     from scaleplan.estimator.layout import ParallelLayout
     from scaleplan.estimator.model_dims import geometry
@@ -206,5 +216,5 @@ def test_the_model_exposes_the_lm_head_backward_only_under_full_recompute(pp):
         pl = ParallelLayout.from_specs([lay], 32)
         k = layer_kernels(est.model.context(g, pl, 8192))
         vocab = est.estimate(spec, 32, [lay])[0].breakdown_s["vocab"]
-        expect = n_mb * (float(k.t_last_f[0]) + with_bwd * float(k.t_last_b[0]))
+        expect = (n_mb + pp - 1) * (float(k.t_last_f[0]) + with_bwd * float(k.t_last_b[0]))
         assert vocab == pytest.approx(expect, rel=1e-9), ckpt
