@@ -6,12 +6,15 @@ from .conftest import SMALL_SEARCH
 SAMPLED = [a if a != "0" or SMALL_SEARCH[i - 1] != "--samples" else "100" for i, a in enumerate(SMALL_SEARCH)]
 
 
-def _band(r: dict) -> float:
-    """The MFU draw's 90% band in log units (the loss band also carries the law's distance from its data, which
-    differs between the two recommended plans)."""
+def _band(doc: dict, r: dict) -> float:
+    """The log-normal sigma of the candidate's MFU draw (uncertainty.candidate_sigma: the calibration's sigma, one
+    more per doubling beyond the observed runs, and its plan's evidence, in quadrature). Not the bands themselves:
+    two plans of different layout families draw their own 100 normals, whose sample quantiles differ more than the
+    sigmas do."""
     import math
 
-    return math.log(r["mfu_p95"] / r["mfu_p05"])
+    s = doc["uncertainty_inputs"]["mfu_error"]["sigma"]
+    return math.sqrt(s ** 2 * (1 + r["perf_doublings"]) + r["evidence_sigma"] ** 2)
 
 
 def test_analytic_only_search_is_wider_and_says_it_is_a_guess(recorded_db, sqlite_url, run_json):
@@ -21,7 +24,7 @@ def test_analytic_only_search_is_wider_and_says_it_is_a_guess(recorded_db, sqlit
     assert rg["guess"] and not rm["guess"]
     assert rg["statement"].startswith("a guess:") and "scaleplan bench" in rg["statement"]
     assert rg["recommended"]["unmeasured_kernel_share"] > 0.5 > rm["recommended"]["unmeasured_kernel_share"]
-    assert _band(rg["recommended"]) > _band(rm["recommended"])
+    assert _band(guess, rg["recommended"]) > _band(measured, rm["recommended"])
     assert guess["best"]["evidence_sigma"] > measured["best"]["evidence_sigma"]
 
 
