@@ -15,9 +15,9 @@ order etp-ep-edp-pp) makes an ETP group ETP contiguous ranks, EP ranks ETP apart
 group EDP ranks ETP EP apart; its pipeline groups are the dense ones (ETP EP EDP = TP CP DP).
 :data:`GROUPS` is the one place this lives.
 
-Groups are aligned blocks of the rank space, so a group of n ranks s apart holds
-min(max(floor(gpn / s), 1), n) ranks per node and leaves the node when n exceeds that
-(:meth:`ParallelLayout.ranks_per_node`, :meth:`ParallelLayout.spans_nodes`).
+A group of n ranks s apart spans the domains its ranks fall in (rank r in domain r // gpn, gpn the GPUs of one
+scale-up domain): :func:`scaleplan.estimator.placement.span` counts them, the worst group of a kind per plan
+(:meth:`ParallelLayout.ranks_per_node`, :meth:`ParallelLayout.nodes`, :meth:`ParallelLayout.spans_nodes`).
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.model_dims import Geometry
+from scaleplan.estimator.placement import span
 from scaleplan.estimator.sources import distinct
 
 from scaleplan.errors import SpecError
@@ -151,18 +152,17 @@ class ParallelLayout:
         return GROUPS[name](self)
 
     def ranks_per_node(self, name: str, gpn: int) -> np.ndarray:
-        """Ranks of one ``name`` group on one node (float arrays): the NIC rails it drives once it
-        leaves the node."""
-        stride, size = self.group(name)
-        return np.minimum(np.maximum(np.floor(gpn / stride), 1.0), np.maximum(size, 1.0))
+        """Ranks of one ``name`` group in one domain of ``gpn`` GPUs (float arrays): the NIC rails it drives
+        once it leaves the domain; the fewest of the worst group where groups straddle domains unevenly."""
+        return span(*self.group(name), self.n_devices, gpn)[1]
 
     def nodes(self, name: str, gpn: int) -> np.ndarray:
-        """Nodes one ``name`` group spans (float arrays)."""
-        return np.ceil(self.group(name)[1] / self.ranks_per_node(name, gpn))
+        """Domains of ``gpn`` GPUs the worst ``name`` group spans (float arrays)."""
+        return span(*self.group(name), self.n_devices, gpn)[0]
 
     def spans_nodes(self, name: str, gpn: int) -> np.ndarray:
-        """Whether one ``name`` group leaves the node (bool arrays)."""
-        return self.group(name)[1] > self.ranks_per_node(name, gpn)
+        """Whether a ``name`` group leaves its domain (bool arrays)."""
+        return self.nodes(name, gpn) > 1
 
     # -- validity --------------------------------------------------------------------------------
     def reasons(self, ctx: LayoutContext) -> np.ndarray:

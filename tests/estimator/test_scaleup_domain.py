@@ -1,5 +1,6 @@
 """The NVLink domain comes from the profile (ClusterProfile.scaleup_domain), not from the node: on a GB200
-NVL72 (4-GPU trays, 72 GPUs per NVLink domain) an expert group of 64 ranks stays on NVLink."""
+NVL72 (4-GPU trays, 72 GPUs per NVLink domain) an expert group inside one rack stays on NVLink, and one that
+straddles two racks leaves it."""
 from __future__ import annotations
 
 import math
@@ -38,17 +39,24 @@ def test_gb200_profile_reads_as_its_datasheet():
         assert p.scaleup_domain == p.gpus_per_node == 8
 
 
-@pytest.mark.parametrize("n_dev, ep", [(128, 64), (256, 64), (128, 32)])
+@pytest.mark.parametrize("n_dev, ep", [(64, 64), (128, 8), (64, 32)])
 def test_expert_group_inside_the_nvlink_domain(n_dev, ep):
-    """EP ranks are contiguous (ETP = 1): a group of ep ranks spans ceil(ep / domain) domains."""
+    """EP ranks are contiguous (ETP = 1): every group of ep ranks lies inside one 72-GPU rack here (64 GPUs: one
+    rack; EP 8 on 128: 72 / 8 = 9 groups fill rack 0 exactly), where the trays alone would span ep / 4 nodes."""
     nvl = _estimate(GB200, n_dev, ep)
     trays = _estimate(TRAYS_ONLY, n_dev, ep)
-    assert nvl.chi_inputs["ep_nodes"] == math.ceil(ep / 72) == 1
+    assert nvl.chi_inputs["ep_nodes"] == 1
     assert trays.chi_inputs["ep_nodes"] == ep // 4
     # the same all-to-all bytes over NVLink (900 GB/s per direction) instead of the NIC (50 GB/s): faster
     assert nvl.breakdown_s["ep_a2a"] < trays.breakdown_s["ep_a2a"]
 
 
-def test_expert_group_beyond_the_domain_leaves_it():
-    # EP 128 cannot fit one 72-GPU domain: it spans two, whatever the tray size
-    assert _estimate(GB200, 256, 128).chi_inputs["ep_nodes"] == math.ceil(128 / 72) == 2
+def test_expert_group_across_a_rack_boundary_leaves_it():
+    """Ranks fill the racks in order, 72 to a rack. EP 64 on 128 GPUs: the group of ranks 64-127 has 8 ranks in
+    rack 0 and 56 in rack 1, so the step's all-to-all crosses the NICs (those 8 ranks send 56/64 of their bytes
+    over them), slower than on a rack that held all 128 GPUs; EP 128 on 256: ranks 128-255 span racks 1-3."""
+    assert _estimate(GB200, 128, 64).chi_inputs["ep_nodes"] == 2
+    whole = GB200.model_copy(update={"scaleup_gpus": 128, "name": "gb200-one-128-gpu-domain"})
+    assert _estimate(whole, 128, 64).chi_inputs["ep_nodes"] == 1
+    assert _estimate(GB200, 128, 64).breakdown_s["ep_a2a"] > _estimate(whole, 128, 64).breakdown_s["ep_a2a"]
+    assert _estimate(GB200, 256, 128).chi_inputs["ep_nodes"] == 3

@@ -1,0 +1,63 @@
+"""Where one parallel group's ranks fall: the scale-up (NVLink) domains it spans, counted from its ranks.
+
+A group of a plan is n ranks s apart in Megatron-Core's rank order (:data:`scaleplan.estimator.layout.GROUPS`);
+the groups of one kind are the progressions b + j s (j < n) with first ranks b = l + u s n (l < s,
+u < W / (s n)), W the plan's ranks. Ranks fill domains in order: rank r sits in domain r // D, D GPUs per domain
+(a node, or a GB200 NVL72 rack's 72 GPUs, 18 trays of 4: :attr:`ClusterProfile.scaleup_domain`).
+
+Aligned groups: where s >= D, or D is a multiple of s and s n divides D or is a multiple of it, every group of the
+kind spans the same ceil(n / m) domains with m = min(max(floor(D / s), 1), n) ranks in each: the closed form the
+layout always used, kept bit for bit (every layout whose degrees are powers of two, on 8-GPU nodes).
+
+Other groups straddle domain boundaries unevenly: with D = 72, EP 64 on 128 GPUs has one group on ranks 0-63
+(one rack) and one on ranks 64-127 (8 ranks in the first rack, 56 in the second); a 6-rank group on 8-GPU nodes
+has ranks 6-11 on two nodes. A step waits for its slowest group, so a plan's figures are the worst group's: the
+most domains one group spans, and the fewest ranks a spanning group has in one domain (its bottleneck: those
+ranks' NICs carry the most of the group's bytes across domains). Counted exactly from the ranks, once per
+(s, n, W, D) (a plan set has few distinct ones), arrays over plans.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+
+def span(stride: ArrayLike, size: ArrayLike, world: ArrayLike, domain: int) -> tuple[np.ndarray, np.ndarray]:
+    """(domains, ranks_per_domain) of the worst group of n = ``size`` ranks ``stride`` apart among ``world`` ranks,
+    ``domain`` GPUs per scale-up domain (module docstring): float arrays over plans (broadcast). A group inside
+    one domain has all its n ranks there."""
+    s, n, w = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (stride, size, world)))
+    per = np.minimum(np.maximum(np.floor(domain / s), 1.0), np.maximum(n, 1.0))
+    doms = np.ceil(n / per)
+    d = int(domain)
+    sn = np.maximum(s * n, 1)
+    aligned = (s >= d) | ((d % np.maximum(s, 1) == 0) & ((sn % d == 0) | (d % sn == 0)))
+    if aligned.all():
+        return doms, per
+    bad = np.flatnonzero(~aligned.reshape(-1))
+    keys = np.stack([s.reshape(-1)[bad], n.reshape(-1)[bad], w.reshape(-1)[bad]], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    exact = np.array([_exact(int(a), int(b), int(c), d) for a, b, c in uniq], dtype=float).reshape(-1, 2)
+    doms, per = doms.astype(float).reshape(-1), per.astype(float).reshape(-1)
+    doms[bad], per[bad] = exact[inv.reshape(-1), 0], exact[inv.reshape(-1), 1]
+    return doms.reshape(s.shape), per.reshape(s.shape)
+
+
+@lru_cache(maxsize=4096)
+def _exact(s: int, n: int, w: int, d: int) -> tuple[int, int]:
+    """(most domains one group spans, fewest ranks a spanning group holds in one domain; n where none spans),
+    from every group's ranks."""
+    n = max(n, 1)
+    per_base = max(w // (s * n), 1)
+    bases = (np.arange(s)[:, None] + np.arange(per_base)[None, :] * s * n).reshape(-1)
+    dom = (bases[:, None] + np.arange(n)[None, :] * s) // d          # [groups, n], rising along each row
+    row = np.repeat(np.arange(len(bases)), n)
+    key, counts = np.unique(row * (int(dom.max()) + 1) + dom.reshape(-1), return_counts=True)
+    owner = key // (int(dom.max()) + 1)
+    n_dom = np.bincount(owner, minlength=len(bases))
+    fewest = np.full(len(bases), n)
+    np.minimum.at(fewest, owner, counts)
+    spanning = n_dom > 1
+    return int(n_dom.max()), int(fewest[spanning].min()) if spanning.any() else n
