@@ -5,8 +5,10 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
 1. Qwen3-30B-A3B (128 experts, top-8, expert width 768) on 8 B200, EP 8 (16 local experts per rank), micro-batch
    4, sequence 4096, FP8: the paper's stack with per-tensor current scaling, and the published stack (HybridEP,
    CUDA graphs over attention, router and preprocess, MXFP8).
-2. GPT-OSS-120B on 64 B200 (EP 8, micro-batch 4, recompute of layernorm and moe_act, and the issue's "no
-   recompute") and on 64 H100 (PP 4, EP 8, micro-batch 1).
+2. GPT-OSS-120B on 64 B200 at EP 8, micro-batch 4, sequence 4096, global batch 1280: the paper's stack without
+   recompute (the issue's example), and the published B200 V2 recipe (PP 1, HybridEP, router fusion, gradients
+   reduced in bf16, recompute of layernorm and moe_act: our super-selective) in bf16 and MXFP8; on 64 H100 the
+   published H100 recipe (PP 4, EP 8, micro-batch 1, the same recompute, all-to-all).
 
     python benchmarks/stack_examples.py --db URL-with-the-recorded-and-own-tables [--json]
 
@@ -24,9 +26,17 @@ from scaleplan.catalogue import spec_data
 from scaleplan.specs import Layout, parse_spec
 
 QWEN_FP8 = {"model": {"precision": "fp8"}, "data": {"gbs": 512, "seqlen": 4096, "microbatch_sz": 4}}
+# Megatron-Bridge: the qwen3 recipe (moe_permute_fusion), set_qwen3_common_configs (router fusion, grad_reduce_in_fp32
+# off, no recompute), the B200 workload (HybridEP, TE CUDA graphs over attn, moe_router, moe_preprocess) and
+# bf16_with_mxfp8_mixed (MXFP8 with FP8 primary weights, fp8_param_gather)
 PUBLISHED_QWEN = {"dispatcher": "hybridep", "cuda_graphs": ["attn", "moe_router", "moe_preprocess"],
-                  "fp8_recipe": "mxfp8"}
+                  "fp8_recipe": "mxfp8", "fp8_param": True, "permute_fusion": True, "router_fusion": True,
+                  "grads_fp32": False}
 GPT_OSS = {"data": {"gbs": 1280, "seqlen": 4096, "microbatch_sz": 4}}
+# Megatron-Bridge: the gpt_oss recipe (moe_permute_fusion), set_gpt_oss_common_configs (router fusion,
+# grad_reduce_in_fp32 off) and the B200 V2 workload (moe_flex_dispatcher_backend hybridep)
+PUBLISHED_GPT_OSS_H100 = {"permute_fusion": True, "router_fusion": True, "grads_fp32": False}
+PUBLISHED_GPT_OSS_B200 = {**PUBLISHED_GPT_OSS_H100, "dispatcher": "hybridep"}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -36,12 +46,16 @@ EXAMPLES = [
      Layout(ep=8, mbs=4, ckpt="none")),
     ("qwen3-30b-a3b bf16, paper stack", "qwen3-30b-a3b", {**QWEN_FP8, "model": {}}, {}, "p6-b200.48xlarge", 8,
      Layout(ep=8, mbs=4, ckpt="none")),
-    ("gpt-oss-120b bf16 64 B200, no recompute", "gpt-oss-120b", GPT_OSS, {}, "p6-b200.48xlarge", 64,
+    ("gpt-oss-120b bf16 64 B200, paper stack, no recompute", "gpt-oss-120b", GPT_OSS, {}, "p6-b200.48xlarge", 64,
      Layout(ep=8, mbs=4, ckpt="none")),
-    ("gpt-oss-120b bf16 64 B200, layernorm+moe_act recompute", "gpt-oss-120b", GPT_OSS, {}, "p6-b200.48xlarge",
-     64, Layout(ep=8, mbs=4, ckpt="super-selective")),
-    ("gpt-oss-120b bf16 64 H100, PP 4", "gpt-oss-120b", {"data": {**GPT_OSS["data"], "microbatch_sz": 1}}, {},
-     "p5.48xlarge", 64, Layout(pp=4, ep=8, mbs=1, ckpt="super-selective")),
+    ("gpt-oss-120b bf16 64 B200, published stack", "gpt-oss-120b", GPT_OSS, PUBLISHED_GPT_OSS_B200,
+     "p6-b200.48xlarge", 64, Layout(ep=8, mbs=4, ckpt="super-selective")),
+    ("gpt-oss-120b mxfp8 64 B200, published stack", "gpt-oss-120b", {**GPT_OSS, "model": {"precision": "fp8"}},
+     {**PUBLISHED_GPT_OSS_B200, "fp8_recipe": "mxfp8", "fp8_param": True}, "p6-b200.48xlarge", 64,
+     Layout(ep=8, mbs=4, ckpt="super-selective")),
+    ("gpt-oss-120b bf16 64 H100, published stack, PP 4", "gpt-oss-120b",
+     {"data": {**GPT_OSS["data"], "microbatch_sz": 1}}, PUBLISHED_GPT_OSS_H100, "p5.48xlarge", 64,
+     Layout(pp=4, ep=8, mbs=1, ckpt="super-selective")),
 ]
 
 

@@ -17,6 +17,9 @@ Megatron-Core core_v0.19.0 and Transformer Engine 2.x. Bytes.
 * Fused activation: Megatron-Core's fused (weighted) SwiGLU (bias_swiglu_fusion, on by default;
   WeightedSwiGLUFunction) saves its input and the routing probabilities only: no activation output and no
   probability product are kept for the backward.
+* Recomputed modules: layernorm and moe_act (TEGroupedMLP activation_recompute, the pre-MLP TENorm) run under
+  CheckpointWithoutOutput, whose output storage is freed once its consumers have run and rebuilt in the
+  backward; the attention's norm is fused into TE's LayerNormLinear and has no output of its own to drop.
 """
 from __future__ import annotations
 
@@ -88,7 +91,19 @@ def adjust_saved(terms: dict, recipe: str | None, act_bytes: float, dense_block:
         b, freed = out["out_proj_in"]
         view = (b == 0) & (terms["sdpa_out"][0] > 0)
         out["out_proj_in"] = (b + view * terms["sdpa_out"][0] * scale, freed)
+    if not dense_block:
+        for name in recomputed_outputs(recipe):
+            if name in out:
+                out[name] = (out[name][0], "fine")
     return out
+
+
+def recomputed_outputs(recipe: str | None) -> tuple[str, ...]:
+    """The MoE block's saved tensors Megatron-Core's --recompute-modules layernorm moe_act (our super-selective)
+    discards after use and recomputes in the backward (CheckpointWithoutOutput): the pre-MLP norm's output (the
+    router's and the dispatcher's input) and the experts' activation output, fc2's input. Under an FP8 recipe fc2
+    saves its own FP8 copy of that input, which stays."""
+    return ("ffn_in",) + (("expert_fc2_in",) if recipe is None else ())
 
 
 # GPU model tokens whose FP8 GEMMs take any operand layout (TE's is_non_tn_fp8_gemm_supported: compute

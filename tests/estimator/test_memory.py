@@ -104,8 +104,9 @@ def test_moe_blocks_save_what_megatron_core_saves(ckpt):
     fc2 output nor its gated copy is kept (2 x 2 R h less); and its SwiGLUs are fused
     (WeightedSwiGLUFunction, bias_swiglu_fusion on by default), saving their input and the probabilities
     only: no activation output of the routed experts (2 R f), the shared expert (2 T f_s) or the dense
-    block (2 T d_ff), which the reference model keeps unless super-selective recompute drops them; R = T K
-    routed rows."""
+    block (2 T d_ff), which the reference model keeps unless super-selective recompute drops them; under
+    super-selective (--recompute-modules layernorm moe_act) Megatron-Core also frees the pre-MLP norm's output
+    (2 T h) and the experts' activation output, fc2's input (2 R f); R = T K routed rows."""
     from scaleplan.estimator.memory import REFERENCE_DDP
     from scaleplan.geometry import ladder_model
 
@@ -120,7 +121,7 @@ def test_moe_blocks_save_what_megatron_core_saves(ckpt):
                   for st in (MEGATRON, REFERENCE_DDP))
     fs, dff = m.moe.shared_expert_inter_sz, m.inter_sz
     act = ckpt != "super-selective"  # the activation outputs the reference model keeps
-    per_block = 4 * T * h + 2 * 2 * R * h + (2 * R * f + 2 * T * fs if act else 0)
+    per_block = 4 * T * h + 2 * 2 * R * h + (2 * R * f + 2 * T * fs if act else 2 * T * h + 2 * R * f)
     # one stage holds the dense block and all L - 1 MoE blocks; full recompute keeps only the block inputs
     # (same in both) plus one MoE block's whole activations while it is recomputed
     expect = per_block if ckpt == "full" else (L - 1) * per_block + (2 * T * dff if act else 0)

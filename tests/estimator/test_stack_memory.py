@@ -3,6 +3,7 @@ Megatron-Core and Transformer Engine keep: the gradient buffer, FP8 weights and 
 and the fused SwiGLU's saved tensors."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from scaleplan.estimator import stack_memory as sm
 from scaleplan.estimator.memory import block_activation_terms
@@ -61,7 +62,8 @@ def test_an_moe_blocks_fp8_inputs_and_fused_swiglu_by_hand(recipe, per_elem):
 def test_without_the_fused_activation_every_term_is_kept_as_counted():
     g = _gpt_oss_like()
     terms = block_activation_terms(1024, 1, g, 1.0, 1.0, True, 2.0, mcore=True)
-    assert sm.adjust_saved(terms, None, 2.0, dense_block=False, fused_activation=False) == terms
+    got = sm.adjust_saved(terms, None, 2.0, dense_block=False, fused_activation=False)
+    assert {k: v[0] for k, v in got.items()} == {k: v[0] for k, v in terms.items()}
 
 
 @pytest.mark.parametrize("name, any_layout", [
@@ -71,3 +73,22 @@ def test_only_blackwell_runs_fp8_gemms_in_any_layout(name, any_layout):
     # TE keeps a transposed FP8 copy of per-tensor weights only where FP8 GEMMs need the TN layout
     # (compute capability below 10: Hopper, Ada)
     assert sm.non_tn_fp8(name) is any_layout
+
+
+@pytest.mark.parametrize("recipe, dropped", [(None, ("ffn_in", "expert_fc2_in")), ("mxfp8", ("ffn_in",))])
+def test_layernorm_and_moe_act_recompute_drop_the_outputs_megatron_core_discards(recipe, dropped):
+    """super-selective is --recompute-modules layernorm moe_act (core_attn under flash attention saves nothing
+    more): the pre-MLP norm's output and the experts' activation output are freed and recomputed; an FP8 fc2
+    keeps its own quantized copy of its input."""
+    from scaleplan.estimator.ckpt import CkptMode
+    from scaleplan.estimator.memory import block_activation_bytes
+
+    g = _gpt_oss_like()
+    s, b, a = 4096, 4, 2.0
+    terms = sm.adjust_saved(block_activation_terms(s, b, g, 1.0, 1.0, True, a, mcore=True), recipe, a, False)
+    kept = {m: float(block_activation_bytes(s, b, g, 1.0, 1.0, True, np.array([m]), a, mcore=True,
+                                            recipe=recipe)[0]) for m in (CkptMode.SELECTIVE, CkptMode.SUPER_SELECTIVE)}
+    T, R, f = s * b, s * b * 4, 2880
+    want = {"ffn_in": a * T * 2880, "expert_fc2_in": a * R * f}
+    assert kept[CkptMode.SELECTIVE] - kept[CkptMode.SUPER_SELECTIVE] == pytest.approx(
+        sum(want[n] for n in dropped) + float(terms["norm_stats"][0]))
