@@ -56,6 +56,9 @@ def plan(
     tpp_max: float = _opt(D.tpp_max, "--tpp-max", "Cap on tokens per active parameter."),
     optimizer: str = _opt(D.optimizer, "--optimizer", "Optimizer (memory of its states)."),
     samples: int = _opt(D.samples, "--samples", "Draws of the law's ridge and the MFU error for P(reaches target)."),
+    confidence: float = _opt(None, "--confidence", "Plan to this probability (e.g. 0.9): every window reaches the "
+                             "target, every loss is reached, in at least that share of the draws (default: the point "
+                             "estimates)."),
     seed: int = _opt(D.seed, "--seed", "Random seed of the draws."),
     workers: int = _opt(D.workers, "--workers", "Processes for the plan search (0: the usable CPUs)."),
     calibration: str = _opt(None, "--calibration", "'none': chi_sys = 1 and each profile's dispatch law (default: "

@@ -72,7 +72,8 @@ def request(p: dict[str, Any]):
     return PlanRequest(search=search, platforms=platforms, nodes=parse_nodes(p["nodes"], platforms),
                        max_gpus=p["max_gpus"], target_loss=p["target_loss"], spec=p["spec"], tokens=p["tokens"],
                        max_days=p["max_days"], max_gpu_hours=p["max_gpu_hours"], max_cost=p["max_cost"],
-                       prices=parse_prices(p["price"]), goodput=_goodput(p), pick=p["pick"], emit=p["emit"],
+                       prices=parse_prices(p["price"]), goodput=_goodput(p), pick=p["pick"],
+                       confidence=p["confidence"], emit=p["emit"],
                        emit_spec=p["emit_spec"], html=p["html"])
 
 
@@ -101,7 +102,7 @@ def show(report, json_out: bool) -> None:
 def _console():
     from rich.console import Console
 
-    return Console(width=max(stdout.width, 160), soft_wrap=True)
+    return Console(width=max(stdout.width, 176), soft_wrap=True)
 
 
 def _header(out: dict) -> None:
@@ -116,9 +117,15 @@ def _header(out: dict) -> None:
                                                  f"{gp['ckpt_interval_s'] / 60:g} min"))
     stdout.print(f"[bold]scaleplan plan[/bold]: {what}; constraints: {', '.join(cons) or 'none'}; law: {out['law']}; "
                  f"goodput: {eta}", highlight=False)
-    stdout.print(f"{n['geometries']} geometries x {n['node_counts']} (platform, node count) pairs: "
-                 f"{n['estimator_evaluations']} best plans searched ({n['estimator_evaluations'] / max(1, n['geometries'] * n['node_counts']):.0%}"
-                 f" of all; the rest ruled out by the MFU <= 1 bound), {n['elapsed_s']:.1f} s", highlight=False)
+    if t is not None and "spec" in t:
+        stdout.print(f"the spec's model on {n['node_counts']} (platform, node count) pairs, {n['elapsed_s']:.1f} s",
+                     highlight=False)
+    else:
+        share = n["estimator_evaluations"] / max(1, n["geometries"] * n["node_counts"])
+        stdout.print(f"{n['geometries']} geometries x {n['node_counts']} (platform, node count) pairs: "
+                     f"{n['estimator_evaluations']} best plans searched ({share:.0%} of all; the rest ruled out by the "
+                     f"MFU <= 1 bound), {n['elapsed_s']:.1f} s", highlight=False)
+    stdout.print(f"planned to {out['planned_to']}", highlight=False)
 
 
 def _marks(p: dict, pl: dict) -> str:
@@ -138,7 +145,7 @@ def _platform_table(pl: dict, out: dict):
     from rich import box
     from rich.table import Table
 
-    from scaleplan.cli.search import _layout_cell
+    from scaleplan.cli.search import _layout_cell, beyond_cell
 
     ev = pl["evidence"]
     kind = "ANALYTIC (no measured table: wider draws)" if ev["analytic_platform"] else \
@@ -148,15 +155,15 @@ def _platform_table(pl: dict, out: dict):
     fixed = out["question"]["target"] is not None and "spec" in out["question"]["target"]
     prob = "P(by deadline)" if fixed else "P(reach)"
     for c in ("nodes", "GPUs", "days", "days 90%", prob, "GPU-hours", "cost $", "eta", "model", "TPP", "MFU %",
-              "mem GB", "layout", ""):
-        t.add_column(c, justify="left" if c in ("model", "layout", "") else "right", no_wrap=c != "",
+              "mem GB", "layout", "beyond", ""):
+        t.add_column(c, justify="left" if c in ("model", "layout", "beyond", "") else "right", no_wrap=c != "",
                      min_width=21 if c == "" else None)
     for p in pl["points"]:
         b = p.get("plan")
         if b is None:
             short = "over the constraints" if p["why"].startswith("none within") else "unreachable here"
             t.add_row(str(p["nodes"]), str(p["n_devices"]), "-", "", "", "", "", f"{p['eta_good']:.3f}", "", "", "", "",
-                      "", short)
+                      "", "", short)
             continue
         band = "-" if p.get("days_p05") is None else f"{p['days_p05']:.3g}-" + (
             f"{p['days_p95']:.3g}" if p.get("days_p95") is not None else "never")
@@ -166,7 +173,7 @@ def _platform_table(pl: dict, out: dict):
                   _pct(p.get("p_within_deadline") if fixed else p.get("p_reach")), f"{p['gpu_hours']:,.0f}",
                   "-" if p["cost_usd"] is None else f"{p['cost_usd']:,.0f}", f"{p['eta_good']:.3f}", model,
                   f"{b['tpp']:.0f}" if "tpp" in b else "-", f"{100 * b['mfu']:.1f}", f"{b['mem_per_device_gb']:.0f}",
-                  _layout_cell(b["layout"]), _marks(p, pl))
+                  _layout_cell(b["layout"]), beyond_cell(b), _marks(p, pl))
     return t
 
 
@@ -179,9 +186,15 @@ def _platform_lines(pl: dict) -> list[str]:
     price = ("no price: cost in GPU-hours only (--price " + pl["profile"] + "=USD)") if pr is None else (
         f"price ${pr['usd_per_gpu_hour']:g}/GPU-hour from " + (pr["source"] if pr["source"] == "--price" else
                                                                f"the profile: {pr['source']}, {pr['date']}"))
-    sig = ev["mfu_error"]
-    return [f"  {price}", f"  MFU error sigma {sig['sigma']:.3f} ({sig['source']}), widened per plan by its "
-                          "unmeasured share"]
+    sig, runs = ev["mfu_error"], ev["observed_runs"]
+    lines = [f"  {price}", f"  MFU error sigma {sig['sigma']:.3f} ({sig['source']}), widened per plan by its distance "
+                           f"from the observed runs ({runs['source']}) and its unmeasured share"]
+    c = pl.get("cheapest")
+    if c and c.get("plan") and "perf_doublings" in c["plan"]:
+        where = ("beyond what was measured: " + "; ".join(c["plan"]["beyond"]) if c["plan"]["beyond"] else
+                 "inside what was measured (the law's data, the observed runs' range)")
+        lines.append(f"  cheapest ({c['nodes']} nodes) lies {where}; its MFU drawn with sigma {c['mfu_sigma']:.3f}")
+    return lines
 
 
 def _forward(out: dict) -> None:
@@ -190,21 +203,25 @@ def _forward(out: dict) -> None:
         return
     from rich.table import Table
 
-    t = Table(title="the forward question: the lowest loss within the constraints, per platform (every node count: "
-                    "--json, --html)")
-    for c in ("platform", "nodes", "days", "loss", "loss 90%", "model", "MFU %", "GPU-hours", "cost $"):
+    q = out.get("confidence")
+    at = f"loss P>={q:.0%}" if q is not None else None
+    t = Table(title="the forward question: the lowest loss within the constraints, per platform" +
+                    (f" (reached or beaten in {q:.0%} of the draws)" if q is not None else "") +
+                    " (every node count: --json, --html)")
+    for c in ("platform", "nodes", "days", *([at] if at else []), "loss", "loss 90%", "P(TPP)", "model", "MFU %",
+              "GPU-hours", "cost $"):
         t.add_column(c, justify="right")
     for name, p in rows:
         b = p["plan"]
-        t.add_row(name, str(p["nodes"]), f"{p['days']:.3g}", f"{b['loss']:.4f}",
+        t.add_row(name, str(p["nodes"]), f"{p['days']:.3g}", *([f"{p['loss_q']:.4f}"] if at else []), f"{b['loss']:.4f}",
                   "-" if p.get("loss_p05") is None else f"{p['loss_p05']:.4f}-{p['loss_p95']:.4f}",
-                  f"L{b['n_layers']} E{b['n_experts']} K{b['topk']} G{b['g']}", f"{100 * b['mfu']:.1f}",
+                  _pct(p.get("p_feasible")), f"L{b['n_layers']} E{b['n_experts']} K{b['topk']} G{b['g']}", f"{100 * b['mfu']:.1f}",
                   f"{p['gpu_hours']:,.0f}", "-" if p["cost_usd"] is None else f"{p['cost_usd']:,.0f}")
     _console().print(t)
 
 
 def _summary(out: dict) -> None:
-    from scaleplan.mosaic.plan_points import label
+    from scaleplan.mosaic.plan_points import fwd_loss, label
 
     o = out["overall"]
     analytic = {pl["profile"] for pl in out["platforms"] if pl["evidence"]["analytic_platform"]}
@@ -225,6 +242,7 @@ def _summary(out: dict) -> None:
         stdout.print(f"[bold]{name}[/bold]{' by ' + by if name == 'cheapest' else ''}: {label(p)}, {money}{reach}{warn}",
                      highlight=False)
     if o["best_loss"] is not None:
-        p = o["best_loss"]
-        stdout.print(f"[bold]best loss within the constraints[/bold]: {p['plan']['loss']:.4f} on {label(p)}",
+        p, q = o["best_loss"], out.get("confidence")
+        at = "" if q is None else f" (reached or beaten in {q:.0%} of the draws; {p['plan']['loss']:.4f} at the point estimates)"
+        stdout.print(f"[bold]best loss within the constraints[/bold]: {fwd_loss(p):.4f} on {label(p)}{at}",
                      highlight=False)

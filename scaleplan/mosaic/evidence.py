@@ -247,28 +247,51 @@ def doublings(v, lo, hi):
     return np.nan_to_num(out, nan=0.0, posinf=0.0)
 
 
-def reach(table, runs: RunRange, support) -> dict:
-    """Columns perf_doublings, law_doublings and beyond (the flags, comma-joined: "TPP 115 > 70", ...) of a
-    scored search table (mfu_plan, ep_nodes, mbs, pp, n_act, tpp, s, plan_ok) against the observed runs and the
-    law's data ``support`` (mosaic.law.LawSupport). Arrays over the rows."""
-    n = len(table)
-    perf, flags = np.zeros(n), [[] for _ in range(n)]
-    fmt = {"mfu_plan": lambda x: f"{100 * x:.1f}%", "n_act": lambda x: f"{x / 1e9:.1f}B"}
+def _perf_terms(table, runs: RunRange):
+    """(column, label, values, lo, hi, doublings) of each of PERF_FEATURES the runs span and the table has."""
     for col, label in PERF_FEATURES:
         if col not in runs.ranges or col not in table:
             continue
         lo, hi = runs.ranges[col]
         v = table[col].to_numpy(dtype=float, na_value=np.nan)
-        d = doublings(v, lo, hi)
-        perf += d
+        yield col, label, v, lo, hi, doublings(v, lo, hi)
+
+
+def _law_terms(table, support):
+    """(TPP, its doublings beyond the law's data, 1 - S, its doublings) of a table's rows."""
+    tpp = table["tpp"].to_numpy(dtype=float)
+    one_minus_s = 1.0 - table["s"].to_numpy(dtype=float)
+    return (tpp, doublings(tpp, support.tpp_min, support.tpp_max), one_minus_s,
+            doublings(one_minus_s, 1.0 - support.s_max, 1.0 - support.s_min))
+
+
+def perf_doublings(table, runs: RunRange) -> np.ndarray:
+    """The perf_doublings column of :func:`reach` alone (0 for a row without a plan), for the many rows a plan at a
+    confidence weighs (``scaleplan plan --confidence``). [rows]"""
+    perf = sum((t[-1] for t in _perf_terms(table, runs)), np.zeros(len(table)))
+    ok = table["plan_ok"].to_numpy(bool) if "plan_ok" in table else np.ones(len(table), bool)
+    return np.where(ok, perf, 0.0)
+
+
+def law_doublings(table, support) -> np.ndarray:
+    """The law_doublings column of :func:`reach` alone (a table's tpp and s against the law's data). [rows]"""
+    _, d_tpp, _, d_s = _law_terms(table, support)
+    return d_tpp + d_s
+
+
+def reach(table, runs: RunRange, support) -> dict:
+    """Columns perf_doublings, law_doublings and beyond (the flags, comma-joined: "TPP 115 > 70", ...) of a
+    scored search table (mfu_plan, ep_nodes, mbs, pp, n_act, tpp, s, plan_ok) against the observed runs and the
+    law's data ``support`` (mosaic.law.LawSupport). Arrays over the rows."""
+    n = len(table)
+    flags = [[] for _ in range(n)]
+    fmt = {"mfu_plan": lambda x: f"{100 * x:.1f}%", "n_act": lambda x: f"{x / 1e9:.1f}B"}
+    for col, label, v, lo, hi, d in _perf_terms(table, runs):
         f = fmt.get(col, lambda x: f"{x:g}")
         for i in np.flatnonzero(d > 0):
             side = f"> {f(hi)}" if v[i] > hi else f"< {f(lo)}"
             flags[i].append(f"{label} {f(v[i])} {side}")
-    tpp = table["tpp"].to_numpy(dtype=float)
-    d_tpp = doublings(tpp, support.tpp_min, support.tpp_max)
-    one_minus_s = 1.0 - table["s"].to_numpy(dtype=float)
-    d_s = doublings(one_minus_s, 1.0 - support.s_max, 1.0 - support.s_min)
+    tpp, d_tpp, one_minus_s, d_s = _law_terms(table, support)
     for i in np.flatnonzero(d_tpp > 0):
         side = f"> {support.tpp_max:g}" if tpp[i] > support.tpp_max else f"< {support.tpp_min:g}"
         flags[i].insert(0, f"TPP {tpp[i]:.0f} {side}")
@@ -277,5 +300,5 @@ def reach(table, runs: RunRange, support) -> dict:
         flags[i].insert(0, f"S {s:.3f} {'>' if s > support.s_max else '<'} "
                            f"{support.s_max if s > support.s_max else support.s_min:g}")
     ok = table["plan_ok"].to_numpy(bool) if "plan_ok" in table else np.ones(n, bool)
-    return {"perf_doublings": np.where(ok, perf, 0.0), "law_doublings": d_tpp + d_s,
+    return {"perf_doublings": perf_doublings(table, runs), "law_doublings": d_tpp + d_s,
             "beyond": [", ".join(f) if ok[i] else "" for i, f in enumerate(flags)]}

@@ -66,17 +66,17 @@ def _days(plans: pd.DataFrame, nd: dict, eta: float) -> np.ndarray:
         return np.where(ok, nd["d_need"] / (np.where(ok, tps, 1.0) * eta) / SECONDS_PER_DAY, np.inf)
 
 
-def solve_inverse(bank, keys: list[tuple[str, int]], nd: dict, eta: dict, day_cap: dict) -> dict:
+def solve_inverse(bank, keys: list[tuple[str, int]], nd: dict, eta: dict, day_cap: dict, window=None) -> dict:
     """Per key (platform, nodes): the days each geometry needs to reach the target (inf where it cannot or was
     ruled out), planning only what the bound of the module docstring leaves. ``eta``, ``day_cap``: per key
-    eta_good and the longest window of interest (inf: none)."""
+    eta_good and the longest window of interest (inf: none). ``window(key)``: the days per geometry in place of
+    the point estimate's (a plan at a confidence, :mod:`scaleplan.mosaic.plan_draws`), with ``nd`` the tokens
+    whose bound it cannot undercut."""
     lb = {k: _day_bound(bank, k, nd, eta[k]) for k in keys}
+    days = window or (lambda k: _days(bank.plans(*k), nd, eta[k]))
 
-    def best(k):
-        return float(np.min(_days(bank.plans(*k), nd, eta[k]), initial=np.inf))
-
-    _rounds(bank, keys, lb, lambda k: min(best(k), day_cap[k]))
-    return {k: _days(bank.plans(*k), nd, eta[k]) for k in keys}
+    _rounds(bank, keys, lb, lambda k: min(float(np.min(days(k), initial=np.inf)), day_cap[k]))
+    return {k: days(k) for k in keys}
 
 
 def _rounds(bank, keys, lb: dict, cap) -> None:
@@ -107,26 +107,44 @@ def _day_bound(bank, key, nd: dict, eta: float) -> np.ndarray:
         return np.where(nd["reach"] & (rate > 0), nd["c_need"] / rate / SECONDS_PER_DAY, np.inf)
 
 
-def solve_forward(bank, keys: list[tuple[str, int]], days: dict, eta: dict, law, support, env: Envelope) -> dict:
+def solve_forward(bank, keys: list[tuple[str, int]], days: dict, eta: dict, law, support, env: Envelope,
+                  at_q=None) -> dict:
     """Per key (platform, nodes): the scored table (:func:`~scaleplan.mosaic.search.score`) of the window
     ``days[key]`` at ``eta[key]``, every geometry that could have the lowest loss planned (bound: the loss at
-    the tokens MFU_BOUND would deliver, TPP window applied). Its ``frontier`` first row is the optimum."""
-    lb = {k: _loss_bound(bank, k, days[k], eta[k], law, env) for k in keys}
+    the tokens MFU_BOUND would deliver, TPP window applied). Its ``frontier`` first row is the optimum.
+    ``at_q``: (bound(key, d_ub) -> [G], losses(key, table) -> [G]) of a plan at a confidence
+    (:mod:`scaleplan.mosaic.plan_draws`): the loss each geometry reaches in that share of the draws, column
+    ``loss_q``, in place of the point estimate's."""
+    if at_q is None:
+        lb = {k: _loss_bound(bank, k, days[k], eta[k], law, env) for k in keys}
+    else:
+        lb = {k: at_q[0](k, tokens_bound(bank, k, days[k], eta[k])) for k in keys}
+
+    def table(k):
+        t = _scored(bank, k, days[k], eta[k], law, support, env)
+        return t if at_q is None else t.assign(loss_q=at_q[1](k, t))
 
     def best(k):
-        t = _scored(bank, k, days[k], eta[k], law, support, env)
-        return float(t.loss[t.feasible].min()) if t.feasible.any() else np.inf
+        t = table(k)
+        col = t.loss if at_q is None else t.loss_q
+        return float(col[t.feasible].min()) if t.feasible.any() else np.inf
 
     _rounds(bank, keys, lb, best)
-    return {k: _scored(bank, k, days[k], eta[k], law, support, env) for k in keys}
+    return {k: table(k) for k in keys}
+
+
+def tokens_bound(bank, key, days: float, eta: float) -> np.ndarray:
+    """The most tokens each geometry can train on ``key`` in ``days`` (MFU_BOUND, eq:Dstar). [G]"""
+    name, nodes = key
+    prof, n_act = bank.ests[name].profile, bank.geoms["n_act"].to_numpy(float)
+    return prof.peak("bf16") * nodes * prof.gpus_per_node * days * SECONDS_PER_DAY * eta * MFU_BOUND / (6 * n_act)
 
 
 def _loss_bound(bank, key, days: float, eta: float, law, env: Envelope) -> np.ndarray:
     """The lowest loss each geometry could reach in ``days`` (MFU_BOUND); inf where even that misses the TPP floor."""
-    name, nodes = key
-    prof, g = bank.ests[name].profile, bank.geoms
+    g = bank.geoms
     n_act = g["n_act"].to_numpy(float)
-    d_ub = prof.peak("bf16") * nodes * prof.gpus_per_node * days * SECONDS_PER_DAY * eta * MFU_BOUND / (6 * n_act)
+    d_ub = tokens_bound(bank, key, days, eta)
     with np.errstate(invalid="ignore"):
         loss = law(g["n_tot"].to_numpy(float), g["s"].to_numpy(float), np.minimum(d_ub, env.tpp_max * n_act),
                    g["g"].to_numpy(float))

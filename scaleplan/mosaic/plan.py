@@ -9,7 +9,9 @@ Per platform (a cluster profile, resolved with its own tables, never rescaled fr
 * cost = GPUs x days x 24 x price per GPU-hour; goodput eta_good(N_dev) (:mod:`scaleplan.mosaic.goodput`)
   stretches every window, more on a larger cluster;
 * the cheapest point within the constraints (--max-days, --max-gpu-hours, --max-cost), the fastest, and the
-  frontier between them, each with P(reaches target) (:mod:`scaleplan.mosaic.plan_points`);
+  frontier between them, each with P(reaches target) and where it lies beyond what was measured
+  (:mod:`scaleplan.mosaic.plan_points`); at --confidence q all of it at that quantile of the search's draws
+  (:mod:`scaleplan.mosaic.plan_draws`), not at the point estimates;
 * the forward question on the same plans: the lowest loss the budget reaches.
 
 Never imports torch (a planner command).
@@ -42,7 +44,8 @@ class PlanRequest:
     counts per platform (missing: powers of two from MIN_GPUS to ``max_gpus`` GPUs). A target is
     ``target_loss`` or ``spec`` + ``tokens``; without one, a deadline or budget asks the forward question only.
     ``prices``: USD per GPU-hour per platform (else the profile's default, else none). ``pick``: the point
-    --emit/--emit-spec write (cheapest, fastest or PROFILE@NODES)."""
+    --emit/--emit-spec write (cheapest, fastest or PROFILE@NODES). ``confidence``: plan every window, loss and
+    refusal at that quantile of the draws (:mod:`scaleplan.mosaic.plan_draws`; None: the point estimates)."""
 
     search: SearchRequest
     platforms: tuple[str, ...] = DEFAULT_PLATFORMS
@@ -57,6 +60,7 @@ class PlanRequest:
     prices: dict = field(default_factory=dict)
     goodput: Goodput = Goodput()
     pick: str = "cheapest"
+    confidence: float | None = None
     emit: str | None = None
     emit_spec: Path | None = None
     html: Path | None = None
@@ -96,6 +100,9 @@ def check_plan(r: PlanRequest) -> dict:
         if prof.measure_peak:
             raise SpecError("--platforms", name, "GPU node types (cpu-local is this machine, one node)")
     _check_target(r)
+    if r.confidence is not None and not (0.5 <= r.confidence < 1 and r.search.samples > 0):
+        raise SpecError("--confidence", r.confidence, "a probability in [0.5, 1), with --samples > 0 (the draws it "
+                        "is read from)")
     _check_nodes(r, profs)
     _check_prices(r)
     r.goodput.validate()

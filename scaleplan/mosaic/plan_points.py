@@ -1,60 +1,15 @@
 """The points of ``scaleplan plan``: one (platform, nodes, days) each, with its MOSAIC optimum, its cost, how
 sure it is, and which of them a budget meeting wants (cheapest, fastest, the time-versus-cost frontier).
 
-How sure a point is: the search's draws (:mod:`scaleplan.mosaic.uncertainty`): law coefficients on the
-ridge, and an MFU factor exp(sigma_c z) whose sigma_c is the calibration's error widened by the evidence of
-the point's own plan (``candidate_sigma``: unmeasured or analytic components widen it, so a platform without
-measured tables draws wider). Per draw k the committed geometry and plan need
-
-    days_k = max(D_need,k, tpp_min N_act) / (tokens/s x f_k x eta_good)   (inf where draw k's law cannot
-                                                                          reach the target within tpp_max)
-
-so P(reaches target) = P(days_k <= the point's days), and the 90% band of days_k says how long to book.
-A fixed model (spec and --tokens) has no law in it: days_k = days / f_k. Units: days, GPU-hours, USD.
+How sure a point is: the days_k its committed geometry and plan need in each of the search's draws
+(:mod:`scaleplan.mosaic.plan_draws`: the law's ridge and beyond-its-data term, the MFU error widened by the plan's
+distance from the observed runs and its unmeasured parts), so P(reaches target) = P(days_k <= the point's days),
+and the 90% band of days_k says how long to book. A fixed model (spec and --tokens) has no law in it:
+days_k = days / f_k. Units: days, GPU-hours, USD.
 """
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
-
-from scaleplan.mosaic.law import NAMES
-from scaleplan.mosaic.ridge import law_matrix
-from scaleplan.mosaic.search import SECONDS_PER_DAY
-from scaleplan.mosaic.uncertainty import candidate_sigma
-
-_B, _BETA = NAMES.index("b"), NAMES.index("beta")
-
-
-def draw_days(row: pd.Series, coefs: np.ndarray, z: np.ndarray, sigma: float, target: float | None,
-              eta: float, tpp_min: float, tpp_max: float, days: float) -> np.ndarray:
-    """days_k of the module docstring for one scored row (n_tot, s, g, n_act, tokens_per_s, evidence_sigma)
-    over the draws: law coefficients ``coefs`` [N, 11] (unused without ``target``: a fixed token budget of
-    ``days`` at the point estimate) and standard normals ``z`` [N]. Returns [N] days (inf: never)."""
-    sig = float(candidate_sigma(row.to_frame().T, sigma)[0])
-    f = np.exp(sig * np.asarray(z, dtype=float))
-    if target is None:
-        return days / f
-    n_tot, s, g, n_act = (np.array([float(row[k])]) for k in ("n_tot", "s", "g", "n_act"))
-    rest = law_matrix(coefs, n_tot, s, np.full((len(coefs), 1), np.inf), g)[:, 0]
-    gap = target - rest
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        d = np.where(gap > 0, (coefs[:, _B] / np.where(gap > 0, gap, 1.0)) ** (1.0 / coefs[:, _BETA]), np.inf)
-        d = np.where(d <= tpp_max * n_act[0], np.maximum(d, tpp_min * n_act[0]), np.inf)
-        return d / (float(row["tokens_per_s"]) * f * eta) / SECONDS_PER_DAY
-
-
-def draw_loss(row: pd.Series, coefs: np.ndarray, z: np.ndarray, sigma: float, tpp_min: float,
-              tpp_max: float) -> dict:
-    """A forward point's loss over the draws: the tokens its plan delivers in draw k (D* f_k, TPP cap applied)
-    under draw k's law; its 90% band and median, and P(it clears the TPP floor)."""
-    sig = float(candidate_sigma(row.to_frame().T, sigma)[0])
-    d_star = float(row["d_star"]) * np.exp(sig * np.asarray(z, dtype=float))
-    n_act = float(row["n_act"])
-    d = np.minimum(d_star, tpp_max * n_act)[:, None]
-    loss = law_matrix(coefs, *(np.array([float(row[k])]) for k in ("n_tot", "s")), d, np.array([float(row["g"])]))
-    band = np.percentile(loss[:, 0], [5, 50, 95])
-    return {"loss_p05": float(band[0]), "loss_p50": float(band[1]), "loss_p95": float(band[2]),
-            "p_feasible": float(np.mean(d_star >= tpp_min * n_act))}
 
 
 def reach_fields(days_k: np.ndarray, days: float, deadline: float | None) -> dict:
@@ -65,6 +20,20 @@ def reach_fields(days_k: np.ndarray, days: float, deadline: float | None) -> dic
            "days_p95": _f(band[2])}
     out["p_within_deadline"] = None if deadline is None else float(np.mean(fin <= deadline * (1 + 1e-9)))
     return out
+
+
+def loss_fields(loss_k: np.ndarray, feasible_k: np.ndarray) -> dict:
+    """A forward point's loss over the draws (at the tokens each delivers, as the search's band): its 90% band and
+    median, and P(it clears the TPP floor)."""
+    band = np.percentile(loss_k, [5, 50, 95])
+    return {"loss_p05": _f(band[0]), "loss_p50": _f(band[1]), "loss_p95": _f(band[2]),
+            "p_feasible": float(np.mean(feasible_k))}
+
+
+def fwd_loss(p: dict) -> float:
+    """The loss a forward point is planned to: at the confidence (``loss_q``) where one was asked, else the
+    point estimate's."""
+    return p["loss_q"] if p.get("loss_q") is not None else p["plan"]["loss"]
 
 
 def _f(x: float) -> float | None:

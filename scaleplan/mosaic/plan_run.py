@@ -28,8 +28,8 @@ class Context:
     eta: dict
     prices: dict
     env: Envelope
-    draws: object
     sigma: dict
+    pd: object
 
     @classmethod
     def build(cls, r, profs: dict) -> Context:
@@ -40,6 +40,8 @@ class Context:
         from scaleplan.mosaic.planbank import PlanBank
         from scaleplan.mosaic.run import ladder_grid, plan_constraints
         from scaleplan.mosaic.search import default_workers
+        from scaleplan.mosaic.evidence import observed_range
+        from scaleplan.mosaic.plan_draws import PlanDraws
         from scaleplan.mosaic.uncertainty import make_draws, mfu_error
 
         s = r.search
@@ -56,12 +58,22 @@ class Context:
         bank = PlanBank(ests, grid, geoms, env, plan_constraints(s), s.workers or default_workers())
         keys = [(p, n) for p in r.platforms for n in (r.nodes.get(p) or default_nodes(profs[p], r.max_gpus))]
         eta = {k: r.goodput.eta(k[1] * profs[k[0]].gpus_per_node) for k in keys}
-        draws = make_draws(s.samples, loaded.ridge, 0.0, 1, s.seed, loaded.law) if s.samples else None
+        draws = (make_draws(s.samples, loaded.ridge, 0.0, 1, s.seed, loaded.law, law_scatter=loaded.scatter)
+                 if s.samples else None)
         sigma = {p: mfu_error(s.db_url, p, None, s.use_calibration) for p in r.platforms}
-        return cls(r, profs, ests, loaded, grid, bank, keys, eta, prices_of(r), env, draws, sigma)
+        # each platform's observed runs, as the search measures distance from them (run._attach_reach)
+        runs = {p: observed_range(s.db_url, p, profs[p].peak("bf16"), int(profs[p].scaleup_domain))
+                for p in r.platforms}
+        pdr = PlanDraws(draws, r.confidence, {p: v.sigma for p, v in sigma.items()}, runs, loaded.support,
+                        s.tpp_min, s.tpp_max)
+        return cls(r, profs, ests, loaded, grid, bank, keys, eta, prices_of(r), env, sigma, pdr)
 
     def n_dev(self, key) -> int:
         return int(key[1] * self.profs[key[0]].gpus_per_node)
+
+    def peak(self, key) -> tuple[float, int]:
+        """(peak bf16 FLOP/s per GPU, GPUs) of ``key``."""
+        return self.profs[key[0]].peak("bf16"), self.n_dev(key)
 
     def price(self, name: str) -> float | None:
         p = self.prices.get(name)
@@ -78,8 +90,10 @@ class Context:
 
 # ------------------------------------------------------------------------------------------ the points
 
-def _point(ctx: Context, key, days: float, row=None) -> dict:
-    """A point's common fields: where, how long, what it costs, which constraints it breaks."""
+def _point(ctx: Context, key, days: float, row=None, flags: dict | None = None) -> dict:
+    """A point's common fields: where, how long, what it costs, which constraints it breaks; with a scored
+    ``row`` its plan (the search's JSON shape) and ``flags`` (PlanDraws.flags: where it lies beyond what was
+    measured)."""
     name, nodes = key
     p = {"profile": name, "nodes": nodes, "n_devices": ctx.n_dev(key), "days": float(days),
          "eta_good": float(ctx.eta[key]), **pp.money(ctx.n_dev(key), days, ctx.price(name))}
@@ -91,7 +105,17 @@ def _point(ctx: Context, key, days: float, row=None) -> dict:
         plan = row_json(row)
         add_geometry(plan, ctx.grid)
         p["plan"] = plan
+        _add_flags(p, flags)
     return p
+
+
+def _add_flags(p: dict, flags: dict | None) -> None:
+    """The point's beyond flags and distances into its plan (as the search's rows carry them), its MFU draw's
+    sigma beside."""
+    if flags:
+        p["plan"].update(beyond=[x for x in flags["beyond"].split(", ") if x], perf_doublings=flags["perf_doublings"],
+                         law_doublings=flags["law_doublings"])
+        p["mfu_sigma"] = flags["mfu_sigma"]
 
 
 def _scored_row(ctx: Context, key, i: int, days: float):
@@ -107,40 +131,53 @@ def _scored_row(ctx: Context, key, i: int, days: float):
 
 
 def target_points(ctx: Context, caps: dict | None = None) -> dict:
-    """Per key, the point that reaches --target-loss soonest (None where none does within ``caps``, the longest
-    window of interest per key: the constraints' by default)."""
+    """Per key, the point that reaches --target-loss soonest (at --confidence: in that share of the draws; None
+    where none does within ``caps``, the longest window of interest per key: the constraints' by default)."""
     from scaleplan.mosaic.inverse import need, solve_inverse
 
-    r, s = ctx.r, ctx.r.search
-    nd = need(ctx.bank.geoms, ctx.loaded.law, r.target_loss, s.tpp_min, s.tpp_max)
+    r, s, b, pdr = ctx.r, ctx.r.search, ctx.bank, ctx.pd
+    nd = need(b.geoms, ctx.loaded.law, r.target_loss, s.tpp_min, s.tpp_max)
     caps = caps or {k: ctx.window(k) for k in ctx.keys}
-    days = solve_inverse(ctx.bank, ctx.keys, nd, ctx.eta, caps)
+    if pdr.confidence is None:
+        days = solve_inverse(b, ctx.keys, nd, ctx.eta, caps)
+        ln, pos = None, {}
+    else:
+        ln = pdr.law_need(b.geoms, ctx.loaded.law, r.target_loss)
+        pos = {i: i for i in range(len(b.geoms))}
+        at_q = {"d_need": ln.at_q, "reach": np.isfinite(ln.at_q), "c_need": 6.0 * b.geoms["n_act"].to_numpy(float) * ln.at_q}
+        days = solve_inverse(b, ctx.keys, at_q, ctx.eta, caps, window=lambda k: pdr.windows(
+            k[0], b.plans(*k), b.geoms, ln, ctx.eta[k], *ctx.peak(k)))
+    pick = {k: int(np.argmin(days[k])) for k in ctx.keys}
+    if ln is None and pdr.draws is not None:  # the point estimates: the draws of the geometries chosen only
+        cols = sorted(set(pick.values()))
+        ln, pos = pdr.law_need(b.geoms.iloc[cols], ctx.loaded.law, r.target_loss), {c: j for j, c in enumerate(cols)}
     out = {}
-    for k in ctx.keys:
-        i = int(np.argmin(days[k]))
+    for k, i in pick.items():
         t = float(days[k][i])
         if not np.isfinite(t) or t > caps[k] * (1 + 1e-9):
             out[k] = None
             continue
         row = _scored_row(ctx, k, i, t)
-        p = _point(ctx, k, t, row)
-        if ctx.draws is not None:
-            dk = pp.draw_days(row, ctx.draws.coefs, ctx.draws.z[:, 0], ctx.sigma[k[0]].sigma, r.target_loss,
-                              ctx.eta[k], s.tpp_min, s.tpp_max, t)
+        p = _point(ctx, k, t, row, pdr.flags(k[0], row, nd["d_need"][i] / float(row["n_act"])))
+        if ln is not None:
+            dk = pdr.days(k[0], row.to_frame().T, ln.tokens[:, [pos[i]]], ctx.eta[k], *ctx.peak(k))[:, 0]
             p.update(pp.reach_fields(dk, t, r.max_days))
         out[k] = p
     return out
 
 
 def spec_points(ctx: Context) -> dict:
-    """Per key, the window the spec's model needs for --tokens under its best layout (eq:Dstar solved for T)."""
+    """Per key, the window the spec's model needs for --tokens under its best layout (eq:Dstar solved for T; at
+    --confidence, the window it finishes in within that share of the draws)."""
+    import pandas as pd
+
     from scaleplan.emit import geometry_dict
     from scaleplan.estimator.plans import PlanConstraints
     from scaleplan.mosaic.evidence import errors_for
     from scaleplan.mosaic.search import _plan_row
     from scaleplan.specs import load_spec
 
-    r = ctx.r
+    r, pdr = ctx.r, ctx.pd
     spec = load_spec(r.spec)
     d = spec.data
     cons = PlanConstraints(mbs=r.search.mbs, ckpt=ctx.bank.constraints.ckpt, mem_fraction=r.search.mem_fraction)
@@ -151,42 +188,51 @@ def spec_points(ctx: Context) -> dict:
         if res is None:
             out[k] = None
             continue
-        row = {**_plan_row(res, errors_for(est)), "n_act": res.n_act, "n_tot": res.n_tot}
+        row = pd.Series({**_plan_row(res, errors_for(est)), "n_act": res.n_act, "n_tot": res.n_tot})
         t = r.tokens / (res.tokens_per_s * ctx.eta[k]) / SECONDS_PER_DAY
+        dk = None
+        if pdr.draws is not None:
+            tokens = np.full((pdr.draws.n, 1), float(r.tokens))
+            dk = pdr.days(k[0], row.to_frame().T, tokens, ctx.eta[k], *ctx.peak(k))[:, 0]
+            t = float(pdr.quantile(dk)) if pdr.confidence is not None else t
         p = _point(ctx, k, t)
-        p["plan"] = {"model": str(r.spec), "tokens_per_s": res.tokens_per_s, "mfu": res.mfu, "mem_per_device_gb": res.mem_per_device_gb,
-                     "layout": res.layout, "n_act": res.n_act, "n_tot": res.n_tot, "d_tokens": r.tokens,
-                     "analytic_share": row["analytic_share"], "evidence_sigma": row["evidence_sigma"],
+        p["plan"] = {"model": str(r.spec), "tokens_per_s": res.tokens_per_s, "mfu": res.mfu,
+                     "mem_per_device_gb": res.mem_per_device_gb, "layout": res.layout, "n_act": res.n_act,
+                     "n_tot": res.n_tot, "d_tokens": r.tokens, "analytic_share": row["analytic_share"],
+                     "evidence_sigma": row["evidence_sigma"],
                      "analytic_components": [c for c in str(row["analytic"] or "").split(",") if c],
                      "geometry": geometry_dict(spec.model)}
-        if ctx.draws is not None:
-            import pandas as pd
-
-            dk = pp.draw_days(pd.Series(row), ctx.draws.coefs, ctx.draws.z[:, 0], ctx.sigma[k[0]].sigma, None,
-                              ctx.eta[k], 0.0, np.inf, t)
+        _add_flags(p, pdr.flags(k[0], row, None))
+        if dk is not None:
             p.update(pp.reach_fields(dk, t, r.max_days))
         out[k] = p
     return out
 
 
 def forward_points(ctx: Context) -> dict:
-    """Per key, the lowest loss its constraint window buys (the forward question) and that window's optimum."""
+    """Per key, the lowest loss its constraint window buys (the forward question; at --confidence, the loss
+    reached in that share of the draws) and that window's optimum."""
     from scaleplan.mosaic.inverse import solve_forward
 
-    s = ctx.r.search
+    pdr, b = ctx.pd, ctx.bank
     days = {k: ctx.window(k) for k in ctx.keys}
-    tables = solve_forward(ctx.bank, ctx.keys, days, ctx.eta, ctx.loaded.law, ctx.loaded.support, ctx.env)
+    at_q = None if pdr.confidence is None else (
+        lambda k, d_ub: pdr.loss_bound(b.geoms, d_ub),
+        lambda k, t: pdr.window_losses(k[0], t, days[k], ctx.eta[k], *ctx.peak(k)))
+    tables = solve_forward(b, ctx.keys, days, ctx.eta, ctx.loaded.law, ctx.loaded.support, ctx.env, at_q)
     out = {}
     for k, t in tables.items():
-        f = t[t.feasible]
+        f = t[t.feasible & np.isfinite(t["loss_q"] if at_q else t["loss"])]
         if f.empty:
             out[k] = None
             continue
-        row = f.sort_values(["loss", "c_model"], ascending=[True, False], kind="stable").iloc[0]
-        p = _point(ctx, k, days[k], row)
-        if ctx.draws is not None:
-            p.update(pp.draw_loss(row, ctx.draws.coefs, ctx.draws.z[:, 0], ctx.sigma[k[0]].sigma, s.tpp_min,
-                                  s.tpp_max))
+        row = f.sort_values(["loss_q" if at_q else "loss", "c_model"], ascending=[True, False], kind="stable").iloc[0]
+        p = _point(ctx, k, days[k], row, pdr.flags(k[0], row, float(row["tpp"])))
+        if at_q:
+            p["loss_q"] = float(row["loss_q"])
+        if pdr.draws is not None:
+            loss, ok = pdr.losses(k[0], row.to_frame().T, days[k], ctx.eta[k], *ctx.peak(k))
+            p.update(pp.loss_fields(loss[:, 0], ok[:, 0]))
         out[k] = p
     return out
 
@@ -203,7 +249,8 @@ def answer(ctx: Context) -> dict:
     plats = [platform_json(ctx, name, pts, fwd) for name in r.platforms]
     out = {"question": question(r), "law": ctx.loaded.source, "law_support": ctx.loaded.support.to_dict(),
            "goodput": {**r.goodput.describe(), "eta_good": {f"{k[0]}@{k[1]}": ctx.eta[k] for k in ctx.keys}},
-           "samples": ctx.r.search.samples, "platforms": plats, "overall": overall(plats)}
+           "samples": ctx.r.search.samples, "confidence": r.confidence, "planned_to": planned_to(r),
+           "platforms": plats, "overall": overall(plats)}
     if (r.spec or r.target_loss) and not any(p["frontier"] for p in plats):
         raise unreachable(ctx, fwd)
     return out
@@ -214,7 +261,15 @@ def question(r) -> dict:
     target = ({"loss": r.target_loss} if r.target_loss else
               {"spec": str(r.spec), "tokens": r.tokens} if r.spec else None)
     return {"target": target, "max_days": r.max_days, "max_gpu_hours": r.max_gpu_hours, "max_cost_usd": r.max_cost,
-            "platforms": list(r.platforms), "pick": r.pick}
+            "platforms": list(r.platforms), "pick": r.pick, "confidence": r.confidence}
+
+
+def planned_to(r) -> str:
+    """What the windows, losses and refusals are computed at, in words."""
+    if r.confidence is None:
+        return "the point estimates (P(reach) near 50% by construction; --confidence Q plans to a quantile)"
+    return (f"a confidence of {r.confidence:.0%}: each window is reached, each loss reached or beaten, in at least "
+            f"{r.confidence:.0%} of {r.search.samples} draws of the law and the MFU error")
 
 
 def evidence_json(ctx: Context, name: str) -> dict:
@@ -224,7 +279,8 @@ def evidence_json(ctx: Context, name: str) -> dict:
     tables = {k: (f"measured ({v} points)" if v else "analytic") for k, v in n.items()}
     return {"tables": tables, "measured": sorted(k for k, v in n.items() if v),
             "analytic": sorted(k for k, v in n.items() if not v), "analytic_platform": not any(n.values()),
-            "dispatch_law": str(getattr(est.dispatch, "source", "")), "mfu_error": ctx.sigma[name].to_dict()}
+            "dispatch_law": str(getattr(est.dispatch, "source", "")), "mfu_error": ctx.sigma[name].to_dict(),
+            "observed_runs": ctx.pd.runs[name].to_dict()}
 
 
 def platform_json(ctx: Context, name: str, pts: dict, fwd: dict) -> dict:
@@ -240,7 +296,7 @@ def platform_json(ctx: Context, name: str, pts: dict, fwd: dict) -> dict:
             "price": ctx.prices[name], "evidence": evidence_json(ctx, name), "nodes": [k[1] for k in keys],
             "points": points, "cheapest": pp.cheapest(within), "fastest": pp.fastest(within),
             "frontier": pp.frontier(within), "forward": fw,
-            "best_loss": min(fw, key=lambda p: p["plan"]["loss"], default=None)}
+            "best_loss": min(fw, key=pp.fwd_loss, default=None)}
 
 
 def _missing(ctx: Context, key) -> dict:
@@ -260,7 +316,7 @@ def overall(plats: list[dict]) -> dict:
     fw = [pl["best_loss"] for pl in plats if pl["best_loss"]]
     return {"by": "cost" if priced else "gpu-hours", "cheapest": min(cands, key=by, default=None),
             "fastest": min(cands, key=lambda p: (p["days"], by(p)), default=None),
-            "best_loss": min(fw, key=lambda p: p["plan"]["loss"], default=None)}
+            "best_loss": min(fw, key=pp.fwd_loss, default=None)}
 
 
 def unreachable(ctx: Context, fwd: dict) -> SpecError:
@@ -290,29 +346,36 @@ def unreachable(ctx: Context, fwd: dict) -> SpecError:
 
 
 def _best_within(ctx: Context, fwd: dict) -> str:
-    if ctx.r.spec is not None:
-        best = max(((k, ctx.window(k) * SECONDS_PER_DAY * ctx.eta[k] * p["plan"]["tokens_per_s"])
-                    for k, p in spec_points(ctx).items() if p), key=lambda t: t[1], default=None)
-        return "" if best is None else (f"; the most tokens within them: {best[1]:.3g} on {best[0][1]} x "
+    """What the constraints do buy (at the confidence, where one was asked)."""
+    at = "" if ctx.r.confidence is None else f" in {ctx.r.confidence:.0%} of the draws"
+    if ctx.r.spec is not None:  # days scale as 1 / tokens: a window W trains tokens x W / (its days) at the same P
+        best = max(((k, ctx.r.tokens * ctx.window(k) / p["days"]) for k, p in spec_points(ctx).items() if p),
+                   key=lambda t: t[1], default=None)
+        return "" if best is None else (f"; the most tokens within them{at}: {best[1]:.3g} on {best[0][1]} x "
                                         f"{best[0][0]} in {ctx.window(best[0]):.3g} days")
-    best = min((p for p in fwd.values() if p), key=lambda p: p["plan"]["loss"], default=None)
-    return "" if best is None else (f"; the best loss reachable within them is {best['plan']['loss']:.4f} "
+    best = min((p for p in fwd.values() if p), key=pp.fwd_loss, default=None)
+    return "" if best is None else (f"; the best loss reachable within them{at} is {pp.fwd_loss(best):.4f} "
                                     f"({best['nodes']} x {best['profile']}, {best['days']:.3g} days)")
 
 
 def _nothing_reaches(ctx: Context) -> str:
-    """Why no (platform, nodes) reaches the target: the law (no geometry of the grid within --tpp-max), or memory
-    (those that could have no plan that fits on these node counts); a fixed model: no plan fits."""
+    """Why no (platform, nodes) reaches the target: the law (no geometry of the grid within --tpp-max, at the
+    confidence where one was asked), or memory (those that could have no plan that fits on these node counts); a
+    fixed model: no plan fits."""
     if ctx.r.spec is not None:
         return "no plan of the model fits on these node counts (memory: more nodes, or --mem-fraction)"
     g, s = ctx.bank.geoms, ctx.r.search
     n_act = g["n_act"].to_numpy(float)
-    floor = float(np.min(ctx.loaded.law(g["n_tot"].to_numpy(float), g["s"].to_numpy(float), s.tpp_max * n_act,
-                                        g["g"].to_numpy(float))))
+    if ctx.r.confidence is None:
+        floor = float(np.min(ctx.loaded.law(g["n_tot"].to_numpy(float), g["s"].to_numpy(float), s.tpp_max * n_act,
+                                            g["g"].to_numpy(float))))
+        at = ""
+    else:
+        floor, at = ctx.pd.lowest_loss(g), f" in {ctx.r.confidence:.0%} of the draws"
     if floor < ctx.r.target_loss:
-        return (f"no geometry that reaches it (the grid's lowest loss at TPP {s.tpp_max:g} is {floor:.4f}) has a plan "
-                "that fits on these node counts (memory: more nodes or --max-gpus, or --mem-fraction)")
-    return (f"the law's range binds (the lowest loss any geometry of the grid reaches at TPP {s.tpp_max:g} is "
+        return (f"no geometry that reaches it (the grid's lowest loss at TPP {s.tpp_max:g}{at} is {floor:.4f}) has a "
+                "plan that fits on these node counts (memory: more nodes or --max-gpus, or --mem-fraction)")
+    return (f"the law's range binds (the lowest loss any geometry of the grid reaches at TPP {s.tpp_max:g}{at} is "
             f"{floor:.4f}; a larger --q, --experts or --tpp-max)")
 
 

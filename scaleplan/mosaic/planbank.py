@@ -22,8 +22,8 @@ from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 from scaleplan.mosaic.search import CHUNK, EVIDENCE_COLUMNS, Envelope, plan_table
 
 #: plan_table's columns (a platform and node count with nothing planned yet has them, all empty)
-PLAN_COLUMNS = ("plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "analytic",
-                *EVIDENCE_COLUMNS)
+PLAN_COLUMNS = ("plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "ep_nodes",
+                "analytic", *EVIDENCE_COLUMNS)
 
 _BANK: PlanBank | None = None  # inherited by forked workers
 

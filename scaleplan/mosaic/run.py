@@ -229,7 +229,8 @@ def _attach_reach(results, loaded, r: SearchRequest, est) -> dict:
     measured against (JSON ``evidence_range``)."""
     from scaleplan.mosaic.evidence import observed_range, reach
 
-    runs = observed_range(r.db_url, est.profile.name, est.profile.peak("bf16"), int(est.profile.gpus_per_node))
+    # EP nodes as the candidates count them: scale-up domains (the node, or a GB200 NVL72 rack)
+    runs = observed_range(r.db_url, est.profile.name, est.profile.peak("bf16"), int(est.profile.scaleup_domain))
     for _, res in results:
         res.table = res.table.assign(**reach(res.table, runs, loaded.support))
     return {"observed_runs": runs.to_dict(), "law_support": loaded.support.to_dict(), "law_scatter": loaded.scatter}

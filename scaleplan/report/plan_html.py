@@ -45,6 +45,8 @@ def hover(p: dict) -> str:
         text += f", loss {b['loss']:.4f}"
     if p.get("p_reach") is not None:
         text += f"<br>P(reaches target) {100 * p['p_reach']:.0f}%"
+    if b.get("beyond"):
+        text += "<br>beyond what was measured: " + html.escape("; ".join(b["beyond"]))
     return text
 
 
@@ -88,7 +90,7 @@ def frontier_figure(d: dict) -> str | None:
 
 
 COLS = ("platform", "price $/GPU-h", "nodes", "GPUs", "days", "days 90%", "P(reach)", "GPU-hours", "cost $",
-        "model", "D (T)", "MFU %", "mem GB", "layout", "tables")
+        "model", "D (T)", "MFU %", "mem GB", "layout", "tables", "beyond the law's data or the observed runs")
 
 
 def point_row(pl: dict, p: dict) -> list[str]:
@@ -99,7 +101,17 @@ def point_row(pl: dict, p: dict) -> list[str]:
             _num(p["days"], "{:.3g}"), band, _num(p.get("p_reach"), "{:.0%}"), f"{p['gpu_hours']:,.0f}",
             "-" if p["cost_usd"] is None else f"{p['cost_usd']:,.0f}", _model(b), _num(b["d_tokens"] / 1e12, "{:.3g}"),
             _num(100 * b["mfu"], "{:.1f}"), _num(b["mem_per_device_gb"], "{:.0f}"), _layout(b),
-            "analytic" if ev["analytic_platform"] else "measured: " + ", ".join(ev["measured"])]
+            "analytic" if ev["analytic_platform"] else "measured: " + ", ".join(ev["measured"]),
+            _beyond(p)]
+
+
+def _beyond(p: dict) -> str:
+    """Where the point's plan lies beyond what was measured (its flags) and its MFU draw's sigma; '-' inside."""
+    flags = (p.get("plan") or {}).get("beyond")
+    if flags is None:
+        return "-"
+    sig = "" if p.get("mfu_sigma") is None else f" (MFU sigma {p['mfu_sigma']:.3f})"
+    return ("; ".join(flags) or "inside") + sig
 
 
 def plan_sections(d: dict, figs: list[str], tables: list[dict]) -> None:
@@ -122,14 +134,20 @@ def plan_sections(d: dict, figs: list[str], tables: list[dict]) -> None:
     front = [point_row(pl, p) for pl in plats for p in pl["frontier"]]
     if front:
         tables.append(_table("The time-versus-cost frontier (fastest first per platform)", COLS, front,
-                             sortable=True, note="P(reach): share of the draws (law ridge x MFU error widened by "
-                             "the plan's unmeasured share) in which this plan reaches the target in its window"))
-    fw = [[pl["profile"], str(p["nodes"]), _num(p["days"], "{:.3g}"), _num(p["plan"]["loss"], "{:.4f}"),
-           "-" if p.get("loss_p05") is None else f"{p['loss_p05']:.4f}-{p['loss_p95']:.4f}", _model(p["plan"]),
-           _money(p)] for pl in plats for p in pl["forward"]]
+                             sortable=True, note="P(reach): share of the draws (law ridge and its error beyond its "
+                             "data, x the MFU error widened by the plan's distance from the observed runs and its "
+                             "unmeasured share) in which this plan reaches the target in its window"))
+    q = d.get("confidence")
+    fw = [[pl["profile"], str(p["nodes"]), _num(p["days"], "{:.3g}"), _num(p.get("loss_q"), "{:.4f}"),
+           _num(p["plan"]["loss"], "{:.4f}"), "-" if p.get("loss_p05") is None else
+           f"{p['loss_p05']:.4f}-{p['loss_p95']:.4f}", _num(p.get("p_feasible"), "{:.0%}"), _model(p["plan"]),
+           _money(p), _beyond(p)]
+          for pl in plats for p in pl["forward"]]
     if fw:
+        at = "loss in {:.0%} of draws".format(q) if q is not None else "loss at the confidence (none asked)"
         tables.append(_table("The forward question: the lowest loss within the constraints",
-                             ("platform", "nodes", "days", "loss", "loss 90%", "model", "cost"), fw, sortable=True))
+                             ("platform", "nodes", "days", at, "loss (point)", "loss 90%", "P(TPP floor)", "model",
+                              "cost", "beyond"), fw, sortable=True))
     eta = d.get("goodput", {}).get("eta_good") or {}
     if eta:
         gpus = {}
@@ -158,7 +176,8 @@ def plan_inputs(d: dict) -> list[tuple[str, str]]:
             else f"{t['spec']} on {t['tokens']:.4g} tokens")
     gp = d.get("goodput", {})
     n = d.get("counts", {})
-    return [("target", what), ("deadline (days)", _num(q.get("max_days"))),
+    return [("target", what), ("planned to", str(d.get("planned_to", "the point estimates"))),
+            ("deadline (days)", _num(q.get("max_days"))),
             ("budget (GPU-hours)", _num(q.get("max_gpu_hours"))), ("budget (USD)", _num(q.get("max_cost_usd"))),
             ("platforms", ", ".join(q.get("platforms", []))), ("law", str(d.get("law"))),
             ("goodput", f"{gp.get('model', '-')}; {gp.get('source', '')}"),

@@ -40,6 +40,10 @@ def _one_line_error(code: int, err: str, *phrases: str) -> str:
     (["--target-loss", "1.4", "--calibration", "3"], ["--calibration", "an id belongs to one profile"]),
     (["--target-loss", "1.4", "--failure-rate", "-1"], ["--failure-rate"]),
     (["--target-loss", "1.4", "--max-gpus", "4", "--platforms", B200], ["--max-gpus"]),
+    (["--target-loss", "1.4", "--confidence", "1.5"], ["--confidence", "a probability in [0.5, 1)"]),
+    (["--target-loss", "1.4", "--confidence", "0.3"], ["--confidence", "a probability in [0.5, 1)"]),
+    (["--target-loss", "1.4", "--confidence", "nan"], ["--confidence", "a probability in [0.5, 1)"]),
+    (["--target-loss", "1.4", "--confidence", "0.9", "--samples", "0"], ["--confidence", "--samples > 0"]),
 ])
 def test_bad_input_is_one_line_naming_the_option(run, args, phrases):
     code, _, err = run("plan", *args)
@@ -124,3 +128,32 @@ def test_chosen_point_emits_the_search_outputs(run, run_json, recorded_db, tmp_p
     r = est[0]
     assert r["mfu"] == pytest.approx(c["plan"]["mfu"], rel=1e-9)
     assert json.loads(json.dumps(c))["plan"]["geometry"]["n_experts"] == c["plan"]["n_experts"]
+
+
+@pytest.mark.recorded
+def test_the_confidence_and_the_flags_in_text_json_and_html(run, run_json, runtime_fitted_db, tmp_path):
+    """--confidence 0.9 on the recorded tables with the published B200 runs observed: the JSON says what it planned
+    to, every point reaches the target in >= 90% of the draws, the cheapest carries where its plan lies beyond the
+    runs and the law's data (its MFU drawn wider than the calibration's sigma); the table, the line under it and the
+    HTML show the same; an unreachable target at 0.9 names the loss reachable in 90% of the draws."""
+    import html as h
+
+    db = runtime_fitted_db[0]
+    page = tmp_path / "plan.html"
+    args = ["plan", "--target-loss", "1.45", "--platforms", B200, "--nodes", "4,8,16", "--confidence", "0.9",
+            "--samples", "100", "--db", db, *SMALL]
+    out = run_json(*args, "--html", page)
+    assert out["confidence"] == out["question"]["confidence"] == 0.9 and "90%" in out["planned_to"]
+    pl = out["platforms"][0]
+    assert all(p["p_reach"] >= 0.9 for p in pl["points"] if p.get("plan"))
+    c = pl["cheapest"]
+    assert c["plan"]["beyond"] and c["plan"]["perf_doublings"] > 0
+    assert c["mfu_sigma"] > pl["evidence"]["mfu_error"]["sigma"] and pl["evidence"]["observed_runs"]["n"] == 24
+    text = page.read_text()
+    assert "a confidence of 90%" in text and all(h.escape(f) in text for f in c["plan"]["beyond"])
+    code, shown, err = run(*args)
+    assert code == 0, err
+    assert "planned to a confidence of 90%" in shown and " beyond " in shown
+    assert f"cheapest ({c['nodes']} nodes) lies beyond what was measured: {c['plan']['beyond'][0]}" in shown
+    code, _, err = run("plan", "--target-loss", "1.0", *args[3:])
+    _one_line_error(code, err, "the law's range binds", "in 90% of the draws")
