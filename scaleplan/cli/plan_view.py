@@ -187,12 +187,15 @@ def _platform_lines(pl: dict) -> list[str]:
         f"price ${pr['usd_per_gpu_hour']:g}/GPU-hour from " + (pr["source"] if pr["source"] == "--price" else
                                                                f"the profile: {pr['source']}, {pr['date']}"))
     sig, runs = ev["mfu_error"], ev["observed_runs"]
-    lines = [f"  {price}", f"  MFU error sigma {sig['sigma']:.3f} ({sig['source']}), widened per plan by its distance "
-                           f"from the observed runs ({runs['source']}) and its unmeasured share"]
+    dist = (f" and its distance from the {runs['source']}" if runs["n"] else
+            f"; {runs['source'].replace('(', 'to measure distance from (', 1)}")
+    lines = [f"  {price}", f"  MFU error sigma {sig['sigma']:.3f} ({sig['source']}), widened per plan by its "
+                           f"unmeasured share{dist}"]
     c = pl.get("cheapest")
     if c and c.get("plan") and "perf_doublings" in c["plan"]:
+        inside = "the law's data and the observed runs' range" if runs["n"] else "the law's data"
         where = ("beyond what was measured: " + "; ".join(c["plan"]["beyond"]) if c["plan"]["beyond"] else
-                 "inside what was measured (the law's data, the observed runs' range)")
+                 f"inside {inside}")
         lines.append(f"  cheapest ({c['nodes']} nodes) lies {where}; its MFU drawn with sigma {c['mfu_sigma']:.3f}")
     return lines
 
