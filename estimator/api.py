@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
 from scaleplan.estimator.model_dims import Geometry, GeometryBatch, geometry, structure
-from scaleplan.estimator.memory import RESERVE_BYTES, allocated_reserved, memory_breakdown, state_bytes
+from scaleplan.estimator.memory import RESERVE_BYTES, STAGES, StageMemory, allocated_reserved, memory_breakdown, state_bytes
 from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
 from scaleplan.estimator.results import GB, EstimateResult, LayoutsResult
-from scaleplan.estimator.shapes import PlanShapes, plan_shapes
+from scaleplan.estimator.shapes import PlanShapes, plan_shapes, resolve_split
 from scaleplan.estimator.stack_memory import non_tn_fp8
 from scaleplan.estimator.tables import (
     ANALYTIC,
@@ -216,8 +216,8 @@ class Estimator:
             self.tables = dataclasses.replace(self.tables, host_ops=scaled)
 
     def _memory(self, g: Geometry, plans: ParallelLayout, gbs: int, seqlen: int, optimizer: str, rope: bool = True,
-                shapes: PlanShapes | None = None) -> dict[str, np.ndarray]:
-        """Bytes per device by category (estimator/memory.py). Beyond the allocated bytes: the caching
+                shapes: PlanShapes | None = None) -> StageMemory:
+        """Bytes per device by category (estimator/memory.py) of each plan's worst stage. Beyond the allocated bytes: the caching
         allocator's overhead and the memory outside it as the bench suite 'allocator' measured them on
         this profile's GPU; without such rows the fixed 5 GB ``reserve`` the plans were always held to
         (counted as reserved; the suite's measurement replaces it); nothing on a serial-dispatch (CPU)
@@ -282,6 +282,7 @@ class Estimator:
         plans = layouts if isinstance(layouts, ParallelLayout) else \
             ParallelLayout.from_specs(layouts or [spec.default_layout()], n_devices)
         plans.validate(LayoutContext(g, n_devices, spec.data.gbs, spec.data.seqlen))
+        plans = resolve_split(g, plans)  # the uneven split the results state and the arguments emit
         ev = est.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
                                 stack=spec.stack)
         if self.extrapolate == "error":
@@ -367,7 +368,7 @@ class Estimator:
         fits = np.nonzero(~(sum(mem.values()) > frac * cap))[0]
         if len(fits) == 0:
             return
-        owner, mem = owner[fits], {k: v[fits] for k, v in mem.items()}
+        owner, mem = owner[fits], mem.take(fits)
         ev = self.model.evaluate(batch.take(fits), plans.take(fits), gbs, seqlen, optimizer, shapes=sh.take(fits),
                                  stack=self.training_stack)
         ok = np.nonzero(ev.oor.reason == None)[0]  # noqa: E711 (an object array: elementwise)
@@ -462,7 +463,7 @@ class Estimator:
             n_act=float(g.n_act), n_tot=float(g.n_tot), breakdown_s=bd, sources=src,
             feasible=reason is None, reason=reason, warnings=warnings, n_clamped=int(ev.n_clamped[i]),
             composed_share=float(ev.composed_share[i]) if ev.composed_share is not None else 0.0,
-            mem_allocated_gb=alloc_gb, mem_reserved_gb=reserved_gb,
+            mem_allocated_gb=alloc_gb, mem_reserved_gb=reserved_gb, mem_stage=STAGES[int(mem.stage[i])],
             extrapolated_collectives=sorted(k for k, where in ev.extrapolated.items() if where[i]))
 
 

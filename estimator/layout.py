@@ -50,8 +50,9 @@ GROUPS: dict[str, Callable[[ParallelLayout], tuple[np.ndarray, np.ndarray]]] = {
 
 @dataclass(frozen=True, eq=False)
 class ParallelLayout:
-    """P execution plans P_l = (TP, CP, PP, DP, EP, ETP, VPP, B_micro, A_ckpt) as int64 arrays of
-    shape (P,), in the field order of :class:`scaleplan.specs.Layout`; ``ckpt`` holds CkptMode codes.
+    """P execution plans P_l = (TP, CP, PP, DP, EP, ETP, VPP, B_micro, A_ckpt) and their stage split as
+    int64 arrays of shape (P,), in the field order of :class:`scaleplan.specs.Layout`; ``ckpt`` holds
+    CkptMode codes, the first / last stage's layers 0 where the layout leaves them to the even split.
     Build with :meth:`of`, :meth:`from_specs` or :func:`enumerate_grid`; never mutated."""
 
     tp: np.ndarray
@@ -61,47 +62,54 @@ class ParallelLayout:
     ep: np.ndarray
     etp: np.ndarray
     vpp: np.ndarray
+    decoder_first_pipeline_num_layers: np.ndarray
+    decoder_last_pipeline_num_layers: np.ndarray
     mbs: np.ndarray
     ckpt: np.ndarray
 
     @classmethod
     def of(cls, tp: ArrayLike = 1, cp: ArrayLike = 1, pp: ArrayLike = 1, dp: ArrayLike = 1, ep: ArrayLike = 1,
-           etp: ArrayLike = 1, vpp: ArrayLike = 1, mbs: ArrayLike = 1,
-           ckpt: ArrayLike = 'full') -> ParallelLayout:
-        """Plans from scalars or arrays (broadcast together); ``ckpt`` by spec name(s) or code(s)."""
+           etp: ArrayLike = 1, vpp: ArrayLike = 1, mbs: ArrayLike = 1, ckpt: ArrayLike = "full",
+           decoder_first_pipeline_num_layers: ArrayLike = 0,
+           decoder_last_pipeline_num_layers: ArrayLike = 0) -> ParallelLayout:
+        """Plans from scalars or arrays (broadcast together); ``ckpt`` by spec name(s) or code(s); the first /
+        last stage's layers 0 for the even split."""
         ck = np.asarray(ckpt)
         if ck.dtype.kind in "US":
             ck = np.vectorize(lambda n: CkptMode.parse(str(n)).value, otypes=[np.int64])(ck)
-        cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (tp, cp, pp, dp, ep, etp, vpp, mbs, ck)))
+        cols = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (
+            tp, cp, pp, dp, ep, etp, vpp, decoder_first_pipeline_num_layers, decoder_last_pipeline_num_layers, mbs, ck)))
         return cls(*(np.array(c, dtype=np.int64).reshape(-1) for c in cols))
 
     @classmethod
     def from_specs(cls, layouts: Iterable[Layout], n_devices: int) -> ParallelLayout:
         """The user's layouts (specs.Layout); DP derived as N / (TP CP PP) where a layout omits it."""
-        rows = [[getattr(lo, f) for f in FIELDS[:-1]] + [CkptMode.parse(lo.ckpt).value] for lo in layouts]
-        for r in rows:
-            if r[3] is None:  # dp: N_dev over the model-parallel product (floor; the mesh rule checks it)
+        rows = [[getattr(lo, f) or 0 for f in COLUMNS[:-1]] + [CkptMode.parse(lo.ckpt).value] for lo in layouts]
+        for r, lo in zip(rows, layouts):
+            if lo.dp is None:  # dp: N_dev over the model-parallel product (floor; the mesh rule checks it)
                 r[3] = n_devices // max(r[0] * r[1] * r[2], 1)
-        a = np.array(rows, dtype=np.int64).reshape(-1, len(FIELDS))
+        a = np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS))
         return cls(*a.T.copy())
 
     @classmethod
     def concat(cls, sets: Iterable[ParallelLayout]) -> ParallelLayout:
         """The plans of ``sets`` one after the other (in order)."""
         sets = list(sets)
-        return cls(*(np.concatenate([getattr(s, f) for s in sets]) for f in FIELDS))
+        return cls(*(np.concatenate([getattr(s, f) for s in sets]) for f in COLUMNS))
 
     def __len__(self) -> int:
         return len(self.tp)
 
     def take(self, idx: ArrayLike) -> ParallelLayout:
         """The plans at ``idx`` (indices or a mask)."""
-        return ParallelLayout(*(getattr(self, f)[idx] for f in FIELDS))
+        return ParallelLayout(*(getattr(self, f)[idx] for f in COLUMNS))
 
     def row(self, i: int) -> dict:
-        """Plan ``i`` as a Layout's fields, ckpt by name (the JSON form of results)."""
+        """Plan ``i`` as a Layout's fields, ckpt by name (the JSON form of results); the first / last stage's
+        layers only where the plan states them (an uneven split)."""
         out = {f: int(getattr(self, f)[i]) for f in FIELDS}
         out["ckpt"] = CkptMode(out["ckpt"]).spec_name
+        out.update({f: int(getattr(self, f)[i]) for f in SPLIT_FIELDS if getattr(self, f)[i]})
         return out
 
     def spec(self, i: int) -> Layout:
@@ -121,7 +129,7 @@ class ParallelLayout:
 
     def readonly(self) -> ParallelLayout:
         """Mark the columns read-only (a cached plan set is shared between callers)."""
-        for f in FIELDS:
+        for f in COLUMNS:
             getattr(self, f).flags.writeable = False
         return self
 
@@ -192,9 +200,11 @@ class ParallelLayout:
                  next(r for r in RULES if r.name == why[i]))
         row = self.row(i)
         mesh = "{tp}*{cp}*{pp}*{dp}".format(**row)
-        facts = dict(row, n_devices=ctx.n_devices, gbs=ctx.gbs, seqlen=ctx.seqlen, n_experts=ctx.g.E, n_layers=ctx.g.L,
+        facts = dict(row, first=int(self.decoder_first_pipeline_num_layers[i]),
+                     last=int(self.decoder_last_pipeline_num_layers[i]), stage_ranks=row["tp"] * row["cp"] * row["dp"],
+                     n_devices=ctx.n_devices, gbs=ctx.gbs, seqlen=ctx.seqlen, n_experts=ctx.g.E, n_layers=ctx.g.L,
                      n_q_heads=ctx.g.nq, n_kv_heads=ctx.g.nkv, expert_inter_sz=ctx.g.dexp)
-        return Violation(i, r, r.field, mesh if r.field == "mesh" else row[r.field], r.allowed.format(**facts))
+        return Violation(i, r, r.field, mesh if r.field == "mesh" else row.get(r.field, 0), r.allowed.format(**facts))
 
     def violation(self, ctx: LayoutContext) -> tuple[str, object, str] | None:
         """:meth:`first_violation` as (field, value, what is allowed) (field "mesh": the product TP CP PP DP);
@@ -210,12 +220,17 @@ class ParallelLayout:
             raise SpecError("layout" if field == "mesh" else f"layout {field}", value, allowed)
 
 
-FIELDS: tuple[str, ...] = tuple(f.name for f in fields(ParallelLayout))
+# every column, in specs.Layout's field order; FIELDS: the ones every plan names (outputs list them), the
+# stage split only where a plan states it (ParallelLayout.row)
+COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ParallelLayout))
 _DISTINCT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # ParallelLayout.distinct's memo
 MODEL_PARALLEL: tuple[str, ...] = ("tp", "cp", "pp")  # one model replica; DP is N_dev over their product
+# the first and the last pipeline stage's layers (Megatron-LM's --decoder-first/last-pipeline-num-layers)
+SPLIT_FIELDS: tuple[str, ...] = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers")
+FIELDS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in SPLIT_FIELDS)
 # what a stage's parameters, its DP groups and its optimizer shard depend on: the degrees and the stage split
-DEGREE_FIELDS: tuple[str, ...] = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp")
-assert FIELDS == tuple(Layout.model_fields), "ParallelLayout's columns are specs.Layout's fields, in order"
+DEGREE_FIELDS: tuple[str, ...] = ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", *SPLIT_FIELDS)
+assert COLUMNS == tuple(Layout.model_fields), "ParallelLayout's columns are specs.Layout's fields, in order"
 
 
 def degree_groups(g: Geometry, lay: ParallelLayout) -> tuple[np.ndarray, np.ndarray]:
@@ -227,18 +242,24 @@ def degree_groups(g: Geometry, lay: ParallelLayout) -> tuple[np.ndarray, np.ndar
 
 def layout_text(row: dict) -> str:
     """One plan's fields (a :meth:`ParallelLayout.row` dict, fields it lacks left out) as one line:
-    ``tp=1 cp=1 pp=2 dp=16 ep=8 etp=1 vpp=1 mbs=1 full``."""
-    return " ".join(f"{k}={row[k]}" for k in FIELDS if k != "ckpt" and k in row) + f" {row.get('ckpt', '')}"
+    ``tp=1 cp=1 pp=2 dp=16 ep=8 etp=1 vpp=1 mbs=1 full`` (a stated stage split after them)."""
+    return " ".join(f"{k}={row[k]}" for k in (*FIELDS, *SPLIT_FIELDS) if k != "ckpt" and k in row) + \
+        f" {row.get('ckpt', '')}"
 
 
 @dataclass(frozen=True)
 class LayoutContext:
-    """What the validity rules read beside the layout: the model and the run (seqlen None: no CP rule)."""
+    """What the validity rules read beside the layout: the model and the run (seqlen None: no CP rule), and
+    how far beyond the paper's P_disc a plan may go: an expert mesh folded over TP and CP (``fold_experts``)
+    and an uneven split of the layers over the stages (``uneven_stages``); both valid layouts, which an
+    enumeration leaves out unless asked (PlanConstraints)."""
 
     g: Geometry
     n_devices: int
     gbs: int
     seqlen: int | None = None
+    fold_experts: bool = True
+    uneven_stages: bool = True
 
 
 @dataclass(frozen=True)
@@ -284,9 +305,19 @@ def _mesh(lo, c):
     return lo.n_devices == c.n_devices
 
 
-@rule("ep_not_dividing_dp", "ep", "must divide dp={dp} (eq:mesh-moe)", geometric=False)
+# the paper's P_disc (eq:mesh-moe) where folding is not asked for: the expert mesh within DP
+@rule("ep_not_dividing_dp", "ep", "must divide dp={dp} (eq:mesh-moe; a layout given by hand, or --fold-experts, may fold "
+      "the expert mesh over TP and CP)", geometric=False)
 def _ep_in_dp(lo, c):
-    return lo.dp % lo.ep == 0
+    return True if c.fold_experts else lo.dp % lo.ep == 0
+
+
+# MoE parallel folding (Megatron-Core's expert RankGenerator: tp=ETP, ep=EP, dp=EDP over each stage's ranks):
+# the expert mesh EP x ETP x EDP is laid over the stage's TP x CP x DP ranks, EP need not divide DP
+@rule("expert_mesh_not_folding", "ep", "ep*etp must divide tp*cp*dp = {stage_ranks}, the ranks of one pipeline "
+      "stage the expert mesh EP x ETP x EDP folds over", geometric=False)
+def _expert_mesh(lo, c):
+    return (lo.tp * lo.cp * lo.dp) % (lo.ep * lo.etp) == 0
 
 
 @rule("experts_not_divisible_by_ep", "ep", "must divide n_experts={n_experts}")
@@ -299,9 +330,51 @@ def _gbs(lo, c):
     return c.gbs % (lo.dp * lo.mbs) == 0
 
 
-@rule("layers_not_divisible_by_pp_vpp", "pp", "pp*vpp must divide n_layers={n_layers}")
+# the paper's P_disc where uneven stages are not asked for: an even split
+@rule("layers_not_divisible_by_pp_vpp", "pp", "pp*vpp must divide n_layers={n_layers} (a layout given by hand, or "
+      "--uneven-stages, may split them unevenly)")
+def _even_layers(lo, c):
+    if c.uneven_stages:
+        return True
+    unset = (lo.decoder_first_pipeline_num_layers == 0) & (lo.decoder_last_pipeline_num_layers == 0)
+    return ~unset | (c.g.L % lo.virtual_stages == 0)
+
+
+@rule("stage_layers_need_pp", "pp", "at least 2 pipeline stages where decoder_first_pipeline_num_layers or "
+      "decoder_last_pipeline_num_layers is stated", geometric=False)
+def _split_needs_pp(lo, c):
+    return (lo.pp > 1) | ((lo.decoder_first_pipeline_num_layers == 0) & (lo.decoder_last_pipeline_num_layers == 0))
+
+
+# Megatron-Core's TransformerConfig: the layers left after the stated first / last stages split evenly over the
+# other stages, and there are such layers exactly where there are such stages
+@rule("stage_layers_not_adding_up", "decoder_first_pipeline_num_layers",
+      "first {first} + last {last} stage layers leaving n_layers={n_layers} - first - last to split evenly over "
+      "the pp={pp} stages that do not state theirs")
+def _split_adds_up(lo, c):
+    first, last = lo.decoder_first_pipeline_num_layers, lo.decoder_last_pipeline_num_layers
+    rest, shared = c.g.L - first - last, lo.pp - (first > 0) - (last > 0)
+    ok = (rest >= 0) & ((shared > 0) == (rest > 0)) & (rest % np.maximum(shared, 1) == 0)
+    return ok | ((first == 0) & (last == 0)) | (lo.pp == 1)
+
+
+@rule("layers_not_split_over_stages", "pp", "pp*vpp chunks splitting n_layers={n_layers}: evenly, or with "
+      "decoder_first/last_pipeline_num_layers (each stage's layers a multiple of vpp)")
 def _layers(lo, c):
-    return c.g.L % lo.virtual_stages == 0
+    from scaleplan.estimator.shapes import auto_split, stage_split
+
+    first, last = lo.decoder_first_pipeline_num_layers, lo.decoder_last_pipeline_num_layers
+    stated = (first > 0) | (last > 0)
+    ok = np.broadcast_to(c.g.L % lo.virtual_stages == 0, stated.shape) & ~stated  # the even split
+    rest = np.nonzero(~ok)[0]  # the others: a stated split's chunks, else an automatic split (few plans)
+    if len(rest):
+        L = np.broadcast_to(np.asarray(c.g.L), stated.shape)[rest]
+        pp, vpp, f, la = lo.pp[rest], lo.vpp[rest], first[rest], last[rest]
+        F, M, Ls = stage_split(L, pp, f, la)
+        chunks = (F % vpp == 0) & (Ls % vpp == 0) & ((pp <= 2) | (M % vpp == 0))
+        ok = ok.copy()
+        ok[rest] = np.where(stated[rest], chunks, auto_split(L, pp, vpp)[0] > 0)
+    return ok
 
 
 @rule("vpp_needs_pp", "vpp", "interleaving needs pp > 1", geometric=False)
@@ -320,9 +393,17 @@ def _kv_heads(lo, c):
     return (c.g.nkv % lo.tp == 0) | (lo.tp % c.g.nkv == 0)
 
 
-@rule("etp_not_dividing_tp", "etp", "must divide tp and expert_inter_sz={expert_inter_sz}")
+# the paper's P_disc where folding is not asked for: the expert tensor group within the TP group
+@rule("etp_not_dividing_tp", "etp", "must divide tp={tp} (a layout given by hand, or --fold-experts, may fold the "
+      "expert mesh over TP, CP and DP)", geometric=False)
+def _etp_in_tp(lo, c):
+    return True if c.fold_experts else lo.tp % lo.etp == 0
+
+
+# ETP shards each expert's width (TEGroupedMLP: fc1 / fc2 split over the expert tensor group)
+@rule("etp_not_dividing_expert_width", "etp", "must divide expert_inter_sz={expert_inter_sz}")
 def _etp(lo, c):
-    return (lo.tp % lo.etp == 0) & (c.g.dexp % lo.etp == 0)
+    return c.g.dexp % lo.etp == 0
 
 
 # Megatron-Core builds an MoE layer with biases only at ETP 1 (TransformerConfig: "Bias in Moe is only supported
@@ -339,12 +420,12 @@ def _cp(lo, c):
 
 
 def enumerate_grid(axes: dict[str, Iterable[int]], ctx: LayoutContext) -> tuple[ParallelLayout, dict[str, int], int]:
-    """Every combination of the candidate values ``axes`` (keys: the fields but dp; ckpt by code), DP
+    """Every combination of the candidate values ``axes`` (keys: the columns but dp; ckpt by code), DP
     derived as N / (TP CP PP) -> (the valid plans, counts of the others by their first failing rule,
     the number of combinations). The mesh rule runs first on the (TP, CP, PP) product alone, so the
     full product stays small; the rules that do not read the model run once per grid and run
     (:func:`_grid`, shared by every model searched on it), the others per call."""
-    ax = tuple(tuple(int(v) for v in axes[f]) for f in FIELDS if f != "dp")
+    ax = tuple(tuple(int(v) for v in axes[f]) for f in COLUMNS if f != "dp")
     lay, free, counts, total = _grid(ax, ctx)
     geo = np.zeros(len(lay), dtype=np.int8)  # the first geometric rule each plan breaks (code i + 1)
     for i, r in enumerate(RULES):
@@ -367,7 +448,7 @@ def _grid(ax: tuple[tuple[int, ...], ...], ctx: LayoutContext) -> tuple[Parallel
     (read-only), the code of the first other rule of :data:`RULES` that does not read the model each
     breaks (int8, 0: none), the mesh rule's count and the number of combinations; memoised per
     (ax, devices, gbs, seqlen, RULES)."""
-    key = (ax, ctx.n_devices, ctx.gbs, ctx.seqlen, tuple(RULES))
+    key = (ax, ctx.n_devices, ctx.gbs, ctx.seqlen, ctx.fold_experts, ctx.uneven_stages, tuple(RULES))
     hit = _GRIDS.get(key)
     if hit is not None:
         return hit

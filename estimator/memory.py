@@ -310,9 +310,9 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
                      reserve_bytes: float = RESERVE_BYTES, *, state: ModelState = MEGATRON,
                      allocator_fraction: float | None = None, context_bytes: float = DEFAULT_CONTEXT_BYTES,
                      rope: bool = True, shapes: PlanShapes | None = None, stack: Stack = PAPER_STACK,
-                     non_tn: bool = True) -> dict[str, np.ndarray]:
+                     non_tn: bool = True) -> StageMemory:
     """Bytes per device for the worst stage, by category, each an array over plans; the worst stage
-    is chosen by total.
+    is chosen by total (:func:`worst_stage`; its index into :data:`STAGES` per plan: ``.stage``).
 
     Allocated (what torch.cuda.max_memory_allocated sees): weights, grads, optimizer (master
     weights, moments, master gradients), activations (saved for backward, :func:`block_activation_bytes`
@@ -337,21 +337,21 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
 
     recipe = stack.recipe(g.precision) if state.mcore_moe else None
     act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe, recipe)
-    inflight = np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0)
+    inflight = _in_flight(pp, vpp, n_mb)
     logits = 4.0 * s * mbs * sh.V_loc * (1 + g.mtp)  # fp32 logits forward, their gradient backward (each MTP head)
     out = {}
-    for name, (st, terms) in _end_stages(g, pl, pb, state, sharded).items():
-        # the first stage keeps min(PP, n_mb) micro-batches in flight, the last one
-        act = np.where(st.has_embedding, inflight, 1.0) * (st.n_dense * act_den + st.n_moe * act_moe) + peak_layer
+    for name, (st, terms) in _stages(g, pl, pb, state, sharded).items():
+        act = inflight[name] * (st.n_dense * act_den + st.n_moe * act_moe) + peak_layer
         n_p = st.total
-        outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, st.has_embedding, st.has_head)
         out[name] = terms
         grads = out[name]["grads"]
         n_r = st.router * float(state.router_fp32 and g.is_moe)
-        out[name].update({
-            "activations": act + outside * np.where(st.has_head, 1.0, inflight),
-            "logits": np.where(st.has_head, logits, 0.0),
-        })
+        if name == "middle":  # no embedding, no LM head (where PP <= 2 it is never the worst: worst_stage)
+            out[name].update(activations=act, logits=np.zeros_like(act))
+        else:
+            outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, st.has_embedding, st.has_head)
+            out[name].update(activations=act + outside * np.where(st.has_head, 1.0, inflight[name]),
+                             logits=np.where(st.has_head, logits, 0.0))
         if state.ddp_buckets:
             out[name]["ddp_buckets"] = np.where(dp > 1, grads, 0.0)
         if state.master_grad:
@@ -362,20 +362,57 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
         else:
             out[name]["allocator"] = allocator_fraction * alloc
             out[name]["context"] = np.full_like(tp, float(context_bytes))
-    tot_f = sum(out["first"].values())
-    tot_l = sum(out["last"].values())
-    worst_first = tot_f >= tot_l
-    return {k: np.where(worst_first, out["first"][k], out["last"][k]) for k in out["first"]}
+    worst = worst_stage(out, pp)
+    first, middle, last = (out[n] for n in STAGES)
+    return StageMemory({k: np.where(worst == 0, first[k], np.where(worst == 1, middle[k], last[k])) for k in first},
+                       worst)
 
 
-def _end_stages(g: Geometry, pl: ParallelLayout, pb: dict, state: ModelState, sharded: bool) -> dict[str, tuple]:
-    """{"first" | "last": (the stage's :class:`StageParams`, its :func:`_state_terms`)}, arrays over plans,
-    evaluated once per distinct :func:`~scaleplan.estimator.layout.degree_groups` tuple, all they depend on,
-    and gathered back."""
+def _in_flight(pp: np.ndarray, vpp: np.ndarray, n_mb: np.ndarray) -> dict[str, np.ndarray]:
+    """Micro-batches whose activations each of :data:`STAGES` keeps (1F1B's warm-up + 1): min(PP - s, n_mb) on
+    stage s; with VPP chunks (PP VPP + PP - 1 - 2 s) / VPP stage-equivalents (Megatron-Core's interleaved
+    warm-up); the last stage holds one."""
+    return {"first": np.minimum(pp, n_mb) * np.where(vpp > 1, 1 + (pp - 1) / (pp * vpp), 1.0),
+            "middle": np.minimum(pp - 1, n_mb) * np.where(vpp > 1, (pp + (pp - 3) / vpp) / np.maximum(pp - 1, 1), 1.0),
+            "last": np.ones_like(pp)}
+
+
+#: the stages memory_breakdown weighs, in the order a tie goes to
+STAGES = ("first", "middle", "last")
+
+
+class StageMemory(dict):
+    """{category: bytes per device} (arrays over plans) of each plan's worst pipeline stage, whose index
+    into :data:`STAGES` is ``stage`` (int array over plans)."""
+
+    def __init__(self, by_category: dict[str, np.ndarray], stage: np.ndarray):
+        super().__init__(by_category)
+        self.stage = stage
+
+    def take(self, idx: ArrayLike) -> StageMemory:
+        """The plans at ``idx``."""
+        return StageMemory({k: v[idx] for k, v in self.items()}, self.stage[idx])
+
+
+def worst_stage(by_stage: dict[str, dict[str, np.ndarray]], pp: np.ndarray) -> np.ndarray:
+    """Per plan, the index into :data:`STAGES` of the stage with the most bytes (categories summed): the
+    first, the first middle stage (s = 1, only where PP > 2: it keeps PP - 1 micro-batches of the middle
+    stages' blocks in flight, more than the first where that one holds fewer or lighter blocks) or the last;
+    a tie goes to the earlier."""
+    tot = np.stack([np.broadcast_to(sum(by_stage[n].values()), np.shape(pp)) for n in STAGES]).astype(float)
+    tot[1] = np.where(np.asarray(pp) > 2, tot[1], -np.inf)
+    return np.argmax(tot, axis=0)
+
+
+def _stages(g: Geometry, pl: ParallelLayout, pb: dict, state: ModelState, sharded: bool) -> dict[str, tuple]:
+    """{first | middle | last: (the stage's :class:`StageParams`, its :func:`_state_terms`)}, arrays over plans
+    (the middle one: stage 1, the last stage where PP <= 2), evaluated once per distinct
+    :func:`~scaleplan.estimator.layout.degree_groups` tuple, all they depend on, and gathered back."""
     first, inv = degree_groups(g, pl)
     gu, pu = g.take(first), pl.take(first)
     out = {}
-    for name, s in (("first", np.zeros(len(pu))), ("last", pu.pp - 1.0)):
+    for name, s in (("first", np.zeros(len(pu))), ("middle", np.where(pu.pp > 2, 1.0, pu.pp - 1.0)),
+                    ("last", pu.pp - 1.0)):
         st = stage_params(gu, pu, stage_counts(gu, pu, s))
         terms = _state_terms(gu, pu, st, pb, state, sharded)
         out[name] = (StageParams(*(getattr(st, f.name)[inv] for f in fields(StageParams))),

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from scaleplan.estimator.ckpt import codes as ckpt_codes
 from scaleplan.estimator.model_dims import Geometry
-from scaleplan.estimator.layout import LayoutContext, ParallelLayout, enumerate_grid
+from scaleplan.estimator.layout import SPLIT_FIELDS, LayoutContext, ParallelLayout, enumerate_grid
+from scaleplan.estimator.shapes import resolve_split
 
 from scaleplan.specs import CKPT_MODES
 from scaleplan.units import SEARCH_MBS
@@ -30,7 +30,12 @@ from scaleplan.units import SEARCH_MBS
 
 @dataclass(frozen=True)
 class PlanConstraints:
-    """Which plans to enumerate. None for a degree means every divisor (up to its max_*)."""
+    """Which plans to enumerate. None for a degree means every divisor (up to its max_*). ``fold_experts``: also
+    the expert meshes folded over TP and CP (EP x ETP dividing TP x CP x DP, Megatron-Core's MoE parallel
+    folding), not only the paper's P_disc (eq:mesh-moe: EP dividing DP); they are valid layouts either way, but
+    they double the plans a search evaluates. ``uneven_stages``: also the plans whose PP x VPP chunks cannot split
+    the layers evenly, with the first and last stage's layers scaleplan states for them
+    (:func:`~scaleplan.estimator.shapes.auto_split`), not only the even splits."""
 
     tp: tuple[int, ...] | None = None
     cp: tuple[int, ...] | None = None
@@ -45,6 +50,8 @@ class PlanConstraints:
     max_cp: int | None = None
     max_pp: int | None = None
     max_ep: int | None = None
+    fold_experts: bool = False
+    uneven_stages: bool = False
 
 
 def _divisors(n: int) -> list[int]:
@@ -91,5 +98,9 @@ def _enumerate(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints,
                seqlen: int | None = None) -> tuple[ParallelLayout, dict[str, int], int]:
     axes = {"tp": _choose(c.tp, n_devices, c.max_tp), "cp": _choose(c.cp, n_devices, c.max_cp),
             "pp": _choose(c.pp, n_devices, c.max_pp), "ep": _choose(c.ep, n_devices, c.max_ep),
-            "etp": c.etp, "vpp": c.vpp, "mbs": c.mbs, "ckpt": ckpt_codes(c.ckpt)}
-    return enumerate_grid(axes, LayoutContext(g, n_devices, gbs, seqlen))
+            "etp": c.etp, "vpp": c.vpp, "mbs": c.mbs, "ckpt": ckpt_codes(c.ckpt),
+            **dict.fromkeys(SPLIT_FIELDS, (0,))}
+    # the paper's P_disc unless asked for more: the expert mesh inside DP, the layers split evenly
+    ctx = LayoutContext(g, n_devices, gbs, seqlen, c.fold_experts, c.uneven_stages)
+    plans, counts, total = enumerate_grid(axes, ctx)
+    return resolve_split(g, plans), counts, total  # an uneven split stated where the even one does not exist

@@ -38,6 +38,7 @@ class EstimateResult:
     # allocator's overhead); mem_per_device_gb adds the memory outside the allocator (CUDA context)
     mem_allocated_gb: float = 0.0
     mem_reserved_gb: float = 0.0
+    mem_stage: str = "first"  # the pipeline stage whose memory mem_per_device_gb is (memory.STAGES)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

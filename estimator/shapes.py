@@ -175,6 +175,14 @@ def layout_shapes(model: ModelBlock, layout: Layout, seqlen: int, gbs: int | Non
     return plan_shapes(geometry(model), ParallelLayout.from_specs([layout], n), seqlen, gbs).one()
 
 
+def split_of(model: ModelBlock, layout: Layout) -> tuple[int, int]:
+    """(first, last) stage layers the plan ``layout`` of ``model`` states or is costed with where the even
+    split does not exist (:func:`resolve_split`); (0, 0) for the even split."""
+    g = geometry(model)
+    lay = resolve_split(g, ParallelLayout.from_specs([layout], layout.tp * layout.cp * layout.pp * (layout.dp or 1)))
+    return int(lay.decoder_first_pipeline_num_layers[0]), int(lay.decoder_last_pipeline_num_layers[0])
+
+
 def local_experts(g: Geometry, lay: ParallelLayout) -> np.ndarray:
     """E / EP: the routed experts one rank holds (each 1/ETP of an expert's weights; 1 for a dense model),
     float arrays over plans (Megatron-Core's ``num_local_experts``)."""
@@ -182,11 +190,56 @@ def local_experts(g: Geometry, lay: ParallelLayout) -> np.ndarray:
 
 
 # -- pipeline stages -----------------------------------------------------------------------------------
+def stage_split(L: ArrayLike, pp: ArrayLike, first: ArrayLike = 0,
+                last: ArrayLike = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first, middle, last) stage layers per plan (float arrays) as Megatron-Core's
+    ``get_num_layers_to_build`` splits ``L`` layers over ``pp`` stages: the first / last stage holds
+    ``first`` / ``last`` layers where stated (> 0), the other stages the rest evenly (an unstated end stage
+    among them); L / PP each where neither is stated. One stage holds them all."""
+    L, pp = np.asarray(L, dtype=float), np.asarray(pp, dtype=float)
+    first, last = np.asarray(first, dtype=float), np.asarray(last, dtype=float)
+    shared = pp - (first > 0) - (last > 0)  # the stages that split the rest evenly
+    per = np.where(shared > 0, (L - first - last) / np.maximum(shared, 1.0), 0.0)
+    F, Ls = np.where(first > 0, first, per), np.where(last > 0, last, per)
+    return np.where(pp == 1, L, F), np.where(pp == 1, L, per), np.where(pp == 1, L, Ls)
+
+
+def auto_split(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) stage layers for a plan whose ``pp`` x ``vpp`` chunks cannot split ``L`` layers evenly
+    (int arrays; 0 where they can, or where no split exists): each middle stage holds ceil(L / (PP VPP)) VPP
+    layers, the first and the last share the rest, the last the smaller half (it also holds the LM head and
+    the loss), each a positive multiple of VPP (Megatron-Core's condition). Megatron-LM takes such counts
+    only when stated (--decoder-first/last-pipeline-num-layers); scaleplan states them in its plans."""
+    L, pp, vpp = (np.asarray(x, dtype=np.int64) for x in (L, pp, vpp))
+    L, pp, vpp = np.broadcast_arrays(L, pp, vpp)
+    middle = -(-L // (pp * vpp)) * vpp
+    rest = L - np.maximum(pp - 2, 0) * middle
+    last = rest // (2 * vpp) * vpp
+    first = rest - last
+    ok = (pp > 1) & (L % (pp * vpp) != 0) & (last >= vpp) & (first >= vpp) & (first % vpp == 0)
+    return np.where(ok, first, 0), np.where(ok, last, 0)
+
+
+def resolve_split(g: Geometry, lay: ParallelLayout) -> ParallelLayout:
+    """``lay`` with the first / last stage's layers stated wherever its plans leave them unstated and the
+    even split does not exist (:func:`auto_split`): every plan then names the split it is costed and emitted
+    with."""
+    F, Ls = lay.decoder_first_pipeline_num_layers, lay.decoder_last_pipeline_num_layers
+    unset = (F == 0) & (Ls == 0) & (np.asarray(g.L) % (lay.pp * lay.vpp) != 0)
+    if not unset.any():
+        return lay
+    aF, aL = auto_split(np.broadcast_to(np.asarray(g.L), lay.pp.shape), lay.pp, lay.vpp)
+    if not (unset & (aF > 0)).any():
+        return lay
+    return replace(lay, decoder_first_pipeline_num_layers=np.where(unset, aF, F),
+                   decoder_last_pipeline_num_layers=np.where(unset, aL, Ls))
+
+
 def _stage_layers(g: Geometry, lay: ParallelLayout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(first, middle, last) stage layer counts per plan, Megatron-Core's split: L / PP each (the layout
-    rules refuse a plan whose PP VPP does not divide L)."""
-    per = np.asarray(g.L, dtype=float) / lay.pp
-    return per, per, per
+    """(first, middle, last) stage layers of every plan (:func:`stage_split` of its stated counts, or of the
+    counts :func:`resolve_split` states for it)."""
+    lay = resolve_split(g, lay)
+    return stage_split(g.L, lay.pp, lay.decoder_first_pipeline_num_layers, lay.decoder_last_pipeline_num_layers)
 
 
 def _moe_before(g: Geometry, b) -> np.ndarray:
@@ -199,22 +252,37 @@ def _moe_before(g: Geometry, b) -> np.ndarray:
 
 def stage_counts(g: Geometry, lay: ParallelLayout, s: ArrayLike) -> StageCounts:
     """The blocks of stage ``s`` (an index, arrays broadcast with the plans) as Megatron-Core lays the
-    model out (module docstring): chunk v of stage s holds blocks [v R + o_s, v R + o_s + c_s), R the
-    blocks of one round, o_s the stage's offset in it and c_s its chunk."""
+    model out (module docstring; :func:`_chunk_moe` counts them chunk by chunk, in closed form where the dense
+    lead fits in stage 0's first chunk)."""
     pp, vpp = lay.pp.astype(float), lay.vpp.astype(float)
     s = np.broadcast_to(np.asarray(s, dtype=float), pp.shape)
     F, M, Ls = _stage_layers(g, lay)
-    n_mid = np.maximum(pp - 2, 0.0)
     last = (s == pp - 1) & (pp > 1)
     n_layers = np.where(s == 0, F, np.where(last, Ls, M))
     chunk = n_layers / vpp
+    if _lead_in_first_chunk(g, lay, F):  # the dense lead in stage 0's first chunk, MoE blocks everywhere else
+        n_moe = n_layers - np.where(s == 0, np.asarray(g.dense_lead, dtype=float), 0.0) if g.is_moe else 0.0 * s
+    else:
+        n_moe = _chunk_moe(g, lay, s, (F, M, Ls), chunk)
+    return _with_mtp(g, StageCounts(s, n_layers, n_layers - n_moe, n_moe, chunk, s == 0, (s == pp - 1)))
+
+
+def _chunk_moe(g: Geometry, lay: ParallelLayout, s: np.ndarray, split: tuple[np.ndarray, ...],
+               chunk: np.ndarray) -> np.ndarray:
+    """The MoE blocks of stage ``s``, chunk by chunk (module docstring): chunk v holds blocks
+    [v R + o_s, v R + o_s + c_s), R the blocks of one round, o_s the stage's offset in it, c_s ``chunk``;
+    ``split``: the (first, middle, last) stages' blocks."""
+    pp, vpp = lay.pp.astype(float), lay.vpp.astype(float)
+    F, M, Ls = split
+    n_mid = np.maximum(pp - 2, 0.0)
+    last = (s == pp - 1) & (pp > 1)
     rnd = (F + n_mid * M + np.where(pp > 1, Ls, 0.0)) / vpp
     off = np.where(s == 0, 0.0, F / vpp + np.where(last, n_mid, s - 1) * M / vpp)
     n_moe = np.zeros(pp.shape)
     for v in range(int(vpp.max()) if len(vpp) else 0):
         a = v * rnd + off
         n_moe = n_moe + np.where(v < vpp, _moe_before(g, a + chunk) - _moe_before(g, a), 0.0)
-    return _with_mtp(g, StageCounts(s, n_layers, n_layers - n_moe, n_moe, chunk, s == 0, (s == pp - 1)))
+    return n_moe
 
 
 def _with_mtp(g: Geometry, st: StageCounts) -> StageCounts:
@@ -240,8 +308,9 @@ def _stage_summary(g: Geometry, lay: ParallelLayout) -> tuple[StageCounts, ...]:
     1) the MoE count grows with the stage index, so stage 1 holds the fewest and stage PP - 2 the most;
     otherwise every middle stage of each distinct (model, PP, VPP) is counted."""
     pp = lay.pp.astype(float)
-    if _lead_in_first_chunk(g, lay):
-        return _lead_first_summary(g, lay)
+    F, M, Ls = _stage_layers(g, lay)
+    if _lead_in_first_chunk(g, lay, F):
+        return _lead_first_summary(g, lay, F, M, Ls)
     first, last = stage_counts(g, lay, np.zeros(len(lay))), stage_counts(g, lay, pp - 1)
     n_mid = np.maximum(pp - 2, 0.0)
     has_mid = n_mid > 0
@@ -259,30 +328,31 @@ def _stage_summary(g: Geometry, lay: ParallelLayout) -> tuple[StageCounts, ...]:
     return first, middle, lo, hi, last
 
 
-def _lead_in_first_chunk(g: Geometry, lay: ParallelLayout) -> bool:
-    """Whether every plan splits its blocks evenly, every block after the dense lead is an MoE one and the
-    dense lead fits in stage 0's first chunk: then stage 0 holds the dense blocks and every other stage MoE
-    blocks alone (the case of nearly every plan a search meets, counted in closed form)."""
+def _lead_in_first_chunk(g: Geometry, lay: ParallelLayout, F: np.ndarray) -> bool:
+    """Whether every block after the dense lead is an MoE one and the dense lead fits in stage 0's first chunk
+    (``F``: the first stage's blocks) in every plan: then stage 0 holds the dense blocks and every other stage
+    MoE blocks alone (the case of nearly every plan a search meets, counted in closed form)."""
     if g.is_moe and not np.all(np.asarray(g.moe_every) == 1):
         return False
-    per = np.asarray(g.L, dtype=float) / lay.pp
-    return bool(np.all(np.asarray(g.dense_lead) <= per / lay.vpp)) if g.is_moe else True
+    return bool(np.all(np.asarray(g.dense_lead) <= F / lay.vpp)) if g.is_moe else True
 
 
-def _lead_first_summary(g: Geometry, lay: ParallelLayout) -> tuple[StageCounts, ...]:
-    """:func:`_stage_summary` where :func:`_lead_in_first_chunk` holds (equal to the general count there)."""
-    pp = lay.pp.astype(float)
-    per = np.asarray(g.L, dtype=float) / pp
-    chunk = per / lay.vpp
-    nd0 = np.asarray(g.dense_lead, dtype=float) * np.ones(len(lay)) if g.is_moe else per
+def _lead_first_summary(g: Geometry, lay: ParallelLayout, F: np.ndarray, M: np.ndarray,
+                        Ls: np.ndarray) -> tuple[StageCounts, ...]:
+    """:func:`_stage_summary` where :func:`_lead_in_first_chunk` holds (equal to the general count there), of
+    stages of ``F``, ``M`` (each middle one) and ``Ls`` blocks."""
+    pp, vpp = lay.pp.astype(float), lay.vpp
     zero, has_mid, one = np.zeros(len(lay)), pp > 2, pp == 1
-    nd, nm = (np.where(one, nd0, 0.0), np.where(one, per - nd0, per)) if g.is_moe else (per, zero)  # PP 1: stage 0
+    nd0 = np.asarray(g.dense_lead, dtype=float) * np.ones(len(lay)) if g.is_moe else F
+    nd, nm = (np.where(one, nd0, 0.0), np.where(one, F - nd0, Ls)) if g.is_moe else (Ls, zero)  # PP 1: stage 0
+    mid = np.where(has_mid, M, Ls)
+    nd_m, nm_m = (np.where(has_mid, 0.0, nd), np.where(has_mid, M, nm)) if g.is_moe else (mid, zero)
     no, yes = np.zeros(len(lay), bool), np.ones(len(lay), bool)
-    first = StageCounts(zero, per, nd0, per - nd0, chunk, yes, one)
-    last = StageCounts(pp - 1, per, nd, nm, chunk, one, yes)
-    lo = StageCounts(np.where(has_mid, 1.0, pp - 1), per, nd, nm, chunk, one, ~has_mid)
-    hi = StageCounts(np.where(has_mid, pp - 2, pp - 1), per, nd, nm, chunk, one, ~has_mid)
-    middle = StageCounts(np.where(has_mid, 1.0, pp - 1), per, nd, nm, chunk, no, ~has_mid)
+    first = StageCounts(zero, F, nd0, F - nd0, F / vpp, yes, one)
+    last = StageCounts(pp - 1, Ls, nd, nm, Ls / vpp, one, yes)
+    lo = StageCounts(np.where(has_mid, 1.0, pp - 1), mid, nd_m, nm_m, mid / vpp, one, ~has_mid)
+    hi = StageCounts(np.where(has_mid, pp - 2, pp - 1), mid, nd_m, nm_m, mid / vpp, one, ~has_mid)
+    middle = StageCounts(np.where(has_mid, 1.0, pp - 1), mid, nd_m, nm_m, mid / vpp, no, ~has_mid)
     return tuple(_with_mtp(g, st) for st in (first, middle, lo, hi, last))
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from scaleplan.errors import SpecError
 from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+from scaleplan.estimator.layout import SPLIT_FIELDS
 from scaleplan.megatron.args import (  # noqa: F401  (Megatron-LM arguments: re-exported from their own module)
     Budget,
     layout_dict,
@@ -87,7 +88,7 @@ def spec_document(model: ModelBlock, layout: dict[str, Any] | Layout, *, gbs: in
         "optimizer": {"optimizer_type": optimizer},
         "data": {"gbs": int(gbs), "seqlen": int(seqlen), "microbatch_sz": lo["mbs"]},
         "hardware": {"node_type": node_type},
-        "parallelism": {k: lo[k] for k in LAYOUT_FIELDS if k not in ("mbs", "ckpt")},
+        "parallelism": {k: lo[k] for k in (*LAYOUT_FIELDS, *SPLIT_FIELDS) if k in lo and k not in ("mbs", "ckpt")},
     }
     parse_spec(doc, source="emitted spec")  # a written spec must load: fail here, not in the user's estimate
     return doc

@@ -211,10 +211,15 @@ class HardwareBlock(BaseModel):
 
 class Degrees(BaseModel):
     """The parallel degrees of a layout (eq:mesh-moe), defined once for :class:`Layout` and the spec's
-    ``parallelism`` block: TP, CP, PP, DP, EP, ETP (expert tensor parallelism), VPP (virtual stages).
+    ``parallelism`` block: TP, CP, PP, DP, EP, ETP (expert tensor parallelism), VPP (virtual stages), and
+    how the layers split over the pipeline stages.
 
-    ``dp`` may be left ``None`` and is then derived as N_dev / (tp*cp*pp) by the estimator.
-    EP repartitions DP (eq:mesh-moe): EP must divide DP.
+    ``dp`` may be left ``None`` and is then derived as N_dev / (tp*cp*pp) by the estimator. The expert mesh
+    folds over each stage's ranks as Megatron-Core builds it: EP x ETP x EDP = TP x CP x DP, so EP x ETP
+    must divide TP x CP x DP (not DP alone). ``decoder_first_pipeline_num_layers`` /
+    ``decoder_last_pipeline_num_layers``: the transformer layers of the first / last pipeline stage, as
+    Megatron-LM's arguments of those names state them (None: the stages split the layers evenly, or, where
+    they cannot, scaleplan picks the counts and says so); the middle stages share the rest evenly.
     """
 
     model_config = _Strict
@@ -225,6 +230,8 @@ class Degrees(BaseModel):
     ep: int = Field(default=1, gt=0, le=MAX_DEGREE)
     etp: int = Field(default=1, gt=0, le=MAX_DEGREE)
     vpp: int = Field(default=1, gt=0, le=MAX_VPP)
+    decoder_first_pipeline_num_layers: int | None = Field(default=None, gt=0, le=MAX_LAYERS)
+    decoder_last_pipeline_num_layers: int | None = Field(default=None, gt=0, le=MAX_LAYERS)
 
 
 class Layout(Degrees):

@@ -46,6 +46,12 @@ EmitOpt = typer.Option(None, "--emit", metavar="megatron|megatron-hybrid",
 EmitSpecOpt = typer.Option(None, "--emit-spec", metavar="FILE",
                            help="Write the chosen model and layout as a spec YAML that estimate/validate accept.")
 HtmlOpt = typer.Option(None, "--html", metavar="FILE", help="Write a self-contained HTML report (opens offline).")
+FoldOpt = typer.Option(False, "--fold-experts", help="Also try expert meshes folded over TP and CP (EP x ETP dividing "
+                       "TP x CP x DP, Megatron-Core's MoE parallel folding), not only EP dividing DP: about twice the "
+                       "plans to evaluate.")
+UnevenOpt = typer.Option(False, "--uneven-stages", help="Also try pipelines whose PP x VPP chunks cannot split the "
+                         "layers evenly, with the first and last stage's layers scaleplan states (Megatron-LM's "
+                         "--decoder-first/last-pipeline-num-layers), not only even splits.")
 
 
 def _banner(components: list[str]) -> None:
@@ -102,12 +108,14 @@ def _cell(v) -> str:
 
 
 def memory_line(r) -> str:
-    """The per-device memory of a result, by category, naming the pipeline stage it is the worst of (the first
-    stage holds no LM head, so its logits are 0 and are left out)."""
+    """The per-device memory of a result, by category, naming the pipeline stage it is the worst of (only the
+    last stage holds the LM head, so elsewhere its logits are 0 and are left out)."""
     pp = int(r.layout["pp"])
-    first = pp > 1 and r.mem_breakdown_gb.get("logits", 0.0) == 0.0
-    stage = "one stage (pp=1)" if pp == 1 else (f"first of {pp} stages, no LM head so no logits" if first
-                                                 else f"last of {pp} stages, with the LM head")
+    where = getattr(r, "mem_stage", None) or ("first" if r.mem_breakdown_gb.get("logits", 0.0) == 0.0 else "last")
+    stage = "one stage (pp=1)" if pp == 1 else {
+        "first": f"first of {pp} stages, no LM head so no logits",
+        "middle": f"stage 1 of {pp}, a middle one: PP - 1 micro-batches in flight, no LM head so no logits",
+        "last": f"last of {pp} stages, with the LM head"}[where]
     mem = ", ".join(f"{k} {v:.1f}" for k, v in r.mem_breakdown_gb.items() if v > 0 or k != "logits")
     return f"memory (GB per device, worst pipeline stage: {stage}): {mem}"
 
@@ -317,6 +325,8 @@ def layouts(
     mbs: str = typer.Option(",".join(map(str, SEARCH_MBS)), "--mbs", help="Micro-batch sizes to try."),
     vpp: str = typer.Option("1", "--vpp", help="Virtual pipeline degrees to try."),
     ckpt: str = typer.Option(CKPT_ALL, "--ckpt", help="Checkpointing modes to try."),
+    fold_experts: bool = FoldOpt,
+    uneven_stages: bool = UnevenOpt,
     mem_fraction: float = MemFractionOpt,
     profile: str = ProfileOpt,
     db: str = DbOpt,
@@ -342,7 +352,8 @@ def layouts(
     if top <= 0:
         raise SpecError("--top", top, "a positive integer")
     c = PlanConstraints(mbs=int_list("--mbs", mbs), vpp=int_list("--vpp", vpp), ckpt=modes, mem_fraction=mem_fraction,
-                        max_tp=max_tp, max_pp=max_pp, max_ep=max_ep, max_cp=max_cp)
+                        max_tp=max_tp, max_pp=max_pp, max_ep=max_ep, max_cp=max_cp, fold_experts=fold_experts,
+                        uneven_stages=uneven_stages)
     est = _estimator(spec, profile, db, extrapolate, calibration)
     from scaleplan.mosaic.edges import layouts_edges
 

@@ -24,7 +24,7 @@ from scaleplan.cli._common import (
     stdout,
     want_json,
 )
-from scaleplan.cli.estimate import CalibrationOpt, EmitOpt, EmitSpecOpt, HtmlOpt
+from scaleplan.cli.estimate import CalibrationOpt, EmitOpt, EmitSpecOpt, FoldOpt, HtmlOpt, UnevenOpt
 from scaleplan.mosaic.run import SearchRequest as D  # the defaults (the paper's envelope); a light import
 
 
@@ -58,6 +58,8 @@ def search(
     tpp_max: float = typer.Option(D.tpp_max, "--tpp-max", help="Cap on tokens per active parameter."),
     mbs: str = typer.Option(_csv(D.mbs), "--mbs", help="Micro-batch sizes of the plan search."),
     ckpt: str = typer.Option(CKPT_ALL, "--ckpt", help="Activation-checkpointing modes of the plan search."),
+    fold_experts: bool = FoldOpt,
+    uneven_stages: bool = UnevenOpt,
     vocab: int = typer.Option(D.vocab, "--vocab", help="Vocabulary size of the ladder models."),
     kv_heads: int = typer.Option(D.kv_heads, "--kv-heads", help="GQA key/value heads of the ladder models."),
     top: int = typer.Option(D.top, "--top", help="How many of the best candidates to list."),
@@ -127,7 +129,7 @@ def _request(p: dict):
 _PASSED_AS_IS = ("goodput", "gbs", "seqlen", "s_min", "s_max", "tpp_min", "tpp_max", "vocab", "kv_heads", "top",
                  "samples", "seed", "by_sparsity", "prescription", "s_step", "compare_measured", "optimizer",
                  "extrapolate", "law_name", "workers", "csv", "plot", "mem_fraction", "emit", "emit_spec", "html",
-                 "extend_edges")
+                 "extend_edges", "fold_experts", "uneven_stages")
 
 
 def _unc_cells(r) -> tuple[str, str]:

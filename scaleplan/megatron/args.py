@@ -16,10 +16,11 @@ from typing import Any
 
 from scaleplan.errors import SpecError
 from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+from scaleplan.estimator.layout import SPLIT_FIELDS
 from scaleplan.estimator.model_dims import VOCAB_DIVISOR, padded_vocab
 from scaleplan.megatron.features import attention_args, feature_notes, mlp_args, mtp_args, router_args
 from scaleplan.megatron.stack_args import stack_args, stack_notes
-from scaleplan.estimator.shapes import layout_shapes
+from scaleplan.estimator.shapes import layout_shapes, split_of
 from scaleplan.specs import Layout, ModelBlock, Spec
 
 # fp8: the recipe is the stack's (--fp8-recipe, scaleplan/megatron/stack_args.py; default the current-scaling
@@ -96,7 +97,8 @@ def layout_dict(layout: dict[str, Any] | Layout) -> dict[str, Any]:
     missing = [k for k in LAYOUT_FIELDS if d.get(k) is None]
     if missing:
         raise SpecError("layout", d, f"all of {', '.join(LAYOUT_FIELDS)} (missing {', '.join(missing)})")
-    return {k: (str(d[k]) if k == "ckpt" else int(d[k])) for k in LAYOUT_FIELDS}
+    out = {k: (str(d[k]) if k == "ckpt" else int(d[k])) for k in LAYOUT_FIELDS}
+    return out | {k: int(d[k]) for k in SPLIT_FIELDS if d.get(k)}  # a stated stage split
 
 
 def megatron_optimizer(name: str, field: str = "optimizer.optimizer_type") -> str:
@@ -128,9 +130,7 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | 
             ["--expert-tensor-parallel-size", str(lo["etp"])]]
     if lo["tp"] > 1:
         out.append(["--sequence-parallel"])
-    if lo["vpp"] > 1:
-        chunk = layout_shapes(m, Layout(**lo), spec.data.seqlen).first.chunk_layers
-        out.append(["--num-layers-per-virtual-pipeline-stage", str(int(chunk))])
+    out += _stage_args(m, lo, spec.data.seqlen)
     out += [["--micro-batch-size", str(lo["mbs"])], ["--global-batch-size", str(spec.data.gbs)]]
     if _RECOMPUTE[lo["ckpt"]]:
         out.append(_RECOMPUTE[lo["ckpt"]])
@@ -157,15 +157,32 @@ _HYBRID_REPLACES = {"--num-layers", "--moe-layer-freq", "--num-layers-per-virtua
 def to_hybrid(m: ModelBlock, lo: dict[str, Any], args: list[list[str]]) -> list[list[str]]:
     """GPT arguments rewritten for HybridModel: --hybrid-layer-pattern with one ``|`` segment per pipeline stage
     and virtual stage (Megatron-LM derives VPP from the segment count), the window list over hybrid layers."""
-    from scaleplan.megatron.hybrid import even_segments, hybrid_pattern, hybrid_window_list
+    from scaleplan.megatron.hybrid import hybrid_pattern, hybrid_window_list, stage_segments
 
-    segments = even_segments(m.n_layers, lo["pp"], lo["vpp"]) if lo["pp"] > 1 else [m.n_layers]
+    first, last = split_of(m, Layout(**lo))  # the split the plan states or was costed with (0: even)
+    segments = stage_segments(m.n_layers, lo["pp"], lo["vpp"], first or None, last or None) if lo["pp"] > 1 \
+        else [m.n_layers]
     out = [["--hybrid-layer-pattern", hybrid_pattern(m, segments)]]
     out += [a for a in args if a[0] not in _HYBRID_REPLACES]
     window = hybrid_window_list(m)
     if window is not None:
         out.append(["--window-attn-skip-freq", window])
     return out
+
+
+def _stage_args(m: ModelBlock, lo: dict[str, Any], seqlen: int) -> list[list[str]]:
+    """The pipeline's stage split: an uneven one as Megatron-LM states it (--decoder-first/last-pipeline-num-
+    layers, which refuse --num-layers-per-virtual-pipeline-stage: the VPP chunks then by
+    --num-virtual-stages-per-pipeline-rank); an even one with VPP by its layers per virtual stage. A split the
+    plan leaves unstated where the even one does not exist is the one scaleplan costed it with."""
+    first, last = split_of(m, Layout(**lo))
+    if first or last:
+        out = [[flag, str(n)] for flag, n in (("--decoder-first-pipeline-num-layers", first),
+                                              ("--decoder-last-pipeline-num-layers", last)) if n]
+        return out + ([["--num-virtual-stages-per-pipeline-rank", str(lo["vpp"])]] if lo["vpp"] > 1 else [])
+    if lo["vpp"] > 1:
+        return [["--num-layers-per-virtual-pipeline-stage", str(int(layout_shapes(m, Layout(**lo), seqlen).first.chunk_layers))]]
+    return []
 
 
 def _model_args(m: ModelBlock, seqlen: int) -> list[list[str]]:

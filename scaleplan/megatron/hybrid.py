@@ -14,6 +14,7 @@ Never imports torch.
 from __future__ import annotations
 
 from scaleplan.errors import SpecError
+from scaleplan.estimator.shapes import stage_split
 from scaleplan.geometry import is_moe_block
 from scaleplan.specs import ModelBlock
 
@@ -40,11 +41,8 @@ def stage_segments(n_layers: int, pp: int, vpp: int, first: int | None = None, l
     if rest < 0 or (inner > 0 and rest % inner) or (inner == 0 and rest):
         raise SpecError("layout", f"pp={pp} first={first} last={last}", f"stage layer counts adding up to "
                         f"n_layers={n_layers} with the middle stages holding equal counts")
-    per = [rest // inner if inner else 0] * pp
-    if first is not None:
-        per[0] = first
-    if last is not None and pp > 1:
-        per[-1] = last
+    F, M, Ls = (int(x) for x in stage_split(n_layers, pp, first or 0, last or 0))  # the estimator's own split
+    per = [F] + [M] * (pp - 2) + [Ls] if pp > 1 else [n_layers]
     if any(n % vpp for n in per):
         raise SpecError("layout", f"vpp={vpp}", f"a virtual-stage count dividing every stage's layers {per}")
     return [per[r] // vpp for v in range(vpp) for r in range(pp)]

@@ -19,11 +19,12 @@ import numpy as np
 import pandas as pd
 
 from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+from scaleplan.estimator.layout import SPLIT_FIELDS
 from scaleplan.mosaic.search import CHUNK, EVIDENCE_COLUMNS, Envelope, plan_table
 
 #: plan_table's columns (a platform and node count with nothing planned yet has them, all empty)
-PLAN_COLUMNS = ("plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "ep_nodes",
-                "analytic", *EVIDENCE_COLUMNS)
+PLAN_COLUMNS = ("plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, *SPLIT_FIELDS,
+                "ep_nodes", "analytic", *EVIDENCE_COLUMNS)
 
 _BANK: PlanBank | None = None  # inherited by forked workers
 

@@ -35,6 +35,8 @@ class SearchRequest:
     topk: tuple[int, ...] = (1, 2, 4, 6, 8)
     g: tuple[int, ...] = (1, 2, 4, 8)
     mbs: tuple[int, ...] = SEARCH_MBS
+    fold_experts: bool = False  # also the expert meshes folded over TP and CP (PlanConstraints.fold_experts)
+    uneven_stages: bool = False  # also the uneven pipeline splits (PlanConstraints.uneven_stages)
     ckpt: tuple[str, ...] | None = None  # None: every checkpointing mode (scaleplan.specs.CKPT_MODES)
     goodput: float = 1.0
     gbs: int = 1024
@@ -139,7 +141,8 @@ def plan_constraints(r: SearchRequest):
     """The plan search's constraints of ``r`` (micro-batch sizes, checkpointing modes, HBM fraction)."""
     from scaleplan.estimator import PlanConstraints
 
-    return PlanConstraints(mbs=r.mbs, ckpt=r.ckpt or PlanConstraints.ckpt, mem_fraction=r.mem_fraction)
+    return PlanConstraints(mbs=r.mbs, ckpt=r.ckpt or PlanConstraints.ckpt, mem_fraction=r.mem_fraction,
+                           fold_experts=r.fold_experts, uneven_stages=r.uneven_stages)
 
 
 def run_search(r: SearchRequest) -> SearchReport:

@@ -33,6 +33,7 @@ from scaleplan.mosaic.ladder import LadderGrid, enumerate_geometries, geometry_m
 from scaleplan.mosaic.law import PAPER_JOINT_LAW, PAPER_SUPPORT, JointLaw, LawSupport
 from scaleplan.mosaic.uncertainty import candidate_fields
 from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
+from scaleplan.estimator.layout import SPLIT_FIELDS
 
 SECONDS_PER_DAY = 86400.0
 EVIDENCE_COLUMNS = ("analytic_share", "extrapolated_share", "evidence_sigma", "extrapolated_collectives",
@@ -78,6 +79,7 @@ def _plan_row(res, errors) -> dict:
     lay = res.layout
     return {"plan_ok": True, "tokens_per_s": res.tokens_per_s, "mfu_plan": res.mfu,
             "composed_share": res.composed_share, "mem_gb": res.mem_per_device_gb, **{k: lay[k] for k in LAYOUT_FIELDS},
+            **{k: lay.get(k, 0) for k in SPLIT_FIELDS},
             "ep_nodes": int((getattr(res, "chi_inputs", None) or {}).get("ep_nodes", 1)),
             "analytic": ",".join(sorted(k for k, v in res.sources.items() if v == "analytic")), **plan_evidence(res, errors)}
 
@@ -199,9 +201,9 @@ def plan_table(est, geoms: pd.DataFrame, grid: LadderGrid, n_devices: int, env: 
         for lo, hi in chunks:
             rows.extend(_plan_rows(est, models[lo:hi], n_devices, env, constraints, errors))
             step(hi - lo)
-    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, "ep_nodes", "analytic",
-            *EVIDENCE_COLUMNS]
-    ints = {k: "Int64" for k in LAYOUT_FIELDS if k != "ckpt"}
+    cols = ["plan_ok", "tokens_per_s", "mfu_plan", "composed_share", "mem_gb", *LAYOUT_FIELDS, *SPLIT_FIELDS, "ep_nodes",
+            "analytic", *EVIDENCE_COLUMNS]
+    ints = {k: "Int64" for k in (*LAYOUT_FIELDS, *SPLIT_FIELDS) if k != "ckpt"}
     return pd.DataFrame(rows, columns=cols).astype({"plan_ok": bool, "ep_nodes": "Int64", **ints})
 
 
@@ -251,7 +253,8 @@ def row_json(r) -> dict:
             "composed_share": float(r["composed_share"]), "loss": float(r["loss"]),
             "tpp_capped": bool(r["tpp_capped"]), "tokens_per_s": float(r["tokens_per_s"]),
             "mem_per_device_gb": float(r["mem_gb"]),
-            "layout": {k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_FIELDS},
+            "layout": {**{k: (str(r[k]) if k == "ckpt" else int(r[k])) for k in LAYOUT_FIELDS},
+                       **{k: int(r[k]) for k in SPLIT_FIELDS if k in r and r[k] > 0}},
             "extrapolated": extrapolated(r), **_evidence_json(r), **_reach_json(r),
             **(candidate_fields(r) if "p_optimal" in r else {})}
 

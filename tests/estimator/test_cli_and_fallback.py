@@ -15,6 +15,7 @@ from .conftest import moe_spec
 RESULT_KEYS = {"layout", "mfu", "mfu_validation", "hfu", "t_iter_s", "t_analytic_s", "chi_sys", "chi_inputs",
                "tokens_per_s", "mem_per_device_gb", "mem_breakdown_gb", "n_act", "n_tot", "breakdown_s", "sources",
                "feasible", "reason", "warnings", "n_clamped", "composed_share", "mem_allocated_gb", "mem_reserved_gb",
+               "mem_stage",
                "extrapolated_collectives", "geometry", "provenance"}  # the CLI adds the model's geometry and the answer's provenance
 CHI_KEYS = {"t_a2a_s", "ep_nodes", "pp_nodes", "deep_pp_in_node", "gpus_per_node"}
 

@@ -1,9 +1,18 @@
 """ParallelLayout (estimator/layout.py): validity rules, derived degrees, placement in Megatron-Core's rank order."""
+import dataclasses
 import numpy as np
 import pytest
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.model_dims import geometry
-from scaleplan.estimator.layout import RULES, LayoutContext, ParallelLayout, enumerate_grid, layout_text, rule
+from scaleplan.estimator.layout import (
+    RULES,
+    SPLIT_FIELDS,
+    LayoutContext,
+    ParallelLayout,
+    enumerate_grid,
+    layout_text,
+    rule,
+)
 
 from scaleplan.errors import SpecError
 from scaleplan.specs import Layout, parse_spec
@@ -32,20 +41,32 @@ def test_derived_degrees():
 
 def test_each_plan_reports_its_first_broken_rule():
     ok = dict(tp=1, cp=1, pp=2, dp=16, ep=8, mbs=1)
-    cases = [({}, None), ({"dp": 8}, "mesh_not_dividing_devices"), ({"ep": 32}, "ep_not_dividing_dp"),
-             ({"mbs": 3}, "gbs_not_divisible"), ({"pp": 32, "dp": 1, "ep": 1}, "layers_not_divisible_by_pp_vpp"),
+    cases = [({}, None), ({"dp": 8}, "mesh_not_dividing_devices"), ({"ep": 32}, "expert_mesh_not_folding"),
+             ({"tp": 2, "dp": 8, "ep": 16}, None),  # EP 16 over TP 2 x DP 8: folded, EP need not divide DP
+             ({"mbs": 3}, "gbs_not_divisible"), ({"pp": 32, "dp": 1, "ep": 1}, "layers_not_split_over_stages"),
              ({"pp": 1, "dp": 32, "vpp": 2}, "vpp_needs_pp"), ({"tp": 32, "dp": 1, "pp": 1, "ep": 1},
-                                                                "heads_not_divisible_by_tp")]
+                                                                "heads_not_divisible_by_tp"),
+             ({"pp": 1, "dp": 32, "decoder_first_pipeline_num_layers": 4}, "stage_layers_need_pp"),
+             ({"pp": 4, "dp": 8, "decoder_first_pipeline_num_layers": 5}, "stage_layers_not_adding_up"),
+             ({"pp": 4, "dp": 8, "decoder_first_pipeline_num_layers": 2, "decoder_last_pipeline_num_layers": 2}, None),
+             ({"pp": 4, "dp": 8, "vpp": 2, "decoder_first_pipeline_num_layers": 3, "decoder_last_pipeline_num_layers": 3},
+              "layers_not_split_over_stages")]  # 3 layers in 2 chunks
     for change, want in cases:
         lay = ParallelLayout.of(**{**ok, **change})
         assert lay.reasons(_ctx())[0] == want, change
+    # the paper's P_disc (an enumeration not asked to fold): EP within DP, ETP within TP
+    paper = dataclasses.replace(_ctx(), fold_experts=False)
+    for change, want in [({"tp": 2, "dp": 8, "ep": 16}, "ep_not_dividing_dp"), ({"etp": 2}, "etp_not_dividing_tp"),
+                         ({"tp": 2, "dp": 8, "etp": 2}, None)]:
+        assert ParallelLayout.of(**{**ok, **change}).reasons(paper)[0] == want, change
+        assert ParallelLayout.of(**{**ok, **change}).reasons(_ctx())[0] is None, change  # folded
 
 
 def test_a_users_layout_gets_a_one_line_error_naming_the_field():
     lay = ParallelLayout.from_specs([Layout(pp=2, ep=32, dp=16)], 32)
     with pytest.raises(SpecError) as e:
         lay.validate(_ctx())
-    assert "layout ep" in str(e.value) and "dp=16" in str(e.value)
+    assert "layout ep" in str(e.value) and "tp*cp*dp = 16" in str(e.value)
     with pytest.raises(SpecError) as e:
         ParallelLayout.of(tp=2, dp=2).validate(_ctx())
     assert "2*1*1*2" in str(e.value) and "32" in str(e.value)
@@ -64,7 +85,7 @@ def test_adding_a_rule_is_one_function(monkeypatch):
 
 def test_enumeration_counts_every_combination_once():
     axes = {"tp": [1, 2, 3], "cp": [1], "pp": [1, 2], "ep": [1, 8], "etp": [1], "vpp": [1], "mbs": [1, 3],
-            "ckpt": [3]}
+            "ckpt": [3], **dict.fromkeys(SPLIT_FIELDS, [0])}
     valid, counts, total = enumerate_grid(axes, _ctx())
     assert total == 3 * 2 * 2 * 2
     assert total == len(valid) + sum(counts.values())
@@ -79,7 +100,7 @@ def test_enumeration_is_every_rule_on_every_combination():
     from scaleplan.geometry import ladder_model
 
     axes = {"tp": [1, 2, 4, 8], "cp": [1, 2, 4], "pp": [1, 2, 3, 4, 8], "ep": [1, 2, 4, 8, 16], "etp": [1, 2],
-            "vpp": [1, 2], "mbs": [1, 2, 4], "ckpt": [0, 3]}
+            "vpp": [1, 2], "mbs": [1, 2, 4], "ckpt": [0, 3], **dict.fromkeys(SPLIT_FIELDS, [0])}
     for model in (ladder_model(8, 16, 1, 1), ladder_model(12, 32, 2, 4), ladder_model(10, 6, 2, 2)):
         ctx = LayoutContext(geometry(model), 64, 256, 8192)
         names = [f for f in ParallelLayout.__dataclass_fields__ if f != "dp"]

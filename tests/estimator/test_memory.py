@@ -126,3 +126,25 @@ def test_moe_blocks_save_what_megatron_core_saves(ckpt):
     # (same in both) plus one MoE block's whole activations while it is recomputed
     expect = per_block if ckpt == "full" else (L - 1) * per_block + (2 * T * dff if act else 0)
     assert ref - mcore == pytest.approx(expect, rel=1e-9)
+
+
+def test_a_deep_pipeline_is_worst_on_its_second_stage():
+    """The 700M model (16 blocks, block 0 dense) over PP 16, one block a stage: the first stage keeps 16
+    micro-batches of its dense block in flight, stage 1 keeps 15 of its MoE block (1F1B's warm-up: PP - s),
+    which weigh more whenever an MoE block saves more than 16/15 of a dense one (a 32k vocabulary: the last
+    stage's one micro-batch and logits weigh less)."""
+    from scaleplan.estimator.memory import STAGES, act_bytes, moe_layer_activation_bytes
+    from scaleplan.specs import parse_spec
+
+    from .conftest import moe_spec
+
+    spec = parse_spec(moe_spec(model={**moe_spec()["model"], "vocab_sz": 32000}))
+    g = geometry(spec.model)
+    pl = ParallelLayout.from_specs([Layout(pp=16, dp=2, ep=2, mbs=1, ckpt="none")], 32)
+    mem = memory_breakdown(g, pl, gbs=256, seqlen=8192, optimizer="adamw")
+    a, none = act_bytes(g.precision), np.array([0])
+    moe = float(moe_layer_activation_bytes(8192, 1, g, 1, 1, none, a, mcore=True)[0])
+    dense = float(dense_block_bytes(8192, 1, g, 1, none, a, mcore=True)[0])
+    assert moe > 16 / 15 * dense and STAGES[int(mem.stage[0])] == "middle"
+    assert float(mem["activations"][0]) == pytest.approx(15 * moe, rel=1e-12)  # no recompute peak, no logits
+    assert float(mem["logits"][0]) == 0.0

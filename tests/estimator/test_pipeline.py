@@ -218,3 +218,18 @@ def test_the_model_exposes_the_lm_head_backward_only_under_full_recompute(pp):
         vocab = est.estimate(spec, 32, [lay])[0].breakdown_s["vocab"]
         expect = (n_mb + pp - 1) * (float(k.t_last_f[0]) + with_bwd * float(k.t_last_b[0]))
         assert vocab == pytest.approx(expect, rel=1e-9), ckpt
+
+
+def test_uneven_stages_pace_on_the_slowest():
+    """Uneven stages (the first and last lighter, three middle stages of 30, 30 and 40 ms): the period is the
+    slowest stage's, 40 ms, whichever stage it is; every one of the PP - 1 fill and drain slots lasts it."""
+    z = np.array(0.0)
+    work = lambda t: StageWork(np.array(t), z)  # noqa: E731  (GPU-bound: no host time)
+    middle = Middle(np.array(3), work(30e-3), work(40e-3), work(100e-3 / 3))
+    st = _stage_periods(np.array(5), work(20e-3), middle, work(25e-3), Vocab())
+    assert float(st.period) == pytest.approx(40e-3) and float(st.ramp) == pytest.approx(4 * 40e-3)
+    assert float(st.period_disp) == pytest.approx(40e-3)
+    # a lighter middle leaves the last stage (with its LM head) the pacing one
+    light = Middle(np.array(3), work(10e-3), work(10e-3), work(10e-3))
+    assert float(_stage_periods(np.array(5), work(20e-3), light, work(25e-3), Vocab(0.0, 5e-3)).period) == \
+        pytest.approx(30e-3)

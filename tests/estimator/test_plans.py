@@ -14,14 +14,23 @@ from .conftest import moe_spec
 
 def test_enumerated_plans_satisfy_p_disc():
     g = geometry(ladder_model(8, 128, 3, 4))
-    c = PlanConstraints(vpp=(1, 2), etp=(1, 2))
+    c = PlanConstraints(vpp=(1, 2), etp=(1, 2), fold_experts=True)
     pl, counts, total = enumerate_plans(g, 512, 2048, c, seqlen=8192)
     tp, cp, pp, dp, ep, etp, vpp, mbs = (getattr(pl, f) for f in ("tp", "cp", "pp", "dp", "ep", "etp", "vpp", "mbs"))
     assert np.all(tp * cp * pp * dp == 512)
-    assert np.all(dp % ep == 0) and np.all(g.E % ep == 0)
-    assert np.all(2048 % (dp * mbs) == 0) and np.all(g.L % (pp * vpp) == 0)
+    assert np.all((tp * cp * dp) % (ep * etp) == 0) and np.all(g.E % ep == 0)  # the expert mesh folds over the stage
+    assert np.any(dp % ep != 0) and np.any(tp % etp != 0)  # EP need not divide DP, ETP TP (folding, asked for)
+    paper = enumerate_plans(g, 512, 2048, PlanConstraints(vpp=(1, 2), etp=(1, 2)), seqlen=8192)[0]
+    assert np.all(paper.dp % paper.ep == 0) and np.all(paper.tp % paper.etp == 0)  # the paper's P_disc by default
+    assert 0 < len(paper) < len(pl)
+    first, last = pl.decoder_first_pipeline_num_layers, pl.decoder_last_pipeline_num_layers
+    even = (first == 0) & (last == 0)
+    assert np.all(2048 % (dp * mbs) == 0) and np.all(np.where(even, g.L % (pp * vpp), 0) == 0)
+    # an uneven split where the even one does not exist: first and last a multiple of VPP, the rest even
+    middle = (g.L - first - last) / np.maximum(pp - 2, 1)
+    assert np.all(even | ((first % vpp == 0) & (last % vpp == 0) & (middle % vpp == 0) & (first <= middle)))
     assert np.all(g.nq % tp == 0) and np.all((g.nkv % tp == 0) | (tp % g.nkv == 0))
-    assert np.all(tp % etp == 0) and np.all((vpp == 1) | (pp > 1)) and np.all(tp <= 8)
+    assert np.all(g.dexp % etp == 0) and np.all((vpp == 1) | (pp > 1)) and np.all(tp <= 8)
     assert total == len(pl) + sum(counts.values())
     assert len(np.unique(np.stack([tp, cp, pp, ep, etp, vpp, mbs, pl.ckpt], 1), axis=0)) == len(pl)
 

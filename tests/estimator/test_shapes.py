@@ -84,22 +84,34 @@ def test_stage_blocks_follow_the_moe_layer_pattern():
 def test_the_closed_form_of_the_common_case_is_the_stage_count(lead):
     """Where the dense blocks fit in stage 0's first chunk (nearly every plan a search meets) the record
     counts in closed form: the same numbers as counting every stage's chunks (shapes.stage_counts)."""
+    g = _model(16, lead)
+    even = ParallelLayout.of(pp=np.array([1, 2, 4, 8, 16]), vpp=np.array([1, 2, 2, 2, 1]), dp=2)
+    uneven = ParallelLayout.of(pp=np.array([2, 4, 4, 6, 3]), vpp=np.array([1, 2, 1, 1, 1]), dp=2,
+                               decoder_first_pipeline_num_layers=[10, 2, 0, 1, 4],
+                               decoder_last_pipeline_num_layers=[6, 2, 4, 3, 0])
+    for lay in (even, uneven):
+        _closed_form_is_the_count(g, lay)
+
+
+def _closed_form_is_the_count(g, lay):
     from dataclasses import fields
 
-    from scaleplan.estimator.shapes import StageCounts, stage_counts
+    from scaleplan.estimator.shapes import StageCounts, _chunk_moe, _stage_layers, stage_counts
 
-    g = _model(16, lead)
-    lay = ParallelLayout.of(pp=np.array([1, 2, 4, 8, 16]), vpp=np.array([1, 2, 2, 2, 1]), dp=2)
     sh = plan_shapes(g, lay, 4096, 64)
     pp, mid = lay.pp.astype(float), lay.pp > 2
     want = {"first": 0.0 * pp, "last": pp - 1, "middle_lo": np.where(mid, 1, pp - 1),
             "middle_hi": np.where(mid, pp - 2, pp - 1)}
+    F, M, Ls = _stage_layers(g, lay)
     for name, s in want.items():
         got, count = getattr(sh, name), stage_counts(g, lay, s)
+        chunk = count.n_layers / lay.vpp  # each chunk's blocks counted one by one (the general count)
+        assert np.array_equal(count.n_moe, _chunk_moe(g, lay, np.asarray(s, float), (F, M, Ls), chunk)), name
         for f in fields(StageCounts):
             if f.name not in ("has_embedding", "has_head") or name in ("first", "last"):
                 assert np.array_equal(getattr(got, f.name), getattr(count, f.name)), (name, f.name)
-    every = [stage_counts(g, lay, np.full(5, float(s))).n_moe for s in range(16)]
+    every = [_chunk_moe(g, lay, np.full(len(lay), float(s)), (F, M, Ls), stage_counts(g, lay, s).n_layers / lay.vpp)
+             for s in range(16)]
     for p, n in enumerate(lay.pp):  # the mean middle stage: stages 1 .. PP - 2 counted one by one
         if n > 2:
             assert sh.middle.n_moe[p] == np.mean([every[s][p] for s in range(1, n - 1)])
