@@ -151,7 +151,7 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | 
 # per-layer window list (over GPT blocks there, over hybrid layers in the pattern's run)
 _HYBRID_REPLACES = {"--num-layers", "--moe-layer-freq", "--num-layers-per-virtual-pipeline-stage",
                     "--mtp-num-layers", "--window-attn-skip-freq", "--decoder-first-pipeline-num-layers",
-                    "--decoder-last-pipeline-num-layers"}
+                    "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank"}
 
 
 def to_hybrid(m: ModelBlock, lo: dict[str, Any], args: list[list[str]]) -> list[list[str]]:

@@ -106,6 +106,22 @@ def read_pattern(text: str, where: str) -> dict:
             "segments": segments}
 
 
+def split_of_segments(segments: list[int], pp: int, where: str) -> tuple[int, int]:
+    """(first, last) stage layers a pattern's ``|`` segments state ((0, 0) for an even split): stage r holds the
+    segments k with k mod PP = r. Raises SpecError (one line) when the
+    segments do not number PP x VPP or the middle stages differ (what Megatron-Core's uneven split cannot state)."""
+    if len(segments) == 1 or pp == 1:
+        return 0, 0
+    if len(segments) % pp:
+        raise SpecError(f"{where}: hybrid_layer_pattern", f"{len(segments)} segments", f"a multiple of PP {pp}")
+    stages = [sum(segments[k] for k in range(r, len(segments), pp)) for r in range(pp)]
+    middle = set(stages[1:-1])
+    if len(middle) > 1:
+        raise SpecError(f"{where}: hybrid_layer_pattern", stages, "equal middle stages (uneven first/last only)")
+    # an uneven split states both end stages (as scaleplan's own split does); an even one neither
+    return (0, 0) if len(set(stages)) == 1 else (stages[0], stages[-1])
+
+
 def block_window_list(hybrid_list: list, n_blocks: int) -> list[int]:
     """A hybrid run's --window-attn-skip-freq list read at each GPT block's attention layer (positions 0, 2, ...)."""
     return [int(hybrid_list[2 * i]) for i in range(n_blocks)]

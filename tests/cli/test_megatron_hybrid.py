@@ -13,7 +13,8 @@ import pytest
 
 from scaleplan import catalogue
 from scaleplan.megatron.hybrid import even_segments, hybrid_pattern, read_pattern
-from scaleplan.specs import parse_layout, parse_spec
+from scaleplan.estimator.shapes import split_of
+from scaleplan.specs import Layout, parse_layout, parse_spec
 
 from . import mlm
 from .test_megatron_log import _log_of
@@ -30,8 +31,7 @@ def _no_transformer_engine(monkeypatch):
     monkeypatch.setattr(rope, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
 
 
-# (catalogue model, devices, layout): layouts whose stages split the blocks evenly
-GRID = [
+GRID = [  # (catalogue model, devices, layout)
     ("deepseek-v3", 64, "tp=1,pp=1,ep=64,ckpt=full"),
     ("kimi-k2", 128, "tp=2,pp=1,ep=64,ckpt=selective"),
     ("qwen3-235b-a22b", 64, "tp=2,pp=2,ep=16,ckpt=full"),
@@ -42,6 +42,10 @@ GRID = [
     ("mixtral-8x7b", 16, "tp=2,pp=2,ep=4,ckpt=full"),
     ("olmoe-1b-7b", 8, "tp=1,pp=2,ep=4,ckpt=none"),
     ("moe-18b", 256, "tp=1,pp=4,vpp=3,ep=16,ckpt=full"),
+    # uneven stages (the split scaleplan costs them with) and an expert mesh folded over TP x DP
+    ("deepseek-v3", 256, "tp=1,pp=16,ep=8,ckpt=full"),
+    ("qwen3-235b-a22b", 64, "tp=1,pp=8,vpp=2,ep=8,ckpt=full"),
+    ("qwen3-235b-a22b", 256, "tp=2,pp=8,ep=32,ckpt=full"),
 ]
 
 
@@ -67,6 +71,10 @@ def test_megatron_accepts_todays_models(name, n, layout, hybrid):
     assert cfg.num_layers == (2 * m.n_layers if hybrid else m.n_layers)
     assert (cfg.virtual_pipeline_model_parallel_size or 1) == lo["vpp"]
     assert (cfg.mtp_num_layers or 0) == m.mtp_layers
+    first, last = split_of(m, Layout(**lo))
+    if not hybrid:  # the hybrid form states the split in its segments (test_uneven_stages_read_back)
+        assert (cfg.num_layers_in_first_pipeline_stage or 0, cfg.num_layers_in_last_pipeline_stage or 0) == \
+            (first, last)
     assert cfg.multi_latent_attention is (m.mla is not None)
     if m.mla is not None:
         assert type(cfg).__name__ == "MLATransformerConfig"
@@ -100,6 +108,9 @@ def test_a_log_of_the_run_reads_back_the_spec_and_layout(tmp_path, name, n, layo
     assert back.model == want and world == n
     assert {k: lay[k] for k in ("tp", "pp", "vpp", "ep", "etp", "ckpt")} == \
         {k: lo[k] for k in ("tp", "pp", "vpp", "ep", "etp", "ckpt")}
+    # the stage split the arguments (or the hybrid pattern's segments) state: the one it was costed with
+    split = split_of(spec.model, Layout(**lo))
+    assert (lay.get("decoder_first_pipeline_num_layers", 0), lay.get("decoder_last_pipeline_num_layers", 0)) == split
 
 
 def test_hybrid_segments_are_the_interleaved_chunks():
@@ -177,3 +188,14 @@ def test_uneven_stages_segment_as_megatron_core_builds_them():
         stage_segments(61, 16, 1, first=3)  # 58 over 15 stages
     with pytest.raises(SpecError, match="virtual-stage count"):
         stage_segments(94, 8, 2, first=11, last=11)  # 72 over 6 middle stages, 12 each; 11 is odd over VP 2
+
+
+def test_a_patterns_segments_give_the_stage_split():
+    from scaleplan.errors import SpecError
+    from scaleplan.megatron.hybrid import split_of_segments, stage_segments
+
+    assert split_of_segments(stage_segments(94, 8, 2, first=12, last=10), 8, "log") == (12, 10)
+    assert split_of_segments(stage_segments(61, 16, 1, first=3, last=2), 16, "log") == (3, 2)
+    assert split_of_segments(stage_segments(96, 8, 2), 8, "log") == (0, 0)
+    with pytest.raises(SpecError, match="equal middle stages"):
+        split_of_segments([4, 5, 6, 4], 4, "log")
