@@ -30,11 +30,12 @@ def _model(**over):
     return parse_spec({"model": {**MLA, **over}}).model
 
 
-def _ctx(model, layout: Layout, n: int, seqlen=1024, gbs=64, db=None):
-    """An evaluation context on the B200 profile without tables (analytic everywhere) or with ``db``'s."""
+def _ctx(model, layout: Layout, n: int, db: str, seqlen=1024, gbs=64):
+    """An evaluation context on the B200 profile from ``db``'s tables, without calibration (an empty database:
+    analytic everywhere). Never the default database: what the user or another run left there would change it."""
     from scaleplan.estimator.api import Estimator
 
-    est = Estimator("p6-b200.48xlarge", db_url=db)
+    est = Estimator("p6-b200.48xlarge", db_url=db, use_calibration=False)
     lay = ParallelLayout.from_specs([layout], n)
     g = geometry(model)
     return est.model.context(g, lay, seqlen, gbs), g, lay
@@ -56,31 +57,31 @@ def test_sdpa_of_mla_heads_and_of_a_window_is_composed_and_labelled(recorded_db)
     import copy
 
     lo = Layout(tp=1, ep=8)
-    mla, g, _ = _ctx(_model(), lo, 8, seqlen=4096, db=recorded_db)
+    mla, g, _ = _ctx(_model(), lo, 8, recorded_db, seqlen=4096)
     flat = copy.deepcopy(MLA)
     flat.update(head_dim=32, qk_norm=False, mla={**MLA["mla"], "qk_rope_head_dim": 16})
     ref, _, _ = _ctx(_model(head_dim=32, mla={**MLA["mla"], "qk_rope_head_dim": 16, "v_head_dim": 32}), lo, 8,
-                     seqlen=4096, db=recorded_db)
+                     recorded_db, seqlen=4096)
     (f, b), (f0, b0) = sdpa_times(mla), sdpa_times(ref)
     assert f == pytest.approx(f0 * (48 + 32) / 64) and b == pytest.approx(b0 * (48 + 32) / 64)
     assert mla.rec.src["sdpa"][0] >= COMPOSED and any("q/k heads 48 wide" in n for n in mla.rec.notes)
 
     oss = parse_spec(catalogue.spec_data("gpt-oss-20b")).model
     full = oss.model_copy(update={"sliding_window": None})
-    w, _, _ = _ctx(oss, Layout(tp=1, ep=8), 8, seqlen=4096, db=recorded_db)
-    c, _, _ = _ctx(full, Layout(tp=1, ep=8), 8, seqlen=4096, db=recorded_db)
+    w, _, _ = _ctx(oss, Layout(tp=1, ep=8), 8, recorded_db, seqlen=4096)
+    c, _, _ = _ctx(full, Layout(tp=1, ep=8), 8, recorded_db, seqlen=4096)
     (fw, _), (fc, _) = sdpa_times(w), sdpa_times(c)
     assert fw == pytest.approx(fc * (0.5 + 0.5 * 63 / 528))
     assert w.rec.src["sdpa"][0] >= COMPOSED and any("sliding window of 128" in n for n in w.rec.notes)
 
 
-def test_mla_projections_are_megatron_cores_gemms():
+def test_mla_projections_are_megatron_cores_gemms(sqlite_url):
     """MLA at TP 2, sequence parallel, no tables (the roofline per GEMM): the duplicated down-projections on the
     rank's T/2 tokens, the column-parallel up-projections on all T tokens over 4 of the 8 heads, the output
     projection over the 4 heads' 32-wide values; forward and dgrad + wgrad backward."""
     from scaleplan.estimator.kernels import layer_kernels
 
-    ctx, g, lay = _ctx(_model(), Layout(tp=2, ep=4), 8, seqlen=1024)
+    ctx, g, lay = _ctx(_model(), Layout(tp=2, ep=4), 8, sqlite_url, seqlen=1024)
     k = layer_kernels(ctx)
     T, Tsp, peak, hbm = 1024.0, 512.0, ctx.peak, ctx.hbm
     gemms = [(Tsp, 64, 256), (T, 4 * 48, 64), (Tsp, 32 + 16, 256), (T, 4 * (48 - 16 + 32), 32), (T, 256, 4 * 32)]
@@ -147,7 +148,7 @@ def test_a_sliding_window_saves_what_full_attention_saves():
     assert a["activations"][0] == b["activations"][0]
 
 
-def test_small_kernels_of_qk_norms_and_bias_gradients():
+def test_small_kernels_of_qk_norms_and_bias_gradients(sqlite_url):
     """Qwen3's per-head q/k norms over a rank's heads, and GPT-OSS's bias gradients, as bytes through HBM: the
     element-wise time grows by exactly their bytes (read + write forward, twice backward; one read of each biased
     output's gradient)."""
@@ -155,29 +156,29 @@ def test_small_kernels_of_qk_norms_and_bias_gradients():
 
     q3 = parse_spec(catalogue.spec_data("qwen3-30b-a3b")).model
     lo = Layout(tp=2, ep=8)
-    c1, g1, _ = _ctx(q3, lo, 16, seqlen=2048)
-    c0, _, _ = _ctx(q3.model_copy(update={"qk_norm": False}), lo, 16, seqlen=2048)
+    c1, g1, _ = _ctx(q3, lo, 16, sqlite_url, seqlen=2048)
+    c0, _, _ = _ctx(q3.model_copy(update={"qk_norm": False}), lo, 16, sqlite_url, seqlen=2048)
     k1, k0 = layer_kernels(c1), layer_kernels(c0)
     T = 2048.0
     norm = an.memory_time(2 * 2.0 * T * (32 + 4) * 128 / 2, c1.hbm)
     assert k1.ew_f[0] - k0.ew_f[0] == pytest.approx(norm) and k1.ew_b[0] - k0.ew_b[0] == pytest.approx(2 * norm)
 
     oss = parse_spec(catalogue.spec_data("gpt-oss-20b")).model
-    c1, g, _ = _ctx(oss, Layout(tp=2, ep=4), 8, seqlen=2048)
-    c0, _, _ = _ctx(oss.model_copy(update={"linear_bias": "none"}), Layout(tp=2, ep=4), 8, seqlen=2048)
+    c1, g, _ = _ctx(oss, Layout(tp=2, ep=4), 8, sqlite_url, seqlen=2048)
+    c0, _, _ = _ctx(oss.model_copy(update={"linear_bias": "none"}), Layout(tp=2, ep=4), 8, sqlite_url, seqlen=2048)
     k1, k0 = layer_kernels(c1), layer_kernels(c0)
     cols = (64 * 64 + 2 * 8 * 64) / 2 + 2880 + 2 * 2880 / 2 + 2880  # QKV per rank; O; the dense MLP fc1, fc2
     assert k1.ew_b[0] - k0.ew_b[0] == pytest.approx(an.memory_time(2.0 * T * cols, c1.hbm))
     assert k1.ew_f[0] == k0.ew_f[0]
 
 
-def test_layouts_rank_todays_models():
+def test_layouts_rank_todays_models(sqlite_url):
     """`layouts` ranks every catalogue model of today's families on 64 B200 (no tables: analytic) without error,
     and keeps GPT-OSS at ETP 1 (its biased experts)."""
     from scaleplan.estimator import PlanConstraints
     from scaleplan.estimator.api import Estimator
 
-    est = Estimator("p6-b200.48xlarge")
+    est = Estimator("p6-b200.48xlarge", db_url=sqlite_url, use_calibration=False)
     for name in ("gpt-oss-120b", "qwen3-30b-a3b", "mixtral-8x7b"):
         spec = parse_spec(catalogue.spec_data(name))
         res = est.layouts(spec, 64, PlanConstraints(mbs=(1,), ckpt=("full",)), top=5)
