@@ -198,6 +198,9 @@ def stage_split(L: ArrayLike, pp: ArrayLike, first: ArrayLike = 0,
     among them); L / PP each where neither is stated. One stage holds them all."""
     L, pp = np.asarray(L, dtype=float), np.asarray(pp, dtype=float)
     first, last = np.asarray(first, dtype=float), np.asarray(last, dtype=float)
+    if not (first.any() or last.any()):  # the even split (most plans)
+        even = np.broadcast_to(L / pp, np.broadcast_shapes(L.shape, pp.shape, first.shape, last.shape))
+        return even, even, even
     shared = pp - (first > 0) - (last > 0)  # the stages that split the rest evenly
     per = np.where(shared > 0, (L - first - last) / np.maximum(shared, 1.0), 0.0)
     F, Ls = np.where(first > 0, first, per), np.where(last > 0, last, per)

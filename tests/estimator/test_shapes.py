@@ -115,3 +115,20 @@ def _closed_form_is_the_count(g, lay):
     for p, n in enumerate(lay.pp):  # the mean middle stage: stages 1 .. PP - 2 counted one by one
         if n > 2:
             assert sh.middle.n_moe[p] == np.mean([every[s][p] for s in range(1, n - 1)])
+
+
+def test_the_even_split_is_the_stated_even_split():
+    """stage_split's even split (neither end stage stated) gives every stage L / PP layers, one stage all of
+    them: the same (first, middle, last) as stating one end stage at L / PP, which the general path counts."""
+    from scaleplan.estimator.shapes import stage_split
+
+    L, pp = np.array([16, 16, 16, 16, 81, 61]), np.array([1, 2, 4, 16, 3, 1])
+    per, none = np.where(pp > 1, L / pp, 0), np.zeros(6)
+    for stated in (stage_split(L, pp, per, none), stage_split(L, pp, none, per)):
+        for got, want in zip(stage_split(L, pp), stated):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert np.array_equal(got, want)
+            assert np.array_equal(got, np.array([16, 8, 4, 1, 27, 61]))  # layers per stage, by hand
+    F, M, Ls = stage_split(L, pp, none, np.array([0, 0, 0, 0, 25, 0]))  # an uneven last stage
+    assert (F[4], M[4], Ls[4]) == (28, 28, 25)
+    assert [float(x) for x in stage_split(16, 4)] == [4.0, 4.0, 4.0]  # scalars (the hybrid emitter's call)
