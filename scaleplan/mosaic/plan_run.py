@@ -301,8 +301,9 @@ def platform_json(ctx: Context, name: str, pts: dict, fwd: dict) -> dict:
 
 def _missing(ctx: Context, key) -> dict:
     cap = ctx.window(key)
+    at = "" if ctx.r.confidence is None else f" in {ctx.r.confidence:.0%} of the draws"
     why = (f"none within the constraints ({cap:.4g} days)" if np.isfinite(cap) else
-           "no geometry reaches it here (memory, or the law within --tpp-max)")
+           f"no geometry reaches it here (memory, or the law within --tpp-max{at})")
     return {"profile": key[0], "nodes": key[1], "n_devices": ctx.n_dev(key), "days": None,
             "eta_good": float(ctx.eta[key]), "why": why}
 
