@@ -2,7 +2,8 @@
 PP 8 x VPP 2 on 64 B200, DeepSeek-V3's 61 over PP 16 on 256 B200) and the expert mesh folded over TP x DP (Qwen3
 at TP 2, DP 16, EP 32 on 256 H100: EP 32 does not divide DP 16). Each estimates with a breakdown, states the
 split it was costed with, and its --emit megatron text is one megatron-core's TransformerConfig accepts (the
-split counted by hand from Megatron-Core's get_num_layers_to_build rule)."""
+split counted by hand from Megatron-Core's get_num_layers_to_build rule); `layouts` ranks each among its feasible
+plans, and the arguments of its plan #1 pass megatron-core's checks too."""
 from __future__ import annotations
 
 import pytest
@@ -94,3 +95,42 @@ def test_a_split_that_does_not_add_up_is_one_line(recorded_db, run, layout, fiel
     code, _, err = run("estimate", "qwen3-235b-a22b", "--devices", 64, "--profile", "p6-b200.48xlarge", "--layout",
                        f"tp=1,ep=8,{layout}", "--db", recorded_db)
     assert code == 2 and len(err.strip().splitlines()) == 1 and f"--layout {field}" in err, err
+
+
+SEARCHES = [  # the layout search of each case: (model, devices, profile, the options that reach its layout, the case)
+    ("deepseek-v3", 256, "p6-b200.48xlarge", ("--uneven-stages", "--vpp", "1", "--max-tp", 1), CASES[2]),
+    ("qwen3-235b-a22b", 64, "p6-b200.48xlarge", ("--uneven-stages", "--vpp", "1,2", "--max-tp", 1), CASES[0]),
+    ("qwen3-235b-a22b", 256, "p5.48xlarge", ("--fold-experts", "--uneven-stages", "--vpp", "1", "--max-tp", 2),
+     CASES[1]),
+]
+
+
+def _degrees(layout: str) -> dict[str, int]:
+    return {k: int(v) for k, v in (kv.split("=") for kv in layout.split(","))}
+
+
+@pytest.mark.parametrize("model,n,profile,opts,case", SEARCHES, ids=[f"{s[0]} on {s[1]}" for s in SEARCHES])
+def test_the_layout_search_ranks_each_case_and_megatron_accepts_its_pick(recorded_db, run_json, monkeypatch, model,
+                                                                        n, profile, opts, case):
+    """`layouts` ranks the issue's layout of each case (with the split counted by hand in CASES) among the feasible
+    plans, and the Megatron-LM arguments of its plan #1 (--emit megatron) pass megatron-core's own checks with the
+    plan's degrees and stage split."""
+    doc = run_json("layouts", model, "--devices", n, "--profile", profile, *opts, "--mbs", 1, "--ckpt", "full",
+                   "--top", 1000, "--db", recorded_db, "--emit", "megatron")
+    want, split = _degrees(case[3]), case[4]
+    hits = [r["layout"] for r in doc["ranked"] if all(r["layout"][k] == v for k, v in want.items())]
+    assert [(lo["decoder_first_pipeline_num_layers"], lo["decoder_last_pipeline_num_layers"]) for lo in hits] == \
+        [split] * len(hits) and hits
+    pytest.importorskip("megatron.core.transformer.transformer_config")
+    import megatron.core.models.common.embeddings.rope_utils as rope
+    import megatron.core.transformer.transformer_config as tc
+
+    monkeypatch.setattr(tc, "is_te_min_version", lambda *a, **k: True)
+    monkeypatch.setattr(rope, "fused_apply_rotary_pos_emb", lambda *a, **k: None)
+    ns, _ = mlm.parse(mlm.argv(doc["megatron_args"]))
+    mlm.validate(ns, n)
+    cfg, best = mlm.transformer_config(ns), doc["best"]["layout"]
+    assert (cfg.pipeline_model_parallel_size, cfg.expert_model_parallel_size, cfg.tensor_model_parallel_size) == \
+        (best["pp"], best["ep"], best["tp"])
+    assert (cfg.num_layers_in_first_pipeline_stage, cfg.num_layers_in_last_pipeline_stage) == \
+        (best.get("decoder_first_pipeline_num_layers"), best.get("decoder_last_pipeline_num_layers"))
