@@ -359,9 +359,10 @@ def _split_adds_up(lo, c):
 
 
 @rule("layers_not_split_over_stages", "pp", "pp*vpp chunks splitting n_layers={n_layers}: evenly, or with "
-      "decoder_first/last_pipeline_num_layers (each stage's layers a multiple of vpp)")
+      "decoder_first/last_pipeline_num_layers (each stage's layers a multiple of vpp, or one fewer than the "
+      "middle stages' as Megatron-LM's --account-for-embedding/loss-in-pipeline-split builds them)")
 def _layers(lo, c):
-    from scaleplan.estimator.shapes import auto_split, stage_split
+    from scaleplan.estimator.shapes import accounted_ends, auto_split, stage_split
 
     first, last = lo.decoder_first_pipeline_num_layers, lo.decoder_last_pipeline_num_layers
     stated = (first > 0) | (last > 0)
@@ -372,6 +373,7 @@ def _layers(lo, c):
         pp, vpp, f, la = lo.pp[rest], lo.vpp[rest], first[rest], last[rest]
         F, M, Ls = stage_split(L, pp, f, la)
         chunks = (F % vpp == 0) & (Ls % vpp == 0) & ((pp <= 2) | (M % vpp == 0))
+        chunks |= np.logical_or(*accounted_ends(L, pp, vpp, f, la))
         ok = ok.copy()
         ok[rest] = np.where(stated[rest], chunks, auto_split(L, pp, vpp)[0] > 0)
     return ok

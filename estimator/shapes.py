@@ -207,6 +207,25 @@ def stage_split(L: ArrayLike, pp: ArrayLike, first: ArrayLike = 0,
     return np.where(pp == 1, L, F), np.where(pp == 1, L, per), np.where(pp == 1, L, Ls)
 
 
+def accounted_ends(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike, first: ArrayLike,
+                   last: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """(embedding, loss) bool arrays: where a stated split is the one Megatron-Core builds with
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split`` and interleaving,
+    which the first / last stage counts cannot state (they are not multiples of VPP). Those flags count the
+    embedding and the loss as one layer each: every stage holds M = (L + e + l) / PP layers, M a multiple of VPP,
+    the first (last) stage's first (last) chunk one decoder layer fewer (transformer_block.get_num_layers_to_build),
+    so the first stage holds M - e decoder layers and the last M - l."""
+    L, pp, vpp, first, last = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (L, pp, vpp, first, last)))
+    F, _, Ls = stage_split(L, pp, first, last)
+    emb, loss = np.zeros(L.shape, dtype=bool), np.zeros(L.shape, dtype=bool)
+    need = (pp > 1) & (vpp > 1) & ((first > 0) | (last > 0)) & ((F % vpp != 0) | (Ls % vpp != 0))
+    for e, lo in ((1, 0), (0, 1), (1, 1)):
+        M = (L + e + lo) // np.maximum(pp, 1)
+        ok = need & ((L + e + lo) % np.maximum(pp, 1) == 0) & (M % vpp == 0) & (F == M - e) & (Ls == M - lo)
+        emb, loss = emb | (ok & (e == 1)), loss | (ok & (lo == 1))
+    return emb, loss
+
+
 def auto_split(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """(first, last) stage layers for a plan whose ``pp`` x ``vpp`` chunks cannot split ``L`` layers evenly
     (int arrays; 0 where they can, or where no split exists): each middle stage holds ceil(L / (PP VPP)) VPP

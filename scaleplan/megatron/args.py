@@ -20,7 +20,7 @@ from scaleplan.estimator.layout import SPLIT_FIELDS
 from scaleplan.estimator.model_dims import VOCAB_DIVISOR, padded_vocab
 from scaleplan.megatron.features import attention_args, feature_notes, mlp_args, mtp_args, router_args
 from scaleplan.megatron.stack_args import stack_args, stack_notes
-from scaleplan.estimator.shapes import layout_shapes, split_of
+from scaleplan.estimator.shapes import accounted_ends, layout_shapes, split_of
 from scaleplan.specs import Layout, ModelBlock, Spec
 
 # fp8: the recipe is the stack's (--fp8-recipe, scaleplan/megatron/stack_args.py; default the current-scaling
@@ -151,7 +151,8 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | 
 # per-layer window list (over GPT blocks there, over hybrid layers in the pattern's run)
 _HYBRID_REPLACES = {"--num-layers", "--moe-layer-freq", "--num-layers-per-virtual-pipeline-stage",
                     "--mtp-num-layers", "--window-attn-skip-freq", "--decoder-first-pipeline-num-layers",
-                    "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank"}
+                    "--decoder-last-pipeline-num-layers", "--num-virtual-stages-per-pipeline-rank",
+                    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"}
 
 
 def to_hybrid(m: ModelBlock, lo: dict[str, Any], args: list[list[str]]) -> list[list[str]]:
@@ -173,9 +174,16 @@ def to_hybrid(m: ModelBlock, lo: dict[str, Any], args: list[list[str]]) -> list[
 def _stage_args(m: ModelBlock, lo: dict[str, Any], seqlen: int) -> list[list[str]]:
     """The pipeline's stage split: an uneven one as Megatron-LM states it (--decoder-first/last-pipeline-num-
     layers, which refuse --num-layers-per-virtual-pipeline-stage: the VPP chunks then by
-    --num-virtual-stages-per-pipeline-rank); an even one with VPP by its layers per virtual stage. A split the
-    plan leaves unstated where the even one does not exist is the one scaleplan costed it with."""
+    --num-virtual-stages-per-pipeline-rank), or where its end stages hold one layer fewer than the middle ones
+    and are no multiples of VPP, by --account-for-embedding/loss-in-pipeline-split (shapes.accounted_ends); an even
+    one with VPP by its layers per virtual stage. A split the plan leaves unstated where the even one does not
+    exist is the one scaleplan costed it with."""
     first, last = split_of(m, Layout(**lo))
+    emb, loss = (bool(x) for x in accounted_ends(m.n_layers, lo["pp"], lo["vpp"], first, last))
+    if emb or loss:  # a split only Megatron-LM's accounting flags state (stage layers not multiples of VPP)
+        out = [[flag] for flag, on in (("--account-for-embedding-in-pipeline-split", emb),
+                                       ("--account-for-loss-in-pipeline-split", loss)) if on]
+        return out + [["--num-virtual-stages-per-pipeline-rank", str(lo["vpp"])]]
     if first or last:
         out = [[flag, str(n)] for flag, n in (("--decoder-first-pipeline-num-layers", first),
                                               ("--decoder-last-pipeline-num-layers", last)) if n]

@@ -14,7 +14,7 @@ Never imports torch.
 from __future__ import annotations
 
 from scaleplan.errors import SpecError
-from scaleplan.estimator.shapes import stage_split
+from scaleplan.estimator.shapes import accounted_ends, stage_split
 from scaleplan.geometry import is_moe_block
 from scaleplan.specs import ModelBlock
 
@@ -32,7 +32,9 @@ def stage_segments(n_layers: int, pp: int, vpp: int, first: int | None = None, l
     """GPT blocks per pipeline segment, PP x VPP of them in layer order (segment k = virtual stage k div PP of
     pipeline rank k mod PP), as Megatron-Core's get_num_layers_to_build splits them: the first and the last stage
     hold ``first`` / ``last`` blocks where given, the other stages the rest evenly, each stage's blocks split evenly
-    over its VPP chunks. Raises SpecError naming the layout when the counts do not divide so."""
+    over its VPP chunks; an end stage one block short of the middle ones and no multiple of VPP holds it in its
+    outer chunk (Megatron-LM's --account-for-embedding/loss-in-pipeline-split). Raises SpecError naming the layout
+    when the counts do not divide so."""
     inner = pp - (first is not None) - (last is not None)
     rest = n_layers - (first or 0) - (last or 0)
     if pp == 1:
@@ -43,6 +45,13 @@ def stage_segments(n_layers: int, pp: int, vpp: int, first: int | None = None, l
                         f"n_layers={n_layers} with the middle stages holding equal counts")
     F, M, Ls = (int(x) for x in stage_split(n_layers, pp, first or 0, last or 0))  # the estimator's own split
     per = [F] + [M] * (pp - 2) + [Ls] if pp > 1 else [n_layers]
+    emb, loss = (bool(x) for x in accounted_ends(n_layers, pp, vpp, first or 0, last or 0))
+    if emb or loss:  # the accounting flags' split: every chunk (F + emb) / VPP layers, one fewer at either end
+        chunk = (F + emb) // vpp
+        segs = [chunk] * (pp * vpp)
+        segs[0] -= emb
+        segs[-1] -= loss
+        return segs
     if any(n % vpp for n in per):
         raise SpecError("layout", f"vpp={vpp}", f"a virtual-stage count dividing every stage's layers {per}")
     return [per[r] // vpp for v in range(vpp) for r in range(pp)]
@@ -106,18 +115,20 @@ def read_pattern(text: str, where: str) -> dict:
             "segments": segments}
 
 
-def split_of_segments(segments: list[int], pp: int, where: str) -> tuple[int, int]:
-    """(first, last) stage layers a pattern's ``|`` segments state ((0, 0) for an even split): stage r holds the
-    segments k with k mod PP = r. Raises SpecError (one line) when the
-    segments do not number PP x VPP or the middle stages differ (what Megatron-Core's uneven split cannot state)."""
+def split_of_segments(segments: list[int], pp: int, where: str,
+                      field: str = "hybrid_layer_pattern") -> tuple[int, int]:
+    """(first, last) stage layers a pattern's ``|`` segments (or a pipeline layout's chunks) state ((0, 0) for an
+    even split): stage r holds the segments k with k mod PP = r. Raises SpecError (one line, naming ``field``) when
+    the segments do not number PP x VPP or the middle stages differ (what Megatron-Core's uneven split cannot
+    state)."""
     if len(segments) == 1 or pp == 1:
         return 0, 0
     if len(segments) % pp:
-        raise SpecError(f"{where}: hybrid_layer_pattern", f"{len(segments)} segments", f"a multiple of PP {pp}")
+        raise SpecError(f"{where}: {field}", f"{len(segments)} segments", f"a multiple of PP {pp}")
     stages = [sum(segments[k] for k in range(r, len(segments), pp)) for r in range(pp)]
     middle = set(stages[1:-1])
     if len(middle) > 1:
-        raise SpecError(f"{where}: hybrid_layer_pattern", stages, "equal middle stages (uneven first/last only)")
+        raise SpecError(f"{where}: {field}", stages, "equal middle stages (uneven first/last only)")
     # an uneven split states both end stages (as scaleplan's own split does); an even one neither
     return (0, 0) if len(set(stages)) == 1 else (stages[0], stages[-1])
 

@@ -30,7 +30,8 @@ from typing import Any
 from scaleplan.errors import SpecError
 from scaleplan.megatron.args import moe_layer_pattern
 from scaleplan.megatron.features import features_of_args, router_of_args
-from scaleplan.megatron.hybrid import block_window_list, read_pattern, split_of_segments
+from scaleplan.megatron.hybrid import block_window_list, read_pattern
+from scaleplan.megatron.pipeline_split import stated_split
 
 _ARGS_START = re.compile(r"^-+ arguments -+$")
 _ARGS_END = re.compile(r"^-+ end of arguments -+$")
@@ -259,11 +260,10 @@ def spec_and_layout(a: dict[str, Any], where: str, node_type: str) -> tuple[Any,
     lo = {f: int(a.get(arg) or 0) for f, arg in LAYOUT_ARGS.items()}
     lo = {**{f: v for f, v in lo.items() if v}, "ckpt": _ckpt(a, where)}
     lo.setdefault("etp", lo.get("tp", 1))  # Megatron-Core: expert TP defaults to TP
-    text = a.get("hybrid_layer_pattern")
-    if text not in (None, "None"):  # a HybridModel run states its stages' layers in the pattern's segments
-        first, last = split_of_segments(read_pattern(str(text), where)["segments"], lo.get("pp", 1), where)
-        lo.update({k: v for k, v in (("decoder_first_pipeline_num_layers", first),
-                                     ("decoder_last_pipeline_num_layers", last)) if v})
+    # a split stated by a HybridModel pattern's segments, a pipeline layout string or the accounting flags
+    first, last = stated_split(a, lo.get("pp", 1), where)
+    lo.update({k: v for k, v in (("decoder_first_pipeline_num_layers", first),
+                                 ("decoder_last_pipeline_num_layers", last)) if v})
     try:
         spec_layout = Layout(**lo)
     except ValidationError as e:  # a degree out of range: name Megatron's argument

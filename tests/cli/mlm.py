@@ -105,11 +105,21 @@ def validate(ns: dict, world: int) -> None:
     dp = world // (tp * pp * cp)
     if ns["global_batch_size"] % (ns["micro_batch_size"] * dp):
         raise Rejected(f"global batch {ns['global_batch_size']} not divisible by micro batch x DP")
+    layout = ns.get("pipeline_model_parallel_layout")
     if ns.get("hybrid_layer_pattern") is not None:
         _validate_hybrid(ns, pp)
+    elif layout is not None:  # validate_args: VPP from the layout's chunks (TransformerConfig checks the rest)
+        from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
+        chunks = PipelineParallelLayerLayout.get_num_stages_from_str(layout)
+        if chunks % pp:
+            raise Rejected(f"{chunks} pipeline layout chunks not divisible by pipeline size {pp}")
+        if ns["num_layers_per_virtual_pipeline_stage"] is not None or ns["num_virtual_stages_per_pipeline_rank"]:
+            raise Rejected("--pipeline-model-parallel-layout with another virtual pipeline argument")
+        ns["virtual_pipeline_model_parallel_size"] = chunks // pp
     elif ns["decoder_first_pipeline_num_layers"] is None and ns["decoder_last_pipeline_num_layers"] is None \
-            and ns["num_layers"] % pp:
-        raise Rejected(f"num_layers {ns['num_layers']} not divisible by pipeline size {pp}")
+            and (ns["num_layers"] + _accounted(ns)) % pp:  # the embedding and loss count where the flags say
+        raise Rejected(f"num_layers {ns['num_layers']} (+ {_accounted(ns)}) not divisible by pipeline size {pp}")
     ep, etp = ns["expert_model_parallel_size"], ns["expert_tensor_parallel_size"] or tp  # unset: ETP = TP
     if world % (ep * etp * pp):
         raise Rejected(f"world size {world} not divisible by ep*etp*pp = {ep * etp * pp}")
@@ -119,7 +129,7 @@ def validate(ns: dict, world: int) -> None:
             raise Rejected("--num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank")
         if uneven:  # validate_args: uneven stages name their virtual stages per rank instead
             raise Rejected("please use --num-virtual-stages-per-pipeline-rank with uneven pipeline parallelism")
-        per_stage = ns["num_layers"] // pp
+        per_stage = (ns["num_layers"] + _accounted(ns)) // pp
         if per_stage % ns["num_layers_per_virtual_pipeline_stage"]:
             raise Rejected("layers per pipeline stage not divisible by layers per virtual stage")
         ns["virtual_pipeline_model_parallel_size"] = per_stage // ns["num_layers_per_virtual_pipeline_stage"]
@@ -133,6 +143,12 @@ def validate(ns: dict, world: int) -> None:
         raise Rejected("--train-samples and --train-iters are exclusive")
 
 
+def _accounted(ns: dict) -> int:
+    """Layers --account-for-embedding/loss-in-pipeline-split add to num_layers in validate_args' checks."""
+    return int(bool(ns.get("account_for_embedding_in_pipeline_split"))) + \
+        int(bool(ns.get("account_for_loss_in_pipeline_split")))
+
+
 def _validate_hybrid(ns: dict, pp: int) -> None:
     """validate_args' hybrid-pattern block (arguments.py at the newest main): num_layers and VPP from the pattern,
     MTP depth from its '/' parts, MLA from a '+'; the flags the pattern replaces must be unset. The pattern itself is
@@ -142,6 +158,8 @@ def _validate_hybrid(ns: dict, pp: int) -> None:
               "pipeline_model_parallel_layout"):
         if ns.get(k) is not None:
             raise Rejected(f"--{k.replace('_', '-')} should not be used with --hybrid-layer-pattern")
+    if ns.get("account_for_embedding_in_pipeline_split") or ns.get("account_for_loss_in_pipeline_split"):
+        raise Rejected("--account-for-embedding/loss-in-pipeline-split should not be used with --hybrid-layer-pattern")
     main, *mtp = pat.split("/")
     if "|" in main and (ns["decoder_first_pipeline_num_layers"] is not None
                         or ns["decoder_last_pipeline_num_layers"] is not None):

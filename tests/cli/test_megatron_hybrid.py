@@ -13,7 +13,7 @@ import pytest
 
 from scaleplan import catalogue
 from scaleplan.megatron.hybrid import even_segments, hybrid_pattern, read_pattern
-from scaleplan.estimator.shapes import split_of
+from scaleplan.estimator.shapes import split_of, stage_split
 from scaleplan.specs import Layout, parse_layout, parse_spec
 
 from . import mlm
@@ -46,6 +46,10 @@ GRID = [  # (catalogue model, devices, layout)
     ("deepseek-v3", 256, "tp=1,pp=16,ep=8,ckpt=full"),
     ("qwen3-235b-a22b", 64, "tp=1,pp=8,vpp=2,ep=8,ckpt=full"),
     ("qwen3-235b-a22b", 256, "tp=2,pp=8,ep=32,ckpt=full"),
+    # Megatron-Bridge's B200 configuration of Qwen3-235B-A22B (PP 8 x VP 4, 94 layers): the embedding and the loss
+    # counted as layers (--account-for-embedding/loss-in-pipeline-split), 11 decoder layers on each end stage
+    ("qwen3-235b-a22b", 64, "tp=1,pp=8,vpp=4,ep=8,decoder_first_pipeline_num_layers=11,"
+                            "decoder_last_pipeline_num_layers=11,ckpt=full"),
 ]
 
 
@@ -54,6 +58,22 @@ def _case(name: str, n: int, layout: str):
     lo = parse_layout(layout, spec.default_layout()).model_dump()
     lo["dp"] = n // (lo["tp"] * lo["cp"] * lo["pp"])
     return spec, lo
+
+
+def _megatron_stage_layers(cfg, pp: int) -> list[int]:
+    """Decoder layers megatron-core's own get_num_layers_to_build gives each pipeline rank (over its virtual
+    stages) under ``cfg``."""
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    vp = cfg.virtual_pipeline_model_parallel_size
+    return [sum(get_num_layers_to_build(cfg, vp_stage=v if vp else None, pp_rank=r) for v in range(vp or 1))
+            for r in range(pp)]
+
+
+def _stages(n_layers: int, pp: int, first: int, last: int) -> list[int]:
+    """Decoder layers per pipeline rank of scaleplan's stage split (estimator/shapes.stage_split)."""
+    F, M, Ls = (int(x) for x in stage_split(n_layers, pp, first, last))
+    return [F] + [M] * (pp - 2) + [Ls] if pp > 1 else [n_layers]
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["GPTModel", "HybridModel"])
@@ -73,8 +93,7 @@ def test_megatron_accepts_todays_models(name, n, layout, hybrid):
     assert (cfg.mtp_num_layers or 0) == m.mtp_layers
     first, last = split_of(m, Layout(**lo))
     if not hybrid:  # the hybrid form states the split in its segments (test_uneven_stages_read_back)
-        assert (cfg.num_layers_in_first_pipeline_stage or 0, cfg.num_layers_in_last_pipeline_stage or 0) == \
-            (first, last)
+        assert _megatron_stage_layers(cfg, lo["pp"]) == _stages(m.n_layers, lo["pp"], first, last)
     assert cfg.multi_latent_attention is (m.mla is not None)
     if m.mla is not None:
         assert type(cfg).__name__ == "MLATransformerConfig"
@@ -187,7 +206,10 @@ def test_uneven_stages_segment_as_megatron_core_builds_them():
     with pytest.raises(SpecError, match="equal counts"):
         stage_segments(61, 16, 1, first=3)  # 58 over 15 stages
     with pytest.raises(SpecError, match="virtual-stage count"):
-        stage_segments(94, 8, 2, first=11, last=11)  # 72 over 6 middle stages, 12 each; 11 is odd over VP 2
+        stage_segments(94, 8, 2, first=13, last=9)  # 72 over 6 middle stages, 12 each; 13 is odd over VP 2
+    # 11 and 11: the embedding and the loss counted as layers (--account-for-embedding/loss-in-pipeline-split):
+    # every chunk 12 / 2 = 6 layers, the first chunk of the first stage and the last of the last one fewer
+    assert stage_segments(94, 8, 2, first=11, last=11) == [5] + [6] * 14 + [5]
 
 
 def test_a_patterns_segments_give_the_stage_split():
