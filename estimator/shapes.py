@@ -231,15 +231,24 @@ def auto_split(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike) -> tuple[np.ndarray,
     (int arrays; 0 where they can, or where no split exists): each middle stage holds ceil(L / (PP VPP)) VPP
     layers, the first and the last share the rest, the last the smaller half (it also holds the LM head and
     the loss), each a positive multiple of VPP (Megatron-Core's condition). Megatron-LM takes such counts
-    only when stated (--decoder-first/last-pipeline-num-layers); scaleplan states them in its plans."""
+    only when stated (--decoder-first/last-pipeline-num-layers); scaleplan states them in its plans. Where no
+    such split exists, the one Megatron-LM's --account-for-embedding/loss-in-pipeline-split builds
+    (:func:`accounted_ends`; both counted first, as Megatron-Bridge's recipes count them): Qwen3-235B-A22B's 94
+    layers over PP 8 x VPP 4 as 11 + 6 x 12 + 11."""
     L, pp, vpp = (np.asarray(x, dtype=np.int64) for x in (L, pp, vpp))
     L, pp, vpp = np.broadcast_arrays(L, pp, vpp)
     middle = -(-L // (pp * vpp)) * vpp
     rest = L - np.maximum(pp - 2, 0) * middle
     last = rest // (2 * vpp) * vpp
     first = rest - last
-    ok = (pp > 1) & (L % (pp * vpp) != 0) & (last >= vpp) & (first >= vpp) & (first % vpp == 0)
-    return np.where(ok, first, 0), np.where(ok, last, 0)
+    uneven = (pp > 1) & (L % (pp * vpp) != 0)
+    ok = uneven & (last >= vpp) & (first >= vpp) & (first % vpp == 0)
+    first, last = np.where(ok, first, 0), np.where(ok, last, 0)
+    for e, lo in ((1, 1), (0, 1), (1, 0)):  # the accounting flags' split where the stated counts find none
+        M = (L + e + lo) // np.maximum(pp, 1)
+        acc = uneven & ~ok & (vpp > 1) & ((L + e + lo) % np.maximum(pp, 1) == 0) & (M % vpp == 0)
+        first, last, ok = np.where(acc, M - e, first), np.where(acc, M - lo, last), ok | acc
+    return first, last
 
 
 def resolve_split(g: Geometry, lay: ParallelLayout) -> ParallelLayout:

@@ -113,15 +113,19 @@ def test_a_run_stated_by_a_layout_string_reads_back(_no_transformer_engine, tmp_
         (11, 11, 4) and world == 64 and back.model.n_layers == 94
 
 
-BRIDGE = "tp=1,pp=8,vpp=4,ep=8,decoder_first_pipeline_num_layers=11,decoder_last_pipeline_num_layers=11"
+BRIDGE = "tp=1,pp=8,vpp=4,ep=8"
 
 
-def test_the_bridge_configuration_estimates_and_emits_the_accounting_flags(recorded_db, run_json, run,
+@pytest.mark.parametrize("split", [",decoder_first_pipeline_num_layers=11,decoder_last_pipeline_num_layers=11", ""],
+                         ids=["stated", "chosen by scaleplan"])
+def test_the_bridge_configuration_estimates_and_emits_the_accounting_flags(recorded_db, run_json, run, split,
                                                                           _no_transformer_engine):
     """`estimate` costs the B200 configuration's split with a breakdown and emits it as the accounting flags,
-    which megatron-core's TransformerConfig accepts (its decoder-first/last fields unset)."""
-    args = ("estimate", "qwen3-235b-a22b", "--devices", 64, "--profile", "p6-b200.48xlarge", "--layout", BRIDGE,
-            "--db", recorded_db)
+    which megatron-core's TransformerConfig accepts (its decoder-first/last fields unset). Unstated, it is the
+    split scaleplan picks: no first / last multiple of VPP 4 leaves 12 on each middle stage (94 - 72 = 22 = 14 + 8,
+    14 no multiple of 4), so the accounting flags' 11 + 6 x 12 + 11."""
+    args = ("estimate", "qwen3-235b-a22b", "--devices", 64, "--profile", "p6-b200.48xlarge", "--layout",
+            BRIDGE + split, "--db", recorded_db)
     r = run_json(*args)[0]
     lay = r["layout"]
     assert (lay["decoder_first_pipeline_num_layers"], lay["decoder_last_pipeline_num_layers"], lay["vpp"]) == \
@@ -134,3 +138,14 @@ def test_the_bridge_configuration_estimates_and_emits_the_accounting_flags(recor
     cfg = mlm.transformer_config(ns)
     assert cfg.account_for_embedding_in_pipeline_split and cfg.account_for_loss_in_pipeline_split
     assert cfg.num_layers_in_first_pipeline_stage is None and cfg.virtual_pipeline_model_parallel_size == 4
+
+
+def test_layouts_rank_the_bridge_configuration(recorded_db, run_json):
+    """`layouts --uneven-stages` enumerates PP 8 x VPP 4 for Qwen3-235B-A22B on 64 B200 (no split of stated
+    counts exists; the accounting flags' does) and ranks it with 11 layers on each end stage."""
+    doc = run_json("layouts", "qwen3-235b-a22b", "--devices", 64, "--profile", "p6-b200.48xlarge", "--uneven-stages",
+                   "--vpp", "4", "--max-tp", 1, "--mbs", 1, "--ckpt", "full", "--top", 500, "--db", recorded_db)
+    hits = [r["layout"] for r in doc["ranked"]
+            if (r["layout"]["pp"], r["layout"]["vpp"], r["layout"]["ep"]) == (8, 4, 8)]
+    assert hits and all((lo["decoder_first_pipeline_num_layers"], lo["decoder_last_pipeline_num_layers"]) == (11, 11)
+                        for lo in hits)
