@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from scaleplan.calibrate.chi_sys import ChiData
-from scaleplan.estimator.layout import FIELDS
+from scaleplan.estimator.layout import FIELDS, SPLIT_FIELDS
 
 from scaleplan.errors import ScaleplanError
 
@@ -42,6 +42,10 @@ class Observed:
     @classmethod
     def from_row(cls, r) -> Observed:
         lay = {f: getattr(r, f) for f in FIELDS}  # the ORM row's layout columns
+        # a stated stage split has no column: the run's spec states it (a Megatron-LM log's parallelism block)
+        par = (r.spec or {}).get("parallelism") or {}
+        if all(par.get(k) == lay[k] for k in ("pp", "vpp")):
+            lay.update({k: par[k] for k in SPLIT_FIELDS if par.get(k)})
         extra = r.extra or {}
         return cls(id=r.id, sweep=r.sweep or f"run-{r.id}", profile=r.profile, spec=r.spec, n_devices=r.n_devices,
                    layout=lay, t_iter_s=r.measured_t_iter_s, mfu=r.measured_mfu, mfu_norm=r.measured_mfu_norm,

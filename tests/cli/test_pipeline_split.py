@@ -149,3 +149,26 @@ def test_layouts_rank_the_bridge_configuration(recorded_db, run_json):
             if (r["layout"]["pp"], r["layout"]["vpp"], r["layout"]["ep"]) == (8, 4, 8)]
     assert hits and all((lo["decoder_first_pipeline_num_layers"], lo["decoder_last_pipeline_num_layers"]) == (11, 11)
                         for lo in hits)
+
+
+def test_a_stored_run_keeps_the_split_its_log_states(_no_transformer_engine, run, tmp_path, sqlite_url):
+    """A run of Qwen3-235B-A22B at PP 8 x VPP 2 with the embedding and loss counted (11 + 6 x 12 + 11, where
+    scaleplan's own pick would be 12 + 6 x 12 + 10) stored by `calibrate add --megatron-log` is read back by the
+    calibration with its own split, not the one scaleplan would pick."""
+    from scaleplan.calibrate.evaluate import observed_from_db
+    from scaleplan.db import session as dbs
+    from scaleplan.megatron.args import megatron_text
+
+    spec = parse_spec(catalogue.spec_data("qwen3-235b-a22b"))
+    lo = parse_layout("tp=1,pp=8,vpp=2,ep=8,decoder_first_pipeline_num_layers=11,decoder_last_pipeline_num_layers=11,"
+                      "ckpt=full", spec.default_layout()).model_dump()
+    lo["dp"] = 8
+    text = megatron_text(spec, lo, 64, 8, "qwen3-235b-a22b")
+    assert "--account-for-embedding-in-pipeline-split" in text
+    log = tmp_path / "qwen.log"
+    log.write_text(_log_of(text, 64, [40.0] * 12))
+    code, _, err = run("calibrate", "add", "--megatron-log", log, "--db", sqlite_url, "--profile", "p6-b200.48xlarge")
+    assert code == 0, err
+    with dbs.session_scope(sqlite_url) as s:
+        (o,) = observed_from_db(s, "p6-b200.48xlarge")
+    assert (o.layout["decoder_first_pipeline_num_layers"], o.layout["decoder_last_pipeline_num_layers"]) == (11, 11)
