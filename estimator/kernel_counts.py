@@ -34,9 +34,14 @@ another stack's count is the law's plus the difference of the two lists (:func:`
 * ``fp8_quantize``: the casts of each GEMM input (forward: the activations of fc1 and fc2; backward: their
   output gradients), per call of TE's split_quantize / quantize (:data:`QUANTIZE_KERNELS`): delayed
   scaling one fused multi-tensor cast-transpose for all groups (nvte_multi_cast_transpose), current
-  scaling an amax, a scale and a cast per tensor, blockwise and MXFP8 one kernel per tensor; the
-  grouped-tensor path quantizes all groups at once (group_quantize). Weights are quantized on the first
+  scaling an amax, a scale and a cast per tensor, blockwise and MXFP8 one kernel per tensor (TE 2.14 to main:
+  cast.cpp split_quantize allocates MXFP8 and blockwise splits in bulk, then multi_tensor_quantize_impl fuses
+  only delayed scaling's splits and loops nvte_quantize_v2 over the others, one row- and column-wise kernel per
+  non-empty split); the grouped-tensor path quantizes all groups at once (group_quantize). Weights are quantized on the first
   micro-batch of a step only (TE caches them: is_first_microbatch) and are left out.
+* ``fp8_swizzle``: under MXFP8, the weights' scale swizzle before each GEMM that reads them (:func:`_swizzles`):
+  one multi-tensor kernel per GroupedLinear call on either expert path, one per Linear; activations and
+  output gradients are quantized in the GEMM's scale layout.
 * ``fp8_padding``: TE's Fp8Padding of the tokens and the probabilities to the recipe's alignment
   (fused_multi_row_padding, 1 each) and the unpadding of the output (1), forward and backward, when the
   groups' rows are not aligned (the routed counts are not, in general); SequentialMLP pads each expert's
@@ -135,6 +140,7 @@ def moe_layer_counts(stack: Stack, E_loc: ArrayLike, ep: ArrayLike, precision: s
     else:
         f["fp8_quantize"] = b["fp8_quantize"] = 2 * _quantize(recipe, E_loc, grouped_kernel)
         f["fp8_padding"] = b["fp8_padding"] = one * (3 if recipe else 0)
+    f["fp8_swizzle"] = b["fp8_swizzle"] = _swizzles(recipe, E_loc, seq, shared_expert)
     q1 = QUANTIZE_KERNELS[recipe] if recipe else 0
     # QKV and output projection (with delayed scaling's amax update at the layer's autocast exit)
     f["attn_quantize"] = b["attn_quantize"] = one * (2 * q1 + (DELAYED_AMAX_UPDATE if recipe == "delayed" else 0))
@@ -142,6 +148,24 @@ def moe_layer_counts(stack: Stack, E_loc: ArrayLike, ep: ArrayLike, precision: s
     if not glu:
         f["expert_act"], b["expert_act"] = f["expert_act"] + 1, b["expert_act"] + 1  # activation, then x probs
     return LayerCounts(f, b)
+
+
+# MXFP8 scales are swizzled into cuBLAS's layout before a GEMM (TE 2.14 gemm.cpp swizzle_scales_for_gemm, and
+# multi_tensor_swizzle_scales_for_gemm for a grouped call: one kernel per 64 tensors, swizzle.cu
+# kMaxTensorsPerKernel). The modules quantize activations and output gradients straight into that layout
+# (optimize_for_gemm in Linear, LayerNormLinear, GroupedLinear _get_quantizers); the cached weights are not,
+# so every GEMM that reads weights (forward, data gradient) swizzles theirs again.
+SWIZZLE_TENSORS_PER_KERNEL = 64
+
+
+def _swizzles(recipe: str | None, E_loc, sequential: bool, shared_expert: bool) -> np.ndarray:
+    """Scale-swizzle kernels per pass of one MoE layer under MXFP8 (zero otherwise): fc1 and fc2 (one multi-tensor
+    kernel per GroupedLinear call, or one per expert's Linear in SequentialMLP), QKV and the output projection,
+    the shared expert's fc1 and fc2."""
+    if recipe != "mxfp8":
+        return np.zeros_like(E_loc)
+    experts = 2 * (E_loc if sequential else np.ceil(E_loc / SWIZZLE_TENSORS_PER_KERNEL))
+    return experts + 2 + (2 if shared_expert else 0)
 
 
 def _dispatch_counts(stack: Stack, E_loc, multi) -> tuple[np.ndarray, np.ndarray]:
@@ -236,7 +260,8 @@ def dense_layer_delta(stack: Stack, precision: str, law_stack: Stack, law_precis
         r = st.recipe(prec)
         if r is None:
             return 0.0
-        per_pass = 4 * QUANTIZE_KERNELS[r] + (DELAYED_AMAX_UPDATE if r == "delayed" else 0)
+        per_pass = 4 * QUANTIZE_KERNELS[r] + (DELAYED_AMAX_UPDATE if r == "delayed" else 0) \
+            + (4 if r == "mxfp8" else 0)  # the four weights' scale swizzles (_swizzles)
         return 3.0 * per_pass  # forward twice under full recompute, backward once
     return n(stack, precision) - n(law_stack, law_precision)
 

@@ -156,3 +156,26 @@ def test_cuda_graphs_save_the_host_launches_of_what_they_capture():
     attn8 = graph_savings(Stack(cuda_graphs=("attn",)), c8, KAPPA0)
     attn = graph_savings(Stack(cuda_graphs=("attn",)), c, KAPPA0)
     assert attn8 - attn == pytest.approx(3 * 2 * 3)  # 2 inputs x 3 kernels (current scaling), 2 fwd + 1 bwd
+
+
+def test_mxfp8_experts_quantize_each_split_and_swizzle_the_weights_scales_once_per_call():
+    """MXFP8 on the per-expert path (TE 2.14 to main): split_quantize bulk-allocates the splits, then
+    multi_tensor_quantize_impl, whose fused kernel serves delayed scaling only, calls nvte_quantize_v2 once per
+    split (row- and column-wise in one kernel); general_grouped_gemm swizzles the cached weights' scales in one
+    multi-tensor kernel per call that reads them (forward, data gradient), the activations and gradients being
+    quantized in the GEMM's layout (optimize_for_gemm). The attention's QKV and output projection: one quantize
+    and one swizzle each way."""
+    quant = ["mxfp8_quantize"] * E_LOC
+    gemms = [f"gemm[{i}]" for i in range(E_LOC)]
+    fwd = ["fused_multi_row_padding(tokens)", "fused_multi_row_padding(probs)",
+           *quant, "swizzle(fc1 weights)", *gemms, "weighted_bias_swiglu",
+           *quant, "swizzle(fc2 weights)", *gemms, "fused_multi_row_unpadding"]
+    bwd = ["unpadding_backward",
+           *quant, "swizzle(fc2 weights)", *[g + ".dgrad" for g in gemms], *[g + ".wgrad" for g in gemms],
+           "weighted_bias_swiglu_backward",
+           *quant, "swizzle(fc1 weights)", *[g + ".dgrad" for g in gemms], *[g + ".wgrad" for g in gemms],
+           "padding_backward(tokens)", "padding_backward(probs)"]
+    attention = ["quantize(qkv in)", "swizzle(qkv weight)", "quantize(proj in)", "swizzle(proj weight)"]
+    want_f = _router_and_dispatch_fwd() + fwd + _combine_fwd() + attention
+    want_b = _router_and_dispatch_bwd() + bwd + attention
+    assert _counted(Stack(fp8_recipe="mxfp8")) == (len(want_f), len(want_b))
