@@ -97,12 +97,50 @@ def law_in_force(profile_law: DispatchDefaults | None, table_t_gap_s: float | No
 
 
 def dispatch_time(law: DispatchLaw, L_stage: ArrayLike, E_loc: ArrayLike, ckc: ArrayLike,
-                  n_moe_stage: ArrayLike, ep: ArrayLike, extra_kernels: ArrayLike = 0.0) -> np.ndarray:
+                  n_moe_stage: ArrayLike, ep: ArrayLike, extra_kernels: ArrayLike = 0.0,
+                  units: ArrayLike | None = None, ep_host_s: ArrayLike | None = None) -> np.ndarray:
     """Host seconds to launch one micro-batch of one stage (arrays over plans): (L_stage kappa(E_loc) +
     extra_kernels) t_gap + n_moe_stage [EP > 1] t_ep_host + t_host, in the checkpoint mode's kernel units.
     ``extra_kernels``: what the plans' training stack launches beyond the stack the law was counted on, per
-    stage and micro-batch in full-recompute units (estimator/kernel_counts.py)."""
-    units = full_recompute_units(ckc)
+    stage and micro-batch in full-recompute units (estimator/kernel_counts.py). ``units``: the plans' kernel
+    units as a share of full recompute's (default: the mode codes' own; a stack's recompute modules change
+    them). ``ep_host_s``: seconds per MoE layer and micro-batch of the plans' token dispatcher on the host
+    (default: the law's t_ep_host in those units; :func:`ep_host_time`)."""
+    units = full_recompute_units(ckc) if units is None else units
     kappa = (L_stage * law.kappa(E_loc) + extra_kernels) * units
-    t_ep_host = np.where(ep > 1, n_moe_stage * law.t_ep_host_s * units, 0.0)
+    per_layer = law.t_ep_host_s * units if ep_host_s is None else ep_host_s
+    t_ep_host = np.where(ep > 1, n_moe_stage * per_layer, 0.0)
     return kappa * law.t_gap_s + t_ep_host + law.t_host_s
+
+
+# host syncs per MoE layer and forward pass of each token dispatcher, read from the code (none in the backward:
+# its exchanges reuse the forward's split sizes or handle):
+# * alltoall: token_dispatcher.py MoEAlltoAllTokenDispatcher: the per-expert counts are all-gathered over TP x EP,
+#   copied to the host on a side stream and waited for (_maybe_dtoh_and_synchronize, d2h_event.synchronize)
+#   before the all-to-alls that need them as split sizes;
+# * allgather: MoEAllGatherTokenDispatcher.dispatch_postprocess: tokens_per_expert.cpu();
+# * deepep (deep_ep v1.2.1 deep_ep.cpp intranode/internode_dispatch): the host spins on the received-token
+#   count the notify kernel writes to mapped memory (not in cached mode, the backward's);
+# * hybridep (hybrid-ep csrc/hybrid_ep/executor/executor.cu metadata_preprocessing_core): cudaStreamSynchronize
+#   to read the permuted-token count from pinned memory, unless Megatron-Core passes it
+#   (fused_a2a.HybridEPDispatch: non_blocking when drop-and-pad sizes the permuted rows on the host).
+HOST_SYNCS = {"alltoall": 1, "allgather": 1, "deepep": 1, "hybridep": 1}
+
+
+def ep_host_time(law: DispatchLaw, law_dispatcher: str, dispatcher: str, units: ArrayLike,
+                 forward_passes: ArrayLike, drop_pad: bool = False) -> np.ndarray:
+    """Host seconds per MoE layer and micro-batch of ``dispatcher``'s token path beyond its kernels (arrays over
+    plans). The law's t_ep_host was read from traces of ``law_dispatcher``'s path (the profiles': the all-to-all
+    dispatcher, kernel_launch.py's "token-permute and all-to-all host work"): the same dispatcher pays it in the
+    plans' kernel ``units``. The all-to-all's path is Python around every exchange (the counts' all-gather and
+    device-to-host copies, split lists, one NCCL send and receive per peer, chunk sorts); the fused DeepEP and
+    HybridEP dispatchers and the all-gather one run single C++ calls or collectives (counted as kernels) and keep
+    only their host syncs (:data:`HOST_SYNCS`): each costs one launch gap t_gap, the stream left empty until the
+    host issues the next kernel, once per forward pass (``forward_passes``: 1, or 2 where the MoE forward is
+    re-run). HybridEP with ``drop_pad`` has no sync. Another pairing (a law traced on a fused dispatcher, plans
+    on the all-to-all) keeps the law's term."""
+    units = np.asarray(units, dtype=float)
+    if dispatcher == law_dispatcher or law_dispatcher != "alltoall" or dispatcher == "alltoall":
+        return law.t_ep_host_s * units
+    syncs = 0 if (dispatcher == "hybridep" and drop_pad) else HOST_SYNCS[dispatcher]
+    return syncs * law.t_gap_s * np.asarray(forward_passes, dtype=float) + 0.0 * units

@@ -60,3 +60,24 @@ def test_dispatch_law_counts_kernels_in_the_checkpoint_modes_units():
                         (CkptMode.FULL, 4.0)):
         t = dispatch_time(law, 2, 8, np.array(mode.value), 2, np.array(4))
         assert float(t) == pytest.approx(full * units / 4), mode
+
+
+def test_each_dispatcher_pays_the_host_path_its_code_runs():
+    """The law's t_ep_host was read from traces of the all-to-all dispatcher's Python path; the fused dispatchers
+    and the all-gather one keep only their host syncs on the forward's token counts (DeepEP's spin on the
+    received count, HybridEP's stream sync before its permute, the all-gather's .cpu()), one launch gap each,
+    twice where the MoE forward runs again; HybridEP sized on the host (drop-and-pad) syncs not at all."""
+    from scaleplan.estimator.dispatch import ep_host_time
+
+    law = DispatchLaw(kappa0=600.0, kappa1=5.0, t_gap_s=20e-6, t_host_s=0.0, t_ep_host_s=1e-2)
+    units, once, twice = np.array([0.75, 1.0]), np.array([1.0, 1.0]), np.array([1.0, 2.0])
+    np.testing.assert_allclose(ep_host_time(law, "alltoall", "alltoall", units, once), [7.5e-3, 1e-2])
+    for d in ("deepep", "hybridep", "allgather"):
+        np.testing.assert_allclose(ep_host_time(law, "alltoall", d, units, once), [20e-6, 20e-6])
+        np.testing.assert_allclose(ep_host_time(law, "alltoall", d, units, twice), [20e-6, 40e-6])
+    np.testing.assert_allclose(ep_host_time(law, "alltoall", "hybridep", units, once, drop_pad=True), [0.0, 0.0])
+    # a law traced on a fused dispatcher says nothing of the all-to-all's path: its own term stays
+    np.testing.assert_allclose(ep_host_time(law, "deepep", "alltoall", units, once), [7.5e-3, 1e-2])
+    # in the law: 2 MoE layers under EP, the EP term replaced by the dispatcher's
+    t = dispatch_time(law, 2, 8, np.array(CkptMode.FULL.value), 2, np.array(4), ep_host_s=np.array(20e-6))
+    assert float(t) == pytest.approx(2 * (600 + 40) * 20e-6 + 2 * 20e-6)
