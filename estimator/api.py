@@ -222,7 +222,8 @@ class Estimator:
         this profile's GPU; without such rows the fixed 5 GB ``reserve`` the plans were always held to
         (counted as reserved; the suite's measurement replaces it); nothing on a serial-dispatch (CPU)
         profile, which has no device allocator or context."""
-        st = {"stack": self.training_stack, "non_tn": non_tn_fp8(self.profile.gpu_name)}
+        st = {"stack": self.training_stack, "non_tn": non_tn_fp8(self.profile.gpu_name),
+              "scaleup_domain": self.profile.scaleup_domain}
         if self.tables.allocator is not None:
             frac, ctx = self.tables.allocator
         elif self.profile.serial_dispatch:

@@ -10,10 +10,14 @@ and the dispatch law; arrays of modes are int codes (the enum's values), one per
   permutation) is re-run; their outputs are not kept.
 * full (``--recompute-granularity full --recompute-method uniform``): the whole block forward is re-run
   from the block input, the only activation kept.
+
+A stack that names its own ``--recompute-modules`` (scaleplan/stack.py recompute_modules) changes what
+``selective`` means: those modules (estimator/recompute.py). :func:`recompute` gives every plan's factors.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
@@ -49,6 +53,7 @@ class CkptMode(IntEnum):
 # (the dispatch law's and the framework kernels' unit, :mod:`scaleplan.estimator.dispatch`).
 _KERNEL_UNITS = np.array([3.0, 3.1, 3.3, 4.0])
 assert len(_KERNEL_UNITS) == len(CkptMode) == len(CKPT_MODES)
+FULL_UNITS = float(_KERNEL_UNITS[CkptMode.FULL])  # the dispatch law's unit (kappa counted under full recompute)
 
 
 def kernel_units(codes: ArrayLike) -> np.ndarray:
@@ -80,3 +85,42 @@ def recomputes_pointwise(codes: ArrayLike) -> np.ndarray:
 def codes(names: Iterable[str]) -> np.ndarray:
     """Mode codes (int64 array) of spec spellings."""
     return np.array([CkptMode.parse(n).value for n in names], dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """What each plan re-runs in its backward (float arrays over plans, 0 or 1, multipliers of a part's
+    forward time): the whole block (full), the SDPA, the element-wise work and permutation (super-selective,
+    full), and what a stack's selective modules add (estimator/recompute.py): one separate norm, the routed
+    activation, the whole MoE block, a dense MLP, the shared expert, MLA's up-projections. ``units``: kernels per
+    layer and micro-batch in forward-pass units (:func:`kernel_units` where the stack names no modules)."""
+
+    block: np.ndarray
+    sdpa: np.ndarray
+    pointwise: np.ndarray
+    norm: np.ndarray
+    act: np.ndarray
+    moe: np.ndarray
+    mlp: np.ndarray
+    shared: np.ndarray
+    mla_up: np.ndarray
+    units: np.ndarray
+
+
+def recompute(codes: ArrayLike, modules: Iterable[str] | None = None) -> Recompute:
+    """:class:`Recompute` of the plans' mode codes; ``modules``: the stack's recompute_modules (None: selective
+    is core_attn, as without a stack)."""
+    from scaleplan.estimator import recompute as rm
+    from scaleplan.estimator.kernel_counts import dense_mlp_forward_share, moe_forward_share
+
+    c = np.asarray(codes, dtype=np.int64)
+    sel = (c == CkptMode.SELECTIVE).astype(float)
+    units = kernel_units(c)
+    mods = set(modules) if modules is not None else {"core_attn"}
+    if modules is not None:
+        extra = rm.kernel_units(mods, moe_forward_share(), dense_mlp_forward_share())
+        units = np.where(c == CkptMode.SELECTIVE, _KERNEL_UNITS[CkptMode.NONE] + extra, units)
+    has = {m: sel * float(m in mods) for m in ("layernorm", "moe_act", "moe", "mlp", "shared_experts", "mla_up_proj")}
+    sdpa = np.where(c == CkptMode.SELECTIVE, float("core_attn" in mods), recomputes_sdpa(c))
+    return Recompute(recomputes_block(c), sdpa, recomputes_pointwise(c), has["layernorm"], has["moe_act"],
+                     has["moe"], has["mlp"], has["shared_experts"], has["mla_up_proj"], units)

@@ -316,30 +316,43 @@ def elementwise_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     through HBM (read + write; backward twice the forward), labelled analytic. With dropout
     (spec model.dropout) each residual add is Megatron's fused bias-dropout-add: plus the
     1-byte mask written forward and applied backward."""
-    tb, rec, g, sh, hbm = ctx.tables, ctx.rec, ctx.g, ctx.shapes, ctx.hbm
-    T, Tsp, b_el = sh.T, sh.Tsp, sh.b_el
-    # RoPE on q/k; MLA rotates only each query head's rotary part and the one shared rotary key
-    rope_width = np.where(np.asarray(g.kv_rank) > 0, (sh.q_loc + 1.0) * g.rope_dim, (sh.q_loc + sh.kv_loc) * g.hd)
-    f = np.zeros(np.shape(T))
-    b = np.zeros(np.shape(T))
+    g, sh, hbm = ctx.g, ctx.shapes, ctx.hbm
+    Tsp, b_el = sh.Tsp, sh.b_el
+    f = np.zeros(np.shape(sh.T))
+    b = np.zeros(np.shape(sh.T))
     for op, sp, n, passes in _EW_OPS:
-        rows, width = (Tsp, g.d) if sp else (T, rope_width)
-        tab_f, tab_b = tb.elementwise.get((op, "fwd")), tb.elementwise.get((op, "bwd"))
-        if tab_f is not None:
-            of = rec.use("elementwise", tab_f.lookup(rows, width))
-            ob = rec.use("elementwise", tab_b.lookup(rows, width)) if tab_b is not None else 2 * of
-        else:
-            rec.mark("elementwise", ANALYTIC)
-            of = an.memory_time(b_el * rows * width * passes, hbm)
-            ob = 2 * of
+        of, ob = _ew_op_times(ctx, op, sp, passes)
         f, b = f + n * of, b + n * ob
     if g.dropout:  # Megatron's bias-dropout-add: each residual add also writes a 1-byte mask, and
         # the backward applies it (read grad and mask, write grad); bytes through HBM
         f = f + 2 * an.memory_time(1.0 * Tsp * g.d, hbm)
         b = b + 2 * an.memory_time((2.0 * b_el + 1.0) * Tsp * g.d, hbm)
-        rec.note("dropout: hidden-dropout masks costed as bytes through HBM; attention dropout's "
+        ctx.rec.note("dropout: hidden-dropout masks costed as bytes through HBM; attention dropout's "
                  "in-kernel RNG is not (the SDPA table is measured without dropout)")
     return f, b
+
+
+def _ew_op_times(ctx: EvalContext, op: str, sp: bool, passes: float) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) seconds of one element-wise op of :data:`_EW_OPS` per layer and micro-batch: the element-wise
+    table where it has the op, else bytes through HBM (labelled analytic)."""
+    tb, rec, g, sh = ctx.tables, ctx.rec, ctx.g, ctx.shapes
+    # RoPE on q/k; MLA rotates only each query head's rotary part and the one shared rotary key
+    rope_width = np.where(np.asarray(g.kv_rank) > 0, (sh.q_loc + 1.0) * g.rope_dim, (sh.q_loc + sh.kv_loc) * g.hd)
+    rows, width = (sh.Tsp, g.d) if sp else (sh.T, rope_width)
+    tab_f, tab_b = tb.elementwise.get((op, "fwd")), tb.elementwise.get((op, "bwd"))
+    if tab_f is not None:
+        of = rec.use("elementwise", tab_f.lookup(rows, width))
+        ob = rec.use("elementwise", tab_b.lookup(rows, width)) if tab_b is not None else 2 * of
+        return of, ob
+    rec.mark("elementwise", ANALYTIC)
+    of = an.memory_time(sh.b_el * rows * width * passes, ctx.hbm)
+    return of, 2 * of
+
+
+def norm_time(ctx: EvalContext) -> np.ndarray:
+    """One RMSNorm's forward over the sequence-parallel shard [T/TP, d] (seconds per layer and micro-batch):
+    what recomputing a norm re-runs (estimator/recompute.py)."""
+    return _ew_op_times(ctx, "rmsnorm", True, _EW_OPS[0][3])[0]
 
 
 def vocab_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -22,12 +22,13 @@ then the PP send/recv, the exposed DP traffic, the expert-bias all-reduce and th
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scaleplan.estimator.ckpt import recomputes_block, recomputes_pointwise, recomputes_sdpa
+from scaleplan.estimator.ckpt import recompute
 
 if TYPE_CHECKING:
     from scaleplan.estimator.kernels import LayerKernels
@@ -80,29 +81,36 @@ LAYER_TERMS = TERMS[:TERMS.index("dispatch_floor")]
 
 
 def layer_terms(k: LayerKernels, fw: ArrayLike, n_mb: ArrayLike, L_stage: ArrayLike, n_moe: ArrayLike,
-                ckpt: np.ndarray, is_moe: bool) -> dict[str, np.ndarray]:
+                ckpt: np.ndarray, is_moe: bool, overlap: bool = True, modules: Iterable[str] | None = None,
+                mla: bool = False) -> dict[str, np.ndarray]:
     """The slowest stage's layer compute per iteration, one term per block component (seconds; the
     keys of :data:`LAYER_TERMS`). ``k``: :class:`kernels.LayerKernels`; ``fw``: one layer's framework
     kernels (fwd + bwd + recompute); ``L_stage``: layers on the stage; ``n_moe``: its MoE layers (the
-    rest are dense); ``ckpt``: mode codes. Each layer costs
+    rest are dense); ``ckpt``: mode codes; ``overlap``, ``modules``, ``mla``: as
+    :func:`~scaleplan.estimator.stages.layer_totals`. Each layer costs
     forward + backward + what the mode recomputes (:mod:`ckpt`), as the stage time of the model does,
     so the terms add up to n_mb t_cmp without rescaling."""
-    rc, rs, rp = recomputes_block(ckpt), recomputes_sdpa(ckpt), recomputes_pointwise(ckpt)
+    r = recompute(ckpt, modules)
+    rc, rs, rp = r.block, r.sdpa, r.pointwise
     zero = np.zeros(np.shape(ckpt))
-    out = {"attn_proj": n_mb * L_stage * (k.attn_f * (1 + rc) + k.attn_b),
+    out = {"attn_proj": n_mb * L_stage * (k.attn_f * (1 + rc) + r.mla_up * k.mla_up_f + k.attn_b),
            "sdpa": n_mb * L_stage * (k.sd_f * (1 + rs) + k.sd_b)}
+    n_d = L_stage - n_moe if is_moe else L_stage
     if is_moe:
-        n_d = L_stage - n_moe
-        out["experts"] = n_mb * n_moe * (k.ex_f * (1 + rc) + k.ex_b)
-        out["router"] = n_mb * n_moe * ((k.rg_f + k.tk_f) * (1 + rc) + k.rg_b + k.tk_b)
-        out["permute"] = n_mb * n_moe * (k.perm * (1 + rp) + k.perm_b)
-        out["shared_expert"] = n_mb * n_moe * (k.sh_f * (1 + rc) + k.sh_b)
-        out["ep_a2a"] = n_mb * n_moe * (np.maximum(k.a2a_f - k.sh_f, 0) * (1 + rc) + np.maximum(k.a2a_b - k.sh_b, 0))
+        rm = rc + r.moe  # the whole MoE block re-run, by full recompute or the moe module
+        a2a_f, a2a_b = (np.maximum(k.a2a_f - k.sh_f, 0), np.maximum(k.a2a_b - k.sh_b, 0)) if overlap else \
+            (k.a2a_f, k.a2a_b)
+        out["experts"] = n_mb * n_moe * (k.ex_f * (1 + rm) + r.act * k.act_f + k.ex_b)
+        out["router"] = n_mb * n_moe * ((k.rg_f + k.tk_f) * (1 + rm) + k.rg_b + k.tk_b)
+        out["permute"] = n_mb * n_moe * (k.perm * (1 + rp + r.moe) + k.perm_b)
+        out["shared_expert"] = n_mb * n_moe * (k.sh_f * (1 + rm + r.shared) + k.sh_b)
+        out["ep_a2a"] = n_mb * n_moe * (a2a_f * (1 + rm) + a2a_b)
     else:
-        n_d = L_stage
         out.update(dict.fromkeys(("experts", "router", "permute", "shared_expert", "ep_a2a"), zero))
-    out["dense_mlp"] = n_mb * n_d * (k.dense_f * (1 + rc) + k.dense_b)
-    out["elementwise"] = n_mb * L_stage * (k.ew_f * (1 + rp) + k.ew_b)
+    out["dense_mlp"] = n_mb * n_d * (k.dense_f * (1 + rc + r.mlp) + k.dense_b)
+    # the separate norms a layernorm module re-runs: a MoE block's pre-MLP norm, and MLA's input norm in every block
+    norms = r.norm * (n_moe * float(is_moe) + float(mla) * L_stage) * k.norm_f
+    out["elementwise"] = n_mb * L_stage * (k.ew_f * (1 + rp) + k.ew_b) + n_mb * norms
     out["framework_kernels"] = n_mb * L_stage * fw
     out["tp_comm"] = n_mb * L_stage * (k.tp_f * (1 + rc) + k.tp_b)
     out["cp_comm"] = n_mb * L_stage * (k.cp_f * (1 + rc) + k.cp_b)

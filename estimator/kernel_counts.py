@@ -288,3 +288,17 @@ def framework_delta(stack: Stack, law_stack: Stack, E_loc: ArrayLike, ep: ArrayL
     mine = moe_layer_counts(stack, E_loc, ep, precision).full_recompute_units(FRAMEWORK_PARTS)
     theirs = moe_layer_counts(law_stack, E_loc, ep, law_precision).full_recompute_units(FRAMEWORK_PARTS)
     return framework_scale(kappa0) * (mine - theirs)
+
+
+def moe_forward_share() -> float:
+    """A MoE block's share of one MoE layer's named forward kernels (router, token counts, permutation,
+    exchange, experts) on the paper's stack at the law's traced point (EP 8, 16 local experts): what
+    recomputing the whole MoE block (--recompute-modules moe) re-launches, in forward-pass units."""
+    c = moe_layer_counts(PAPER_STACK, np.array([16.0]), np.array([8]), "bf16")
+    moe = float(c.total()[0][0]) + GATING_KERNELS[0] + PREPROCESS_KERNELS[0]
+    return moe / (moe + ATTENTION_KERNELS[0])
+
+
+def dense_mlp_forward_share() -> float:
+    """A dense MLP's share of a dense layer's named forward kernels (--recompute-modules mlp)."""
+    return DENSE_MLP_KERNELS[0] / (DENSE_MLP_KERNELS[0] + ATTENTION_KERNELS[0])

@@ -16,6 +16,7 @@ from scaleplan.estimator.comm import collective_time
 from scaleplan.estimator.context import EvalContext
 from scaleplan.estimator.compute import (
     elementwise_times,
+    norm_time,
     expert_times,
     gemm_times,
     permute_times,
@@ -63,6 +64,9 @@ class LayerKernels:
     t_last_b: np.ndarray  # their backward
     T: np.ndarray         # tokens of a rank's sequence shard
     Tsp: np.ndarray       # its sequence-parallel shard, T / TP
+    norm_f: np.ndarray    # one RMSNorm forward (what a recomputed norm re-runs, estimator/recompute.py)
+    act_f: np.ndarray     # the routed experts' SwiGLU forward (part of ex_f; moe_act re-runs it)
+    mla_up_f: np.ndarray  # MLA's up-projection GEMMs forward (part of attn_f; mla_up_proj re-runs them)
 
     def take(self, idx: ArrayLike) -> LayerKernels:
         return LayerKernels(**{f: getattr(self, f)[idx] for f in _NAMES})
@@ -72,10 +76,10 @@ _NAMES = tuple(f.name for f in fields(LayerKernels))
 # the MoE block's terms (zero for a dense model), and the device-kernel times kernel_scale multiplies
 # (never collectives or shapes)
 _MOE_KERNELS = ("moe_f", "moe_b", "a2a_f", "a2a_b", "sh_f", "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "perm_b",
-                "ex_f", "ex_b")
+                "ex_f", "ex_b", "act_f")
 _DEVICE_KERNELS = ("attn_f", "attn_b", "sd_f", "sd_b", "ew_f", "ew_b", "dense_f", "dense_b", "moe_f", "moe_b", "sh_f",
                    "sh_b", "rg_f", "rg_b", "tk_f", "tk_b", "perm", "perm_b", "ex_f", "ex_b", "t_first", "t_last_f",
-                   "t_last_b")
+                   "t_last_b", "norm_f", "act_f", "mla_up_f")
 
 
 def layer_kernels(ctx: EvalContext) -> LayerKernels:
@@ -167,8 +171,9 @@ def _attention_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
     """The attention block's projections, SDPA and element-wise work, forward and backward
     (attn_f, attn_b, sd_f, sd_b, ew_f, ew_b; seconds per layer and micro-batch)."""
     g, sh = ctx.g, ctx.shapes
+    up = np.zeros(ctx.P)
     if g.is_mla:
-        f_qkv, b_qkv = _mla_projections(ctx)
+        f_qkv, b_qkv, up = _mla_projections(ctx)
     else:  # attention projections (gate folded into the QKV GEMM: same input, n_q extra columns)
         f_qkv, b_qkv = gemm_times(ctx, "attn_proj", sh.T, sh.n_qkv, g.d)
     f_o, b_o = gemm_times(ctx, "attn_proj", sh.T, g.d, sh.n_attn_out)
@@ -185,16 +190,17 @@ def _attention_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
         gate = an.memory_time(sh.b_el * sh.T * g.nq * g.hd / ctx.lay.tp.astype(float) * 3, ctx.hbm)
         ew_f, ew_b = ew_f + gate, ew_b + 2 * gate
     sf, sb = _small_kernels(ctx)
-    return {"attn_f": attn_f, "attn_b": attn_b, "sd_f": sd_f, "sd_b": sd_b, "ew_f": ew_f + sf, "ew_b": ew_b + sb}
+    return {"attn_f": attn_f, "attn_b": attn_b, "sd_f": sd_f, "sd_b": sd_b, "ew_f": ew_f + sf, "ew_b": ew_b + sb,
+            "norm_f": norm_time(ctx), "mla_up_f": up}
 
 
-def _mla_projections(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
+def _mla_projections(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Multi-latent attention's input projections per layer and micro-batch, as Megatron-Core's MLASelfAttention
     runs them under TP with sequence parallelism: the down-projections d -> q_lora_rank and d -> kv_lora_rank +
     rope are duplicated on every TP rank (TELinear parallel_mode 'duplicated') over the rank's sequence shard
     T/TP; the up-projections are column-parallel over the all-gathered T tokens, q_lora_rank -> n_q/TP head_dim
     and kv_lora_rank -> n_q/TP (head_dim - rope + v_dim); without a query latent, d -> n_q/TP head_dim directly.
-    (forward, backward) seconds; the output projection is the caller's."""
+    (forward, backward, the up-projections' forward) seconds; the output projection is the caller's."""
     g, sh = ctx.g, ctx.shapes
     q_lat = np.asarray(g.q_rank) > 0
     f1, b1 = gemm_times(ctx, "attn_proj", sh.Tsp, g.q_rank, g.d, active=q_lat)
@@ -202,7 +208,7 @@ def _mla_projections(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     f3, b3 = gemm_times(ctx, "attn_proj", sh.T, sh.mla_q_out, g.d, active=~q_lat)
     f4, b4 = gemm_times(ctx, "attn_proj", sh.Tsp, g.kv_rank + g.rope_dim, g.d)
     f5, b5 = gemm_times(ctx, "attn_proj", sh.T, sh.mla_kv_out, g.kv_rank)
-    return f1 + f2 + f3 + f4 + f5, b1 + b2 + b3 + b4 + b5
+    return f1 + f2 + f3 + f4 + f5, b1 + b2 + b3 + b4 + b5, f2 + f3 + f5
 
 
 def _small_kernels(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
@@ -261,7 +267,7 @@ def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
     return {"moe_f": rg_f + tk_f + perm_f + ex_f, "moe_b": rg_b + tk_b + perm_b + ex_b,
             "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": sh.E_loc,
             "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm_f, "perm_b": perm_b, "ex_f": ex_f,
-            "ex_b": ex_b}
+            "ex_b": ex_b, "act_f": ex_act}
 
 
 def _token_exchange(ctx: EvalContext) -> np.ndarray:

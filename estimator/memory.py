@@ -43,8 +43,10 @@ from scaleplan.estimator.optimizer import optimizer as opt_spec
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.params import StageParams, stage_params
 from scaleplan.estimator.shapes import PlanShapes, plan_shapes, stage_counts
+from scaleplan.estimator.recompute import Selective, frees
 from scaleplan.estimator.sources import distinct
-from scaleplan.estimator.stack_memory import adjust_saved, grad_bytes, linear_weight_bytes
+from scaleplan.estimator.stack_memory import (adjust_saved, cross_entropy_bytes, dispatcher_bytes, grad_bytes,
+                                              linear_weight_bytes)
 from scaleplan.units import ACT_DTYPE, BYTES_PER_ELEMENT
 
 from scaleplan.stack import PAPER_STACK, Stack
@@ -102,8 +104,9 @@ def block_activation_terms(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLik
     RowNorm, fp32 logits and scores, the top-K indices and gates, and per routed row (T K, times the
     capacity factor) the permuted input, fc1 output, activations, fc2 output and its gated copy, plus
     int64 permutation indices. Norm statistics: fp32 mean and rstd per token. TP with sequence
-    parallelism divides every per-token term by tp (the routed rows by tp / etp). ``mcore``: the MoE
-    block as Megatron-Core saves it (:func:`_moe_terms`).
+    parallelism divides every per-token term by tp (the routed rows by tp / etp). ``mcore``: the block
+    as Megatron-Core with Transformer Engine saves it: its attention keeps contiguous q, k, v (rotated or
+    not) and no QKV buffer, the MoE block as in :func:`_moe_terms`.
     """
     T = s * b
     h, hd, nq = g.d, g.hd, g.nq
@@ -117,8 +120,11 @@ def block_activation_terms(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLik
     back = cast or g.has_gate   # the output projection's input is a tensor of its own
     t = {
         "norm1_in": (a * T * h, ""), "norm_stats": (2 * 8.0 * T, "fine"), "qkv_in": (a * T * h, ""),
-        "qkv_out": (own * a * T * (nq + 2 * kv) * hd, ""),
-        "qk_rope": (own * a * T * (nq + kv) * hd if rope else 0.0, ""),
+        # Megatron-Core's TE attention (``mcore``): TE's layout check (get_qkv_layout) finds no layout for
+        # contiguous q, k and a strided view v of the QKV buffer and copies v, so the attention saves three
+        # contiguous tensors and the buffer is freed (no RoPE, fused or not, saves its input)
+        "qkv_out": (own * a * T * (kv if mcore else nq + 2 * kv) * hd, ""),
+        "qk_rope": (own * a * T * (nq + kv) * hd if (rope or mcore) else 0.0, ""),
         "sdpa_in": ((1.0 - own) * a_sd * T * (nq + 2 * kv) * hd, ""),
         # without the head gate or a cast the output projection's input is a view of the SDPA output
         # (flash kernels return it in [b, s, heads, hd] layout), so that one buffer stays in every mode
@@ -198,17 +204,23 @@ def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dic
 
 def block_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
                            is_moe: bool, mode_code: ArrayLike, a: float = 2.0, rope: bool = True,
-                           mcore: bool = False, recipe: str | None = None) -> np.ndarray:
+                           mcore: bool = False, recipe: str | None = None, sel: Selective | None = None) -> np.ndarray:
     """One block's stored activations (bytes per device, one micro-batch) under checkpoint mode
     ``mode_code`` (array over plans): none keeps every term of :func:`block_activation_terms`,
     selective drops the 'core' terms, super-selective also the 'fine' ones, full keeps the block
     input only. ``mcore``: the block as Megatron-Core saves it, with its fused SwiGLU and, under an FP8
-    ``recipe``, FP8 copies of the GEMM inputs (:func:`~scaleplan.estimator.stack_memory.adjust_saved`)."""
+    ``recipe``, FP8 copies of the GEMM inputs (:func:`~scaleplan.estimator.stack_memory.adjust_saved`).
+    ``sel``: a stack's selective recompute modules, which selective then frees instead (estimator/recompute.py)."""
     terms = block_activation_terms(s, b, g, tp, etp, is_moe, a, rope, mcore)
     if mcore:
         terms = adjust_saved(terms, recipe, a, dense_block=not is_moe)
     keep = {CkptMode.NONE: ("", "core", "fine"), CkptMode.SELECTIVE: ("", "fine"), CkptMode.SUPER_SELECTIVE: ("",)}
     by_mode = {m: sum(v for v, f in terms.values() if f in kinds) for m, kinds in keep.items()}
+    if sel is not None:
+        freed = frees(sel.modules, is_moe, recipe, g.is_mla, sel.graphs_keep_norm)
+        core = "core_attn" in sel.modules
+        by_mode[CkptMode.SELECTIVE] = sum(v * (1.0 - freed.get(k, 0.0)) for k, (v, f) in terms.items()
+                                          if not (core and f == "core"))
     by_mode[CkptMode.FULL] = a * s * b * g.d / tp  # the block input only
     mode = np.asarray(mode_code)
     return np.select([mode == m for m in CkptMode], [by_mode[m] for m in CkptMode])
@@ -216,26 +228,29 @@ def block_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLik
 
 def moe_layer_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
                                mode_code: ArrayLike, a: float = 2.0, rope: bool = True,
-                               mcore: bool = False, recipe: str | None = None) -> np.ndarray:
+                               mcore: bool = False, recipe: str | None = None,
+                               sel: Selective | None = None) -> np.ndarray:
     """One MoE block's stored activations per device (see :func:`block_activation_terms`)."""
-    return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope, mcore, recipe)
+    return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope, mcore, recipe, sel)
 
 
 def dense_block_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, mode_code: ArrayLike,
                       a: float = 2.0, rope: bool = True, mcore: bool = False,
-                      recipe: str | None = None) -> np.ndarray:
+                      recipe: str | None = None, sel: Selective | None = None) -> np.ndarray:
     """One dense block's stored activations per device (see :func:`block_activation_terms`)."""
-    return block_activation_bytes(s, b, g, tp, 1, False, mode_code, a, rope, mcore, recipe)
+    return block_activation_bytes(s, b, g, tp, 1, False, mode_code, a, rope, mcore, recipe, sel)
 
 
 def outside_blocks_saved_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, a: float, first: bool,
-                               last: bool) -> np.ndarray:
+                               last: bool, ce_saved: float = 4.0) -> np.ndarray:
     """Saved tensors outside the blocks, per device and micro-batch: int64 token ids (embedding
     backward) and RoPE tables on the first stage; the final norm's input and statistics, the LM
-    head input, the fp32 log-softmax and int64 labels on the last stage."""
+    head input, what the loss keeps per logit (``ce_saved`` bytes: the fp32 log-softmax or softmax, or
+    TE's bf16 logits holding their gradient, stack_memory.cross_entropy_bytes) and int64 labels on the
+    last stage."""
     T = s * b
     V_loc = vocab_shard(g.vocab, tp)
-    head = a * T * g.d * 2 / tp + 8.0 * T / tp + 4.0 * T * V_loc + 8.0 * T
+    head = a * T * g.d * 2 / tp + 8.0 * T / tp + ce_saved * T * V_loc + 8.0 * T
     # each MTP layer (last stage) runs the final norm, LM head and loss again, and saves the inputs of its two
     # input norms (the embedding of the shifted tokens, the hidden states) and of its 2d -> d projection
     mtp = g.mtp * (head + a * T * 4 * g.d / tp + 2 * 8.0 * T / tp)
@@ -288,17 +303,18 @@ def state_bytes_per_param(state: ModelState, precision: str, optimizer: str, sta
             "master_grads": 4.0 if (low and state.master_grad) else 0.0, "linear_weights": linear}
 
 
-def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = False, recipe: str | None = None):
+def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = False, recipe: str | None = None,
+                       sel: Selective | None = None):
     """(one dense block's, one MoE block's saved bytes, the extra peak of a full recompute) per device
     and micro-batch, arrays over plans: full recompute still materialises one layer's full
     activations during its backward. Computed once per distinct (geometry, TP, CP, ETP, B_micro, ckpt),
     all they depend on (``s`` = seqlen / CP), and handed to the plans sharing it. ``mcore``: MoE blocks
-    as Megatron-Core saves them."""
+    as Megatron-Core saves them; ``sel``: a stack's selective recompute modules."""
     first, inv = distinct(*g.batch_keys, pl.tp, pl.cp, pl.etp, pl.mbs, pl.ckpt)
     g, pl, s = g.take(first), pl.take(first), s[first]
     tp, etp, mbs, ck = pl.tp.astype(float), pl.etp.astype(float), pl.mbs.astype(float), pl.ckpt
-    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope, mcore, recipe) if g.is_moe else 0.0
-    act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope, mcore, recipe)
+    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope, mcore, recipe, sel) if g.is_moe else 0.0
+    act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope, mcore, recipe, sel)
     zero = np.zeros_like(ck)
     whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope, mcore, recipe)
                        if g.is_moe else 0.0, dense_block_bytes(s, mbs, g, tp, zero, a, rope, mcore, recipe))
@@ -310,14 +326,17 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
                      reserve_bytes: float = RESERVE_BYTES, *, state: ModelState = MEGATRON,
                      allocator_fraction: float | None = None, context_bytes: float = DEFAULT_CONTEXT_BYTES,
                      rope: bool = True, shapes: PlanShapes | None = None, stack: Stack = PAPER_STACK,
-                     non_tn: bool = True) -> StageMemory:
+                     non_tn: bool = True, scaleup_domain: int = 8) -> StageMemory:
     """Bytes per device for the worst stage, by category, each an array over plans; the worst stage
     is chosen by total (:func:`worst_stage`; its index into :data:`STAGES` per plan: ``.stage``).
 
     Allocated (what torch.cuda.max_memory_allocated sees): weights, grads, optimizer (master
     weights, moments, master gradients), activations (saved for backward, :func:`block_activation_bytes`
-    per block plus the tensors outside the blocks), logits (the transient fp32 logits or their
-    gradient, one micro-batch). Then, with ``allocator_fraction`` None (legacy), one fixed
+    per block plus the tensors outside the blocks), logits (the loss's transient copy of the logits or
+    their gradient, one micro-batch), dispatcher (what the token dispatcher's transient buffers at a MoE
+    layer's forward add beyond that). Outside the allocator: ep_buffers (DeepEP / HybridEP communication
+    buffers, stack_memory.dispatcher_bytes; ``scaleup_domain`` GPUs per NVLink domain). Then, with
+    ``allocator_fraction`` None (legacy), one fixed
     ``reserve`` = ``reserve_bytes``; with a fraction (what the estimator passes),
     ``allocator`` = fraction x allocated (reserved minus allocated: fragmentation and cached
     blocks of the caching allocator) and ``context`` = ``context_bytes`` (outside the allocator).
@@ -336,9 +355,14 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
     sharded = state.shard_optimizer and opt_spec(optimizer).sharded
 
     recipe = stack.recipe(g.precision) if state.mcore_moe else None
-    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe, recipe)
+    sel = Selective.of(stack) if state.mcore_moe else None
+    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe, recipe, sel)
     inflight = _in_flight(pp, vpp, n_mb)
-    logits = 4.0 * s * mbs * sh.V_loc * (1 + g.mtp)  # fp32 logits forward, their gradient backward (each MTP head)
+    ce_saved, ce_transient = cross_entropy_bytes(stack.cross_entropy if state.mcore_moe else None)
+    # the loss's transient copy of the logits forward, of their gradient backward (each MTP head)
+    logits = ce_transient * s * mbs * sh.V_loc * (1 + g.mtp)
+    buffers, transient = (dispatcher_bytes(stack.dispatcher, s * mbs / tp, g.d, sh.E_loc, pl.ep * pl.etp,
+                                           scaleup_domain, a) if (g.is_moe and state.mcore_moe) else (0.0, 0.0))
     out = {}
     for name, (st, terms) in _stages(g, pl, pb, state, sharded).items():
         act = inflight[name] * (st.n_dense * act_den + st.n_moe * act_moe) + peak_layer
@@ -346,12 +370,15 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
         out[name] = terms
         grads = out[name]["grads"]
         n_r = st.router * float(state.router_fp32 and g.is_moe)
+        # the dispatcher's transient and the loss's come at different times: the peak has the larger
+        disp_t = np.where(st.n_moe > 0, transient, 0.0)
         if name == "middle":  # no embedding, no LM head (where PP <= 2 it is never the worst: worst_stage)
-            out[name].update(activations=act, logits=np.zeros_like(act))
+            out[name].update(activations=act, logits=np.zeros_like(act), dispatcher=disp_t)
         else:
-            outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, st.has_embedding, st.has_head)
+            outside = outside_blocks_saved_bytes(s, mbs, g, tp, a, st.has_embedding, st.has_head, ce_saved)
+            head_logits = np.where(st.has_head, logits, 0.0)
             out[name].update(activations=act + outside * np.where(st.has_head, 1.0, inflight[name]),
-                             logits=np.where(st.has_head, logits, 0.0))
+                             logits=head_logits, dispatcher=np.maximum(disp_t - head_logits, 0.0))
         if state.ddp_buckets:
             out[name]["ddp_buckets"] = np.where(dp > 1, grads, 0.0)
         if state.master_grad:
@@ -362,6 +389,7 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
         else:
             out[name]["allocator"] = allocator_fraction * alloc
             out[name]["context"] = np.full_like(tp, float(context_bytes))
+        out[name]["ep_buffers"] = np.where(st.n_moe > 0, buffers, 0.0)
     worst = worst_stage(out, pp)
     first, middle, last = (out[n] for n in STAGES)
     return StageMemory({k: np.where(worst == 0, first[k], np.where(worst == 1, middle[k], last[k])) for k in first},
@@ -452,7 +480,7 @@ def state_bytes(g: Geometry, pl: ParallelLayout, optimizer: str, state: ModelSta
     return np.maximum(*out)
 
 
-ALLOCATED = ("weights", "grads", "optimizer", "activations", "logits", "ddp_buckets", "master_grads")
+ALLOCATED = ("weights", "grads", "optimizer", "activations", "logits", "dispatcher", "ddp_buckets", "master_grads")
 
 
 def allocated_reserved(mem: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -460,10 +488,10 @@ def allocated_reserved(mem: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarr
     allocated = model state + activations + logits, all at once (a stack that keeps its gradient
     buffers for the whole step, as Megatron does; see :func:`reference_peak_allocated` for one
     that does not), reserved = allocated + allocator (torch.cuda.memory_reserved; the legacy fixed
-    reserve counts here), device total = reserved + context (what nvidia-smi shows)."""
+    reserve counts here), device total = reserved + context + ep_buffers (what nvidia-smi shows)."""
     allocated = sum(mem[k] for k in ALLOCATED if k in mem)
     reserved = allocated + mem.get("allocator", 0.0) + mem.get("reserve", 0.0)
-    return allocated, reserved, reserved + mem.get("context", 0.0)
+    return allocated, reserved, reserved + mem.get("context", 0.0) + mem.get("ep_buffers", 0.0)
 
 
 def reference_peak_allocated(mem: dict[str, np.ndarray], n_mb: ArrayLike) -> np.ndarray:

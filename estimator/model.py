@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scaleplan.estimator import analytic as an
-from scaleplan.estimator.ckpt import kernel_units, recomputes_block, recomputes_sdpa
+from scaleplan.estimator.ckpt import recompute, recomputes_block
 from scaleplan.estimator.comm import (  # noqa: F401  (re-exported: the model's public names)
     DDP_BUCKET_PARAMS,
     P2P_LAT_INTER_S,
@@ -168,14 +168,16 @@ class TimeModel:
         rec, sh = ctx.rec, ctx.shapes
         n_mb, ckc = sh.n_mb, lay.ckpt
         k = layer_kernels(ctx)
-        lt = layer_totals(k, ckc, self._framework_kernels(ctx), g.is_moe, stack.dispatcher != "allgather")
+        lt = layer_totals(k, ckc, self._framework_kernels(ctx), g.is_moe, stack.overlaps_shared_expert(),
+                          stack.recompute_modules, bool(np.any(g.is_mla)))
         w, t_step_host = self._stage_work(ctx, k, lt)
         st = self._periods(ctx, k, w)
         deg = degree_groups(g, lay)  # shared by the DP traffic, the optimizer step and the bias all-reduce
         t_dp, t_opt = self._dp_and_optimizer(ctx, k, lt, t_step_host, optimizer, deg)
         vpp = np.asarray(lay.vpp, dtype=float)
         it = IterationTime(
-            **layer_terms(k, lt.fw, n_mb, w.slowest_layers, w.slowest_moe if g.is_moe else 0.0, ckc, g.is_moe),
+            **layer_terms(k, lt.fw, n_mb, w.slowest_layers, w.slowest_moe if g.is_moe else 0.0, ckc, g.is_moe,
+                          stack.overlaps_shared_expert(), stack.recompute_modules, bool(np.any(g.is_mla))),
             dispatch_floor=n_mb * (st.period_disp - w.t_cmp),
             bubble=st.ramp_disp / vpp,
             vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
@@ -191,11 +193,12 @@ class TimeModel:
         # eq:desync, with the placement features of Megatron's rank order (desync_features)
         ep_nodes, pp_hops, deep = desync_features(lay, self.gpn)
         pp_nodes = pp_hops + 1
-        rc = recomputes_block(ckc)
+        rc = recompute(ckc, stack.recompute_modules)
+        rc = rc.block + rc.moe  # the forward exchange runs again when the whole MoE block is re-run
         t_a2a_wire = n_mb * w.slowest_moe * (k.a2a_f * (1 + rc) + k.a2a_b) if g.is_moe else np.zeros(P)
         chi = chi_sys(self.chi_c, t_a2a_wire, t_an, ep_nodes, pp_hops, deep)
         t_iter = chi * t_an
-        mfu, mfu_val, hfu = self._utilization(g, lay, gbs, seqlen, t_iter)
+        mfu, mfu_val, hfu = self._utilization(g, lay, gbs, seqlen, t_iter, stack.recompute_modules)
         return Evaluation(lay, n_mb, it, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
                           pp_nodes.astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
                           rec.notes, composed_share, rec.warned, rec.extrapolated, sh)
@@ -230,7 +233,7 @@ class TimeModel:
         if ctx.g.is_moe and ctx.stack.key(ctx.g.precision) != self.disp.kappa_stack:  # fused kernels run fewer
             kappa0 = kappa0 + framework_delta(ctx.stack, stack_from_key(self.disp.kappa_stack), ctx.shapes.E_loc,
                                               ctx.lay.ep, ctx.g.precision, kappa0)
-        n_fw = kernel_units(ckc) * np.maximum(kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
+        n_fw = recompute(ckc, ctx.stack.recompute_modules).units * np.maximum(kappa0 / 4.0 - COSTED_KERNELS_PER_FWD, 0.0)
         ctx.rec.mark("framework_kernels", MEASURED if ctx.tables.t_kernel_min_s else ANALYTIC)
         return n_fw * self.t_kernel_min * self.kernel_scale
 
@@ -292,9 +295,10 @@ class TimeModel:
         t_opt = t_opt + t_step_host if self.serial else np.maximum(t_opt, t_step_host)
         return t_dp, t_opt
 
-    def _utilization(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int,
-                     t_iter: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """eq:mfu's MFU, MFU in the validation sweeps' FLOP count, and HFU (fractions of peak)."""
+    def _utilization(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int, t_iter: np.ndarray,
+                     modules: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """eq:mfu's MFU, MFU in the validation sweeps' FLOP count, and HFU (fractions of peak; a stack's
+        selective ``modules`` credit the attention scores where they hold core_attn, nothing else)."""
         ckc = lay.ckpt
         tokens = gbs * seqlen
         denom = t_iter * self.prof.peak(g.precision) * lay.n_devices
@@ -305,6 +309,7 @@ class TimeModel:
         # HFU: add the recomputed forward FLOPs (full: the transformer blocks' 2 N_act per token;
         # selective / super-selective: the causal attention-score FLOPs)
         attn_score = 2.0 * seqlen * g.nq * g.hd * g.L  # per token, causal fwd QK^T + PV
-        rec_flops = (recomputes_block(ckc) * 2.0 * g.n_act + recomputes_sdpa(ckc) * attn_score) * tokens
+        r = recompute(ckc, modules)
+        rec_flops = (r.block * 2.0 * g.n_act + r.sdpa * attn_score) * tokens
         hfu = (6.0 * g.n_act * tokens + rec_flops) / denom
         return mfu, mfu_val, hfu

@@ -17,11 +17,20 @@ Megatron-Core core_v0.19.0 and Transformer Engine 2.x. Bytes.
 * Fused activation: Megatron-Core's fused (weighted) SwiGLU (bias_swiglu_fusion, on by default;
   WeightedSwiGLUFunction) saves its input and the routing probabilities only: no activation output and no
   probability product are kept for the backward.
+* Cross-entropy (per logit element of one micro-batch): Megatron-Core's vocab-parallel loss, unfused or fused
+  (tensor_parallel/cross_entropy.py, fusions/fused_cross_entropy.py), casts the bf16 logits to an fp32 copy,
+  turns it into the softmax in place and saves it (4 bytes); the bf16 logits live until the loss returns and
+  the bf16 gradient is cast from the fp32 one in the backward (2 bytes, transient, at the activation peak).
+  Transformer Engine's (triton/cross_entropy.py) writes the gradient into the bf16 logits in the forward and
+  saves them: 2 bytes, nothing transient. The reference model keeps an fp32 log-softmax and its fp32 logits.
 * Recomputed modules: layernorm and moe_act (TEGroupedMLP activation_recompute, the pre-MLP TENorm) run under
   CheckpointWithoutOutput, whose output storage is freed once its consumers have run and rebuilt in the
   backward; the attention's norm is fused into TE's LayerNormLinear and has no output of its own to drop.
 """
 from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 E8M0_PER_ELEMENT = 1.0 / 32.0  # MXFP8: one scale byte per 32 elements
 # saved inputs of FP8 GEMMs (estimator.memory.block_activation_terms' names): attention QKV and output
@@ -31,6 +40,14 @@ FP8_GEMM_INPUTS = ("qkv_in", "out_proj_in", "fc2_in", "expert_in", "expert_fc2_i
 DENSE_FFN_INPUT = "ffn_in"  # the dense MLP's fc1 input (an FP8 GEMM input in a dense block only)
 # tensors a fused (weighted) SwiGLU does not keep
 FUSED_ACTIVATION_DROPS = ("act_out", "expert_act_out", "expert_probs_in", "shared_act_out")
+
+
+def cross_entropy_bytes(impl: str | None) -> tuple[float, float]:
+    """(saved, transient) bytes per logit element of the loss (module docstring): ``impl`` a stack's
+    cross_entropy ("native", "unfused", "te"), None for the reference model."""
+    if impl is None:
+        return 4.0, 4.0
+    return (2.0, 0.0) if impl == "te" else (4.0, 2.0)
 
 
 def grad_bytes(grads_fp32: bool, param_bytes: float) -> float:
@@ -116,3 +133,66 @@ def non_tn_fp8(gpu_name: str | None) -> bool:
     from scaleplan.profiles import gpu_model
 
     return (gpu_model(gpu_name) or "") in NON_TN_GPUS
+
+
+# DeepEP's normal-mode buffer (deep_ep v1.2.1, csrc/config.hpp get_nvl_buffer_size_hint and
+# get_rdma_buffer_size_hint, the configs of deep_ep/buffer.py get_dispatch_config / get_combine_config, which
+# Megatron-Core's fused_a2a.get_buffer takes the larger of): received-token chunks per channel and peer
+_DEEPEP_NVL_RECV = ((8, 256), (64, 288), (128, 560), (160, 720))  # (up to this many ranks, NVLink recv tokens)
+DEEPEP_RDMA_RECV = 128
+DEEPEP_NUM_SMS = 20      # deep_ep Buffer.num_sms, Megatron-Core's historical default: channels = SMs / 2
+NVL_PEERS = 8            # deep_ep NUM_MAX_NVL_PEERS
+_TOPK, _SCALES, _META = 128, 128, 8  # kNumMaxTopK, kNumMaxScales, sizeof(SourceMeta)
+
+
+def deepep_buffer_bytes(hidden: float, ranks: int) -> float:
+    """Bytes of DeepEP's NVLink and RDMA buffers on each rank of an EP group of ``ranks`` (normal mode, bf16
+    hidden states: hidden_bytes = 2 hidden, what fused_a2a.get_hidden_bytes gives). They do not depend on the
+    tokens: chunks of received tokens per channel and peer, with their top-k indices and weights and scales."""
+    ch, nvl, rdma = DEEPEP_NUM_SMS // 2, min(ranks, NVL_PEERS), max(ranks // NVL_PEERS, 1)
+    recv = next((n for up_to, n in _DEEPEP_NVL_RECV if ranks <= up_to), _DEEPEP_NVL_RECV[-1][1])
+    hb = 2.0 * hidden
+    per_token = hb + _META + _TOPK * 8 + _TOPK * 4 + _SCALES * 4
+    nvl_bytes = ch * nvl * (2 * rdma + 3) * 4 + ch * nvl * recv * per_token
+    rdma_bytes = 0.0
+    if ranks > NVL_PEERS:  # NVSHMEM buffers for the peers in other NVLink domains (16: an int4 per token)
+        rdma_bytes = ch * rdma * (NVL_PEERS * 2 + 2) * 2 * 4 + ch * rdma * DEEPEP_RDMA_RECV * 2 * (per_token + 16)
+    return float(sum(-(-int(x) // 128) * 128 for x in (nvl_bytes, rdma_bytes)))
+
+
+def hybridep_buffer_bytes(tokens: ArrayLike, hidden: float, e_loc: ArrayLike, ranks: ArrayLike,
+                          domain: int) -> np.ndarray:
+    """Bytes of HybridEP's buffers on each rank (DeepEP hybrid-ep branch, csrc/hybrid_ep/buffer: NVLCoordinator
+    and, across NVLink domains, RDMACoordinator; bf16 tokens, shared dispatch/combine buffer), sized on the first
+    dispatch for the worst case, every token of the group routed to this rank: ``tokens`` per rank (what the
+    dispatcher receives: the sequence shard / TP), ``e_loc`` local experts, ``ranks`` in the group, of which
+    ``domain`` share an NVLink domain. Arrays over plans."""
+    t, e_loc, ranks = (np.asarray(x, dtype=float) for x in (tokens, e_loc, ranks))
+    r = np.minimum(ranks, float(domain))
+    nodes = np.ceil(ranks / r)
+    worst = t * r * nodes
+    nvl = worst * (2.0 * hidden + 4.0 * e_loc * r + 4.0 * np.floor(hidden / 128))
+    far = nodes - 1.0
+    per_tok = 2.0 * hidden + 4.0 * e_loc * r
+    rdma = np.where(far > 0, t * (2.0 * hidden + 4.0 * e_loc * r * nodes + 4.0 * np.floor(hidden / 128))
+                    + t * far * (per_tok + 4.0 * np.floor(hidden / 128)) + 2.0 * t * far * per_tok, 0.0)
+    return nvl + rdma
+
+
+def dispatcher_bytes(dispatcher: str, tokens: ArrayLike, hidden: float, e_loc: ArrayLike, ranks: ArrayLike,
+                     domain: int, act_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """(communication buffers outside the caching allocator, transient allocated bytes at a MoE layer's
+    forward) of the token dispatcher on each rank, arrays over plans; ``ranks`` the EP group (ETP x EP ranks),
+    ``tokens`` per rank. The all-gather dispatcher gathers every rank's tokens (token_dispatcher.py
+    MoEAllGatherTokenDispatcher: ``ranks`` x ``tokens`` rows, and the combine's rows before the
+    reduce-scatter); the all-to-all exchanges only the routed rows the experts keep anyway."""
+    t, ranks = np.asarray(tokens, dtype=float), np.asarray(ranks, dtype=float)
+    zero = np.zeros(np.broadcast(t, ranks).shape)
+    multi = ranks > 1
+    if dispatcher == "hybridep":
+        return np.where(multi, hybridep_buffer_bytes(t, hidden, e_loc, ranks, domain), 0.0), zero
+    if dispatcher == "deepep":
+        return np.where(multi, np.vectorize(lambda r: deepep_buffer_bytes(hidden, int(r)))(ranks + zero), 0.0), zero
+    if dispatcher == "allgather":
+        return zero, np.where(multi, act_bytes * t * ranks * hidden, 0.0)
+    return zero, zero

@@ -4,12 +4,13 @@ host dispatch from the blocks the shapes record counts on it (:class:`~scaleplan
 and the stage whose layers pace the step. Seconds per micro-batch, arrays over plans."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from scaleplan.estimator.ckpt import CkptMode, kernel_units, recomputes_block
+from scaleplan.estimator.ckpt import FULL_UNITS, recompute
 from scaleplan.estimator.context import EvalContext
-from scaleplan.estimator.dispatch import DispatchLaw, dispatch_time
+from scaleplan.estimator.dispatch import DispatchLaw, dispatch_time, ep_host_time
 from scaleplan.estimator.kernel_counts import stack_extra_kernels
 from scaleplan.estimator.kernels import LayerKernels
 from scaleplan.estimator.pipeline import Middle, StageWork
@@ -35,22 +36,26 @@ class LayerTotals:
 
 
 def layer_totals(k: LayerKernels, ckc: np.ndarray, fw: np.ndarray, is_moe: bool,
-                 overlap: bool = True) -> LayerTotals:
+                 overlap: bool = True, modules: Iterable[str] | None = None, mla: bool = False) -> LayerTotals:
     """:class:`LayerTotals` from the kernels ``k``, the checkpoint mode codes ``ckc`` and one block's
     framework kernels ``fw``; the shared expert runs under the routed all-to-all (the max of the two) where
-    the stack ``overlap``s them (--moe-shared-expert-overlap: the alltoall and flex dispatchers), else after it."""
+    the stack ``overlap``s them (--moe-shared-expert-overlap: the alltoall and flex dispatchers), else after it.
+    ``modules``: what the stack's selective checkpointing recomputes (estimator/recompute.py; None: core_attn);
+    ``mla``: the attention's input norm is a separate module too."""
     common_f = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f
     common_b = k.attn_b + k.sd_b + k.ew_b + k.tp_b + k.cp_b
     both = np.maximum if overlap else np.add
     moe_lf = common_f + k.moe_f + both(k.sh_f, k.a2a_f)
     moe_lb = common_b + k.moe_b + both(k.sh_b, k.a2a_b)
     den_lf, den_lb = common_f + k.dense_f, common_b + k.dense_b
-    FULL, SUPER, SEL = CkptMode.FULL, CkptMode.SUPER_SELECTIVE, CkptMode.SELECTIVE
-    rc_moe = np.select([ckc == FULL, ckc == SUPER, ckc == SEL],
-                       [moe_lf, k.sd_f + k.ew_f + (k.perm if is_moe else 0.0), k.sd_f], 0.0)
-    rc_den = np.select([ckc == FULL, ckc == SUPER, ckc == SEL], [den_lf, k.sd_f + k.ew_f, k.sd_f], 0.0)
-    rc1 = recomputes_block(ckc)
-    a2a_x = (both(k.sh_f, k.a2a_f) - k.sh_f) * (1 + rc1) + both(k.sh_b, k.a2a_b) - k.sh_b
+    r = recompute(ckc, modules)
+    part_f = r.sdpa * k.sd_f + r.mla_up * k.mla_up_f
+    rc_moe = np.where(r.block > 0, moe_lf, part_f + r.pointwise * k.ew_f + r.pointwise * (k.perm if is_moe else 0.0)
+                      + r.norm * (1.0 + mla) * k.norm_f + r.act * k.act_f + r.shared * k.sh_f
+                      + r.moe * (k.moe_f + both(k.sh_f, k.a2a_f)))
+    rc_den = np.where(r.block > 0, den_lf, part_f + r.pointwise * k.ew_f + r.norm * float(mla) * k.norm_f
+                      + r.mlp * k.dense_f)
+    a2a_x = (both(k.sh_f, k.a2a_f) - k.sh_f) * (1 + r.block + r.moe) + both(k.sh_b, k.a2a_b) - k.sh_b
     moe = moe_lf + moe_lb + rc_moe + fw if is_moe else np.zeros(np.shape(den_lf))
     return LayerTotals(common_f, common_b, den_lf, den_lb, moe, den_lf + den_lb + rc_den + fw,
                        a2a_x if is_moe else np.zeros(np.shape(den_lf)), fw)
@@ -86,11 +91,16 @@ def stage_dispatch(ctx: EvalContext, law: DispatchLaw, st: StageCounts) -> np.nd
     n_moe = st.n_moe if g.is_moe else 0.0
     E_loc = ctx.shapes.E_loc if g.is_moe else 0.0
     extra = 0.0
+    law_stack = stack_from_key(law.kappa_stack)
     if ctx.stack.key(g.precision) != law.kappa_stack:
-        per_moe, per_dense = stack_extra_kernels(ctx.stack, stack_from_key(law.kappa_stack), np.asarray(E_loc),
+        per_moe, per_dense = stack_extra_kernels(ctx.stack, law_stack, np.asarray(E_loc),
                                                  lay.ep, g.precision, law.kappa0, g.glu, g.has_shared)
         extra = n_moe * per_moe + (st.n_layers - n_moe) * per_dense
-    return dispatch_time(law, st.n_layers, E_loc, lay.ckpt, n_moe, lay.ep, extra)
+    r = recompute(lay.ckpt, ctx.stack.recompute_modules)
+    units = r.units / FULL_UNITS
+    drop_pad = bool(np.all(np.asarray(g.capacity_factor) != 1.0))
+    ep_host = ep_host_time(law, law_stack.dispatcher, ctx.stack.dispatcher, units, 1.0 + r.block + r.moe, drop_pad)
+    return dispatch_time(law, st.n_layers, E_loc, lay.ckpt, n_moe, lay.ep, extra, units, ep_host)
 
 
 def dp_windows(ctx: EvalContext, k: LayerKernels, lt: LayerTotals, stages: list[StageCounts],
@@ -100,7 +110,7 @@ def dp_windows(ctx: EvalContext, k: LayerKernels, lt: LayerTotals, stages: list[
     all-to-all (the traffic shares its links) or, when the pass is dispatch-bound, the host's share of the
     stage's launch time ``disp`` (in the checkpoint mode's kernel units: forward 1, backward with its
     recompute the rest), whichever is longer: the NCCL stream runs meanwhile."""
-    share_f = 1.0 / kernel_units(ctx.lay.ckpt)
+    share_f = 1.0 / recompute(ctx.lay.ckpt, ctx.stack.recompute_modules).units
     moe_f, moe_b = lt.common_f + k.moe_f + k.sh_f, lt.common_b + k.moe_b + k.sh_b
     fwd, bwd = [], []
     for st, t_disp in zip(stages, disp):

@@ -261,6 +261,11 @@ _IGNORED = {
 }
 
 
+def stack_features(m: ModelBlock) -> dict[str, bool]:
+    """The model features the stack's rules read (scaleplan.stack.check_for_model): MLA, a shared expert."""
+    return {"mla": m.mla is not None, "shared_expert": bool(m.moe and m.moe.shared_expert_inter_sz)}
+
+
 class Spec(BaseModel):
     """A whole model spec (paper lst:perf-model-input plus an optional ``parallelism`` block)."""
 
@@ -291,7 +296,8 @@ class Spec(BaseModel):
     def _stack_fits_the_model(self) -> Spec:
         moe = self.model.moe
         try:
-            check_for_model(self.stack, self.model.precision, moe.capacity_factor if moe else None)
+            check_for_model(self.stack, self.model.precision, moe.capacity_factor if moe else None,
+                            **stack_features(self.model))
         except SpecError as e:
             raise _FieldCheck(e.field, e.value, str(e.allowed)) from None
         return self

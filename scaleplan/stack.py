@@ -37,12 +37,21 @@ DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 # --cuda-graph-modules with --cuda-graph-impl transformer_engine (per-layer graphs)
 CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+# --recompute-modules under --recompute-granularity selective (TransformerConfig.recompute_modules; gdn_norm_out,
+# the GatedDeltaNet norm, has no model here): estimator/recompute.py says what each frees and re-runs
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+# the loss: Megatron-Core's vocab-parallel cross-entropy unfused, fused (--cross-entropy-loss-fusion, the "native"
+# jit-fused implementation) or Transformer Engine's (--cross-entropy-fusion-impl te), which writes the gradient
+# into the logits (estimator/stack_memory.cross_entropy_bytes)
+CROSS_ENTROPY = ("native", "te", "unfused")
 
 Experts = Literal["grouped", "sequential"]
 GroupedGemm = Literal["per_expert", "grouped"]
 Dispatcher = Literal["alltoall", "allgather", "deepep", "hybridep"]
 Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
 GraphModule = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess"]
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
+CrossEntropy = Literal["native", "te", "unfused"]
 
 DEFAULT_FP8_RECIPE = "tensorwise"
 
@@ -54,7 +63,12 @@ class Stack(BaseModel):
     dispatcher, cuda_graphs (modules captured per layer; empty: none), fp8_recipe (None: tensorwise when
     the model is FP8; only with model.precision fp8), fp8_param (--fp8-param-gather: FP8 primary weights),
     grads_fp32 (the gradient buffer and its reduce-scatter in fp32, Megatron-LM's default under --bf16;
-    false: --grad-reduce-in-bf16, as Megatron-Bridge's MoE performance recipes run).
+    false: --grad-reduce-in-bf16, as Megatron-Bridge's MoE performance recipes run), cross_entropy
+    (:data:`CROSS_ENTROPY`; the paper's stack fuses it, app:training-stack), shared_expert_overlap
+    (--moe-shared-expert-overlap: the shared expert runs under the routed exchange; the all-gather dispatcher
+    never overlaps it), recompute_modules (what the layout's ``selective`` checkpointing recomputes,
+    Megatron-Core's --recompute-modules; None: core_attn, its default; ``super-selective`` stays core_attn,
+    layernorm and moe_act whatever this says).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -67,11 +81,16 @@ class Stack(BaseModel):
     fp8_recipe: Fp8Recipe | None = None
     fp8_param: bool = False
     grads_fp32: bool = True
+    cross_entropy: CrossEntropy = "native"
+    shared_expert_overlap: bool = True
+    recompute_modules: tuple[RecomputeModule, ...] | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Stack:
-        if len(set(self.cuda_graphs)) != len(self.cuda_graphs):
-            raise FieldCheck("cuda_graphs", list(self.cuda_graphs), "each module at most once")
+        for name in ("cuda_graphs", "recompute_modules"):
+            mods = getattr(self, name) or ()
+            if len(set(mods)) != len(mods):
+                raise FieldCheck(name, list(mods), "each module at most once")
         if "moe_preprocess" in self.cuda_graphs and "moe_router" not in self.cuda_graphs:
             raise FieldCheck("cuda_graphs", list(self.cuda_graphs), "moe_preprocess only together with moe_router")
         if self.grouped_gemm == "grouped" and self.experts != "grouped":
@@ -83,6 +102,16 @@ class Stack(BaseModel):
         None when the model does not run FP8 GEMMs."""
         return (self.fp8_recipe or DEFAULT_FP8_RECIPE) if precision == "fp8" else None
 
+    def selective_modules(self) -> tuple[str, ...]:
+        """The modules the layout's ``selective`` checkpointing recomputes: :attr:`recompute_modules`, or
+        Megatron-Core's default (core_attn) when it is None."""
+        return ("core_attn",) if self.recompute_modules is None else tuple(self.recompute_modules)
+
+    def overlaps_shared_expert(self) -> bool:
+        """Whether the shared expert runs under the routed exchange (--moe-shared-expert-overlap, which
+        Megatron-Core allows with the all-to-all and flex dispatchers only)."""
+        return self.shared_expert_overlap and self.dispatcher != "allgather"
+
     def key(self, precision: str = "bf16") -> str:
         """The stack as one canonical string: "megatron" for the paper's stack in bf16, else "megatron" and its
         departures from it in field order ("megatron[grouped_gemm=grouped,fp8_recipe=mxfp8]"). A
@@ -93,7 +122,7 @@ class Stack(BaseModel):
         for name, default in _DEFAULTS.items():
             v = self.recipe(precision) if name == "fp8_recipe" else getattr(self, name)
             if v != default:
-                parts.append(f"{name}={'+'.join(v) if isinstance(v, tuple) else str(v).lower()}")
+                parts.append(f"{name}={'+'.join(v) or 'none' if isinstance(v, tuple) else str(v).lower()}")
         return "megatron" + (f"[{','.join(parts)}]" if parts else "")
 
 
@@ -101,11 +130,13 @@ PAPER_STACK = Stack()
 _DEFAULTS = {name: getattr(PAPER_STACK, name) for name in Stack.model_fields}
 
 
-def check_for_model(stack: Stack, precision: str, capacity_factor: float | None) -> None:
+def check_for_model(stack: Stack, precision: str, capacity_factor: float | None, *, mla: bool = False,
+                    shared_expert: bool = False) -> None:
     """Cross-field rules between the stack and the model. Raises SpecError (one line): an FP8 recipe or FP8
     weights on a model that is not FP8; the grouped GEMM kernel with a recipe TE runs per expert; a captured
     MoE layer ("moe") without a capacity factor (Megatron-Core captures whole MoE layers only when they drop
-    and pad: CudaGraphModule.moe)."""
+    and pad: CudaGraphModule.moe); a recompute module Megatron-Core refuses for this model and stack
+    (:func:`check_recompute`). ``mla``: the model has multi-latent attention; ``shared_expert``: a shared expert."""
     if precision != "fp8" and stack.fp8_recipe is not None:
         raise SpecError("stack.fp8_recipe", stack.fp8_recipe, "set only with model.precision fp8")
     if precision != "fp8" and stack.fp8_param:
@@ -117,6 +148,26 @@ def check_for_model(stack: Stack, precision: str, capacity_factor: float | None)
     if "moe" in stack.cuda_graphs and (capacity_factor is None or capacity_factor == 1.0):
         raise SpecError("stack.cuda_graphs", "moe", "a whole MoE layer is captured only with drop-and-pad "
                         "(model.moe.capacity_factor != 1); capture moe_router and moe_preprocess instead")
+    check_recompute(stack, precision, mla, shared_expert)
+
+
+def check_recompute(stack: Stack, precision: str, mla: bool, shared_expert: bool) -> None:
+    """Megatron-Core's rules for --recompute-modules (core_v0.19.0 TransformerConfig.__post_init__), one-line
+    SpecError: moe_act needs grouped-GEMM experts, mla_up_proj multi-latent attention; moe_act and layernorm
+    refuse delayed FP8 scaling; shared_experts refuses --moe-shared-expert-overlap (and needs a shared expert)."""
+    mods, field = stack.recompute_modules or (), "stack.recompute_modules"
+    if "moe_act" in mods and stack.experts != "grouped":
+        raise SpecError(field, "moe_act", "with experts: grouped only (Megatron-Core: only with --moe-grouped-gemm)")
+    if "mla_up_proj" in mods and not mla:
+        raise SpecError(field, "mla_up_proj", "only for a model with multi-latent attention (model.mla)")
+    if stack.recipe(precision) == "delayed" and {"moe_act", "layernorm"} & set(mods):
+        raise SpecError(field, sorted({"moe_act", "layernorm"} & set(mods)),
+                        "without moe_act and layernorm under delayed FP8 scaling (Megatron-Core refuses them)")
+    if "shared_experts" in mods and not shared_expert:
+        raise SpecError(field, "shared_experts", "only for a model with a shared expert")
+    if "shared_experts" in mods and stack.overlaps_shared_expert():
+        raise SpecError(field, "shared_experts", "with shared_expert_overlap: false only (Megatron-Core refuses "
+                        "shared-expert recompute with --moe-shared-expert-overlap)")
 
 
 def parse_stack(text: str, base: Stack | None = None, field: str = "--stack") -> Stack:
@@ -132,7 +183,7 @@ def parse_stack(text: str, base: Stack | None = None, field: str = "--stack") ->
             if val.lower() not in ("true", "false"):
                 raise SpecError(f"{field} {key}", val, "true or false")
             values[key] = val.lower() == "true"
-        elif key == "cuda_graphs":
+        elif key in ("cuda_graphs", "recompute_modules"):
             values[key] = tuple(m for m in val.split("+") if m and m != "none")
         else:
             values[key] = None if val == "none" and key == "fp8_recipe" else val

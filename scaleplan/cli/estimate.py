@@ -165,10 +165,11 @@ def _load_spec(spec_path, stack: str | None = None):
     stderr for each field read but not used (Spec.ignored)."""
     spec = specs.load_spec(spec_path)
     if stack:
+        from scaleplan.specs import stack_features
         from scaleplan.stack import check_for_model, parse_stack
 
         st, moe = parse_stack(stack, spec.stack), spec.model.moe
-        check_for_model(st, spec.model.precision, moe.capacity_factor if moe else None)
+        check_for_model(st, spec.model.precision, moe.capacity_factor if moe else None, **stack_features(spec.model))
         spec = spec.model_copy(update={"stack": st})
     for line in spec.ignored():
         stderr.print(f"note: {spec_path}: {line}", highlight=False, markup=False)

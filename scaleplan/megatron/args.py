@@ -22,6 +22,7 @@ from scaleplan.megatron.features import attention_args, feature_notes, mlp_args,
 from scaleplan.megatron.stack_args import stack_args, stack_notes
 from scaleplan.estimator.shapes import accounted_ends, layout_shapes, split_of
 from scaleplan.specs import Layout, ModelBlock, Spec
+from scaleplan.stack import Stack
 
 # fp8: the recipe is the stack's (--fp8-recipe, scaleplan/megatron/stack_args.py; default the current-scaling
 # "tensorwise": Megatron-LM's default, delayed scaling, refuses the moe_act and layernorm recompute that
@@ -123,7 +124,7 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | 
     m, lo = spec.model, layout_dict(layout)
     out = _model_args(m, spec.data.seqlen)
     if m.moe is not None:
-        out += _moe_args(m, overlap=spec.stack.dispatcher != "allgather")
+        out += _moe_args(m, overlap=spec.stack.overlaps_shared_expert())
     out += stack_args(spec.stack, m.precision, m.moe is not None)
     out += [["--tensor-model-parallel-size", str(lo["tp"])], ["--pipeline-model-parallel-size", str(lo["pp"])],
             ["--context-parallel-size", str(lo["cp"])], ["--expert-model-parallel-size", str(lo["ep"])],
@@ -132,8 +133,8 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | 
         out.append(["--sequence-parallel"])
     out += _stage_args(m, lo, spec.data.seqlen)
     out += [["--micro-batch-size", str(lo["mbs"])], ["--global-batch-size", str(spec.data.gbs)]]
-    if _RECOMPUTE[lo["ckpt"]]:
-        out.append(_RECOMPUTE[lo["ckpt"]])
+    if recompute_args(lo["ckpt"], spec.stack):
+        out.append(recompute_args(lo["ckpt"], spec.stack))
     opt, distributed = _OPTIMIZER[spec.optimizer.optimizer_type]
     out.append(["--optimizer", opt])
     if distributed:
@@ -143,8 +144,18 @@ def megatron_args(spec: Spec, layout: dict[str, Any] | Layout, budget: Budget | 
                 ["--lr-warmup-samples", str(budget.warmup_samples)],
                 ["--lr-decay-samples", str(budget.train_samples)], ["--lr-wsd-decay-style", "linear"],
                 ["--lr-wsd-decay-samples", str(budget.decay_samples)], ["--min-lr", "0.0"]]
-    out.append(["--cross-entropy-loss-fusion"])
+    if spec.stack.cross_entropy != "unfused":
+        out.append(["--cross-entropy-loss-fusion"])
     return to_hybrid(m, lo, out) if hybrid else out
+
+
+def recompute_args(ckpt: str, stack: Stack) -> list[str]:
+    """The recompute flags of a checkpointing mode: ``selective`` recomputes the stack's --recompute-modules
+    (core_attn unless the stack names others; none named: no recompute flag at all)."""
+    if ckpt == "selective" and stack.recompute_modules is not None:
+        mods = list(stack.recompute_modules)
+        return ["--recompute-granularity", "selective", "--recompute-modules", *mods] if mods else []
+    return _RECOMPUTE[ckpt]
 
 
 # flags the hybrid pattern replaces: the layer count, the MoE layers, the virtual stages, the MTP depth and the

@@ -29,6 +29,7 @@ from typing import Any
 
 from scaleplan.errors import SpecError
 from scaleplan.megatron.args import moe_layer_pattern
+from scaleplan.stack import RECOMPUTE_MODULES
 from scaleplan.megatron.features import features_of_args, router_of_args
 from scaleplan.megatron.hybrid import block_window_list, read_pattern
 from scaleplan.megatron.pipeline_split import stated_split
@@ -181,11 +182,12 @@ def _ckpt(a: dict[str, Any], where: str) -> str:
     if gran == "full":
         return "full"
     mods = set(a.get("recompute_modules") or ["core_attn"])
-    if mods == {"core_attn"}:
-        return "selective"
-    if mods <= {"core_attn", "layernorm", "moe_act"}:
+    if mods == {"core_attn", "layernorm", "moe_act"}:
         return "super-selective"
-    raise SpecError(f"{where}: recompute_modules", sorted(mods), "core_attn, optionally with layernorm and moe_act")
+    unknown = mods - set(RECOMPUTE_MODULES)
+    if unknown:
+        raise SpecError(f"{where}: recompute_modules", sorted(unknown), f"among {', '.join(RECOMPUTE_MODULES)}")
+    return "selective"  # any other set: the stack's recompute_modules (stack_args.recompute_modules_of)
 
 
 _OPTIMIZERS = {"adam": "adamw", "sgd": "sgd", "muon": "muon", "dist_muon": "muon"}

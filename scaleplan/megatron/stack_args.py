@@ -44,6 +44,8 @@ def stack_args(stack: Stack, precision: str, moe: bool) -> list[list[str]]:
         out.append(["--fp8-param-gather"])
     if not stack.grads_fp32:
         out.append(["--grad-reduce-in-bf16"])
+    if stack.cross_entropy == "te":  # --cross-entropy-loss-fusion itself is the caller's (args.py)
+        out.append(["--cross-entropy-fusion-impl", "te"])
     return out
 
 
@@ -82,6 +84,8 @@ def stack_from_dump(a: dict[str, Any], where: str) -> dict[str, Any]:
                       ("fp8_param_gather", "fp8_param")):
         if a.get(arg):
             block[name] = True
+    if a.get("moe_shared_expert_intermediate_size") and kind != "allgather" and not a.get("moe_shared_expert_overlap"):
+        block["shared_expert_overlap"] = False
     if a.get("grad_reduce_in_bf16") or ("accumulate_allreduce_grads_in_fp32" in a
                                         and not a["accumulate_allreduce_grads_in_fp32"] and a.get("bf16")):
         block["grads_fp32"] = False
@@ -90,7 +94,27 @@ def stack_from_dump(a: dict[str, Any], where: str) -> dict[str, Any]:
         raise SpecError(f"{where}: cuda_graph_impl", impl, "none, local or transformer_engine (per-layer graphs)")
     if impl != "none":
         block["cuda_graphs"] = list(_modules(a.get("cuda_graph_modules")) or ("attn", "mlp"))
+    if not a.get("cross_entropy_loss_fusion"):
+        block["cross_entropy"] = "unfused"
+    elif a.get("cross_entropy_fusion_impl") == "te":
+        block["cross_entropy"] = "te"
+    mods = recompute_modules_of(a)
+    if mods is not None:
+        block["recompute_modules"] = list(mods)
     recipe = (a.get("fp8_recipe") or "delayed") if a.get("fp8") else None
     if recipe and recipe != "tensorwise":  # tensorwise: what a spec's fp8 means without a recipe
         block["fp8_recipe"] = recipe
     return block
+
+
+# the module sets the checkpointing modes name themselves (scaleplan.megatron.args._RECOMPUTE)
+NAMED_MODULE_SETS = ({"core_attn"}, {"core_attn", "layernorm", "moe_act"})
+
+
+def recompute_modules_of(a: dict[str, Any]) -> tuple[str, ...] | None:
+    """The stack's recompute_modules of a dump: None where its selective recompute is one the checkpointing
+    modes name (selective, super-selective) or it has none."""
+    if a.get("recompute_granularity") != "selective":
+        return None
+    mods = [str(m) for m in (a.get("recompute_modules") or ["core_attn"])]
+    return None if set(mods) in NAMED_MODULE_SETS else tuple(mods)

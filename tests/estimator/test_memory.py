@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 from scaleplan.estimator.model_dims import geometry
-from scaleplan.estimator.memory import MEGATRON, dense_block_bytes, dense_layer_activation_bytes, memory_breakdown
+from scaleplan.estimator.memory import (MEGATRON, dense_block_bytes, dense_layer_activation_bytes, memory_breakdown,
+                                        outside_blocks_saved_bytes)
 from scaleplan.estimator.layout import ParallelLayout
 
 from scaleplan.specs import Layout, ModelBlock
@@ -46,8 +47,8 @@ def test_flash_drops_the_score_term_and_full_recompute_keeps_layer_inputs():
     m = memory_breakdown(g, ParallelLayout.from_specs(lays, 8), gbs=64, seqlen=s, optimizer="adam")
     none, full = m["activations"]
     one_layer = float(dense_block_bytes(s, b, g, 1, 0, mcore=True))  # Megatron-Core's: its fused SwiGLU
-    outside = none - L * one_layer  # token ids, RoPE tables, final norm, LM head input, log-softmax
-    assert 0 < outside < one_layer
+    outside = none - L * one_layer  # token ids, RoPE tables, final norm, LM head input, the loss's softmax
+    assert outside == pytest.approx(float(outside_blocks_saved_bytes(s, b, g, 1, 2.0, True, True)))
     # full: one stored [s, b, h] bf16 input per layer + one layer's activations while it is recomputed
     assert full == pytest.approx(L * 2 * s * b * h + one_layer + outside)
     assert none > full
@@ -106,7 +107,9 @@ def test_moe_blocks_save_what_megatron_core_saves(ckpt):
     only: no activation output of the routed experts (2 R f), the shared expert (2 T f_s) or the dense
     block (2 T d_ff), which the reference model keeps unless super-selective recompute drops them; under
     super-selective (--recompute-modules layernorm moe_act) Megatron-Core also frees the pre-MLP norm's output
-    (2 T h) and the experts' activation output, fc2's input (2 R f); R = T K routed rows."""
+    (2 T h) and the experts' activation output, fc2's input (2 R f); R = T K routed rows. In every block its
+    Transformer Engine attention saves contiguous q, k, v and no QKV GEMM output, which the reference model's
+    SDPA keeps alive through V's view beside the rotated q and k (2 T (n_q + n_kv) d_head less)."""
     from scaleplan.estimator.memory import REFERENCE_DDP
     from scaleplan.geometry import ladder_model
 
@@ -124,7 +127,8 @@ def test_moe_blocks_save_what_megatron_core_saves(ckpt):
     per_block = 4 * T * h + 2 * 2 * R * h + (2 * R * f + 2 * T * fs if act else 2 * T * h + 2 * R * f)
     # one stage holds the dense block and all L - 1 MoE blocks; full recompute keeps only the block inputs
     # (same in both) plus one MoE block's whole activations while it is recomputed
-    expect = per_block if ckpt == "full" else (L - 1) * per_block + (2 * T * dff if act else 0)
+    attn = 2 * T * (m.n_q_heads + m.n_kv_heads) * m.head_dim
+    expect = per_block + attn if ckpt == "full" else (L - 1) * per_block + L * attn + (2 * T * dff if act else 0)
     assert ref - mcore == pytest.approx(expect, rel=1e-9)
 
 

@@ -92,3 +92,68 @@ def test_layernorm_and_moe_act_recompute_drop_the_outputs_megatron_core_discards
     want = {"ffn_in": a * T * 2880, "expert_fc2_in": a * R * f}
     assert kept[CkptMode.SELECTIVE] - kept[CkptMode.SUPER_SELECTIVE] == pytest.approx(
         sum(want[n] for n in dropped) + float(terms["norm_stats"][0]))
+
+
+def test_megatron_attention_saves_contiguous_q_k_v_and_frees_the_qkv_buffer():
+    # GPT-OSS: 64 query heads, 8 KV heads of 64. The reference model's SDPA keeps V as a view of the QKV GEMM
+    # output (the whole buffer) beside the rotated q and k; Megatron-Core's TE attention copies v (TE's
+    # get_qkv_layout finds no layout for it), so q, k, v are three contiguous tensors and the buffer is freed
+    g = _gpt_oss_like()
+    s, b, a = 4096, 4, 2.0
+    T, hd = s * b, 64
+    for rope in (True, False):
+        mc = block_activation_terms(s, b, g, 1.0, 1.0, True, a, rope=rope, mcore=True)
+        assert mc["qkv_out"][0] + mc["qk_rope"][0] == pytest.approx(a * T * (64 + 8 + 8) * hd)
+    ref = block_activation_terms(s, b, g, 1.0, 1.0, True, a, rope=True, mcore=False)
+    assert ref["qkv_out"][0] + ref["qk_rope"][0] == pytest.approx(a * T * ((64 + 2 * 8) + (64 + 8)) * hd)
+
+
+def _memory(stack, tp=1, ep=8, mbs=4, profile_domain=8):
+    from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.estimator.memory import memory_breakdown
+    from scaleplan.specs import Layout
+
+    g = _gpt_oss_like()
+    pl = ParallelLayout.from_specs([Layout(tp=tp, ep=ep, mbs=mbs, ckpt="none")], 64)
+    return memory_breakdown(g, pl, 1280, 4096, "adamw", stack=stack, scaleup_domain=profile_domain)
+
+
+def test_the_losses_keep_what_their_code_keeps_per_logit():
+    # Megatron-Core's loss (fused or not): an fp32 softmax saved (4 bytes per logit) and, at the peak, the bf16
+    # logits or their bf16 gradient (2); TE's writes the gradient into the bf16 logits it saves (2, nothing more)
+    from scaleplan.estimator.model_dims import padded_vocab
+    from scaleplan.stack import Stack
+
+    TV = 4096 * 4 * float(padded_vocab(201088, 1))
+    native, te, unfused = (_memory(Stack(cross_entropy=c)) for c in ("native", "te", "unfused"))
+    assert native["logits"][0] == pytest.approx(2 * TV) and te["logits"][0] == 0.0
+    assert native["activations"][0] - te["activations"][0] == pytest.approx((4 - 2) * TV)
+    assert unfused["logits"][0] == native["logits"][0] and unfused["activations"][0] == native["activations"][0]
+
+
+def test_deepep_and_hybridep_buffers_by_hand():
+    # DeepEP (csrc/config.hpp) at EP 8: 10 channels (20 SMs / 2) x 8 NVLink peers x 256 received tokens, each the
+    # bf16 hidden state, its 8-byte source meta, 128 top-k indices (int64) and weights (fp32) and 128 fp32 scales
+    h = 2880
+    want = 10 * 8 * (2 * 1 + 3) * 4 + 10 * 8 * 256 * (2 * h + 8 + 128 * 8 + 128 * 4 + 128 * 4)
+    assert sm.deepep_buffer_bytes(h, 8) == pytest.approx(-(-want // 128) * 128)
+    # HybridEP (csrc/hybrid_ep/buffer/intranode.cu) at EP 8 in one NVLink domain: room for every token of the
+    # 8 ranks (16384 each) routed here: bf16 tokens, fp32 probabilities over 16 x 8 experts, fp32 scales per 128
+    worst = 16384 * 8
+    want = worst * 2 * h + worst * 16 * 8 * 4 + worst * (h // 128) * 4
+    assert sm.hybridep_buffer_bytes(16384, h, 16, 8, 8) == pytest.approx(want)
+    # the all-gather dispatcher gathers every rank's tokens (bf16) at each MoE layer's forward
+    buf, tr = sm.dispatcher_bytes("allgather", 16384, h, 16, 8, 8, 2.0)
+    assert buf == 0.0 and tr == pytest.approx(2.0 * 16384 * 8 * h)
+
+
+def test_communication_buffers_sit_outside_the_allocator():
+    from scaleplan.estimator.memory import allocated_reserved
+    from scaleplan.stack import Stack
+
+    hy, a2a = _memory(Stack(dispatcher="hybridep")), _memory(Stack())
+    assert hy["ep_buffers"][0] == pytest.approx(sm.hybridep_buffer_bytes(16384, 2880, 16, 8, 8))
+    assert a2a["ep_buffers"][0] == 0.0
+    alloc_h, _, total_h = allocated_reserved(hy)
+    alloc_a, _, total_a = allocated_reserved(a2a)
+    assert alloc_h[0] == pytest.approx(alloc_a[0]) and total_h[0] - total_a[0] == pytest.approx(hy["ep_buffers"][0])

@@ -47,16 +47,17 @@ def test_staged_runs_ordered_and_normalised_as_measured(est):
     assert mape <= 0.05, (mape, pred)
 
 
-def test_id1_fits_without_recompute_under_the_planners_rule_only(est):
-    """ID 1 (250 B total parameters) with MoE blocks saving what Megatron-Core saves, its SwiGLU the fused
-    weighted one (its input and the probabilities saved, no product): no recompute needs ~162 of 179 GB,
-    within 0.95 of HBM, not within the reference search's 0.9, where selective recompute (~159 GB) is the
-    lightest that fits. The other three fit without recompute under either rule."""
+def test_id1_fits_without_recompute_under_both_rules(est):
+    """ID 1 (250 B total parameters) with its blocks saving what Megatron-Core with Transformer Engine saves:
+    MoE blocks as Megatron-Core's (the fused weighted SwiGLU keeps its input and the probabilities, no product),
+    attention keeping contiguous q, k, v and no QKV GEMM output, the loss's transient copy in bf16 (2 bytes per
+    logit beside its fp32 softmax). No recompute needs ~158 of 179 GB: within the reference search's 0.9 of HBM
+    (161 GB) as within the planner's 0.95, where it needed ~162 GB and took selective under the 0.9 rule before
+    the attention and the loss were counted so. All four fit without recompute under either rule."""
     hbm_gb = est.profile.hbm_bytes / 1e9
     q, E, K, G = STAGED_RUNS[0][:4]
     none = staged_plan(est, q, E, K, G, 10.0, ("none",))
-    sel = staged_plan(est, q, E, K, G, 10.0, ("selective",))
-    assert sel.mem_per_device_gb <= 0.9 * hbm_gb < none.mem_per_device_gb <= MEM_FRACTION * hbm_gb
-    for frac, modes, first in ((MEM_FRACTION, None, "none"), (0.9, ("none", "selective", "full"), "selective")):
+    assert none.mem_per_device_gb <= 0.9 * hbm_gb
+    for frac, modes in ((MEM_FRACTION, None), (0.9, ("none", "selective", "full"))):
         got = [staged_plan(est, *r[:4], frac, modes).layout["ckpt"] for r in STAGED_RUNS]
-        assert got == [first, "none", "none", "none"], (frac, got)
+        assert got == ["none"] * 4, (frac, got)
