@@ -45,8 +45,8 @@ from scaleplan.estimator.params import StageParams, stage_params
 from scaleplan.estimator.shapes import PlanShapes, plan_shapes, stage_counts
 from scaleplan.estimator.recompute import Selective, frees
 from scaleplan.estimator.sources import distinct
-from scaleplan.estimator.stack_memory import (adjust_saved, cross_entropy_bytes, dispatcher_bytes, grad_bytes,
-                                              linear_weight_bytes)
+from scaleplan.estimator.stack_memory import (adjust_saved, grad_bytes, linear_weight_bytes,
+                                              loss_and_dispatcher_bytes)
 from scaleplan.units import ACT_DTYPE, BYTES_PER_ELEMENT
 
 from scaleplan.stack import PAPER_STACK, Stack
@@ -120,9 +120,7 @@ def block_activation_terms(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLik
     back = cast or g.has_gate   # the output projection's input is a tensor of its own
     t = {
         "norm1_in": (a * T * h, ""), "norm_stats": (2 * 8.0 * T, "fine"), "qkv_in": (a * T * h, ""),
-        # Megatron-Core's TE attention (``mcore``): TE's layout check (get_qkv_layout) finds no layout for
-        # contiguous q, k and a strided view v of the QKV buffer and copies v, so the attention saves three
-        # contiguous tensors and the buffer is freed (no RoPE, fused or not, saves its input)
+        # ``mcore``: TE's get_qkv_layout copies v (a strided view of the QKV buffer), so the buffer is freed
         "qkv_out": (own * a * T * (kv if mcore else nq + 2 * kv) * hd, ""),
         "qk_rope": (own * a * T * (nq + kv) * hd if (rope or mcore) else 0.0, ""),
         "sdpa_in": ((1.0 - own) * a_sd * T * (nq + 2 * kv) * hd, ""),
@@ -327,25 +325,18 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
                      allocator_fraction: float | None = None, context_bytes: float = DEFAULT_CONTEXT_BYTES,
                      rope: bool = True, shapes: PlanShapes | None = None, stack: Stack = PAPER_STACK,
                      non_tn: bool = True, scaleup_domain: int = 8) -> StageMemory:
-    """Bytes per device for the worst stage, by category, each an array over plans; the worst stage
-    is chosen by total (:func:`worst_stage`; its index into :data:`STAGES` per plan: ``.stage``).
-
-    Allocated (what torch.cuda.max_memory_allocated sees): weights, grads, optimizer (master
-    weights, moments, master gradients), activations (saved for backward, :func:`block_activation_bytes`
-    per block plus the tensors outside the blocks), logits (the loss's transient copy of the logits or
-    their gradient, one micro-batch), dispatcher (what the token dispatcher's transient buffers at a MoE
-    layer's forward add beyond that). Outside the allocator: ep_buffers (DeepEP / HybridEP communication
-    buffers, stack_memory.dispatcher_bytes; ``scaleup_domain`` GPUs per NVLink domain). Then, with
-    ``allocator_fraction`` None (legacy), one fixed
-    ``reserve`` = ``reserve_bytes``; with a fraction (what the estimator passes),
-    ``allocator`` = fraction x allocated (reserved minus allocated: fragmentation and cached
-    blocks of the caching allocator) and ``context`` = ``context_bytes`` (outside the allocator).
-    :func:`allocated_reserved` splits the result. ``state``: how the stack stores the model state
-    (:data:`MEGATRON`, :data:`REFERENCE_DDP`). ``rope``: RoPE keeps rotated Q and K copies. ``shapes``: the
-    plans' :func:`~scaleplan.estimator.shapes.plan_shapes` when the caller has them. ``stack``: the training
-    stack (its gradient buffer, FP8 weights and saved inputs, estimator/stack_memory.py) under :data:`MEGATRON`;
-    ``non_tn``: the GPU runs FP8 GEMMs in any layout (Blackwell: no transposed FP8 copies).
-    """
+    """Bytes per device for the worst stage (:func:`worst_stage`; its index into :data:`STAGES`: ``.stage``), by
+    category, each an array over plans. Allocated (torch.cuda.max_memory_allocated): weights, grads, optimizer
+    (master weights, moments, master gradients), activations (saved for backward: :func:`block_activation_bytes`
+    per block plus the tensors outside the blocks), logits (the loss's transient copy of the logits or their
+    gradient, one micro-batch), dispatcher (what the token dispatcher's transients at a MoE forward add beyond
+    that). Outside the allocator: ep_buffers (DeepEP / HybridEP buffers; ``scaleup_domain`` GPUs per NVLink
+    domain). With ``allocator_fraction`` None (legacy) one fixed ``reserve`` = ``reserve_bytes``; with a fraction
+    (the estimator's) ``allocator`` = fraction x allocated (fragmentation and cached blocks) and ``context`` =
+    ``context_bytes``. :func:`allocated_reserved` splits the result. ``state``: how the stack stores the model
+    state (:data:`MEGATRON`, :data:`REFERENCE_DDP`). ``rope``: RoPE keeps rotated Q and K copies. ``shapes``:
+    the plans' :func:`~scaleplan.estimator.shapes.plan_shapes`. ``stack``: the training stack
+    (estimator/stack_memory.py) under :data:`MEGATRON`; ``non_tn``: the GPU runs FP8 GEMMs in any layout."""
     tp, pp, dp, vpp, mbs = (getattr(pl, f).astype(float) for f in ("tp", "pp", "dp", "vpp", "mbs"))
     sh = shapes if shapes is not None else plan_shapes(g, pl, seqlen, gbs)
     a = act_bytes(g.precision)
@@ -358,11 +349,9 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
     sel = Selective.of(stack) if state.mcore_moe else None
     act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe, recipe, sel)
     inflight = _in_flight(pp, vpp, n_mb)
-    ce_saved, ce_transient = cross_entropy_bytes(stack.cross_entropy if state.mcore_moe else None)
-    # the loss's transient copy of the logits forward, of their gradient backward (each MTP head)
-    logits = ce_transient * s * mbs * sh.V_loc * (1 + g.mtp)
-    buffers, transient = (dispatcher_bytes(stack.dispatcher, s * mbs / tp, g.d, sh.E_loc, pl.ep * pl.etp,
-                                           scaleup_domain, a) if (g.is_moe and state.mcore_moe) else (0.0, 0.0))
+    ce_saved, logits, buffers, transient = loss_and_dispatcher_bytes(
+        stack if state.mcore_moe else None, g.is_moe, s * mbs, sh.V_loc * (1 + g.mtp), tp, g.d, sh.E_loc,
+        pl.ep * pl.etp, scaleup_domain, a)
     out = {}
     for name, (st, terms) in _stages(g, pl, pb, state, sharded).items():
         act = inflight[name] * (st.n_dense * act_den + st.n_moe * act_moe) + peak_layer
@@ -384,11 +373,8 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
         if state.master_grad:
             out[name]["master_grads"] = pb["master_grads"] * (n_p - n_r)
         alloc = sum(out[name].values())  # the allocator term scales with everything allocated
-        if allocator_fraction is None:
-            out[name]["reserve"] = np.full_like(tp, float(reserve_bytes))
-        else:
-            out[name]["allocator"] = allocator_fraction * alloc
-            out[name]["context"] = np.full_like(tp, float(context_bytes))
+        out[name].update({"reserve": np.full_like(tp, float(reserve_bytes))} if allocator_fraction is None else
+                         {"allocator": allocator_fraction * alloc, "context": np.full_like(tp, float(context_bytes))})
         out[name]["ep_buffers"] = np.where(st.n_moe > 0, buffers, 0.0)
     worst = worst_stage(out, pp)
     first, middle, last = (out[n] for n in STAGES)

@@ -29,8 +29,13 @@ Megatron-Core core_v0.19.0 and Transformer Engine 2.x. Bytes.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 from numpy.typing import ArrayLike
+
+if TYPE_CHECKING:
+    from scaleplan.stack import Stack
 
 E8M0_PER_ELEMENT = 1.0 / 32.0  # MXFP8: one scale byte per 32 elements
 # saved inputs of FP8 GEMMs (estimator.memory.block_activation_terms' names): attention QKV and output
@@ -196,3 +201,20 @@ def dispatcher_bytes(dispatcher: str, tokens: ArrayLike, hidden: float, e_loc: A
     if dispatcher == "allgather":
         return zero, np.where(multi, act_bytes * t * ranks * hidden, 0.0)
     return zero, zero
+
+
+def loss_and_dispatcher_bytes(stack: Stack | None, is_moe: bool, tokens: ArrayLike, logits: ArrayLike,
+                              tp: ArrayLike, hidden: float, e_loc: ArrayLike, ep_group: ArrayLike, domain: int,
+                              act_bytes: float) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+    """What the loss and the token dispatcher hold per rank, one micro-batch of ``tokens`` (s b / CP) whose
+    ``logits`` per token (the vocabulary shard, times the heads with MTP), arrays over plans: (bytes per logit
+    the loss saves, its transient bytes at the peak, the dispatcher's communication buffers, its transient;
+    :func:`cross_entropy_bytes`, :func:`dispatcher_bytes` over the sequence-parallel shard tokens / ``tp``).
+    ``stack`` None: the reference model (fp32 log-softmax and logits, no dispatcher buffers)."""
+    saved, transient = cross_entropy_bytes(stack.cross_entropy if stack is not None else None)
+    loss = transient * np.asarray(tokens, dtype=float) * logits
+    if stack is None or not is_moe:
+        return saved, loss, np.zeros_like(loss), np.zeros_like(loss)
+    bufs, disp = dispatcher_bytes(stack.dispatcher, np.asarray(tokens) / tp, hidden, e_loc, ep_group, domain,
+                                  act_bytes)
+    return saved, loss, bufs, disp

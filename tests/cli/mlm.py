@@ -99,6 +99,9 @@ def validate(ns: dict, world: int) -> None:
     Raises Rejected where Megatron-LM's would fail."""
     if ns["optimizer"] == "dist_muon":
         raise Rejected("--optimizer dist_muon is deprecated: use --optimizer muon --use-distributed-optimizer")
+    if ns.get("bf16") and "accumulate_allreduce_grads_in_fp32" in ns:  # bf16 reduces gradients in fp32 unless
+        # --grad-reduce-in-bf16 (the main gradients in fp32, their default)
+        ns["accumulate_allreduce_grads_in_fp32"] = not ns.get("grad_reduce_in_bf16")
     tp, pp, cp = ns["tensor_model_parallel_size"], ns["pipeline_model_parallel_size"], ns["context_parallel_size"]
     if world % (tp * pp * cp):
         raise Rejected(f"world size {world} is not divisible by tp*pp*cp = {tp * pp * cp}")

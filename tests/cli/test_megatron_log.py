@@ -259,3 +259,30 @@ def test_a_stack_round_trips_through_emit_and_log(run, tmp_path, validation_dir)
     planned = parse_spec(doc)
     assert parse_spec(r["spec"]).stack == planned.stack
     assert parse_spec(r["spec"]).stack.key("fp8") == planned.stack.key("fp8") != "megatron"
+
+
+def test_recompute_modules_the_loss_and_the_shared_expert_round_trip(run, tmp_path, validation_dir):
+    """A stack naming its own --recompute-modules (selective = core_attn and moe_act), TE's cross-entropy and the
+    shared expert not overlapped: emitted as Megatron-LM's flags, read back from the run's log as the same stack."""
+    from scaleplan.specs import parse_spec
+
+    doc = yaml.safe_load((validation_dir / "models.yaml").read_text())["moe-5p4b"]
+    doc = {**doc, "data": {**doc["data"], "gbs": 256},
+           "stack": {"recompute_modules": ["core_attn", "moe_act"], "cross_entropy": "te",
+                     "shared_expert_overlap": False}}
+    spec_path = tmp_path / "rc.yaml"
+    spec_path.write_text(yaml.safe_dump(doc))
+    code, emitted, err = run("estimate", spec_path, "--devices", "64", "--layout", "tp=1,pp=2,ep=8,ckpt=selective",
+                             "--emit", "megatron")
+    assert code == 0, err
+    assert "--recompute-modules core_attn moe_act" in emitted and "--cross-entropy-fusion-impl te" in emitted
+    assert "--moe-shared-expert-overlap" not in emitted
+    log = tmp_path / "run.log"
+    log.write_text(_log_of(emitted, 64, [5.0] * 14))
+    db = f"sqlite:///{tmp_path / 'obs.db'}"
+    code, _, err = run("calibrate", "add", "--megatron-log", log, "--db", db)
+    assert code == 0, err
+    [r] = _stored(db)
+    assert r["ckpt"] == "selective"
+    got, want = parse_spec(r["spec"]).stack, parse_spec(doc).stack
+    assert got.model_dump() == want.model_dump()
