@@ -6,9 +6,9 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
    4, sequence 4096, FP8: the paper's stack with per-tensor current scaling, and the published stack (HybridEP,
    CUDA graphs over attention, router and preprocess, MXFP8).
 2. GPT-OSS-120B on 64 B200 at EP 8, micro-batch 4, sequence 4096, global batch 1280: the paper's stack without
-   recompute (the issue's example), and the published B200 V2 recipe (PP 1, HybridEP, router fusion, gradients
-   reduced in bf16, recompute of layernorm and moe_act: our super-selective) in bf16 and MXFP8; on 64 H100 the
-   published H100 recipe (PP 4, EP 8, micro-batch 1, the same recompute, all-to-all).
+   recompute (the issue's example), and the published B200 V2 recipe (PP 1, the all-to-all dispatcher, permute
+   and router fusion, gradients reduced in bf16, TE's cross-entropy, --recompute-modules layernorm moe_act) in
+   bf16 and MXFP8; on 64 H100 the published H100 V2 recipe (PP 4, EP 8, micro-batch 1, the same stack).
 
     python benchmarks/stack_examples.py --db URL-with-the-recorded-and-own-tables [--json]
 
@@ -28,15 +28,29 @@ from scaleplan.specs import Layout, parse_spec
 QWEN_FP8 = {"model": {"precision": "fp8"}, "data": {"gbs": 512, "seqlen": 4096, "microbatch_sz": 4}}
 # Megatron-Bridge: the qwen3 recipe (moe_permute_fusion), set_qwen3_common_configs (router fusion, grad_reduce_in_fp32
 # off, no recompute), the B200 workload (HybridEP, TE CUDA graphs over attn, moe_router, moe_preprocess) and
-# bf16_with_mxfp8_mixed (MXFP8 with FP8 primary weights, fp8_param_gather)
+# bf16_with_mxfp8_mixed (MXFP8 with FP8 primary weights, fp8_param_gather); every performance run gets Transformer
+# Engine's cross-entropy (utils/overrides.py: cross_entropy_fusion_impl "te", since 2025-11)
 PUBLISHED_QWEN = {"dispatcher": "hybridep", "cuda_graphs": ["attn", "moe_router", "moe_preprocess"],
                   "fp8_recipe": "mxfp8", "fp8_param": True, "permute_fusion": True, "router_fusion": True,
-                  "grads_fp32": False}
+                  "grads_fp32": False, "cross_entropy": "te"}
 GPT_OSS = {"data": {"gbs": 1280, "seqlen": 4096, "microbatch_sz": 4}}
-# Megatron-Bridge: the gpt_oss recipe (moe_permute_fusion), set_gpt_oss_common_configs (router fusion,
-# grad_reduce_in_fp32 off) and the B200 V2 workload (moe_flex_dispatcher_backend hybridep)
-PUBLISHED_GPT_OSS_H100 = {"permute_fusion": True, "router_fusion": True, "grads_fp32": False}
-PUBLISHED_GPT_OSS_B200 = {**PUBLISHED_GPT_OSS_H100, "dispatcher": "hybridep"}
+# Megatron-Bridge: the gpt_oss recipe (moe_permute_fusion; the all-to-all dispatcher), set_gpt_oss_common_configs
+# (router fusion, grad_reduce_in_fp32 off), TE's cross-entropy, and the B200 V2 / H100 V2 workloads
+# (recompute_modules layernorm and moe_act: selective with those modules, core attention not recomputed; B200 EP 8
+# micro-batch 4, H100 PP 4 micro-batch 1). HybridEP is the B300 V2 workload's, not the B200's.
+PUBLISHED_GPT_OSS = {"permute_fusion": True, "router_fusion": True, "grads_fp32": False, "cross_entropy": "te",
+                     "recompute_modules": ["layernorm", "moe_act"]}
+
+# the H100 FP8 workload (16 GPUs, EP 16, micro-batch 1, global batch 1024, HybridEP, no CUDA graphs) and
+# bf16_with_fp8_current_scaling_mixed (tensorwise, FP8 primary weights; first/last layers bf16 off in the perf config)
+PUBLISHED_QWEN_H100 = {"dispatcher": "hybridep", "fp8_param": True, "permute_fusion": True, "router_fusion": True,
+                       "grads_fp32": False, "cross_entropy": "te"}
+# Published throughput (tokens / s / GPU) of these runs: Megatron-Bridge docs/fern/versions/0.4.2/pages/
+# performance-summary.mdx, 26.04.01 NeMo container (DGX-B200, DGX-H100); step = GBS x seqlen / (GPUs x tokens/s/GPU)
+PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
+                              "qwen3-30b-a3b fp8 16 H100, published stack": 8960,
+                              "gpt-oss-120b bf16 64 B200, published stack": 13568,
+                              "gpt-oss-120b bf16 64 H100, published stack, PP 4": 5824}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -44,18 +58,21 @@ EXAMPLES = [
      Layout(ep=8, mbs=4, ckpt="none")),
     ("qwen3-30b-a3b fp8, published stack", "qwen3-30b-a3b", QWEN_FP8, PUBLISHED_QWEN, "p6-b200.48xlarge", 8,
      Layout(ep=8, mbs=4, ckpt="none")),
+    ("qwen3-30b-a3b fp8 16 H100, published stack", "qwen3-30b-a3b",
+     {**QWEN_FP8, "data": {"gbs": 1024, "seqlen": 4096, "microbatch_sz": 1}}, PUBLISHED_QWEN_H100, "p5.48xlarge", 16,
+     Layout(ep=16, mbs=1, ckpt="none")),
     ("qwen3-30b-a3b bf16, paper stack", "qwen3-30b-a3b", {**QWEN_FP8, "model": {}}, {}, "p6-b200.48xlarge", 8,
      Layout(ep=8, mbs=4, ckpt="none")),
     ("gpt-oss-120b bf16 64 B200, paper stack, no recompute", "gpt-oss-120b", GPT_OSS, {}, "p6-b200.48xlarge", 64,
      Layout(ep=8, mbs=4, ckpt="none")),
-    ("gpt-oss-120b bf16 64 B200, published stack", "gpt-oss-120b", GPT_OSS, PUBLISHED_GPT_OSS_B200,
-     "p6-b200.48xlarge", 64, Layout(ep=8, mbs=4, ckpt="super-selective")),
+    ("gpt-oss-120b bf16 64 B200, published stack", "gpt-oss-120b", GPT_OSS, PUBLISHED_GPT_OSS,
+     "p6-b200.48xlarge", 64, Layout(ep=8, mbs=4, ckpt="selective")),
     ("gpt-oss-120b mxfp8 64 B200, published stack", "gpt-oss-120b", {**GPT_OSS, "model": {"precision": "fp8"}},
-     {**PUBLISHED_GPT_OSS_B200, "fp8_recipe": "mxfp8", "fp8_param": True}, "p6-b200.48xlarge", 64,
-     Layout(ep=8, mbs=4, ckpt="super-selective")),
+     {**PUBLISHED_GPT_OSS, "fp8_recipe": "mxfp8", "fp8_param": True}, "p6-b200.48xlarge", 64,
+     Layout(ep=8, mbs=4, ckpt="selective")),
     ("gpt-oss-120b bf16 64 H100, published stack, PP 4", "gpt-oss-120b",
-     {"data": {**GPT_OSS["data"], "microbatch_sz": 1}}, PUBLISHED_GPT_OSS_H100, "p5.48xlarge", 64,
-     Layout(pp=4, ep=8, mbs=1, ckpt="super-selective")),
+     {"data": {**GPT_OSS["data"], "microbatch_sz": 1}}, PUBLISHED_GPT_OSS, "p5.48xlarge", 64,
+     Layout(pp=4, ep=8, mbs=1, ckpt="selective")),
 ]
 
 
@@ -75,7 +92,10 @@ def run(db: str | None) -> list[dict]:
         est = Estimator(profile, db, use_calibration=False)
         r = est.estimate(spec, n, [layout])[0]
         top = sorted(r.breakdown_s.items(), key=lambda kv: -kv[1])[:6]
-        out.append({"example": name, "t_iter_s": r.t_iter_s, "mfu": r.mfu, "feasible": r.feasible,
+        tok = PUBLISHED_TOKENS_PER_GPU_S.get(name)
+        published = spec.data.gbs * spec.data.seqlen / (n * tok) if tok else None
+        out.append({"example": name, "t_iter_s": r.t_iter_s, "published_t_iter_s": published, "mfu": r.mfu,
+                    "feasible": r.feasible,
                     "mem_gb": r.mem_per_device_gb, "mem_breakdown_gb": r.mem_breakdown_gb,
                     "top_components_s": dict(top), "sources": {k: r.sources[k] for k, _ in top}})
     return out
@@ -90,11 +110,20 @@ def main() -> None:
     if a.json:
         print(json.dumps(rows, indent=1, default=float))
         return
+    ratios = []
     for r in rows:
+        if r["published_t_iter_s"]:
+            ratios.append(r["t_iter_s"] / r["published_t_iter_s"])
+            print(f"{r['example']}: published step {r['published_t_iter_s']:.2f} s, predicted / published "
+                  f"{ratios[-1]:.2f}")
         comps = ", ".join(f"{k} {v:.2f}" for k, v in r["top_components_s"].items())
         mem = ", ".join(f"{k} {v:.1f}" for k, v in r["mem_breakdown_gb"].items() if v > 0.05)
         print(f"{r['example']}: step {r['t_iter_s']:.2f} s (MFU {100 * r['mfu']:.1f}%), memory {r['mem_gb']:.1f} GB "
               f"({'fits' if r['feasible'] else 'does not fit'})\n   top terms (s): {comps}\n   memory (GB): {mem}")
+    if ratios:
+        mape = sum(abs(x - 1.0) for x in ratios) / len(ratios)
+        print(f"published runs: {len(ratios)}, predicted / published {min(ratios):.2f}-{max(ratios):.2f}, "
+              f"MAPE {100 * mape:.1f}%")
 
 
 if __name__ == "__main__":
