@@ -121,8 +121,12 @@ def test_goodput_stretches_every_window_by_its_cluster(recorded_db):
         assert b["eta_good"] == pytest.approx(heavy.eta(b["n_devices"]))
         assert b["days"] == pytest.approx(a["days"] / b["eta_good"], rel=1e-9)  # same geometry, longer window
         assert (b["plan"]["n_layers"], b["plan"]["n_experts"]) == (a["plan"]["n_layers"], a["plan"]["n_experts"])
-    # a larger cluster loses more: the cheapest moves to fewer nodes
-    assert real["cheapest"]["nodes"] < ideal["cheapest"]["nodes"]
+    # a larger cluster loses more: every point's GPU-hours grow by 1 / eta, more on more nodes, so the cheapest never
+    # moves to more nodes (it stays where it was when that is the fewest nodes planned, as on the recorded tables
+    # since the stack's memory let 4 nodes run a faster layout)
+    ratio = [b["gpu_hours"] / a["gpu_hours"] for a, b in zip(ideal["points"], real["points"])]
+    assert all(x < y for x, y in zip(ratio, ratio[1:])) and ratio[0] > 1.0
+    assert real["cheapest"]["nodes"] <= ideal["cheapest"]["nodes"]
 
 
 def test_forked_workers_give_the_same_answer(recorded_db):
