@@ -98,3 +98,15 @@ def collective_time(collective: str, n: ArrayLike, size_bytes: ArrayLike, bw: Ar
         return alpha + np.asarray(size_bytes, dtype=float) / bw
     steps = 2 * (n - 1) if collective == "all_reduce" else (n - 1)
     return np.where(n > 1, steps * alpha + bus_factor(collective, n) * np.asarray(size_bytes, dtype=float) / bw, 0.0)
+
+
+def all_to_all_across(n: ArrayLike, m: ArrayLike, size_bytes: ArrayLike, bw_out: float, bw_up: float) -> np.ndarray:
+    """An all-to-all of ``n`` ranks across domains of ``m`` (seconds; nccl-tests size ``size_bytes`` per rank):
+    each rank sends size / n to every peer at once, (n - m) / n of its bytes on its NIC at ``bw_out`` and
+    (m - 1) / n over NVLink at ``bw_up`` concurrently, so the slower of the two, plus (n - 1) inter-node hop
+    latencies as :func:`collective_time` counts them (comm.py's module docstring: the NIC bytes bound it)."""
+    n = np.asarray(n, dtype=float)
+    m = np.minimum(np.asarray(m, dtype=float), n)
+    s = np.asarray(size_bytes, dtype=float)
+    t = np.maximum((n - m) / np.maximum(n, 1.0) * s / bw_out, (m - 1.0) / np.maximum(n, 1.0) * s / bw_up)
+    return np.where(n > 1, (n - 1) * ALPHA_INTER_S + t, 0.0)

@@ -108,6 +108,9 @@ def collective_time(lk: Lookups, comp: str, coll: str, n: ArrayLike, size: Array
     out = np.zeros(P)
     bw = np.where(inter, prof.scaleout_bandwidth, prof.scaleup_bandwidth)
     ana = an.collective_time(coll, n, size, np.maximum(bw, 1.0), inter)
+    if coll == "all_to_all" and per_node is not None:  # across domains, the bytes that leave on the NICs
+        ana = np.where(inter, an.all_to_all_across(n, _arr(per_node, P), size, max(prof.scaleout_bandwidth, 1.0),
+                                                   max(prof.scaleup_bandwidth, 1.0)), ana)
     for flag in (False, True):
         sel = active & (inter == flag)
         if not sel.any():

@@ -259,11 +259,12 @@ def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
         s2f, s2b = gemm_times(ctx, "shared_expert", T, g.d, g.dsh / tp)
         s_act = an.memory_time(sh.b_el * T * g.dsh / tp * 3, ctx.hbm)
         sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
-    # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes; the EP ranks on one
-    # node exchange over NVLink (ParallelLayout.ranks_per_node)
+    # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes (the fused dispatchers' own,
+    # exchange_bytes); the EP ranks on one node exchange over NVLink (ParallelLayout.ranks_per_node)
+    inter, per_node = lay.spans_nodes("ep", ctx.gpn), lay.ranks_per_node("ep", ctx.gpn)
     a2a_one = _token_exchange(ctx) if ctx.stack.dispatcher == "allgather" else collective_time(
-        ctx, "ep_a2a", "all_to_all", ep, sh.a2a_bytes, lay.spans_nodes("ep", ctx.gpn), active=ep > 1,
-        per_node=lay.ranks_per_node("ep", ctx.gpn))
+        ctx, "ep_a2a", "all_to_all", ep, exchange_bytes(ctx, inter, per_node), inter, active=ep > 1,
+        per_node=per_node)
     return {"moe_f": rg_f + tk_f + perm_f + ex_f, "moe_b": rg_b + tk_b + perm_b + ex_b,
             "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": sh.E_loc,
             "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm_f, "perm_b": perm_b, "ex_f": ex_f,
@@ -283,3 +284,37 @@ def _token_exchange(ctx: EvalContext) -> np.ndarray:
     rs = collective_time(ctx, "ep_a2a", "reduce_scatter", ep, size, inter, active=ep > 1)
     return 0.5 * (ag + rs)
 
+
+
+FUSED_DISPATCHERS = ("deepep", "hybridep")
+
+
+def hit_probability(E: ArrayLike, K: ArrayLike, e: ArrayLike) -> np.ndarray:
+    """Probability that a token's K distinct experts, drawn uniformly from E, include at least one of ``e``
+    given experts: 1 - C(E - e, K) / C(E, K) (arrays broadcast over plans)."""
+    E, K, e = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (E, K, e)))
+    miss = np.ones(E.shape)
+    for i in range(int(np.max(K, initial=0))):
+        step = np.clip((E - e - i) / np.maximum(E - i, 1.0), 0.0, 1.0)
+        miss = np.where(i < K, miss * step, miss)
+    return 1.0 - miss
+
+
+def exchange_bytes(ctx: EvalContext, inter: ArrayLike, per_node: ArrayLike) -> np.ndarray:
+    """Bytes per rank and pass of the EP token exchange in the all-to-all convention (what the rank's rows
+    amount to when spread evenly over the group, itself included; arrays over plans). The all-to-all dispatcher
+    sends a token once per routed expert: R rows (``PlanShapes.a2a_bytes``). DeepEP and HybridEP send it once per
+    destination rank (deep_ep get_dispatch_layout: is_token_in_rank) and, across NVLink domains, once per
+    destination domain, forwarded there over NVLink (num_tokens_per_rdma_rank; HybridEP's hierarchical
+    dispatch). Under uniform routing a rank of E_loc experts receives a token with probability
+    :func:`hit_probability` (E, K, E_loc), a domain of ``per_node`` ranks with (E, K, E_loc per_node): within a
+    domain the rank's T tokens x EP x p_rank rows; across domains the bytes that leave it, T x (domains - 1) x
+    p_domain rows, stated as the all-to-all size whose share (EP - m) / EP crosses the NICs (comm.collective_time)."""
+    sh, g = ctx.shapes, ctx.g
+    if ctx.stack.dispatcher not in FUSED_DISPATCHERS:
+        return sh.a2a_bytes
+    ep, m = ctx.lay.ep.astype(float), np.asarray(per_node, dtype=float)
+    token = sh.a2a_bytes / (g.K * g.capacity_factor)  # one row of every token the rank dispatches
+    within = token * ep * hit_probability(g.E, g.K, sh.E_loc)
+    across = token * ep / np.maximum(m, 1.0) * hit_probability(g.E, g.K, sh.E_loc * m)
+    return np.where(np.asarray(inter, dtype=bool), across, within)
