@@ -107,13 +107,27 @@ class Recompute:
     units: np.ndarray
 
 
+_RECOMPUTE_MEMO: dict = {}  # recompute's: one evaluation asks it per stage and per term of the same plans
+
+
 def recompute(codes: ArrayLike, modules: Iterable[str] | None = None) -> Recompute:
     """:class:`Recompute` of the plans' mode codes; ``modules``: the stack's recompute_modules (None: selective
-    is core_attn, as without a stack)."""
+    is core_attn, as without a stack). Memoised on the codes and the modules; its arrays are read-only."""
+    c = np.asarray(codes, dtype=np.int64)
+    key = (c.shape, c.tobytes(), None if modules is None else tuple(modules))
+    hit = _RECOMPUTE_MEMO.get(key)
+    if hit is None:
+        if len(_RECOMPUTE_MEMO) >= 256:
+            _RECOMPUTE_MEMO.clear()
+        hit = _RECOMPUTE_MEMO[key] = _recompute(c, modules)
+    return hit
+
+
+def _recompute(c: np.ndarray, modules: Iterable[str] | None) -> Recompute:
+    """:func:`recompute` without the memo (``c``: int64 codes)."""
     from scaleplan.estimator import recompute as rm
     from scaleplan.estimator.kernel_counts import dense_mlp_forward_share, moe_forward_share
 
-    c = np.asarray(codes, dtype=np.int64)
     sel = (c == CkptMode.SELECTIVE).astype(float)
     units = kernel_units(c)
     mods = set(modules) if modules is not None else {"core_attn"}
@@ -122,5 +136,8 @@ def recompute(codes: ArrayLike, modules: Iterable[str] | None = None) -> Recompu
         units = np.where(c == CkptMode.SELECTIVE, _KERNEL_UNITS[CkptMode.NONE] + extra, units)
     has = {m: sel * float(m in mods) for m in ("layernorm", "moe_act", "moe", "mlp", "shared_experts", "mla_up_proj")}
     sdpa = np.where(c == CkptMode.SELECTIVE, float("core_attn" in mods), recomputes_sdpa(c))
-    return Recompute(recomputes_block(c), sdpa, recomputes_pointwise(c), has["layernorm"], has["moe_act"],
-                     has["moe"], has["mlp"], has["shared_experts"], has["mla_up_proj"], units)
+    parts = [np.broadcast_to(x, c.shape).copy() for x in (recomputes_block(c), sdpa, recomputes_pointwise(c),
+             has["layernorm"], has["moe_act"], has["moe"], has["mlp"], has["shared_experts"], has["mla_up_proj"], units)]
+    for x in parts:
+        x.flags.writeable = False
+    return Recompute(*parts)

@@ -353,6 +353,8 @@ def _split_needs_pp(lo, c):
       "the pp={pp} stages that do not state theirs")
 def _split_adds_up(lo, c):
     first, last = lo.decoder_first_pipeline_num_layers, lo.decoder_last_pipeline_num_layers
+    if not (first.any() or last.any()):  # no split stated (every enumerated plan): nothing to add up
+        return True
     rest, shared = c.g.L - first - last, lo.pp - (first > 0) - (last > 0)
     ok = (rest >= 0) & ((shared > 0) == (rest > 0)) & (rest % np.maximum(shared, 1) == 0)
     return ok | ((first == 0) & (last == 0)) | (lo.pp == 1)
@@ -366,7 +368,10 @@ def _layers(lo, c):
 
     first, last = lo.decoder_first_pipeline_num_layers, lo.decoder_last_pipeline_num_layers
     stated = (first > 0) | (last > 0)
-    ok = np.broadcast_to(c.g.L % lo.virtual_stages == 0, stated.shape) & ~stated  # the even split
+    even = np.broadcast_to(c.g.L % lo.virtual_stages == 0, stated.shape)
+    if not (c.uneven_stages or stated.any()):  # an enumeration on P_disc: _even_layers refuses the others
+        return True
+    ok = even & ~stated  # the even split
     rest = np.nonzero(~ok)[0]  # the others: a stated split's chunks, else an automatic split (few plans)
     if len(rest):
         L = np.broadcast_to(np.asarray(c.g.L), stated.shape)[rest]
