@@ -240,22 +240,12 @@ def test_a_stack_round_trips_through_emit_and_log(run, tmp_path, validation_dir)
            "stack": {"fp8_recipe": "mxfp8", "permute_fusion": True, "router_fusion": True, "dispatcher": "hybridep",
                      "cuda_graphs": ["attn", "moe_router", "moe_preprocess"], "fp8_param": True,
                      "grads_fp32": False}}
-    spec_path = tmp_path / "fp8.yaml"
-    spec_path.write_text(yaml.safe_dump(doc))
-    code, emitted, err = run("estimate", spec_path, "--devices", "64", "--layout", "tp=1,pp=2,ep=8,ckpt=selective",
-                             "--emit", "megatron")
-    assert code == 0, err
+    emitted, r = _emit_and_read_back(run, tmp_path, doc)
     for flag in ("--fp8-recipe mxfp8", "--moe-permute-fusion", "--moe-router-fusion",
                  "--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep",
                  "--cuda-graph-impl transformer_engine", "--cuda-graph-modules attn moe_router moe_preprocess",
                  "--fp8-param-gather", "--grad-reduce-in-bf16"):
         assert flag in emitted, flag
-    log = tmp_path / "run.log"
-    log.write_text(_log_of(emitted, 64, [5.0] * 14))
-    db = f"sqlite:///{tmp_path / 'obs.db'}"
-    code, _, err = run("calibrate", "add", "--megatron-log", log, "--db", db)
-    assert code == 0, err
-    [r] = _stored(db)
     planned = parse_spec(doc)
     assert parse_spec(r["spec"]).stack == planned.stack
     assert parse_spec(r["spec"]).stack.key("fp8") == planned.stack.key("fp8") != "megatron"
@@ -270,19 +260,26 @@ def test_recompute_modules_the_loss_and_the_shared_expert_round_trip(run, tmp_pa
     doc = {**doc, "data": {**doc["data"], "gbs": 256},
            "stack": {"recompute_modules": ["core_attn", "moe_act"], "cross_entropy": "te",
                      "shared_expert_overlap": False}}
-    spec_path = tmp_path / "rc.yaml"
+    emitted, r = _emit_and_read_back(run, tmp_path, doc)
+    assert "--recompute-modules core_attn moe_act" in emitted and "--cross-entropy-fusion-impl te" in emitted
+    assert "--moe-shared-expert-overlap" not in emitted
+    assert r["ckpt"] == "selective"
+    got, want = parse_spec(r["spec"]).stack, parse_spec(doc).stack
+    assert got.model_dump() == want.model_dump()
+
+
+def _emit_and_read_back(run, tmp_path, doc: dict) -> tuple[str, dict]:
+    """``doc`` (a spec) -> `estimate --emit megatron` at TP 1 PP 2 EP 8 selective on 64 GPUs -> a log of that run
+    -> `calibrate add --megatron-log`: (the emitted arguments, the one stored run)."""
+    spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(doc))
     code, emitted, err = run("estimate", spec_path, "--devices", "64", "--layout", "tp=1,pp=2,ep=8,ckpt=selective",
                              "--emit", "megatron")
     assert code == 0, err
-    assert "--recompute-modules core_attn moe_act" in emitted and "--cross-entropy-fusion-impl te" in emitted
-    assert "--moe-shared-expert-overlap" not in emitted
     log = tmp_path / "run.log"
     log.write_text(_log_of(emitted, 64, [5.0] * 14))
     db = f"sqlite:///{tmp_path / 'obs.db'}"
     code, _, err = run("calibrate", "add", "--megatron-log", log, "--db", db)
     assert code == 0, err
     [r] = _stored(db)
-    assert r["ckpt"] == "selective"
-    got, want = parse_spec(r["spec"]).stack, parse_spec(doc).stack
-    assert got.model_dump() == want.model_dump()
+    return emitted, r
