@@ -48,16 +48,9 @@ def _classic(pp, first, middle, last, vocab, serial=False):
     """The model's stage periods with the fill and drain at the other stages' own periods (module docstring):
     the first stage's, the middle ones' summed and the last one's, less the pacing period."""
     st = _ORIGINAL(pp, first, middle, last, vocab, serial)
-    pp, v = np.asarray(pp), vocab
-    f_gpu = first.gpu + v.t_first
+    pp = np.asarray(pp)
+    first_p, last_p, _ = pipeline.end_periods(first, last, vocab, serial)
     d0, l0 = first.period(serial), last.period(serial)
-    if serial:
-        first_p = f_gpu + first.disp + first.a2a
-        last_p = l0 + v.t_last_fwd + v.t_last_bwd
-    else:
-        first_p = np.maximum(f_gpu, first.disp) + first.a2a
-        last_p = (np.maximum(last.gpu + v.t_last_bwd, last.disp) + last.a2a + v.t_last_fwd
-                  + v.last_bwd_exposed)
     mid_p = middle.mean.period(serial)
     mid_sum = np.where(np.asarray(middle.n) > 0, middle.n * mid_p, 0.0)
     ramp = np.where(pp > 1, first_p + mid_sum + last_p - st.period, 0.0)

@@ -104,18 +104,8 @@ def stage_periods(pp: ArrayLike, first: StageWork, middle: Middle, last: StageWo
     dispatches on the cores that compute (a CPU device), so every term adds.
     """
     pp = np.asarray(pp)
-    v = vocab
-    f_gpu = first.gpu + v.t_first
+    first_p, last_p, one = end_periods(first, last, vocab, serial)
     d0, l0 = first.period(serial), last.period(serial)  # the end stages without their vocabulary work
-    if serial:
-        first_p = f_gpu + first.disp + first.a2a
-        last_p = l0 + v.t_last_fwd + v.t_last_bwd
-        one = first_p + v.t_last_fwd + v.t_last_bwd
-    else:
-        first_p = np.maximum(f_gpu, first.disp) + first.a2a
-        last_p = (np.maximum(last.gpu + v.t_last_bwd, last.disp) + last.a2a + v.t_last_fwd
-                  + v.last_bwd_exposed)
-        one = np.maximum(f_gpu + v.t_last_bwd, first.disp) + first.a2a + v.t_last_fwd + v.last_bwd_exposed
     has_mid = np.asarray(middle.n) > 0
     mid_max = np.where(has_mid, np.maximum(middle.lo.period(serial), middle.hi.period(serial)), 0.0)
     period = np.where(pp > 1, np.maximum(np.maximum(first_p, last_p), mid_max), one)
@@ -123,6 +113,22 @@ def stage_periods(pp: ArrayLike, first: StageWork, middle: Middle, last: StageWo
     # every fill and drain slot a pacing period (module docstring)
     hops = np.maximum(pp - 1, 0)
     return StagePeriods(period, period_disp, hops * period, hops * period_disp)
+
+
+def end_periods(first: StageWork, last: StageWork, vocab: Vocab,
+                serial: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first stage's, last stage's, a single stage's (PP = 1)) period per micro-batch, seconds, with their
+    vocabulary work: the embedding on the first stage, the LM head and loss on the last (:func:`stage_periods`'
+    rules)."""
+    v = vocab
+    f_gpu = first.gpu + v.t_first
+    if serial:
+        first_p = f_gpu + first.disp + first.a2a
+        return first_p, last.period(serial) + v.t_last_fwd + v.t_last_bwd, first_p + v.t_last_fwd + v.t_last_bwd
+    first_p = np.maximum(f_gpu, first.disp) + first.a2a
+    last_p = np.maximum(last.gpu + v.t_last_bwd, last.disp) + last.a2a + v.t_last_fwd + v.last_bwd_exposed
+    one = np.maximum(f_gpu + v.t_last_bwd, first.disp) + first.a2a + v.t_last_fwd + v.last_bwd_exposed
+    return first_p, last_p, one
 
 
 def pipeline_time(n_mb: ArrayLike, vpp: ArrayLike, period: ArrayLike, ramp: ArrayLike) -> np.ndarray:
