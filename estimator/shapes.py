@@ -220,10 +220,21 @@ def accounted_ends(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike, first: ArrayLike
     emb, loss = np.zeros(L.shape, dtype=bool), np.zeros(L.shape, dtype=bool)
     need = (pp > 1) & (vpp > 1) & ((first > 0) | (last > 0)) & ((F % vpp != 0) | (Ls % vpp != 0))
     for e, lo in ((1, 0), (0, 1), (1, 1)):
-        M = (L + e + lo) // np.maximum(pp, 1)
-        ok = need & ((L + e + lo) % np.maximum(pp, 1) == 0) & (M % vpp == 0) & (F == M - e) & (Ls == M - lo)
+        valid, aF, aL = accounting_split(L, pp, vpp, e, lo)
+        ok = need & valid & (F == aF) & (Ls == aL)
         emb, loss = emb | (ok & (e == 1)), loss | (ok & (lo == 1))
     return emb, loss
+
+
+def accounting_split(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike, emb: int,
+                     loss: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(exists, first, last) of the split Megatron-LM's --account-for-embedding/loss-in-pipeline-split builds
+    with ``emb`` / ``loss`` (0 or 1) counted as layers: every stage M = (L + emb + loss) / PP, a multiple of VPP
+    (``exists`` where it is), the first stage M - emb decoder layers and the last M - loss (int arrays;
+    megatron-core transformer_block.get_num_layers_to_build)."""
+    total, p = np.asarray(L) + emb + loss, np.maximum(np.asarray(pp), 1)
+    M = total // p
+    return (total % p == 0) & (M % vpp == 0), M - emb, M - loss
 
 
 def auto_split(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -245,9 +256,9 @@ def auto_split(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike) -> tuple[np.ndarray,
     ok = uneven & (last >= vpp) & (first >= vpp) & (first % vpp == 0)
     first, last = np.where(ok, first, 0), np.where(ok, last, 0)
     for e, lo in ((1, 1), (0, 1), (1, 0)):  # the accounting flags' split where the stated counts find none
-        M = (L + e + lo) // np.maximum(pp, 1)
-        acc = uneven & ~ok & (vpp > 1) & ((L + e + lo) % np.maximum(pp, 1) == 0) & (M % vpp == 0)
-        first, last, ok = np.where(acc, M - e, first), np.where(acc, M - lo, last), ok | acc
+        valid, aF, aL = accounting_split(L, pp, vpp, e, lo)
+        acc = uneven & ~ok & (vpp > 1) & valid
+        first, last, ok = np.where(acc, aF, first), np.where(acc, aL, last), ok | acc
     return first, last
 
 

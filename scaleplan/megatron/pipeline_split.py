@@ -22,6 +22,7 @@ import re
 from typing import Any
 
 from scaleplan.errors import SpecError
+from scaleplan.estimator.shapes import accounting_split
 from scaleplan.megatron.hybrid import read_pattern, split_of_segments
 
 LAYOUT_FIELD = "pipeline_model_parallel_layout"
@@ -63,12 +64,11 @@ def split_of_accounting(n_layers: int, pp: int, emb: bool, loss: bool, where: st
     or PP is 1). Raises SpecError where L + e + l is no multiple of PP (Megatron-Core's own refusal)."""
     if not (emb or loss) or pp == 1:
         return 0, 0
-    total = n_layers + int(emb) + int(loss)
-    if total % pp:
-        raise SpecError(f"{where}: account_for_embedding/loss_in_pipeline_split", total,
+    ok, first, last = accounting_split(n_layers, pp, 1, int(emb), int(loss))
+    if not ok:
+        raise SpecError(f"{where}: account_for_embedding/loss_in_pipeline_split", n_layers + int(emb) + int(loss),
                         f"num_layers + the embedding and loss counted a multiple of PP {pp}")
-    per = total // pp
-    return per - int(emb), per - int(loss)
+    return int(first), int(last)
 
 
 def stated_split(a: dict[str, Any], pp: int, where: str) -> tuple[int, int]:
