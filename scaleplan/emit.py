@@ -101,17 +101,26 @@ def spec_from(spec: Spec, layout: dict[str, Any] | Layout, n_devices: int) -> di
                          n_devices=n_devices)
 
 
-def write_spec(path: str | Path, doc: dict[str, Any], header: str = "") -> Path:
-    """Write ``doc`` as YAML to ``path`` (``header`` lines become comments). Raises SpecError when the file
-    cannot be written."""
+def spec_text(doc: dict[str, Any], header: str = "") -> str:
+    """``doc`` as YAML in its own key order, ``header`` lines as comments above it."""
     import yaml
 
-    p = Path(path)
-    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(doc, sort_keys=False)
+    return "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(doc, sort_keys=False)
+
+
+def write_spec(path: str | Path, doc: dict[str, Any], header: str = "", flag: str = "--emit-spec") -> Path:
+    """Write ``doc`` as YAML to ``path`` (``header`` lines become comments) and read it back. Raises SpecError
+    naming ``flag`` when the file cannot be written or does not read back as written."""
+    import yaml
+
+    p, text = Path(path), spec_text(doc, header)
     try:
         p.write_text(text)
+        back = p.read_text()
     except OSError as e:
-        raise SpecError("--emit-spec", str(path), f"a writable file path ({e.strerror})") from None
+        raise SpecError(flag, str(path), f"a writable file path ({e.strerror})") from None
+    if yaml.safe_load(back) != yaml.safe_load(text):
+        raise SpecError(flag, str(path), "a file that reads back as written (it changed under the write)")
     return p
 
 

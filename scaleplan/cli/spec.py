@@ -15,16 +15,12 @@ app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 
 def _write(doc: dict, out: Path | None, header: str) -> None:
-    import yaml
+    from scaleplan.emit import spec_text, write_spec
 
-    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(doc, sort_keys=False)
     if out is None:
-        stdout.print(text, end="", markup=False, highlight=False, soft_wrap=True)
+        stdout.print(spec_text(doc, header), end="", markup=False, highlight=False, soft_wrap=True)
         return
-    try:
-        out.write_text(text)
-    except OSError as e:
-        raise SpecError("--output", str(out), f"a writable file path ({e.strerror})") from None
+    write_spec(out, doc, header, flag="--output")  # read back before it is reported
     stderr.print(f"wrote {out}", highlight=False, markup=False)
 
 
