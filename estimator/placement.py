@@ -22,6 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 from numpy.typing import ArrayLike
+from scaleplan.estimator.sources import distinct
 
 
 def span(stride: ArrayLike, size: ArrayLike, world: ArrayLike, domain: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,11 +38,11 @@ def span(stride: ArrayLike, size: ArrayLike, world: ArrayLike, domain: int) -> t
     if aligned.all():
         return doms, per
     bad = np.flatnonzero(~aligned.reshape(-1))
-    keys = np.stack([s.reshape(-1)[bad], n.reshape(-1)[bad], w.reshape(-1)[bad]], axis=1)
-    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    exact = np.array([_exact(int(a), int(b), int(c), d) for a, b, c in uniq], dtype=float).reshape(-1, 2)
+    sb, nb, wb = s.reshape(-1)[bad], n.reshape(-1)[bad], w.reshape(-1)[bad]
+    first, inv = distinct(sb, nb, wb)  # few distinct (s, n, W) among many plans
+    exact = np.array([_exact(int(sb[i]), int(nb[i]), int(wb[i]), d) for i in first], dtype=float).reshape(-1, 2)
     doms, per = doms.astype(float).reshape(-1), per.astype(float).reshape(-1)
-    doms[bad], per[bad] = exact[inv.reshape(-1), 0], exact[inv.reshape(-1), 1]
+    doms[bad], per[bad] = exact[inv, 0], exact[inv, 1]
     return doms.reshape(s.shape), per.reshape(s.shape)
 
 
