@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas only where a search merges its plans: `layouts` starts without it
+    import pandas as pd
 
 #: grid axis -> (LadderGrid field, flag, optimum's JSON key)
 GRID_AXES = {"q": ("q", "--q", "q"), "E": ("experts", "--experts", "n_experts"), "K": ("topk", "--topk", "topk"),
@@ -108,6 +110,8 @@ def merged_plans(old_geoms: pd.DataFrame, old_plans: pd.DataFrame, new_geoms: pd
     """Plans aligned with ``new_geoms``: the old plan of every geometry searched before, ``plan_new(geoms)`` for
     the others, and where ``plan_extra(geoms)`` (the added micro-batch size on every geometry) gives more
     tokens/s, that plan instead. Both callables return :func:`scaleplan.mosaic.search.plan_table` frames."""
+    import pandas as pd
+
     old = old_plans.set_axis(pd.MultiIndex.from_frame(old_geoms[GEOM_KEY].astype(int)))
     keys = pd.MultiIndex.from_frame(new_geoms[GEOM_KEY].astype(int))
     seen = keys.isin(old.index)
