@@ -290,10 +290,17 @@ class Rule:
 RULES: list[Rule] = []  # in the order a plan's first failing rule is reported
 
 
+#: the columns a geometric rule (one that reads the model) may read: enumeration runs those rules on the
+#: distinct combinations of these alone (tests/estimator/test_layout_rules.py checks every rule against the
+#: whole grid)
+GEOMETRIC_COLUMNS: tuple[str, ...] = ("tp", "pp", "ep", "etp", "vpp", *SPLIT_FIELDS)
+
+
 def rule(name: str, field: str, allowed: str, geometric: bool = True) -> Callable[[Callable], Callable]:
     """Register a validity rule (a function (layout, context) -> bool array, True where valid):
     adding a rule is one decorated function. ``geometric=False`` only for a check that never reads
-    ``ctx.g`` (the model): enumeration then runs it once for every model searched on the grid."""
+    ``ctx.g`` (the model): enumeration then runs it once for every model searched on the grid; a
+    geometric rule reads no column outside :data:`GEOMETRIC_COLUMNS`."""
     def deco(check):
         RULES.append(Rule(name, field, allowed, check, geometric))
         return check
@@ -433,12 +440,13 @@ def enumerate_grid(axes: dict[str, Iterable[int]], ctx: LayoutContext) -> tuple[
     full product stays small; the rules that do not read the model run once per grid and run
     (:func:`_grid`, shared by every model searched on it), the others per call."""
     ax = tuple(tuple(int(v) for v in axes[f]) for f in COLUMNS if f != "dp")
-    lay, free, counts, total = _grid(ax, ctx)
-    geo = np.zeros(len(lay), dtype=np.int8)  # the first geometric rule each plan breaks (code i + 1)
+    lay, free, counts, total, (small, inv) = _grid(ax, ctx)
+    geo = np.zeros(len(small), dtype=np.int8)  # the first geometric rule each plan breaks (code i + 1)
     for i, r in enumerate(RULES):
         if r.geometric:
-            ok = np.broadcast_to(np.asarray(r.check(lay, ctx), dtype=bool), geo.shape)
+            ok = np.broadcast_to(np.asarray(r.check(small, ctx), dtype=bool), geo.shape)
             geo[~ok & (geo == 0)] = i + 1
+    geo = geo[inv]
     why = np.minimum(np.where(free == 0, 127, free), np.where(geo == 0, 127, geo)) % 127  # the first of either
     counts = dict(counts)
     for r, n in zip(RULES[1:], np.bincount(why, minlength=len(RULES) + 1)[2:]):
@@ -453,8 +461,9 @@ _GRIDS: dict = {}  # _grid's memo
 def _grid(ax: tuple[tuple[int, ...], ...], ctx: LayoutContext) -> tuple[ParallelLayout, np.ndarray, dict[str, int], int]:
     """The combinations of the axis values ``ax`` (the fields but dp, in order) that pass the mesh rule
     (read-only), the code of the first other rule of :data:`RULES` that does not read the model each
-    breaks (int8, 0: none), the mesh rule's count and the number of combinations; memoised per
-    (ax, devices, gbs, seqlen, RULES)."""
+    breaks (int8, 0: none), the mesh rule's count, the number of combinations, and (the distinct
+    combinations of :data:`GEOMETRIC_COLUMNS`, each combination's among them): the geometric rules run on
+    those few rows for every model searched on the grid. Memoised per (ax, devices, gbs, seqlen, RULES)."""
     key = (ax, ctx.n_devices, ctx.gbs, ctx.seqlen, ctx.fold_experts, ctx.uneven_stages, tuple(RULES))
     hit = _GRIDS.get(key)
     if hit is not None:
@@ -475,7 +484,9 @@ def _grid(ax: tuple[tuple[int, ...], ...], ctx: LayoutContext) -> tuple[Parallel
             ok = np.broadcast_to(np.asarray(r.check(lay, ctx), dtype=bool), free.shape)
             free[~ok & (free == 0)] = i + 1
     free.flags.writeable = False
+    first, inv = lay.distinct(*GEOMETRIC_COLUMNS)
     if len(_GRIDS) >= 64:
         _GRIDS.clear()
-    hit = _GRIDS[key] = (lay, free, {RULES[0].name: n_bad_mesh} if n_bad_mesh else {}, total)
+    hit = _GRIDS[key] = (lay, free, {RULES[0].name: n_bad_mesh} if n_bad_mesh else {}, total,
+                         (lay.take(first).readonly(), inv))
     return hit

@@ -5,6 +5,7 @@ import pytest
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import (
+    GEOMETRIC_COLUMNS,
     RULES,
     SPLIT_FIELDS,
     LayoutContext,
@@ -115,6 +116,31 @@ def test_enumeration_is_every_rule_on_every_combination():
         assert all(np.array_equal(getattr(valid, f), getattr(ok, f)) for f in ParallelLayout.__dataclass_fields__)
     empty, counts, total = enumerate_grid({**axes, "ep": []}, ctx)
     assert (len(empty), counts, total) == (0, {}, 0)
+
+
+def test_geometric_rules_read_only_the_geometric_columns():
+    """Enumeration runs the rules that read the model on the distinct GEOMETRIC_COLUMNS combinations alone:
+    on layouts whose other columns vary at random, every such rule gives on those few rows, handed back to
+    each plan, what it gives on every plan (a rule reading another column would differ)."""
+    from scaleplan.geometry import ladder_model
+
+    rng = np.random.default_rng(7)
+    n = 8000
+    cols = {"tp": [1, 2, 4, 8], "cp": [1, 2, 4], "pp": [1, 2, 3, 4, 8], "dp": [1, 2, 4, 8, 16], "ep": [1, 2, 4, 8, 16],
+            "etp": [1, 2], "vpp": [1, 2, 3], "mbs": [1, 2, 4], "ckpt": [0, 1, 3],
+            "decoder_first_pipeline_num_layers": [0, 0, 3], "decoder_last_pipeline_num_layers": [0, 0, 4]}
+    lay = ParallelLayout(**{f: rng.choice(v, n) for f, v in cols.items()})
+    first, inv = lay.distinct(*GEOMETRIC_COLUMNS)
+    assert len(first) < n / 2
+    geometric = [r for r in RULES if r.geometric]
+    assert len(geometric) >= 8
+    for model in (ladder_model(8, 16, 1, 1), ladder_model(10, 6, 2, 2)):
+        for uneven, fold in ((False, False), (True, True)):
+            ctx = LayoutContext(geometry(model), 64, 256, 8192, fold, uneven)
+            for r in geometric:
+                full = np.broadcast_to(np.asarray(r.check(lay, ctx), dtype=bool), (n,))
+                few = np.broadcast_to(np.asarray(r.check(lay.take(first), ctx), dtype=bool), (len(first),))
+                assert np.array_equal(few[inv], full), r.name
 
 
 def test_placement_follows_megatron_rank_order():
