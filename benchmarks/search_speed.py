@@ -155,8 +155,9 @@ STAGES = [
     ("pipeline", [("estimator/model.py", "_pipeline_terms"), ("estimator/model.py", "_pp_p2p"),
                   ("estimator/model.py", "_stages")]),
     ("DP and optimizer", [("estimator/model.py", "_dp_and_optimizer")]),
-    ("composition", [("estimator/model.py", "evaluate")]),
+    ("composition", [("estimator/model.py", "pipelined"), ("estimator/model.py", "finish")]),
     ("memory", [("estimator/api.py", "_memory"), ("estimator/api.py", "_state_fits")]),
+    ("plan pruning", [("estimator/best_plans.py", "_candidates")]),
     ("uncertainty draws", [("mosaic/run.py", "_uncertainty")]),
     ("whole search", [("mosaic/run.py", "run_search")]),
 ]

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
-from scaleplan.estimator.model_dims import Geometry, GeometryBatch, geometry, structure
+from scaleplan.estimator.model_dims import Geometry, geometry, structure
 from scaleplan.estimator.memory import RESERVE_BYTES, STAGES, StageMemory, allocated_reserved, memory_breakdown, state_bytes
 from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout
+from scaleplan.estimator.best_plans import best_of_batch
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
 from scaleplan.estimator.results import GB, EstimateResult, LayoutsResult
@@ -46,37 +47,6 @@ def _check_positive(**kw) -> None:
             bad = True
         if bad:
             raise SpecError(k, v, "a positive integer")
-
-
-#: plans the memory and time models evaluate at once: a batch's plans go in pieces of whole geometries, up to
-#: this many plans each. The arrays take ~1 kB per plan, and a worker's heap grows to its largest evaluation,
-#: every page of it faulted in (zeroed) once: past this size the per-call overhead saved is less than that
-EVAL_PLANS = 120_000
-
-
-def _pieces(counts, limit: int) -> list[tuple[int, int]]:
-    """Ranges [a, b) of items with ``counts`` (plans per geometry), in order, each holding at most ``limit``
-    in all or one item alone."""
-    out, a, n = [], 0, 0
-    for j, c in enumerate(counts):
-        if n + c > limit and j > a:
-            out.append((a, j))
-            a, n = j, 0
-        n += c
-    return out + [(a, len(counts))]
-
-
-def _first_max_per_group(value: np.ndarray, group: np.ndarray, where: np.ndarray) -> np.ndarray:
-    """Per run of equal ``group`` (sorted, shape (n,)): ``where`` at its first element of highest
-    ``value``, where no value of the run is higher (a NaN only where the whole run is NaN: then its
-    first). What a stable sort by (group, -value) puts first in each group, in O(n) instead of a sort."""
-    if len(group) == 0:
-        return where[:0]
-    starts = np.r_[0, np.nonzero(group[1:] != group[:-1])[0] + 1]
-    run = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(group)]))
-    top = np.fmax.reduceat(value, starts)[run]
-    hit = np.nonzero((value == top) | np.isnan(top))[0]
-    return where[hit[np.r_[True, run[hit][1:] != run[hit][:-1]]]]
 
 
 class Estimator:
@@ -329,54 +299,11 @@ class Estimator:
         for idx in groups.values():
             for lo in range(0, len(idx), max(int(chunk), 1)):
                 part = idx[lo:lo + max(int(chunk), 1)]
-                best = self._best_of_batch([geoms[i] for i in part], models[part[0]].rotary_embeds, n_devices, gbs,
-                                           seqlen, optimizer, constraints)
+                best = best_of_batch(self, [geoms[i] for i in part], models[part[0]].rotary_embeds, n_devices, gbs,
+                                     seqlen, optimizer, constraints)
                 for i, res in zip(part, best):
                     out[i] = res
         return out
-
-    def _best_of_batch(self, geoms: list[Geometry], rope: bool, n_devices: int, gbs: int, seqlen: int,
-                       optimizer: str, constraints: PlanConstraints) -> list[EstimateResult | None]:
-        """The best plan of each geometry of one structure, all their plans evaluated as one set. Memory
-        first: a plan over the cap is infeasible whatever its time, so the time model runs on the plans that
-        fit alone (1 in 6 on the paper grid). Then per geometry the first plan of highest MFU among the
-        in-range ones: the same plan as :meth:`layouts` ranks first (every evaluation is elementwise over
-        plans, and the subset keeps the plans' order for ties)."""
-        sets = [enumerate_plans(g, n_devices, gbs, constraints, seqlen)[0] for g in geoms]
-        out: list[EstimateResult | None] = [None] * len(geoms)
-        if not any(len(s) for s in sets):
-            return out
-        # each geometry's fields once (GeometryBatch.take gives them to any selection of its plans)
-        each = geoms[0] if len(geoms) == 1 else GeometryBatch.stack(geoms, np.arange(len(geoms)))
-        keep = self._state_fits(each, sets, optimizer, constraints.mem_fraction * self.profile.hbm_bytes)
-        for a, b in _pieces([len(k) for k in keep], EVAL_PLANS):
-            self._best_in(geoms, each, rope, a, [s.take(k) for s, k in zip(sets[a:b], keep[a:b])], gbs, seqlen,
-                          optimizer, constraints.mem_fraction, out)
-        return out
-
-    def _best_in(self, geoms: list[Geometry], each: Geometry, rope: bool, first: int, sets: list[ParallelLayout],
-                 gbs: int, seqlen: int, optimizer: str, frac: float, out: list[EstimateResult | None]) -> None:
-        """Into ``out``, the best plan of each of ``geoms[first:first + len(sets)]`` among its plans ``sets``
-        (those whose model state fits), under ``frac`` of HBM: memory first, then the time model on the
-        plans that fit. ``each``: the geometries, one plan each (:meth:`_best_of_batch`)."""
-        owner = np.repeat(np.arange(first, first + len(sets)), [len(s) for s in sets])  # sorted
-        if len(owner) == 0:
-            return
-        plans, cap = ParallelLayout.concat(sets), self.profile.hbm_bytes
-        batch = each.take(owner)
-        sh = plan_shapes(batch, plans, seqlen, gbs)
-        mem = self._memory(batch, plans, gbs, seqlen, optimizer, rope, sh)
-        fits = np.nonzero(~(sum(mem.values()) > frac * cap))[0]
-        if len(fits) == 0:
-            return
-        owner, mem = owner[fits], mem.take(fits)
-        ev = self.model.evaluate(batch.take(fits), plans.take(fits), gbs, seqlen, optimizer, shapes=sh.take(fits),
-                                 stack=self.training_stack)
-        ok = np.nonzero(ev.oor.reason == None)[0]  # noqa: E711 (an object array: elementwise)
-        bounds = np.searchsorted(owner, np.arange(len(geoms) + 1))
-        for b in _first_max_per_group(ev.mfu[ok], owner[ok], ok):
-            j = owner[b]
-            out[j] = self._result(geoms[j], ev, mem, b, gbs * seqlen, cap, frac, slice(bounds[j], bounds[j + 1]))
 
     def evaluate_arrays(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str,
                         constraints: PlanConstraints = PlanConstraints()) -> tuple:

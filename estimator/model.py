@@ -16,7 +16,7 @@ Units: seconds, bytes, FLOP/s. Arrays: one element per plan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 
 import numpy as np
 from scaleplan.estimator import analytic as an
@@ -118,6 +118,41 @@ class Evaluation:
                        self.deep_pp_in_node) * self.t_analytic
 
 
+@dataclass(frozen=True)
+class Pipelined:
+    """The first half of an evaluation over P plans (:meth:`TimeModel.pipelined`): its context (with the
+    lookup record so far), the global batch, the per-layer kernels, their per-block totals, each stage's work
+    and the 1F1B periods (arrays over plans), and the optimizer step's host seconds."""
+
+    ctx: EvalContext
+    gbs: int
+    k: LayerKernels
+    lt: LayerTotals
+    w: PipelineWork
+    st: StagePeriods
+    t_step_host: np.ndarray
+
+    def take(self, idx: np.ndarray) -> Pipelined:
+        """The plans at ``idx`` (int indices), their record so far with them (:meth:`Recorder.take`): what
+        :meth:`TimeModel.finish` gives for them is what it gives for them among all the plans."""
+        P = self.ctx.P
+        return Pipelined(self.ctx.take(idx, self.ctx.rec.take(idx)), self.gbs,
+                         *(_take_plans(x, idx, P) for x in (self.k, self.lt, self.w, self.st, self.t_step_host)))
+
+
+def _take_plans(x, idx: np.ndarray, P: int):
+    """``x`` at the plans ``idx``: an array over the P plans gathered, a dataclass field by field, a scalar
+    (one value for every plan) kept. Raises ValueError on an array of any other shape (it would be
+    ambiguous)."""
+    if is_dataclass(x):
+        return replace(x, **{f.name: _take_plans(getattr(x, f.name), idx, P) for f in fields(x)})
+    if isinstance(x, np.ndarray) and x.ndim > 0:
+        if x.shape != (P,):
+            raise ValueError(f"a per-plan array of shape {x.shape}: expected ({P},)")
+        return x[idx]
+    return x
+
+
 class TimeModel:
     """Evaluate eq:mfu for arrays of plans of one geometry on one profile.
 
@@ -163,25 +198,46 @@ class TimeModel:
         their view in the spec's precision (:meth:`Tables.view`). ``shapes``: the plans' shapes when the
         caller has them (:func:`~scaleplan.estimator.shapes.plan_shapes` at ``seqlen`` and ``gbs``).
         ``stack``: the training stack the plans run on (scaleplan/stack.py)."""
-        P = len(lay)
+        return self.finish(self.pipelined(g, lay, gbs, seqlen, tables, shapes, stack), optimizer)
+
+    def pipelined(self, g: Geometry, lay: ParallelLayout, gbs: int, seqlen: int, tables: Tables | None = None,
+                  shapes: PlanShapes | None = None, stack: Stack = PAPER_STACK) -> Pipelined:
+        """The first half of :meth:`evaluate` (arguments as there): the per-layer kernels, each stage's work
+        and the 1F1B periods, everything but the DP traffic, the expert-bias all-reduce and the optimizer
+        step (:meth:`finish` adds them)."""
         ctx = self.context(g, lay, seqlen, gbs, tables, shapes, stack)
-        rec, sh = ctx.rec, ctx.shapes
-        n_mb, ckc = sh.n_mb, lay.ckpt
         k = layer_kernels(ctx)
-        lt = layer_totals(k, ckc, self._framework_kernels(ctx), g.is_moe, stack.overlaps_shared_expert(),
+        lt = layer_totals(k, lay.ckpt, self._framework_kernels(ctx), g.is_moe, stack.overlaps_shared_expert(),
                           stack.recompute_modules, bool(np.any(g.is_mla)))
         w, t_step_host = self._stage_work(ctx, k, lt)
-        st = self._periods(ctx, k, w)
+        return Pipelined(ctx, gbs, k, lt, w, self._periods(ctx, k, w), t_step_host)
+
+    def t_iter_floor(self, part: Pipelined) -> np.ndarray:
+        """A lower bound of :meth:`finish`'s t_iter per plan of ``part`` (seconds, shape (P,)): the terms
+        of t_analytic but the last three (the DP traffic, the expert-bias all-reduce and the optimizer step,
+        each >= 0), in closed form: the layer terms add up to n_mb t_cmp (:func:`~iteration.layer_terms`), so
+        with the dispatch floor, bubble and vocabulary terms they are n_mb period + ramp / VPP, and the PP
+        exchanges add. Then eq:desync, whose chi_sys t is A t + c_a2a t_A2A with the same A: increasing in t
+        while A >= 0 (-inf, no bound, where a fitted A is negative). Scaled down by 1e-9, far more than
+        the rounding of either sum, so that it never exceeds the t_iter it bounds. The search skips the
+        plans that cannot be their geometry's best with it (``Estimator._candidates``)."""
+        ctx, st = part.ctx, part.st
+        t_part = ctx.shapes.n_mb * st.period + st.ramp / np.asarray(ctx.lay.vpp, dtype=float) + self._pp_p2p(ctx, part.k)
+        ep_nodes, pp_hops, deep, t_a2a_wire = self._desync_inputs(part)
+        c = self.chi_c
+        slope = 1.0 + c.c_level + c.c_pp * pp_hops + c.c_ovl * deep
+        floor = slope * t_part + c.c_a2a * t_a2a_wire * (ep_nodes > 1)
+        return np.where(slope >= 0, floor * (1.0 - 1e-9), -np.inf)
+
+    def finish(self, part: Pipelined, optimizer: str) -> Evaluation:
+        """:meth:`evaluate` of the plans of ``part`` (:meth:`pipelined`, or a :meth:`Pipelined.take` of it):
+        the DP traffic, the expert-bias all-reduce and the optimizer step added, then eq:cal-iter and
+        eq:desync."""
+        ctx = part.ctx
+        g, lay, rec, sh, stack = ctx.g, ctx.lay, ctx.rec, ctx.shapes, ctx.stack
         deg = degree_groups(g, lay)  # shared by the DP traffic, the optimizer step and the bias all-reduce
-        t_dp, t_opt = self._dp_and_optimizer(ctx, k, lt, t_step_host, optimizer, deg)
-        vpp = np.asarray(lay.vpp, dtype=float)
-        it = IterationTime(
-            **layer_terms(k, lt.fw, n_mb, w.slowest_layers, w.slowest_moe if g.is_moe else 0.0, ckc, g.is_moe,
-                          stack.overlaps_shared_expert(), stack.recompute_modules, bool(np.any(g.is_mla))),
-            dispatch_floor=n_mb * (st.period_disp - w.t_cmp),
-            bubble=st.ramp_disp / vpp,
-            vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
-            pp_p2p=self._pp_p2p(ctx, k), dp_comm=t_dp, bias_sync=bias_sync_time(ctx, deg), optimizer=t_opt)
+        t_dp, t_opt = self._dp_and_optimizer(part, optimizer, deg)
+        it = self._iteration(part, t_dp, t_opt, deg)
         if not self.serial:
             rec.mark("dispatch_floor", 0)
         rec.mark("bubble", rec.src.get("dispatch_floor", 0))
@@ -189,19 +245,40 @@ class TimeModel:
         # the share of the predicted time whose term read a composed (out-of-range) lookup
         composed_share = sum(np.where(rec.src.get(name, 0) == COMPOSED, getattr(it, name), 0.0)
                              for name in TERMS) / t_an
-
-        # eq:desync, with the placement features of Megatron's rank order (desync_features)
-        ep_nodes, pp_hops, deep = desync_features(lay, self.gpn)
-        pp_nodes = pp_hops + 1
-        rc = recompute(ckc, stack.recompute_modules)
-        rc = rc.block + rc.moe  # the forward exchange runs again when the whole MoE block is re-run
-        t_a2a_wire = n_mb * w.slowest_moe * (k.a2a_f * (1 + rc) + k.a2a_b) if g.is_moe else np.zeros(P)
+        ep_nodes, pp_hops, deep, t_a2a_wire = self._desync_inputs(part)
         chi = chi_sys(self.chi_c, t_a2a_wire, t_an, ep_nodes, pp_hops, deep)
         t_iter = chi * t_an
-        mfu, mfu_val, hfu = self._utilization(g, lay, gbs, seqlen, t_iter, stack.recompute_modules)
-        return Evaluation(lay, n_mb, it, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
-                          pp_nodes.astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
+        mfu, mfu_val, hfu = self._utilization(g, lay, part.gbs, ctx.seqlen, t_iter, stack.recompute_modules)
+        return Evaluation(lay, sh.n_mb, it, rec.src, t_an, chi, t_iter, t_a2a_wire, ep_nodes.astype(int),
+                          (pp_hops + 1).astype(int), deep, mfu, mfu_val, hfu, rec.n_clamped, rec.oor, rec.warnings,
                           rec.notes, composed_share, rec.warned, rec.extrapolated, sh)
+
+    def _iteration(self, part: Pipelined, t_dp: np.ndarray, t_opt: np.ndarray,
+                   deg: tuple[np.ndarray, np.ndarray] | None = None) -> IterationTime:
+        """The terms of t_analytic (eq:cal-iter) from the pipelined work, the DP and optimizer seconds and, with
+        the plans' :func:`~scaleplan.estimator.layout.degree_groups` ``deg``, the expert-bias all-reduce (0 without)."""
+        ctx, k, w, st = part.ctx, part.k, part.w, part.st
+        g, stack, n_mb, ckc = ctx.g, ctx.stack, ctx.shapes.n_mb, ctx.lay.ckpt
+        vpp = np.asarray(ctx.lay.vpp, dtype=float)
+        return IterationTime(
+            **layer_terms(k, part.lt.fw, n_mb, w.slowest_layers, w.slowest_moe if g.is_moe else 0.0, ckc, g.is_moe,
+                          stack.overlaps_shared_expert(), stack.recompute_modules, bool(np.any(g.is_mla))),
+            dispatch_floor=n_mb * (st.period_disp - w.t_cmp),
+            bubble=st.ramp_disp / vpp,
+            vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
+            pp_p2p=self._pp_p2p(ctx, k), dp_comm=t_dp,
+            bias_sync=bias_sync_time(ctx, deg) if deg is not None else np.zeros(ctx.P), optimizer=t_opt)
+
+    def _desync_inputs(self, part: Pipelined) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """eq:desync's placement features of Megatron's rank order (:func:`desync_features`: EP nodes,
+        inter-node PP hops, deep pipeline in one node) and the step's all-to-all wire seconds."""
+        ctx, k, w = part.ctx, part.k, part.w
+        ep_nodes, pp_hops, deep = desync_features(ctx.lay, self.gpn)
+        rc = recompute(ctx.lay.ckpt, ctx.stack.recompute_modules)
+        rc = rc.block + rc.moe  # the forward exchange runs again when the whole MoE block is re-run
+        t_a2a_wire = (ctx.shapes.n_mb * w.slowest_moe * (k.a2a_f * (1 + rc) + k.a2a_b) if ctx.g.is_moe
+                      else np.zeros(ctx.P))
+        return ep_nodes, pp_hops, deep, t_a2a_wire
 
     def context(self, g: Geometry, lay: ParallelLayout, seqlen: int, gbs: int | None = None,
                 tables: Tables | None = None, shapes: PlanShapes | None = None,
@@ -276,11 +353,11 @@ class TimeModel:
         n_x = np.where(vpp > 1, 2 * (vpp * n_mb + pp - 1), critical_exchanges(pp, n_mb))
         return np.where(pp > 1, n_x * t_p2p, 0.0)
 
-    def _dp_and_optimizer(self, ctx: EvalContext, k: LayerKernels, lt: LayerTotals, t_step_host: np.ndarray,
-                          optimizer: str,
+    def _dp_and_optimizer(self, part: Pipelined, optimizer: str,
                           deg: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """The exposed DP gradient/parameter traffic and the optimizer step, seconds per iteration;
-        ``deg``: the plans' :func:`~scaleplan.estimator.layout.degree_groups`."""
+        """The exposed DP gradient/parameter traffic and the optimizer step of the plans of ``part``, seconds
+        per iteration; ``deg``: the plans' :func:`~scaleplan.estimator.layout.degree_groups`."""
+        ctx, k, lt, t_step_host = part.ctx, part.k, part.lt, part.t_step_host
         g, lay = ctx.g, ctx.lay
         # DP: distributed optimizer reduce-scatter (grads) + all-gather (params), bucketed. They hide
         # behind each stage's last micro-batch's backward (and the first forward), on a later pipeline stage

@@ -44,6 +44,18 @@ class Recorder:
         # measured ones (busbw / NIC-bytes invariance): per plan, whatever else is evaluated with it
         self.extrapolated: dict[str, np.ndarray] = {}
 
+    def take(self, idx: np.ndarray) -> Recorder:
+        """The record of the plans at ``idx`` (int indices) alone: every message kept in its order, each
+        with the selected plans' masks."""
+        out = Recorder(len(idx), self.mode)
+        out.src = {c: v[idx] for c, v in self.src.items()}
+        out.n_clamped, out.has_oor = self.n_clamped[idx], self.has_oor[idx]
+        out.oor = OOR(*(getattr(self.oor, f)[idx] for f in ("reason", "table", "axis", "value", "lo", "hi")))
+        out.warnings = list(self.warnings)
+        out.warned, out.notes, out.extrapolated = ({m: w[idx] for m, w in d.items()}
+                                                   for d in (self.warned, self.notes, self.extrapolated))
+        return out
+
     def warn(self, msg: str, where: ArrayLike = True) -> None:
         """A warning about component ``msg.split(":")[0]`` raised by the plans in ``where``: shown with a
         plan whose component is analytic (``Estimator`` results); ``warned`` keeps which plans raised it."""
