@@ -17,7 +17,8 @@ A stack that names its own ``--recompute-modules`` (scaleplan/stack.py recompute
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import lru_cache
 from enum import IntEnum
 
 import numpy as np
@@ -112,15 +113,33 @@ _RECOMPUTE_MEMO: dict = {}  # recompute's: one evaluation asks it per stage and 
 
 def recompute(codes: ArrayLike, modules: Iterable[str] | None = None) -> Recompute:
     """:class:`Recompute` of the plans' mode codes; ``modules``: the stack's recompute_modules (None: selective
-    is core_attn, as without a stack). Memoised on the codes and the modules; its arrays are read-only."""
-    c = np.asarray(codes, dtype=np.int64)
-    key = (c.shape, c.tobytes(), None if modules is None else tuple(modules))
+    is core_attn, as without a stack). Every field is a function of the code alone: each mode's row is worked
+    out once per ``modules`` and handed to the plans by their codes; the answer for one codes array is kept
+    while that array lives (read-only arrays)."""
+    mods = None if modules is None else tuple(modules)
+    key = (id(codes), mods)
     hit = _RECOMPUTE_MEMO.get(key)
-    if hit is None:
-        if len(_RECOMPUTE_MEMO) >= 256:
+    if hit is not None and hit[0] is codes:
+        return hit[1]
+    table = _recompute_table(mods)
+    c = np.asarray(codes, dtype=np.int64)
+    out = Recompute(*(_readonly(np.asarray(getattr(table, f.name)[c])) for f in fields(Recompute)))
+    if isinstance(codes, np.ndarray):
+        if len(_RECOMPUTE_MEMO) >= 64:
             _RECOMPUTE_MEMO.clear()
-        hit = _RECOMPUTE_MEMO[key] = _recompute(c, modules)
-    return hit
+        _RECOMPUTE_MEMO[key] = (codes, out)  # the array kept alive, so that its id is not reused meanwhile
+    return out
+
+
+def _readonly(x: np.ndarray) -> np.ndarray:
+    x.flags.writeable = False
+    return x
+
+
+@lru_cache(maxsize=32)
+def _recompute_table(modules: tuple[str, ...] | None) -> Recompute:
+    """:func:`_recompute` of every mode code, in code order."""
+    return _recompute(np.arange(len(CkptMode), dtype=np.int64), modules)
 
 
 def _recompute(c: np.ndarray, modules: Iterable[str] | None) -> Recompute:

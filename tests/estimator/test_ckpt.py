@@ -36,3 +36,21 @@ def test_kernel_units_forward_backward_and_recompute():
     # forward 1 + backward 2 = 3; full re-runs the forward: 4; selective / super-selective in between
     assert kernel_units(codes(ALL)) == pytest.approx([3.0, 3.1, 3.3, 4.0])
     assert kernel_units(np.array([[3, 0]])).shape == (1, 2)  # arrays of plans keep their shape
+
+
+def test_recompute_hands_each_plan_its_modes_row():
+    """recompute reads a per-mode table: every field equals the direct elementwise count of the same codes
+    (with and without a stack's modules, for arrays and one code), and an array asked again gets the same
+    answer without recounting."""
+    from scaleplan.estimator.ckpt import Recompute, _recompute, recompute
+
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 4, 1000)
+    for mods in (None, ("core_attn", "moe_act", "layernorm"), ("moe", "mlp", "shared_experts", "mla_up_proj")):
+        got, want = recompute(codes, mods), _recompute(codes, mods)
+        for f in Recompute.__dataclass_fields__:
+            assert np.array_equal(getattr(got, f), getattr(want, f)), (mods, f)
+            assert not getattr(got, f).flags.writeable
+        assert recompute(codes, mods) is got
+        one = recompute(2, mods)
+        assert all(float(getattr(one, f)) == getattr(want, f)[np.argmax(codes == 2)] for f in Recompute.__dataclass_fields__)
