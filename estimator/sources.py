@@ -164,9 +164,12 @@ def distinct(*cols: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     codes, dims = [], []
     for c in cols:
         ci, n = _codes(np.asarray(c).reshape(-1))
-        codes.append(ci)
-        dims.append(n)
-    key = np.ravel_multi_index(codes, dims) if codes else np.zeros(0, np.int64)
+        if n > 1:  # a column of one value tells no tuples apart (a plan set's unstated splits, say)
+            codes.append(ci)
+            dims.append(n)
+    if not codes:
+        return np.zeros(1, dtype=np.int64), np.zeros(np.size(cols[0]), dtype=np.int64)
+    key = np.ravel_multi_index(codes, dims)
     size = int(np.prod(dims, dtype=float)) if dims else 0
     if 0 < size <= min(_DENSE_TUPLES, 4 * len(key) + _DENSE_CODES) and len(key) > 0:
         inv, n = _codes(key, size)
@@ -181,7 +184,10 @@ def _codes(c: np.ndarray, bound: int | None = None) -> tuple[np.ndarray, int]:
     """(code of each element by rank among the column's distinct values, how many there are)."""
     if c.dtype.kind in "iu" and len(c):
         hi = int(c.max()) if bound is None else bound - 1
-        if hi < max(_DENSE_CODES, bound or 0) and int(c.min()) >= 0:
+        lo = int(c.min())
+        if bound is None and lo == hi:
+            return np.zeros(len(c), dtype=np.int64), 1
+        if hi < max(_DENSE_CODES, bound or 0) and lo >= 0:
             seen = np.zeros(hi + 1, dtype=bool)
             seen[c] = True
             rank = np.cumsum(seen, dtype=np.int64)
