@@ -86,11 +86,12 @@ class EvalContext(Lookups):
         """Dense tensor-core peak of the model precision, FLOP/s."""
         return self.profile.peak(self.g.precision)
 
-    def take(self, idx: ArrayLike, rec: Recorder | None = None) -> EvalContext:
+    def take(self, idx: ArrayLike, rec: Recorder | None = None, stages: bool = True) -> EvalContext:
         """The plans at ``idx`` with their own record (a new one unless ``rec``): the caller folds it
-        back (:meth:`Recorder.fold`)."""
+        back (:meth:`Recorder.fold`); their shapes without the pipeline stages where ``stages`` is False
+        (:meth:`PlanShapes.take`: what the per-layer kernels evaluate on)."""
         idx = np.asarray(idx)
         n = int(idx.sum()) if idx.dtype == bool else len(idx)
         return EvalContext(self.tables, self.profile, rec if rec is not None else Recorder(n, self.rec.mode),
-                           self.g.take(idx), self.lay.take(idx), self.shapes.take(idx), self.seqlen,
+                           self.g.take(idx), self.lay.take(idx), self.shapes.take(idx, stages), self.seqlen,
                            self.kernel_scale, self.stack)

@@ -88,7 +88,7 @@ def layer_kernels(ctx: EvalContext) -> LayerKernels:
     lookups recorded in ``ctx.rec``."""
     lay = ctx.lay
     first, inv = distinct(*ctx.g.batch_keys, lay.tp, lay.cp, lay.ep, lay.etp, lay.mbs)
-    sub = ctx.take(first)
+    sub = ctx.take(first, stages=False)
     k = LayerKernels(**_kernels(sub)).take(inv)
     ctx.rec.fold(sub.rec, inv)
     return k
@@ -108,7 +108,7 @@ def _kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
     block, TP, vocabulary and CP)."""
     P, g, lay = ctx.P, ctx.g, ctx.lay
     first, inv = distinct(*g.dense_keys, lay.tp, lay.cp, lay.mbs)
-    pre = ctx.take(first)
+    pre = ctx.take(first, stages=False)
     post = Recorder(len(first), ctx.rec.mode)
     k = {name: v[inv] for name, v in _dense_kernels(pre, post).items()}
     ctx.rec.fold(pre.rec, inv)
@@ -236,29 +236,23 @@ def _small_kernels(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
 def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
     """The MoE block per layer and micro-batch, forward and backward (seconds; _MOE_KERNELS and
     E_loc): router + top-k, permute, routed experts, shared expert, EP all-to-all."""
-    tb, rec, g, sh, lay = ctx.tables, ctx.rec, ctx.g, ctx.shapes, ctx.lay
-    T, Tsp = sh.T, sh.Tsp
-    tp, ep = lay.tp.astype(float), lay.ep.astype(float)
-    w1 = 2 if g.glu else 1
-    sh_f = sh_b = np.zeros(len(tp))
-    # router GEMM (fp32 island costed as bf16 GEMM: d x E is tiny) + top-k
-    rg_f, rg_b = gemm_times(ctx, "router", Tsp, g.E, g.d)
-    if tb.topk:
-        tk_f = rec.use("router", tb.topk["fwd"].lookup(Tsp, g.E, g.K))
-        tk_b = rec.use("router", tb.topk["bwd"].lookup(Tsp, g.E, g.K)) if "bwd" in tb.topk else tk_f
-    else:
-        rec.mark("router", ANALYTIC)
-        tk_f = an.memory_time(4.0 * Tsp * g.E * 3, ctx.hbm)
-        tk_b = tk_f
+    g, sh, lay = ctx.g, ctx.shapes, ctx.lay
+    ep = lay.ep.astype(float)
+    sh_f = sh_b = np.zeros(ctx.P)
+    # the router, top-k and shared expert read no EP or ETP: once per distinct (geometry, TP, CP, B_micro),
+    # each recorded where it runs in the block
+    first, inv = distinct(*g.batch_keys, lay.tp, lay.cp, lay.mbs)
+    coarse = ctx.take(first, stages=False)
+    rg_f, rg_b, tk_f, tk_b = (x[inv] for x in _router_kernels(coarse))
+    ctx.rec.fold(coarse.rec, inv)
     perm_f, perm_b = permute_times(ctx)
     ex_f, ex_b = expert_times(ctx)
     ex_act = an.memory_time(sh.b_el * sh.R * sh.ffn_loc * 3, ctx.hbm)        # SwiGLU on routed rows
     ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
     if g.has_shared:
-        s1f, s1b = gemm_times(ctx, "shared_expert", T, w1 * g.dsh / tp, g.d)
-        s2f, s2b = gemm_times(ctx, "shared_expert", T, g.d, g.dsh / tp)
-        s_act = an.memory_time(sh.b_el * T * g.dsh / tp * 3, ctx.hbm)
-        sh_f, sh_b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
+        coarse = ctx.take(first, stages=False)
+        sh_f, sh_b = (x[inv] for x in _shared_expert_kernels(coarse))
+        ctx.rec.fold(coarse.rec, inv)
     # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes (the fused dispatchers' own,
     # exchange_bytes); the EP ranks on one node exchange over NVLink (ParallelLayout.ranks_per_node)
     inter, per_node = lay.spans_nodes("ep", ctx.gpn), lay.ranks_per_node("ep", ctx.gpn)
@@ -269,6 +263,32 @@ def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
             "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": sh.E_loc,
             "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm_f, "perm_b": perm_b, "ex_f": ex_f,
             "ex_b": ex_b, "act_f": ex_act}
+
+
+def _router_kernels(ctx: EvalContext) -> tuple[np.ndarray, ...]:
+    """(router GEMM fwd, bwd, top-k fwd, bwd) seconds per MoE layer and micro-batch: the fp32 router island
+    costed as a bf16 GEMM (d x E is tiny), the top-k from its table or the memory roofline."""
+    tb, rec, g, Tsp = ctx.tables, ctx.rec, ctx.g, ctx.shapes.Tsp
+    rg_f, rg_b = gemm_times(ctx, "router", Tsp, g.E, g.d)
+    if tb.topk:
+        tk_f = rec.use("router", tb.topk["fwd"].lookup(Tsp, g.E, g.K))
+        tk_b = rec.use("router", tb.topk["bwd"].lookup(Tsp, g.E, g.K)) if "bwd" in tb.topk else tk_f
+    else:
+        rec.mark("router", ANALYTIC)
+        tk_f = tk_b = an.memory_time(4.0 * Tsp * g.E * 3, ctx.hbm)
+    return tuple(np.broadcast_to(np.asarray(x, dtype=float), (ctx.P,)) for x in (rg_f, rg_b, tk_f, tk_b))
+
+
+def _shared_expert_kernels(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) seconds of the shared expert's MLP per MoE layer and micro-batch (its activation from the
+    memory roofline)."""
+    g, T, tp = ctx.g, ctx.shapes.T, ctx.lay.tp.astype(float)
+    w1 = 2 if g.glu else 1
+    s1f, s1b = gemm_times(ctx, "shared_expert", T, w1 * g.dsh / tp, g.d)
+    s2f, s2b = gemm_times(ctx, "shared_expert", T, g.d, g.dsh / tp)
+    s_act = an.memory_time(ctx.shapes.b_el * T * g.dsh / tp * 3, ctx.hbm)
+    f, b = s1f + s2f + s_act, s1b + s2b + 2 * s_act
+    return tuple(np.broadcast_to(np.asarray(x, dtype=float), (ctx.P,)) for x in (f, b))
 
 
 def _token_exchange(ctx: EvalContext) -> np.ndarray:

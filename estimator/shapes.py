@@ -117,13 +117,16 @@ class PlanShapes:
         return np.maximum(np.maximum(self.first.n_moe, self.last.n_moe),
                           np.where(self.n_middle > 0, self.middle_hi.n_moe, 0.0))
 
-    def take(self, idx: ArrayLike) -> PlanShapes:
-        """The shapes of the plans at ``idx`` (indices or a mask)."""
+    def take(self, idx: ArrayLike, stages: bool = True) -> PlanShapes:
+        """The shapes of the plans at ``idx`` (indices or a mask); without their pipeline stages (None) where
+        ``stages`` is False: the per-layer kernels read none, and there are 35 arrays fewer to gather."""
         out, memo = {}, {}
         for f in fields(PlanShapes):
             v = getattr(self, f.name)
-            out[f.name] = v if f.name == "b_el" else v.take(idx, memo) if isinstance(v, StageCounts) else \
-                _gather(v, idx, memo)
+            if v is None or isinstance(v, StageCounts):
+                out[f.name] = v.take(idx, memo) if stages and v is not None else None
+            else:
+                out[f.name] = v if f.name == "b_el" else _gather(v, idx, memo)
         return PlanShapes(**out)
 
     def one(self, i: int = 0) -> PlanShapes:
