@@ -126,11 +126,15 @@ def dp_windows(ctx: EvalContext, k: LayerKernels, lt: LayerTotals, stages: list[
 def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]) -> PipelineWork:
     """Every stage's :class:`StageWork` from the shapes' stage counts, ``disp`` their host seconds per
     micro-batch by stage name (first, middle_lo, middle_hi, middle, last), and the slowest stage."""
-    sh, moe = ctx.shapes, ctx.g.is_moe
+    sh, moe, seen = ctx.shapes, ctx.g.is_moe, {}
 
     def work(name: str) -> tuple[StageWork, np.ndarray]:
-        t, a2a = stage_gpu(lt, getattr(sh, name), moe)
-        return StageWork(t - a2a, disp[name], a2a), t
+        st = getattr(sh, name)  # stages of the same blocks (the middle ones, mostly) share the arrays: once
+        key = (id(st.n_layers), id(st.n_dense), id(st.n_moe), id(disp[name]))
+        if key not in seen:
+            t, a2a = stage_gpu(lt, st, moe)
+            seen[key] = StageWork(t - a2a, disp[name], a2a), t
+        return seen[key]
 
     (first, t0), (last, tl), (lo, tlo), (hi, thi), (mean, _) = (
         work(n) for n in ("first", "last", "middle_lo", "middle_hi", "middle"))
@@ -138,8 +142,11 @@ def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]
     # the pacing stage by layer work, the first of equals in this order
     cands = [(t0, sh.first), (np.where(pp > 1, tl, 0.0), sh.last), (np.where(has_mid, thi, 0.0), sh.middle_hi),
              (np.where(has_mid, tlo, 0.0), sh.middle_lo)]
-    times = np.stack([t for t, _ in cands])
-    pick = np.argmax(times, axis=0)
-    n_layers, n_moe = (np.choose(pick, [np.broadcast_to(getattr(c, f), pick.shape) for _, c in cands])
-                       for f in ("n_layers", "n_moe"))
-    return PipelineWork(first, Middle(sh.n_middle, lo, hi, mean), last, n_layers, n_moe, times.max(axis=0))
+    t_cmp, n_layers, n_moe = cands[0][0], sh.first.n_layers, sh.first.n_moe
+    for t, c in cands[1:]:
+        later = t > t_cmp  # strictly: the first of equals keeps it
+        t_cmp, n_layers, n_moe = (np.where(later, t, t_cmp), np.where(later, c.n_layers, n_layers),
+                                  np.where(later, c.n_moe, n_moe))
+    shape = np.shape(t_cmp)
+    return PipelineWork(first, Middle(sh.n_middle, lo, hi, mean), last, np.broadcast_to(n_layers, shape),
+                        np.broadcast_to(n_moe, shape), t_cmp)
