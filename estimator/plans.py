@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.ckpt import codes as ckpt_codes
 from scaleplan.estimator.model_dims import Geometry
-from scaleplan.estimator.layout import SPLIT_FIELDS, LayoutContext, ParallelLayout, enumerate_grid
+from scaleplan.estimator.layout import COLUMNS, SPLIT_FIELDS, LayoutContext, ParallelLayout, enumerate_grid
 from scaleplan.estimator.shapes import resolve_split
 
 from scaleplan.specs import CKPT_MODES
@@ -94,12 +95,27 @@ def _enumerate_cached(key, g, n_devices, gbs, c, seqlen):
     return hit
 
 
+def plan_axes(n_devices: int, c: PlanConstraints) -> dict[str, list[int]]:
+    """The candidate values of every column but DP (ckpt by code; the first / last stage splits 0, stated
+    afterwards where the even split does not exist), in the order :func:`enumerate_plans` combines them
+    (:func:`~scaleplan.estimator.layout.enumerate_grid`: the first column slowest)."""
+    return {"tp": _choose(c.tp, n_devices, c.max_tp), "cp": _choose(c.cp, n_devices, c.max_cp),
+            "pp": _choose(c.pp, n_devices, c.max_pp), "ep": _choose(c.ep, n_devices, c.max_ep),
+            "etp": list(c.etp), "vpp": list(c.vpp), "mbs": list(c.mbs), "ckpt": [int(x) for x in ckpt_codes(c.ckpt)],
+            **dict.fromkeys(SPLIT_FIELDS, [0])}
+
+
+def grid_position(axes: dict[str, list[int]], layout: dict) -> tuple[int, ...]:
+    """Where a plan (a result's ``layout``: Layout fields, ckpt by name) comes in the enumeration over ``axes``
+    (:func:`plan_axes`): its place along each column, the first column first. Raises ValueError for a plan
+    off the grid."""
+    code = {**layout, "ckpt": CkptMode.parse(str(layout["ckpt"])).value}
+    return tuple(axes[f].index(int(code[f])) for f in COLUMNS if f != "dp" and f not in SPLIT_FIELDS)
+
+
 def _enumerate(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints,
                seqlen: int | None = None) -> tuple[ParallelLayout, dict[str, int], int]:
-    axes = {"tp": _choose(c.tp, n_devices, c.max_tp), "cp": _choose(c.cp, n_devices, c.max_cp),
-            "pp": _choose(c.pp, n_devices, c.max_pp), "ep": _choose(c.ep, n_devices, c.max_ep),
-            "etp": c.etp, "vpp": c.vpp, "mbs": c.mbs, "ckpt": ckpt_codes(c.ckpt),
-            **dict.fromkeys(SPLIT_FIELDS, (0,))}
+    axes = plan_axes(n_devices, c)
     # the paper's P_disc unless asked for more: the expert mesh inside DP, the layers split evenly
     ctx = LayoutContext(g, n_devices, gbs, seqlen, c.fold_experts, c.uneven_stages)
     plans, counts, total = enumerate_grid(axes, ctx)

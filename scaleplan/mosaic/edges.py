@@ -192,19 +192,43 @@ def layouts_edges(est, spec, n_devices: int, constraints, top: int) -> tuple:
     or more), the next doubling is added and the plans ranked again, once, as the search extends its mbs; so
     ``layouts`` on a search's spec reaches the plan the search found. Returns (LayoutsResult, edges info in the
     shape of :func:`search_edges`' (rows: {"layout", "mfu"}), which :func:`layouts_edge_lines` words)."""
+    from scaleplan.estimator.plans import plan_axes
+
     res = est.layouts(spec, n_devices, constraints, top=top)
     best = res.ranked[0] if res.ranked else None
     edge = None if best is None else _axis_edge("mbs", "--mbs", tuple(constraints.mbs), int(best.layout["mbs"]), True)
     if edge is None or edge.side != "largest":
         return res, {"found": [], "extended": []}
     mbs2 = tuple(sorted({*constraints.mbs, edge.extend_with}))
-    res2 = est.layouts(spec, n_devices, replace(constraints, mbs=mbs2), top=top)
+    # the plans already ranked keep their numbers (every evaluation is elementwise): only the added
+    # micro-batch size is enumerated and costed, and the two rankings merged as one grid would rank them
+    added = est.layouts(spec, n_devices, replace(constraints, mbs=(edge.extend_with,)), top=top)
+    res2 = merged_layouts(res, added, plan_axes(n_devices, replace(constraints, mbs=mbs2)), top)
     after = res2.ranked[0] if res2.ranked else None
     still = None if after is None else _axis_edge("mbs", "--mbs", mbs2, int(after.layout["mbs"]), True)
     row = lambda r: None if r is None else {"layout": dict(r.layout), "mfu": float(r.mfu)}  # noqa: E731
     return res2, {"found": [edge.to_dict()], "extended": ["mbs"], "before": row(best), "after": row(after),
                   "changed": after is not None and after.layout != best.layout,
                   "still": [still.to_dict()] if still is not None and still.side == "largest" else []}
+
+
+def merged_layouts(a, b, axes: dict[str, list[int]], top: int | None):
+    """The LayoutsResult of one enumeration over ``axes`` (:func:`~scaleplan.estimator.plans.plan_axes`) from
+    those of two that split it by micro-batch size (``a``, ``b``): the plans ranked by MFU, ties in the order
+    the whole grid enumerates them (:func:`~scaleplan.estimator.plans.grid_position`), the first ``top``
+    (their union holds them); counts, totals and analytic components added up; the counts in the order of
+    the rules (estimator/layout.py), then memory, then any other reason."""
+    from scaleplan.estimator.layout import RULES
+    from scaleplan.estimator.plans import grid_position
+    from scaleplan.estimator.results import LayoutsResult
+
+    ranked = sorted(a.ranked + b.ranked, key=lambda r: (-r.mfu, grid_position(axes, r.layout)))
+    known = [r.name for r in RULES] + ["memory"]
+    seen = {**a.infeasible_counts, **b.infeasible_counts}
+    names = [k for k in known if k in seen] + [k for k in seen if k not in known]
+    counts = {k: a.infeasible_counts.get(k, 0) + b.infeasible_counts.get(k, 0) for k in names}
+    return LayoutsResult(ranked[:top] if top is not None else ranked, counts, a.n_plans + b.n_plans,
+                         a.n_feasible + b.n_feasible, sorted({*a.analytic_components, *b.analytic_components}))
 
 
 def layouts_edge_lines(info: dict) -> list[str]:

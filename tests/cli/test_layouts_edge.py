@@ -24,3 +24,38 @@ def test_layouts_reaches_the_searchs_plan_and_says_the_edge(run, run_json, recor
     assert "edge: plan #1 used the largest micro-batch tried (mbs 4" in text
     if e["still"]:  # plan #1 at the extended edge too: said, with the flag that goes further
         assert "pass --mbs with values beyond 8" in text
+
+
+def test_the_extension_ranks_as_the_whole_grid_does(recorded_db):
+    """The extension costs only the added micro-batch size and merges the rankings (edges.merged_layouts):
+    the plans, their order (ties by the grid's order), the counts and their order, the totals and the
+    analytic components are those of one ranking over the whole grid (micro-batch 1, 2, 4 and 8)."""
+    from dataclasses import replace
+
+    from scaleplan.estimator import Estimator, PlanConstraints
+    from scaleplan.mosaic.edges import layouts_edges
+    from scaleplan.specs import parse_spec
+
+    est, spec = Estimator("p6-b200.48xlarge", db_url=recorded_db), parse_spec(PLAN)
+    c = PlanConstraints(mem_fraction=0.95)
+    n = spec.search.num_devices
+    for top in (1, 7, None):
+        got, info = layouts_edges(est, spec, n, c, top)
+        assert info["extended"] == ["mbs"]
+        want = est.layouts(spec, n, replace(c, mbs=(1, 2, 4, 8)), top=top)
+        assert got.to_dict() == want.to_dict(), top
+        assert list(got.infeasible_counts) == list(want.infeasible_counts)
+        assert len(got.ranked) == (top or want.n_feasible) > 0
+
+
+def test_grid_position_is_the_enumeration_order():
+    """plans.grid_position orders plans as enumerate_plans lists them (axes given out of order included)."""
+    from scaleplan.estimator.model_dims import geometry
+    from scaleplan.estimator.plans import PlanConstraints, enumerate_plans, grid_position, plan_axes
+    from scaleplan.geometry import ladder_model
+
+    c = PlanConstraints(mbs=(4, 1, 2), ckpt=("full", "none"), vpp=(2, 1))
+    plans = enumerate_plans(geometry(ladder_model(8, 16, 2, 2)), 64, 256, c, 2048)[0]
+    axes = plan_axes(64, c)
+    pos = [grid_position(axes, plans.row(i)) for i in range(len(plans))]
+    assert len(pos) > 50 and pos == sorted(pos) and len(set(pos)) == len(pos)
