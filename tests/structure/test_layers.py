@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"scaleplan": "scaleplan", "bench": "scaleplan.bench", "estimator": "scaleplan.estimator",
            "calibrate": "scaleplan.calibrate", "db_migrations": "scaleplan.db_migrations",
            "cluster_profiles": "scaleplan.cluster_profiles"}
-# `python -m scaleplan ARGS` is the command line itself, so it may import it
-ENTRY_POINTS = {"scaleplan.__main__"}
+# `python -m scaleplan ARGS` and the console script are the command line itself, so they may import it
+ENTRY_POINTS = {"scaleplan.__main__", "scaleplan.console"}
 # docs/architecture.md's layers, lowest first (the longest matching prefix decides)
 LAYERS = {
     "scaleplan.specs": 1, "scaleplan.stack": 1, "scaleplan.geometry": 1, "scaleplan.profiles": 1, "scaleplan.errors": 1,
