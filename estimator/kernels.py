@@ -249,8 +249,8 @@ def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
     ex_f, ex_b = expert_times(ctx)
     ex_act = an.memory_time(sh.b_el * sh.R * sh.ffn_loc * 3, ctx.hbm)        # SwiGLU on routed rows
     ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
-    if g.has_shared:
-        coarse = ctx.take(first, stages=False)
+    if g.has_shared:  # the same plans, a record of their own folded where the shared expert runs
+        coarse = replace(coarse, rec=Recorder(len(first), ctx.rec.mode))
         sh_f, sh_b = (x[inv] for x in _shared_expert_kernels(coarse))
         ctx.rec.fold(coarse.rec, inv)
     # EP all-to-all: dispatch + combine per pass; per-rank buffer R*d*bytes (the fused dispatchers' own,
