@@ -317,12 +317,12 @@ class TimeModel:
     def _stage_work(self, ctx: EvalContext, k: LayerKernels, lt: LayerTotals) -> tuple[PipelineWork, np.ndarray]:
         """Each stage's work per micro-batch (:func:`stages.pipeline_work`) with its host dispatch (the
         kernel-count law, or the reference model's measured host rows), and the optimizer step's host seconds."""
-        sh, seen = ctx.shapes, {}
-        disp = {}
+        sh, seen, disp = ctx.shapes, {}, {}
         for n in ("first", "middle_lo", "middle_hi", "middle", "last"):
-            st = getattr(sh, n)  # stages of the same blocks (the middle ones, mostly) share the arrays: once
-            key = (id(st.n_layers), id(st.n_dense), id(st.n_moe))
-            disp[n] = seen[key] if key in seen else seen.setdefault(key, self._dispatch(ctx, st)[0])
+            st = getattr(sh, n)  # once per distinct blocks (StageCounts.blocks)
+            if st.blocks not in seen:
+                seen[st.blocks] = self._dispatch(ctx, st)[0]
+            disp[n] = seen[st.blocks]
         t_step_host = self._dispatch(ctx, sh.first)[1] if self.measured_host else np.zeros(ctx.P)
         return pipeline_work(ctx, lt, disp), t_step_host
 

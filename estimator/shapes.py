@@ -53,6 +53,12 @@ class StageCounts:
     has_embedding: np.ndarray  # bool: the first stage (input embedding)
     has_head: np.ndarray       # bool: the last stage (final norm, LM head, loss)
 
+    @property
+    def blocks(self) -> tuple[int, int, int]:
+        """The identity of its block-count arrays (n_layers, n_dense, n_moe): stages that share them (the middle
+        ones, mostly) hold the same blocks, so what depends on the blocks alone is worked out once for them."""
+        return id(self.n_layers), id(self.n_dense), id(self.n_moe)
+
     def take(self, idx: ArrayLike, memo: dict | None = None) -> StageCounts:
         """The stage of the plans at ``idx``; ``memo`` ({id(array): its selection}) gathers an array the
         stages share once."""

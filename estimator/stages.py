@@ -129,8 +129,8 @@ def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]
     sh, moe, seen = ctx.shapes, ctx.g.is_moe, {}
 
     def work(name: str) -> tuple[StageWork, np.ndarray]:
-        st = getattr(sh, name)  # stages of the same blocks (the middle ones, mostly) share the arrays: once
-        key = (id(st.n_layers), id(st.n_dense), id(st.n_moe), id(disp[name]))
+        st = getattr(sh, name)  # once per distinct blocks (StageCounts.blocks) and host time
+        key = (*st.blocks, id(disp[name]))
         if key not in seen:
             t, a2a = stage_gpu(lt, st, moe)
             seen[key] = StageWork(t - a2a, disp[name], a2a), t
