@@ -4,9 +4,8 @@ cyclic garbage collector is tuned for a short-lived process before anything is i
 A command allocates its objects (the imported modules', the estimator's arrays and records) and frees them
 by reference count; at Python's default thresholds (a young-generation pass every 700 allocations) the
 collector ran over a hundred times a command, each pass over every young object and the older generations'
-passes over the imported modules' objects: about 30 ms of ``layouts``' 0.4 s. At :data:`GC_THRESHOLDS` it
-runs a few times (whole-command medians: ``layouts`` 6% and ``search`` 2% faster). Unreachable cycles are
-still collected, later; in-process callers of :func:`scaleplan.cli.main` (tests) keep their own settings.
+passes over the imported modules' objects. At :data:`GC_THRESHOLDS` it runs a few times. Unreachable cycles
+are still collected, later; in-process callers of :func:`scaleplan.cli.main` (tests) keep their own settings.
 """
 from __future__ import annotations
 
