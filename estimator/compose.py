@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
+from scaleplan.estimator.lookup_points import on_grid
+
 if TYPE_CHECKING:
     from scaleplan.estimator.tables import GridTable
 
@@ -136,7 +138,7 @@ def transposed_time(table: GridTable, cs: Sequence[np.ndarray], mask: np.ndarray
     rows = np.maximum(m, align)
     out = np.full(shape, np.inf)
     sel = (mask & (n >= table.lo[0]) & (n <= table.hi[0]) & (k >= table.lo[2]) & (k <= table.hi[2])
-           & np.isin(rows, table.grid[1]))
+           & on_grid(rows, table.grid[1]))
     for g in table.grid[1][(table.grid[1] >= align) & (table.grid[1] <= table.lo[0])]:
         at = sel & (g >= rows)
         if at.any():

@@ -119,7 +119,8 @@ class Recorder:
                 code = np.where(bad, COMPOSED, code)
                 t = np.where(bad, _vec(res.t if res.t_composed is None else res.t_composed, P), t)
                 lo, hi = _vec(res.lo, P), _vec(res.hi, P)
-                for a in np.unique(ax[bad]):  # the axis left and the measured edge it is composed from
+                # the axis left and the measured edge it is composed from (a set: lookup_points.on_grid says why)
+                for a in sorted(set(ax[bad].tolist())):
                     sel = bad & (ax == a)
                     i = int(np.argmax(sel))
                     self.note(f"{comp} composed outside the measured {res.table} range ({res.axes[a]} measured "
@@ -131,7 +132,7 @@ class Recorder:
                 new = bad & ~self.has_oor
                 if new.any():
                     self.has_oor |= new
-                    for a in np.unique(ax[new]):
+                    for a in sorted(set(ax[new].tolist())):
                         sel = new & (ax == a)
                         self.oor.reason[sel] = f"out_of_range:{res.table.split('[')[0]}.{res.axes[a]}"
                         self.oor.table[sel] = res.table

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from scaleplan.estimator.compose import Ceiling, LaunchFloor, MemoryFloor, SdpaFloor, collective_tail
-from scaleplan.estimator.lookup_points import DISTINCT_MIN, distinct_points, memoised
+from scaleplan.estimator.lookup_points import DISTINCT_MIN, distinct_points, memoised, on_grid
 from scaleplan.lazy import lazy_module
 
 pd = lazy_module("pandas")  # only building tables needs it: cached tables are read without pandas
@@ -234,7 +234,7 @@ class GridTable:
             for upper, mask in ((True, c > self.hi[i] * (1 + 1e-9)), (False, c < self.lo[i] * (1 - 1e-9))):
                 if mask.any():
                     outside.append((i, upper, mask))
-            exact &= np.isin(cc, self.grid[i])
+            exact &= on_grid(cc, self.grid[i])
         t, grow = self._times(cs, clamped, outside)
         code = np.where(exact, MEASURED, INTERPOLATED).astype(np.int8)
         lo = np.where(oor_axis >= 0, self.lo[np.maximum(oor_axis, 0)], np.nan)
@@ -393,14 +393,14 @@ class CollectiveTable:
         gb, lsb, jb, j2b, wb = np.broadcast_arrays(g, ls, j, j2, w)
         t1 = np.empty(gb.shape)
         t2 = np.empty(gb.shape)
-        for gi in np.unique(np.concatenate([jb.ravel(), j2b.ravel()])):
+        for gi in sorted(set(jb.ravel().tolist()) | set(j2b.ravel().tolist())):  # not np.unique: see on_grid
             m1, m2 = jb == gi, j2b == gi
             t1[m1], t2[m2] = self._curve(gi, lsb[m1], tail), self._curve(gi, lsb[m2], tail)
         out = np.exp((1 - wb) * t1 + wb * t2)
         mins = np.array([s.min() for s in self.sizes])
         maxs = np.array([s.max() for s in self.sizes])
         lo, hi = np.maximum(mins[jb], mins[j2b]), np.minimum(maxs[jb], maxs[j2b])
-        exact = np.isin(gb, self.groups) & np.isin(np.exp(lsb).round(), np.concatenate(self.sizes))
+        exact = on_grid(gb, self.groups) & on_grid(np.exp(lsb).round(), np.concatenate(self.sizes))
         return out, lo, hi, exact
 
 

@@ -53,10 +53,10 @@ def step_latency(groups: ArrayLike, sizes: ArrayLike, times: ArrayLike, coll: st
     if len(groups) < 2:
         return None
     (g1, s1, t1), (g2, s2, t2) = ((float(groups[i]), np.asarray(sizes[i]), np.asarray(times[i])) for i in (-2, -1))
-    common = np.intersect1d(s1, s2)
-    if not common.size:
+    common = set(s1.tolist()) & set(s2.tolist())  # not np.intersect1d: lookup_points.on_grid says why
+    if not common:
         return None
-    s = common.min()
+    s = min(common)
     dt = float(t2[s2 == s][0] - t1[s1 == s][0])
     ds = float(ring_steps(coll, g2) - ring_steps(coll, g1))
     return dt / ds if dt > 0 and ds > 0 else None

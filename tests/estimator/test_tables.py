@@ -233,3 +233,23 @@ def test_distinct_points_partition_the_requested_points():
         assert np.array_equal(pts, pts[rep[code]], equal_nan=True)
         assert len(rep) == len(np.unique(np.nan_to_num(pts, nan=-1.0), axis=0))
     assert _distinct_points([rng.random(5000), rng.random(5000)]) is None  # under half repeat
+
+
+def test_on_grid_is_numpys_isin():
+    """lookup_points.on_grid (which avoids np.isin's import of numpy.ma) answers as np.isin does: random
+    values drawn partly from the grid, NaN, +-0, infinities, duplicates in the grid and an empty grid."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from scaleplan.estimator.lookup_points import on_grid
+
+    vals = st.sampled_from([0.0, -0.0, 1.0, 2.5, 1e-9, 1e12, float("nan"), float("inf"), -float("inf"), 7.0])
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(vals | st.floats(), max_size=30), st.lists(vals | st.floats(), max_size=8))
+    def check(x, grid):
+        x, grid = np.array(x, dtype=float), np.array(grid, dtype=float)
+        assert (on_grid(x, grid) == np.isin(x, grid)).all()
+        assert on_grid(x.reshape(-1, 1), grid).shape == (len(x), 1)
+
+    check()
