@@ -267,9 +267,18 @@ class Estimator:
     def layouts(self, spec: Spec, n_devices: int, constraints: PlanConstraints = PlanConstraints(),
                 top: int | None = 10) -> LayoutsResult:
         """Ranked feasible plans of P_disc(N_dev) with counts of infeasible plans by reason."""
+        return self.layouts_parts(spec, n_devices, [constraints], top)[0]
+
+    def layouts_parts(self, spec: Spec, n_devices: int, parts: list[PlanConstraints],
+                      top: int | None = 10) -> list[LayoutsResult]:
+        """:meth:`layouts` under each of ``parts`` (a list aligned with the results), the plans of every part
+        costed in one evaluation. A plan's numbers do not depend on the plans evaluated with it (every
+        evaluation is elementwise), so each result is its part's :meth:`layouts`; the evaluation's fixed
+        cost (the table lookups, the kernel and stage set-up) is paid once, which is most of a command's
+        evaluation time when a part adds one micro-batch size to another."""
         _check_positive(n_devices=n_devices, gbs=spec.data.gbs, seqlen=spec.data.seqlen)
         return self.for_stack(spec.stack, spec.model.precision)._search(
-            spec.model, n_devices, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type, constraints, top)
+            spec.model, n_devices, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type, parts, top)
 
     def best_plan(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str = "adamw",
                   constraints: PlanConstraints = PlanConstraints()) -> EstimateResult | None:
@@ -308,39 +317,62 @@ class Estimator:
     def evaluate_arrays(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str,
                         constraints: PlanConstraints = PlanConstraints()) -> tuple:
         """Vectorised core: (plans, evaluation, memory bytes, feasible mask, reasons, counts, n_total)."""
+        g, plans, ev, mem, [(_, feasible, reason, counts, total)] = self._evaluate_parts(
+            model, n_devices, gbs, seqlen, optimizer, [constraints])
+        return g, plans, ev, mem, feasible, reason, counts, total
+
+    def _evaluate_parts(self, model: ModelBlock, n_devices: int, gbs: int, seqlen: int, optimizer: str,
+                        parts: list[PlanConstraints]) -> tuple:
+        """:meth:`evaluate_arrays` of several constraint sets at once: (geometry, plans, evaluation, memory
+        bytes, [one tuple per part: (its slice of the plans, feasible mask, reasons, counts, n_total)]). The
+        plans of every part are enumerated on their own and evaluated together (None evaluation and memory
+        when no part has a valid plan)."""
         g = geometry(model)
-        plans, counts, total = enumerate_plans(g, n_devices, gbs, constraints, seqlen)
-        if len(plans) == 0:
-            return g, plans, None, None, np.zeros(0, bool), np.zeros(0, object), counts, total
+        enum = [enumerate_plans(g, n_devices, gbs, c, seqlen) for c in parts]
+        ends = np.cumsum([len(p) for p, _, _ in enum]).tolist()
+        cuts = [slice(lo, hi) for lo, hi in zip([0] + ends[:-1], ends)]
+        if ends[-1] == 0:
+            return g, enum[0][0], None, None, [(s, np.zeros(0, bool), np.zeros(0, object), counts, total)
+                                              for s, (_, counts, total) in zip(cuts, enum)]
+        plans = enum[0][0] if len(enum) == 1 else ParallelLayout.concat([p for p, _, _ in enum if len(p)])
         sh = plan_shapes(g, plans, seqlen, gbs)
         ev = self.model.evaluate(g, plans, gbs, seqlen, optimizer, shapes=sh, stack=self.training_stack)
         mem = self._memory(g, plans, gbs, seqlen, optimizer, model.rotary_embeds, sh)
-        tot = sum(mem.values())
-        reason = np.array(ev.oor.reason, dtype=object)
-        oor = ev.oor.reason != None
-        over = (tot > constraints.mem_fraction * self.profile.hbm_bytes) & ~oor
+        return g, plans, ev, mem, [(s, *self._verdicts(ev, mem, s, c.mem_fraction, counts), total)
+                                   for s, c, (_, counts, total) in zip(cuts, parts, enum)]
+
+    def _verdicts(self, ev: Evaluation, mem: StageMemory, part: slice, mem_fraction: float,
+                  counts: dict[str, int]) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+        """(feasible mask, reasons, counts) of the plans of ``part``: out of range (the lookup's reason),
+        else over ``mem_fraction`` of HBM ("memory"), each counted into ``counts`` after the rules'."""
+        tot = sum(v[part] for v in mem.values())
+        reason = np.array(ev.oor.reason[part], dtype=object)
+        oor = ev.oor.reason[part] != None
+        over = (tot > mem_fraction * self.profile.hbm_bytes) & ~oor
         reason[over] = "memory"
-        feasible = ~(oor | over)
         if over.any():
             counts["memory"] = counts.get("memory", 0) + int(over.sum())
         if oor.any():
             for r, n in Counter(reason[oor].tolist()).items():
                 counts[str(r)] = counts.get(str(r), 0) + int(n)
-        return g, plans, ev, mem, feasible, reason, counts, total
+        return ~(oor | over), reason, counts
 
-    def _search(self, model, n_devices, gbs, seqlen, optimizer, constraints, top) -> LayoutsResult:
-        g, plans, ev, mem, feasible, reason, counts, total = self.evaluate_arrays(
-            model, n_devices, gbs, seqlen, optimizer, constraints)
-        if ev is None:
-            return LayoutsResult([], counts, total, 0, [])
-        idx = np.nonzero(feasible)[0]
-        order = idx[np.argsort(-ev.mfu[idx], kind="stable")]
-        if top is not None:
-            order = order[:top]
-        ranked = [self._result(g, ev, mem, i, gbs * seqlen, self.profile.hbm_bytes, constraints.mem_fraction)
-                  for i in order]
-        analytic = sorted(k for k, v in ev.sources.items() if (v == ANALYTIC).any())
-        return LayoutsResult(ranked, counts, total, len(idx), analytic)
+    def _search(self, model, n_devices, gbs, seqlen, optimizer, parts, top) -> list[LayoutsResult]:
+        g, plans, ev, mem, verdicts = self._evaluate_parts(model, n_devices, gbs, seqlen, optimizer, parts)
+        out = []
+        for (part, feasible, _, counts, total), c in zip(verdicts, parts):
+            if ev is None or part.start == part.stop:
+                out.append(LayoutsResult([], counts, total, 0, []))
+                continue
+            idx = part.start + np.nonzero(feasible)[0]
+            order = idx[np.argsort(-ev.mfu[idx], kind="stable")]
+            if top is not None:
+                order = order[:top]
+            ranked = [self._result(g, ev, mem, i, gbs * seqlen, self.profile.hbm_bytes, c.mem_fraction, part)
+                      for i in order]
+            analytic = sorted(k for k, v in ev.sources.items() if (v[part] == ANALYTIC).any())
+            out.append(LayoutsResult(ranked, counts, total, len(idx), analytic))
+        return out
 
     def lookups(self, spec: Spec, n_devices: int, layouts: list[Layout] | None = None) -> dict[str, list[dict]]:
         """The exact table points the evaluation of ``layouts`` (default: the spec's) looks up, recorded

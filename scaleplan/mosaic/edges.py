@@ -194,15 +194,21 @@ def layouts_edges(est, spec, n_devices: int, constraints, top: int) -> tuple:
     shape of :func:`search_edges`' (rows: {"layout", "mfu"}), which :func:`layouts_edge_lines` words)."""
     from scaleplan.estimator.plans import plan_axes
 
-    res = est.layouts(spec, n_devices, constraints, top=top)
+    tried = tuple(constraints.mbs)
+    ahead = _axis_edge("mbs", "--mbs", tried, max(tried), True)  # the extension, should plan #1 take the largest
+    if ahead is None:
+        res = est.layouts(spec, n_devices, constraints, top=top)
+        added = None
+    else:  # the added micro-batch size costed with the grid (it costs little there; a second pass, the fixed
+        # cost again), ranked apart, and kept only when plan #1 of the grid asked does use the largest
+        res, added = est.layouts_parts(spec, n_devices, [constraints, replace(constraints, mbs=(ahead.extend_with,))],
+                                       top=top)
     best = res.ranked[0] if res.ranked else None
-    edge = None if best is None else _axis_edge("mbs", "--mbs", tuple(constraints.mbs), int(best.layout["mbs"]), True)
+    edge = None if best is None else _axis_edge("mbs", "--mbs", tried, int(best.layout["mbs"]), True)
     if edge is None or edge.side != "largest":
         return res, {"found": [], "extended": []}
     mbs2 = tuple(sorted({*constraints.mbs, edge.extend_with}))
-    # the plans already ranked keep their numbers (every evaluation is elementwise): only the added
-    # micro-batch size is enumerated and costed, and the two rankings merged as one grid would rank them
-    added = est.layouts(spec, n_devices, replace(constraints, mbs=(edge.extend_with,)), top=top)
+    # every evaluation is elementwise: the two rankings merged as one grid would rank them
     res2 = merged_layouts(res, added, plan_axes(n_devices, replace(constraints, mbs=mbs2)), top)
     after = res2.ranked[0] if res2.ranked else None
     still = None if after is None else _axis_edge("mbs", "--mbs", mbs2, int(after.layout["mbs"]), True)

@@ -59,3 +59,28 @@ def test_grid_position_is_the_enumeration_order():
     axes = plan_axes(64, c)
     pos = [grid_position(axes, plans.row(i)) for i in range(len(plans))]
     assert len(pos) > 50 and pos == sorted(pos) and len(set(pos)) == len(pos)
+
+
+def test_parts_costed_together_are_each_parts_own_layouts(recorded_db):
+    """Estimator.layouts_parts costs several constraint sets in one evaluation: each result is that set's
+    layouts alone (plans, order, counts, totals, analytic components, warnings), an empty set included; and
+    layouts_edges, which costs the next micro-batch size with the grid, drops it when plan #1 does not use the
+    largest tried (the result is the grid's own layouts)."""
+    from dataclasses import replace
+
+    from scaleplan.estimator import Estimator, PlanConstraints
+    from scaleplan.mosaic.edges import layouts_edges
+    from scaleplan.specs import parse_spec
+
+    est, spec = Estimator("p6-b200.48xlarge", db_url=recorded_db), parse_spec(PLAN)
+    n = spec.search.num_devices
+    c = PlanConstraints(mem_fraction=0.95)
+    parts = [replace(c, mbs=(1, 2)), replace(c, mbs=(3,)), replace(c, mbs=(8,), ckpt=("full",), mem_fraction=0.85)]
+    got = est.layouts_parts(spec, n, parts, top=None)
+    assert got[1].n_feasible == 0 and got[0].n_feasible > 0 and got[2].n_feasible > 0
+    for part, res in zip(parts, got):
+        assert res.to_dict() == est.layouts(spec, n, part, top=None).to_dict(), part
+    wide = replace(c, mbs=(1, 2, 4, 8, 16))
+    res, info = layouts_edges(est, spec, n, wide, 5)
+    assert res.ranked[0].layout["mbs"] < 16 and info["extended"] == []
+    assert res.to_dict() == est.layouts(spec, n, wide, top=5).to_dict()
