@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scaleplan.errors import SpecError
+from scaleplan.yamlio import load_yaml
 
 
 class TimingCfg(BaseModel):
@@ -75,7 +76,7 @@ def load_preset(name_or_path: str) -> Preset:
                 "--preset", name_or_path, f"one of {', '.join(preset_names())} or a preset YAML file"
             )
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise SpecError("--preset", str(path), f"valid YAML ({str(e).splitlines()[0]})") from None
     return parse_preset(data, str(path))

@@ -61,6 +61,7 @@ from scaleplan.errors import ScaleplanError, SpecError
 from scaleplan.estimator.model_dims import geometry
 from scaleplan.estimator.layout import FIELDS, LayoutContext, ParallelLayout
 from scaleplan.specs import CKPT_MODES, Layout, Spec, load_spec, parse_spec
+from scaleplan.yamlio import load_yaml
 
 # the layout columns but etp, vpp and ckpt, which default to the spec's (expert_tp_degree, 1, its ckpt mode)
 REQUIRED = ("n_devices", "gbs", "seqlen", *(f for f in FIELDS if f not in ("etp", "vpp", "ckpt")))
@@ -157,7 +158,7 @@ def load_specs_file(path: str | Path | None) -> dict[str, Spec]:
         return {}
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
+        data = load_yaml(p.read_text())
     except OSError as e:
         raise SpecError("--specs", str(path), f"a readable YAML file ({e.strerror})") from None
     except yaml.YAMLError:

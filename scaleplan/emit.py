@@ -28,6 +28,7 @@ from scaleplan.megatron.args import (  # noqa: F401  (Megatron-LM arguments: re-
     render_megatron,
 )
 from scaleplan.specs import Layout, ModelBlock, Spec, parse_spec
+from scaleplan.yamlio import load_yaml
 
 
 def geometry_dict(m: ModelBlock) -> dict[str, Any]:
@@ -111,15 +112,13 @@ def spec_text(doc: dict[str, Any], header: str = "") -> str:
 def write_spec(path: str | Path, doc: dict[str, Any], header: str = "", flag: str = "--emit-spec") -> Path:
     """Write ``doc`` as YAML to ``path`` (``header`` lines become comments) and read it back. Raises SpecError
     naming ``flag`` when the file cannot be written or does not read back as written."""
-    import yaml
-
     p, text = Path(path), spec_text(doc, header)
     try:
         p.write_text(text)
         back = p.read_text()
     except OSError as e:
         raise SpecError(flag, str(path), f"a writable file path ({e.strerror})") from None
-    if yaml.safe_load(back) != yaml.safe_load(text):
+    if load_yaml(back) != load_yaml(text):
         raise SpecError(flag, str(path), "a file that reads back as written (it changed under the write)")
     return p
 

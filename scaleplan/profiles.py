@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from scaleplan.errors import SpecError
+from scaleplan.yamlio import load_yaml
 
 # The most nodes a profile can mean (2^16: 524,288 GPUs at 8 per node, beyond any cluster built so far).
 # A profile may set a lower ``max_nodes``; the local machine (cpu-local) is one node.
@@ -159,7 +160,7 @@ def profile_file(name: str) -> ClusterProfile:
         if not path.exists():
             raise SpecError("profile", name, f"one of {', '.join(profile_names())} or a profile YAML path")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError("profile", str(path), f"a readable UTF-8 YAML file ({type(e).__name__})") from None
     except (yaml.YAMLError, RecursionError) as e:

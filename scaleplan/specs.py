@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from scaleplan.errors import FieldCheck, SpecError
 from scaleplan.stack import Stack, check_for_model
+from scaleplan.yamlio import load_yaml
 
 PRECISIONS = ("bf16", "fp16", "fp8", "fp4", "tf32", "fp32")
 OPTIMIZERS = ("adam", "adamw", "muon", "scion", "sgd")
@@ -436,7 +437,7 @@ def load_spec(path: str | Path) -> Spec:
     except UnicodeDecodeError:
         raise SpecError("spec", str(path), "a UTF-8 text YAML file") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except (yaml.YAMLError, RecursionError) as e:  # RecursionError: absurdly deep nesting
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -158,3 +159,31 @@ def test_a_misspelt_key_gets_did_you_mean(path, key, want):
     with pytest.raises(SpecError) as e:
         parse_spec(doc)
     assert str(e.value) == f"{'.'.join((*path, key))}: got 1; unknown field; {want}"
+
+
+def test_load_yaml_reads_every_document_as_safe_load_does():
+    """scaleplan.yamlio.load_yaml (libyaml's parser where PyYAML has it) builds what yaml.safe_load builds from
+    every YAML file the project ships or reads (profiles, catalogue, presets, test data, the recorded configs),
+    and raises yaml.YAMLError, with the same line, where safe_load does."""
+    from scaleplan.yamlio import load_yaml
+
+    root = Path(__file__).resolve().parents[1]
+    shared = root.parent / "shared" / "recorded"
+    files = [p for d in (root / "cluster_profiles", root / "scaleplan", root / "bench", root / "tests", shared)
+             for p in d.rglob("*.y*ml")]
+    assert len(files) > 30
+    docs = [p.read_text() for p in files]
+    broken = ["a: [1, 2\nb: 3\n", "a: 1\n b: 2\nc: {\n", "key: value: other\n", "- a\nb: 1\n"]
+    for text in docs:
+        try:
+            want = yaml.safe_load(text)
+        except yaml.YAMLError:
+            broken.append(text)  # the test data holds broken documents too
+            continue
+        assert load_yaml(text) == want, text[:200]
+    for text in broken:
+        with pytest.raises(yaml.YAMLError) as ours:
+            load_yaml(text)
+        with pytest.raises(yaml.YAMLError) as theirs:
+            yaml.safe_load(text)
+        assert ours.value.problem_mark.line == theirs.value.problem_mark.line, text[:200]

@@ -14,7 +14,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-import yaml
+from scaleplan.yamlio import load_yaml
 
 
 @lru_cache(maxsize=1)
@@ -22,7 +22,7 @@ def _entries() -> dict[str, dict[str, Any]]:
     out = {}
     for f in sorted(resources.files(__name__).iterdir(), key=lambda p: p.name):
         if f.name.endswith(".yaml"):
-            out[f.name.removesuffix(".yaml")] = yaml.safe_load(f.read_text())
+            out[f.name.removesuffix(".yaml")] = load_yaml(f.read_text())
     return out
 
 
