@@ -21,14 +21,24 @@ import typer  # noqa: E402
 from scaleplan.cli._common import STATE, print_json, stderr, use_scaleplan_commands  # noqa: E402
 from scaleplan.errors import ScaleplanError, one_line  # noqa: E402
 
-# rich_markup_mode=None: click's plain help; typer's rich help imports rich.markdown (markdown-it),
-# 0.15-0.2 s of a 0.25 s start-up budget (benchmarks/startup.py). Output tables stay rich.
-app = typer.Typer(name="scaleplan", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  rich_markup_mode=None,
-                  help="Plan sparse-MoE architecture, tokens and parallel layout for your cluster (MOSAIC).")
+#: the top-level commands: name -> (module under scaleplan.cli, its typer app or command function, whether that is
+#: a group of subcommands, the help line)
+COMMANDS: dict[str, tuple[str, str, bool, str]] = {
+    "db": ("db", "app", True, "Create, migrate and inspect the calibration database; import tables."),
+    "bench": ("bench", "app", True, "Measure kernels and collectives into the database."),
+    "estimate": ("estimate", "estimate", False, "Predict t_iter, MFU and memory of a spec under given layouts."),
+    "layouts": ("estimate", "layouts", False, "Rank the feasible execution plans of a spec on N devices."),
+    "calibrate": ("calibrate", "app", True, "Fit chi_sys and the dispatch law from observed runs; report accuracy."),
+    "law": ("law", "app", True, "Evaluate, fit and optimise the joint MoE scaling law."),
+    "search": ("search", "search", False,
+               "MOSAIC: the loss-optimal MoE geometry, tokens and layout for a cluster and window."),
+    "spec": ("spec", "app", True, "Write a spec from a Hugging Face config; list the catalogue's models."),
+    "plan": ("plan", "plan", False, "The cheapest and fastest cluster, window and platform that reach a target loss "
+             "(or train a model on D tokens), the frontier between, and the best loss a budget buys."),
+    "validate": ("validate", "validate", False, "Run real training steps of a spec and compare with the prediction."),
+}
 
 
-@app.callback()
 def _globals(
     db: str = typer.Option(None, "--db", help="Database URL or SQLite file (default: $SCALEPLAN_DB or user data dir)."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable JSON on stdout."),
@@ -37,26 +47,47 @@ def _globals(
     STATE.db, STATE.json, STATE.debug = db, json_out, debug or STATE.debug
 
 
-def _register() -> None:
-    from scaleplan.cli import bench, calibrate, db, estimate, law, plan, search, spec, validate
+def build_app(only: str | None = None) -> typer.Typer:
+    """The typer app of every command in :data:`COMMANDS`, or of the command ``only`` alone (with the global
+    options): typer turns each registered command's signature into click options whenever the app runs
+    (about 15 ms for all of them, 1.5 ms for one), and each command's module is imported here."""
+    from importlib import import_module
 
-    app.add_typer(db.app, name="db", help="Create, migrate and inspect the calibration database; import tables.")
-    app.add_typer(bench.app, name="bench", help="Measure kernels and collectives into the database.")
-    app.command("estimate", help="Predict t_iter, MFU and memory of a spec under given layouts.")(estimate.estimate)
-    app.command("layouts", help="Rank the feasible execution plans of a spec on N devices.")(estimate.layouts)
-    app.add_typer(calibrate.app, name="calibrate", help="Fit chi_sys and the dispatch law from observed runs; report accuracy.")
-    app.add_typer(law.app, name="law", help="Evaluate, fit and optimise the joint MoE scaling law.")
-    app.command("search", help="MOSAIC: the loss-optimal MoE geometry, tokens and layout for a cluster and window.")(
-        search.search)
-    app.add_typer(spec.app, name="spec", help="Write a spec from a Hugging Face config; list the catalogue's models.")
-    app.command("plan", help="The cheapest and fastest cluster, window and platform that reach a target loss "
-                "(or train a model on D tokens), the frontier between, and the best loss a budget buys.")(plan.plan)
-    app.command("validate", help="Run real training steps of a spec and compare with the prediction.")(
-        validate.validate)
-    use_scaleplan_commands(app)  # --debug and the numeric bounds on every command
+    # rich_markup_mode=None: click's plain help; typer's rich help imports rich.markdown (markdown-it),
+    # 0.15-0.2 s of a 0.25 s start-up budget (benchmarks/startup.py). Output tables stay rich.
+    a = typer.Typer(name="scaleplan", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                    rich_markup_mode=None,
+                    help="Plan sparse-MoE architecture, tokens and parallel layout for your cluster (MOSAIC).")
+    a.callback()(_globals)
+    for name, (module, attr, group, help_) in COMMANDS.items():
+        if only in (None, name):
+            obj = getattr(import_module(f"scaleplan.cli.{module}"), attr)
+            if group:
+                a.add_typer(obj, name=name, help=help_)
+            else:
+                a.command(name, help=help_)(obj)
+    use_scaleplan_commands(a)  # --debug and the numeric bounds on every command
+    return a
 
 
-_register()
+def __getattr__(name: str):
+    """``scaleplan.cli.app``: the whole app (in-process callers, tests), built on first use."""
+    if name == "app":
+        globals()["app"] = built = build_app()
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _command_name(argv: list[str]) -> str | None:
+    """The top-level command ``argv`` names (the first word that is not a global option or its value), if it
+    is one of :data:`COMMANDS`; None otherwise (no command, --help, a misspelt one: the whole app answers)."""
+    args = iter(argv)
+    for word in args:
+        if word == "--db":
+            next(args, None)
+        elif word == "--" or not word.startswith("-"):
+            return word if word in COMMANDS else None
+    return None
 
 
 def _is_db_error(e: BaseException) -> bool:
@@ -113,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     STATE.json, STATE.debug = False, "--debug" in argv  # in-process callers (tests) run main many times
     try:
-        rv = app(args=argv, standalone_mode=False)
+        rv = build_app(_command_name(argv))(args=argv, standalone_mode=False)
         if isinstance(rv, int) and rv:  # typer.Exit(n) and Ctrl-C come back as a return value here
             sys.exit(rv)
     except ScaleplanError as e:
