@@ -286,10 +286,15 @@ class TimeModel:
         """The :class:`EvalContext` an evaluation of the plans ``lay`` of model ``g`` reads: this model's
         tables (or ``tables``) in the spec precision, its profile, a fresh record in its extrapolation mode,
         the plans' shapes (computed unless given) and its kernel scale."""
-        tb = (self.tables if tables is None else tables).view(g.precision)
+        base = self.tables if tables is None else tables
+        lane = an.gemm_lane_ratio(self.prof, g.precision)
+        tb = base.view(g.precision, lane)
         sh = shapes if shapes is not None else plan_shapes(g, lay, seqlen, gbs)
-        return EvalContext(tb, self.prof, Recorder(len(lay), self.mode), g, lay, sh, seqlen, self.kernel_scale,
-                           stack)
+        rec = Recorder(len(lay), self.mode)
+        if base.lane_scaled(g.precision, lane):
+            rec.note(f"gemm in {g.precision}: the bf16 GEMM table x {lane:.3g}, the bf16 / {g.precision} "
+                     f"peak (no measured {g.precision} rows)")
+        return EvalContext(tb, self.prof, rec, g, lay, sh, seqlen, self.kernel_scale, stack)
 
     # -- evaluate's steps, in the order it runs them ---------------------------------------------
     def _framework_kernels(self, ctx: EvalContext) -> np.ndarray:

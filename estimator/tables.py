@@ -22,6 +22,7 @@ plans at once. Times are seconds.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -29,7 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from scaleplan.estimator.compose import Ceiling, LaunchFloor, MemoryFloor, SdpaFloor, collective_tail
-from scaleplan.estimator.lookup_points import DISTINCT_MIN, distinct_points, memoised, on_grid
+from scaleplan.estimator.lookup_points import DISTINCT_MIN, Multilinear, distinct_points, memoised, on_grid
 from scaleplan.lazy import lazy_module
 
 pd = lazy_module("pandas")  # only building tables needs it: cached tables are read without pandas
@@ -142,36 +143,6 @@ def _frozen(res: LookupResult) -> LookupResult:
     return res
 
 
-class Multilinear:
-    """Multilinear interpolation on a rectilinear grid (what scipy's RegularGridInterpolator does with
-    method="linear"; tests/estimator/test_tables.py checks the two agree). Own code because the
-    lookups run in every planner command and importing scipy.interpolate costs ~0.4 s of a 0.8 s
-    start-up budget. ``grid``: one increasing array per axis; ``values``: shape of the grid.
-    Points are (n, ndim); outside the grid the edge cells extend linearly (callers clamp first)."""
-
-    def __init__(self, grid: list[np.ndarray], values: np.ndarray):
-        self.grid = [np.asarray(g, dtype=float) for g in grid]
-        self.values = np.asarray(values, dtype=float)
-
-    def __call__(self, pts) -> np.ndarray:
-        pts = np.atleast_2d(np.asarray(pts, dtype=float))
-        idx, frac = [], []
-        for d, g in enumerate(self.grid):
-            i = np.clip(np.searchsorted(g, pts[:, d], side="right") - 1, 0, len(g) - 2)
-            idx.append(i)
-            frac.append((pts[:, d] - g[i]) / (g[i + 1] - g[i]))
-        out = np.zeros(len(pts))
-        for corner in range(1 << len(self.grid)):  # 2^ndim cell corners, weight = product of 1-f or f
-            w = np.ones(len(pts))
-            at = []
-            for d in range(len(self.grid)):
-                up = (corner >> d) & 1
-                w = w * (frac[d] if up else 1.0 - frac[d])
-                at.append(idx[d] + up)
-            out += w * self.values[tuple(at)]
-        return out
-
-
 class GridTable:
     """log-time on a regular grid of log axes; lookups report range status per axis."""
 
@@ -195,6 +166,19 @@ class GridTable:
             self._const = float(sq.reshape(-1)[0])
         self._points = [set(g.tolist()) for g in self.grid]
         self._cache: dict = {}
+        self.label: int | None = None  # every lookup's source code, where the times are not this grid's own
+
+    def scaled(self, factor: float, label: int) -> GridTable:
+        """A copy whose times are ``factor`` x this table's at every point (its interpolation shifted in log
+        time) and whose every lookup is labelled ``label`` (a source code: the times are not measured)."""
+        out = copy.copy(self)
+        shift = float(np.log(factor))
+        if self._keep:
+            out._interp = Multilinear(self._interp.grid, self._interp.values + shift)
+        else:
+            out._const = self._const + shift
+        out._cache, out.label = {}, label
+        return out
 
     def lookup(self, *coords: ArrayLike) -> LookupResult:
         """Interpolated times at ``coords`` (one array per axis, broadcast together).
@@ -237,6 +221,8 @@ class GridTable:
             exact &= on_grid(cc, self.grid[i])
         t, grow = self._times(cs, clamped, outside)
         code = np.where(exact, MEASURED, INTERPOLATED).astype(np.int8)
+        if self.label is not None:
+            code = np.full(shape, self.label, dtype=np.int8)
         lo = np.where(oor_axis >= 0, self.lo[np.maximum(oor_axis, 0)], np.nan)
         hi = np.where(oor_axis >= 0, self.hi[np.maximum(oor_axis, 0)], np.nan)
         t_comp = self._roofline(cs, t * grow, outside)
@@ -429,6 +415,9 @@ class Tables:
     # per precision ("bf16", "fp32", ...): the GEMM / grouped / vocab tables of that dtype's rows;
     # ``gemm``, ``grouped``, ``vocab`` hold bf16 (the default view); see :meth:`view`
     by_dtype: dict[str, dict] = field(default_factory=dict)
+    # the bf16 GEMM table scaled to a faster lane without rows of its own: (precision, ratio) -> GridTable
+    # (:meth:`view`)
+    lane_gemm: dict[tuple[str, float], GridTable] = field(default_factory=dict, repr=False, compare=False)
     # serial-dispatch host seconds (dispatch rows ``ops:<part>[:<ckpt>]``): (part, ckpt, dtype) ->
     # array of rows (tokens m, hidden n, experts k, seconds); see :meth:`host_time`
     host_ops: dict[tuple[str, str, str], np.ndarray] = field(default_factory=dict)
@@ -472,13 +461,33 @@ class Tables:
         tab = self.vocab.get((op, dirn))
         return None if tab is None else tab.lookup(tokens * vocab / self.vocab_size, hidden)
 
-    def view(self, precision: str) -> Tables:
-        """These tables with gemm / grouped / vocab taken from ``precision``'s rows (a spec in fp32
-        looks up fp32 GEMMs). A precision without rows keeps the bf16 tables (the previous rule)."""
-        d = self.by_dtype.get(precision)
-        if d is None or precision == "bf16":
+    def view(self, precision: str, lane_ratio: float = 1.0) -> Tables:
+        """These tables with gemm / grouped / vocab taken from ``precision``'s rows (a spec in fp32 looks up
+        fp32 GEMMs). A precision without GEMM rows whose tensor-core lane is faster than bf16's
+        (``lane_ratio``: the bf16 peak over its peak, below 1 for FP8 and FP4; analytic.gemm_lane_ratio) gets
+        the bf16 GEMM table scaled by that ratio, each lookup labelled analytic, as attention in another
+        precision is (compute.sdpa_times); FP8 grouped GEMMs are then composed from it
+        (compute.expert_times). Any other precision without rows keeps the bf16 tables. The scaled table is
+        made once per (precision, ratio)."""
+        d = self.by_dtype.get(precision) or {}
+        if precision == "bf16":
+            return self
+        if self.lane_scaled(precision, lane_ratio):
+            key = (precision, float(lane_ratio))
+            if key not in self.lane_gemm:
+                self.lane_gemm[key] = self.gemm.scaled(lane_ratio, ANALYTIC)
+            d = {**d, "gemm": self.lane_gemm[key]}
+            return dataclasses.replace(self, by_dtype={**self.by_dtype, precision: d},
+                                       **{k: v for k, v in d.items() if v})
+        if not d:
             return self
         return dataclasses.replace(self, **{k: v for k, v in d.items() if v})
+
+    def lane_scaled(self, precision: str, lane_ratio: float) -> bool:
+        """Whether :meth:`view` gives ``precision`` the bf16 GEMM table scaled by ``lane_ratio`` (no GEMM rows of
+        its own, a faster lane)."""
+        return (precision != "bf16" and lane_ratio < 1.0 and self.gemm is not None
+                and not (self.by_dtype.get(precision) or {}).get("gemm"))
 
     @property
     def sdpa(self) -> dict[str, GridTable]:

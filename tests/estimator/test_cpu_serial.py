@@ -138,3 +138,23 @@ def test_overlap_credit_needs_a_pipeline(gpn, pp, deep):
     assert r.chi_inputs["deep_pp_in_node"] is deep
     assert r.chi_sys == pytest.approx(0.5 if deep else 1.0)
     assert np.isfinite(r.t_iter_s)
+
+
+def test_fp8_without_fp8_rows_runs_at_the_fp8_lane():
+    """An FP8 spec on a profile whose GEMM rows are bf16 only: each GEMM is the bf16 row scaled by the bf16 / FP8
+    peak of the profile's lanes (H200: 0.989 / 1.979 PFLOP/s), labelled analytic with a note; with FP8 rows of
+    its own the FP8 rows."""
+    import pandas as pd
+
+    lay = [Layout(mbs=1, ckpt="none", dp=1)]
+    only16 = _est(GPU, {"gemm": _gemm_frame("bf16", 1.0)})
+    b, f = (only16.estimate(_spec(p), 1, lay)[0] for p in ("bf16", "fp8"))
+    ratio = GPU.peak_flops["bf16"] / GPU.peak_flops["fp8"]
+    assert 0.4 < ratio < 0.6
+    assert f.breakdown_s["attn_proj"] == pytest.approx(ratio * b.breakdown_s["attn_proj"], rel=1e-9)
+    assert f.sources["attn_proj"] == "analytic" and b.sources["attn_proj"] != "analytic"
+    assert any(w.startswith("gemm in fp8: the bf16 GEMM table x 0.5") for w in f.warnings)
+    own = _est(GPU, {"gemm": pd.concat([_gemm_frame("bf16", 1.0), _gemm_frame("fp8", 0.7)], ignore_index=True)})
+    f8 = own.estimate(_spec("fp8"), 1, lay)[0]
+    assert f8.breakdown_s["attn_proj"] == pytest.approx(0.7 * b.breakdown_s["attn_proj"], rel=1e-6)
+    assert not any(w.startswith("gemm in fp8") for w in f8.warnings)

@@ -206,7 +206,7 @@ def test_elementwise_table_is_read_where_it_has_the_op():
 def test_multilinear_agrees_with_scipy_regular_grid_interpolator():
     # the lookup interpolator is ours (start-up time); scipy's linear RegularGridInterpolator is the
     # reference, inside the grid and on the edge cells' linear extension
-    from scaleplan.estimator.tables import Multilinear
+    from scaleplan.estimator.lookup_points import Multilinear
     from scipy.interpolate import RegularGridInterpolator
 
     rng = np.random.default_rng(7)
