@@ -358,7 +358,7 @@ class Estimator:
         return ~(oor | over), reason, counts
 
     def _search(self, model, n_devices, gbs, seqlen, optimizer, parts, top) -> list[LayoutsResult]:
-        g, plans, ev, mem, verdicts = self._evaluate_parts(model, n_devices, gbs, seqlen, optimizer, parts)
+        g, _, ev, mem, verdicts = self._evaluate_parts(model, n_devices, gbs, seqlen, optimizer, parts)
         out = []
         for (part, feasible, _, counts, total), c in zip(verdicts, parts):
             if ev is None or part.start == part.stop:
