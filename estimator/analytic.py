@@ -75,9 +75,9 @@ def sdpa_peak(prof: ClusterProfile, precision: str) -> float:
 
 def gemm_lane_ratio(prof: ClusterProfile, precision: str) -> float:
     """Time of a GEMM in ``precision`` over its time in bf16 by the tensor-core lanes: the bf16 peak over the
-    ``precision`` peak (0.5 for FP8 on H100 and B200), 1 where the profile has either lane missing. Where the
-    recorded B200 tables measure both, their FP8 / bf16 device-time ratio at the expert GEMMs of a
-    fine-grained model is 0.48-0.51 (m 4096, n 1536 and 2048, k 2048 and 768)."""
+    ``precision`` peak (0.5 for FP8 on H100 and B200), 1 where the profile has either lane missing: the rate the
+    tensor cores give that precision, where no table of it is measured (docs/estimate.md compares it with the
+    measured tables)."""
     lanes = prof.peak_flops
     if precision not in lanes or "bf16" not in lanes:
         return 1.0

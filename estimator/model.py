@@ -220,7 +220,7 @@ class TimeModel:
         exchanges add. Then eq:desync, whose chi_sys t is A t + c_a2a t_A2A with the same A: increasing in t
         while A >= 0 (-inf, no bound, where a fitted A is negative). Scaled down by 1e-9, far more than
         the rounding of either sum, so that it never exceeds the t_iter it bounds. The search skips the
-        plans that cannot be their geometry's best with it (``Estimator._candidates``)."""
+        plans that cannot be their geometry's best with it (``best_plans._candidates``)."""
         ctx, st = part.ctx, part.st
         t_part = ctx.shapes.n_mb * st.period + st.ramp / np.asarray(ctx.lay.vpp, dtype=float) + self._pp_p2p(ctx, part.k)
         ep_nodes, pp_hops, deep, t_a2a_wire = self._desync_inputs(part)
@@ -254,9 +254,9 @@ class TimeModel:
                           rec.notes, composed_share, rec.warned, rec.extrapolated, sh)
 
     def _iteration(self, part: Pipelined, t_dp: np.ndarray, t_opt: np.ndarray,
-                   deg: tuple[np.ndarray, np.ndarray] | None = None) -> IterationTime:
-        """The terms of t_analytic (eq:cal-iter) from the pipelined work, the DP and optimizer seconds and, with
-        the plans' :func:`~scaleplan.estimator.layout.degree_groups` ``deg``, the expert-bias all-reduce (0 without)."""
+                   deg: tuple[np.ndarray, np.ndarray]) -> IterationTime:
+        """The terms of t_analytic (eq:cal-iter) from the pipelined work, the DP and optimizer seconds and the
+        expert-bias all-reduce of the plans' :func:`~scaleplan.estimator.layout.degree_groups` ``deg``."""
         ctx, k, w, st = part.ctx, part.k, part.w, part.st
         g, stack, n_mb, ckc = ctx.g, ctx.stack, ctx.shapes.n_mb, ctx.lay.ckpt
         vpp = np.asarray(ctx.lay.vpp, dtype=float)
@@ -267,7 +267,7 @@ class TimeModel:
             bubble=st.ramp_disp / vpp,
             vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
             pp_p2p=self._pp_p2p(ctx, k), dp_comm=t_dp,
-            bias_sync=bias_sync_time(ctx, deg) if deg is not None else np.zeros(ctx.P), optimizer=t_opt)
+            bias_sync=bias_sync_time(ctx, deg), optimizer=t_opt)
 
     def _desync_inputs(self, part: Pipelined) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """eq:desync's placement features of Megatron's rank order (:func:`desync_features`: EP nodes,
