@@ -9,8 +9,6 @@ goes into the note, so a table's host floor (estimator/floors.py) is measured, n
 """
 from __future__ import annotations
 
-import time
-
 import torch
 from scaleplan.bench import fp8
 from scaleplan.bench import harness as h
@@ -108,20 +106,10 @@ def _device_s(fn, ctx: h.Context) -> tuple[float, str]:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 fn()
-            return h.time_fn(lambda _: graph.replay(), ctx, flush=False).median, "graph"
+            return h.time_fn(lambda _: graph.replay(), ctx).median, "graph"  # L2 flushed first, as the bf16 rows
         except Exception:
             pass
     return h.time_fn(lambda _: fn(), ctx).median, "events" if ctx.is_cuda else "wall"
-
-
-def _wall_per_call_s(fn, ctx: h.Context, calls: int = 20) -> float:
-    """Eager seconds per call with ``calls`` issued back to back (host launch cost included)."""
-    h.synchronize(ctx.device)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    h.synchronize(ctx.device)
-    return (time.perf_counter() - t0) / calls
 
 
 def measure_fp8(p: dict, ctx: h.Context, fin: int, fout: int, rows: list[int]) -> dict:
@@ -146,6 +134,6 @@ def measure_fp8(p: dict, ctx: h.Context, fin: int, fout: int, rows: list[int]) -
         fwd, bwd = _emulated(xp.float(), w.float(), dy.float(), padded, recipe)
     f, how = _device_s(fwd, ctx)
     b, _ = _device_s(bwd, ctx)
-    wall = _wall_per_call_s(fwd, ctx)
+    wall = h.wall_per_call_s(fwd, ctx)
     note = f"recipe={recipe}; padded_rows={sum(padded)} of {sum(rows)}; device={how}; wall_fwd_per_call_s={wall:.3e}"
     return dict(fwd_s=f, bwd_s=b, impl=impl, in_features=fin, out_features=fout, note=note)

@@ -147,6 +147,17 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def wall_per_call_s(fn: Callable[[], Any], ctx: Context, calls: int = 20) -> float:
+    """Eager wall seconds per call of ``fn()`` with ``calls`` issued back to back, host launch cost included:
+    beside a device time, it tells a call's host floor from its device work (estimator/floors.py)."""
+    synchronize(ctx.device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(ctx.device)
+    return (time.perf_counter() - t0) / calls
+
+
 _FLUSH: dict[int, torch.Tensor] = {}
 
 

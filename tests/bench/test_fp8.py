@@ -131,3 +131,39 @@ def test_elementwise_suite_times_the_cast_kernels(sqlite_url):
     assert all(r["status"] == "OK" and r["fwd_s"] > 0 and r["bwd_s"] is None
                for k, r in by.items() if k != ("quantize_mxfp8", 48))
     assert by[("quantize_mxfp8", 48)]["status"] == "SKIP_ALIGN"
+
+
+def test_the_scaled_mm_path_computes_what_the_emulated_reference_computes():
+    """bench/fp8_grouped._torch_scaled (one torch._scaled_mm per expert: what a Hopper GPU without Transformer
+    Engine runs) against the emulated FP8 numerics, forward and both gradients, each expert's operands in
+    their own layout (row-major A, column-major B). torch's CPU _scaled_mm runs the same operand checks."""
+    from scaleplan.bench import fp8_grouped
+
+    if not hasattr(torch, "_scaled_mm"):
+        pytest.skip("this torch has no _scaled_mm")
+    g = torch.Generator().manual_seed(3)
+    rows, k, n = [32, 16, 48], 64, 80
+    x = torch.randn(sum(rows), k, generator=g).bfloat16()
+    w = (torch.randn(3, k, n, generator=g) * k**-0.5).bfloat16()
+    dy = torch.randn(sum(rows), n, generator=g).bfloat16()
+    fwd, bwd = fp8_grouped._torch_scaled(x, w, dy, rows)
+    ref = fp8.grouped_forward(x.float(), w.float(), rows, "tensorwise")
+    torch.testing.assert_close(fwd().float(), ref, rtol=1e-2, atol=1e-2)  # bf16 output rounding
+    dx, dw = bwd()
+    xs, ds = torch.split(x.float(), rows), torch.split(dy.float(), rows)
+    for e in range(3):
+        torch.testing.assert_close(dx[e].float(), fp8.emulated_gemm(ds[e], w[e].float().t(), "tensorwise"),
+                                   rtol=1e-2, atol=2e-2)
+        torch.testing.assert_close(dw[e].float(), fp8.emulated_gemm(xs[e].t(), ds[e], "tensorwise"),
+                                   rtol=1e-2, atol=2e-2)
+
+
+def test_an_fp8_gemm_row_notes_its_eager_wall_per_call(sqlite_url):
+    if not hasattr(torch, "_scaled_mm"):
+        pytest.skip("this torch has no _scaled_mm")
+    rows = _run("gemm", {"dtypes": ["fp8", "bf16"], "m": [64], "n": [32], "k": [48]}, sqlite_url)
+    by = {r["dtype"]: r for r in rows}
+    assert by["fp8"]["status"] == "OK" and by["fp8"]["backend"] == "torch_scaled_mm"
+    wall = float(by["fp8"]["note"].split("wall_per_call_s=")[1])
+    assert 0 < wall < 1.0
+    assert by["bf16"]["note"] is None

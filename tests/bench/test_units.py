@@ -231,7 +231,7 @@ def test_unknown_gpu_asks_for_a_profile(monkeypatch):
     assert runner.default_profile(torch.device("cpu")) == "cpu-local"
 
 
-@pytest.mark.parametrize("name", ["quick", "node", "single-gpu", "single-gpu-holdout"])
+@pytest.mark.parametrize("name", ["quick", "node", "single-gpu", "single-gpu-holdout", "single-gpu-fp8"])
 def test_builtin_presets_validate_and_expand(name):
     """Every suite block of a shipped preset passes its Config (unknown keys are errors) and expands to
     the cartesian product of its axes; single-gpu leaves out collectives (one GPU has no peer)."""

@@ -1,0 +1,110 @@
+"""What FP8 costs on one GPU, from a database holding a `bench run --preset single-gpu-fp8` run: the paired
+FP8 / bf16 device-time ratios the estimator's FP8 rules assume (issue 37).
+
+1. Dense GEMMs: t(fp8) / t(bf16) at each shape measured in both dtypes, by m (the rule with no FP8 rows,
+   ``analytic.gemm_lane_ratio``, takes the bf16 / FP8 peak of the lanes: 0.5 on H100, H200, B200), and the
+   FP8 call's eager wall per call beside its device time (a host floor would show here).
+2. The FP8 expert projection (quantize + FP8 GEMMs) against its composed expectation, the bf16 grouped time of
+   the same point times the dense FP8 / bf16 ratio at the per-expert GEMM's shape (estimator/fp8_costs.py; the
+   nearest measured dense shape on a log grid), forward and backward (dgrad and wgrad shapes averaged).
+3. The quantize casts against the bytes they move at the profile's HBM bandwidth (fp8_costs.cast_time).
+
+    python benchmarks/fp8_ratios.py --db sqlite:///sp.db [--profile h200-single]
+
+Prints medians and ranges; reads measured rows only (bench runs of source 'measured').
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pandas as pd
+import sqlalchemy as sa
+
+
+def _rows(engine, table: str, profile: str) -> pd.DataFrame:
+    q = (f"SELECT p.* FROM {table} p JOIN bench_run r ON p.run_id = r.id "
+         "WHERE r.source = 'measured' AND r.profile = :prof AND p.status = 'OK'")
+    return pd.read_sql(sa.text(q), engine, params={"prof": profile})
+
+
+def _nearest(grid: np.ndarray, v: float) -> float:
+    return float(grid[np.argmin(np.abs(np.log(grid) - np.log(v)))])
+
+
+def dense_ratios(g: pd.DataFrame) -> pd.DataFrame:
+    """One row per shape measured in both dtypes: ratio = t_s(fp8) / t_s(bf16), wall = the FP8 eager wall."""
+    key = ["m", "n", "k"]
+    both = g[g.dtype == "fp8"][key + ["t_s", "note"]].merge(g[g.dtype == "bf16"][key + ["t_s"]], on=key,
+                                                             suffixes=("", "_bf16"))
+    both["ratio"] = both.t_s / both.t_s_bf16
+    both["wall"] = both.note.str.extract(r"wall_per_call_s=([0-9.e+-]+)", expand=False).astype(float)
+    return both
+
+
+def _ratio_at(d: pd.DataFrame, m: float, n: float, k: float) -> float:
+    """The dense FP8 / bf16 ratio at the measured shape nearest (m, n, k) on a log grid."""
+    sel = {a: _nearest(np.unique(d[a].to_numpy(float)), v) for a, v in (("m", m), ("n", n), ("k", k))}
+    hit = d[(d.m == sel["m"]) & (d.n == sel["n"]) & (d.k == sel["k"])]
+    return float(hit.ratio.iloc[0]) if len(hit) else float("nan")
+
+
+def grouped_vs_composed(gg: pd.DataFrame, d: pd.DataFrame) -> pd.DataFrame:
+    key = ["proj", "distribution", "num_gemms", "tokens_per_expert", "hidden", "ffn"]
+    both = gg[gg.dtype == "fp8"][key + ["fwd_s", "bwd_s", "in_features", "out_features", "impl"]].merge(
+        gg[gg.dtype == "bf16"][key + ["fwd_s", "bwd_s"]], on=key, suffixes=("", "_bf16"))
+    r_f, r_b = [], []
+    for row in both.itertuples():
+        m, k, n = row.tokens_per_expert, row.in_features, row.out_features
+        r_f.append(_ratio_at(d, m, n, k))
+        # backward: dgrad [m, n] x [n, k] and wgrad [k, m] x [m, n], equal FLOPs
+        r_b.append(0.5 * (_ratio_at(d, m, k, n) + _ratio_at(d, k, n, m)))
+    both["fwd_vs_composed"] = both.fwd_s / (both.fwd_s_bf16 * np.array(r_f))
+    both["bwd_vs_composed"] = both.bwd_s / (both.bwd_s_bf16 * np.array(r_b))
+    both["fwd_fp8_over_bf16"] = both.fwd_s / both.fwd_s_bf16
+    return both
+
+
+def _spread(x: pd.Series) -> str:
+    x = x.dropna()
+    if not len(x):
+        return "no points"
+    return f"median {x.median():.3f} (p10 {x.quantile(0.1):.3f}, p90 {x.quantile(0.9):.3f}, n {len(x)})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", required=True)
+    ap.add_argument("--profile", default="h200-single")
+    a = ap.parse_args()
+    from scaleplan.bench.fp8 import cast_bytes
+
+    from scaleplan.profiles import load_profile
+
+    eng = sa.create_engine(a.db)
+    d = dense_ratios(_rows(eng, "gemm_point", a.profile))
+    print(f"dense FP8 / bf16 device time, all shapes: {_spread(d.ratio)}")
+    for m, part in d.groupby("m"):
+        print(f"  m {m:>6}: {_spread(part.ratio)}; FP8 eager wall / device {_spread(part.wall / part.t_s)}")
+    big = d[d.m * d.n * d.k >= 4096**3]
+    print(f"  2mnk >= 2 x 4096^3: {_spread(big.ratio)}")
+    gg = grouped_vs_composed(_rows(eng, "grouped_gemm_point", a.profile), d)
+    print(f"FP8 expert projection, impl {sorted(set(gg.impl))}:")
+    print(f"  fwd FP8 / bf16 grouped: {_spread(gg.fwd_fp8_over_bf16)}")
+    print(f"  fwd measured / composed: {_spread(gg.fwd_vs_composed)}")
+    print(f"  bwd measured / composed: {_spread(gg.bwd_vs_composed)}")
+    for e, part in gg.groupby("num_gemms"):
+        print(f"  {e:>3} experts: fwd {_spread(part.fwd_vs_composed)}; bwd {_spread(part.bwd_vs_composed)}")
+    within = ((gg.fwd_vs_composed - 1).abs() <= 0.2).mean() if len(gg) else float("nan")
+    print(f"  share of points with fwd within 20% of composed: {within:.2f}")
+    ew = _rows(eng, "elementwise_point", a.profile)
+    hbm = load_profile(a.profile).hbm_bandwidth
+    for op, part in ew[ew.op.str.startswith("quantize_")].groupby("op"):
+        recipe = op.removeprefix("quantize_")
+        model = [cast_bytes(t, h, recipe) / hbm for t, h in zip(part.tokens, part.hidden)]  # a fused cast
+        print(f"  {op} (the bench's torch-op cast, rowwise + transposed): measured / fused-cast bytes at HBM "
+              f"{_spread(part.fwd_s / np.array(model))}")
+
+
+if __name__ == "__main__":
+    main()
