@@ -106,7 +106,8 @@ def _device_s(fn, ctx: h.Context) -> tuple[float, str]:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 fn()
-            return h.time_fn(lambda _: graph.replay(), ctx).median, "graph"  # L2 flushed first, as the bf16 rows
+            # replayed after the L2 flush, as the bf16 rows are timed
+            return h.time_fn(lambda _: graph.replay(), ctx).median, "graph"
         except Exception:
             pass
     return h.time_fn(lambda _: fn(), ctx).median, "events" if ctx.is_cuda else "wall"

@@ -31,7 +31,7 @@ if [ "$MODE" = gpu ]; then
   LAYS="--layout mbs=1,ckpt=none --layout mbs=2,ckpt=none --layout mbs=4,ckpt=none --layout mbs=2,ckpt=full"
   TRACE_LAY="--layout mbs=2,ckpt=none"
   T_TAB=170; T_VAL=140; T_TR=90; T_SYNC=40; T_SDPA=50; T_GG=90; T_CHK=30; TAB_PRESET=single-gpu
-  T_F8E=40; T_F8G=100; T_F8X=220; F8_PRESET=single-gpu-fp8
+  T_F8E=40; T_F8G=100; T_F8X=200; F8_PRESET=single-gpu-fp8
 else  # deps from $PY's own environment; sync rows are UNSUPPORTED on a CPU, the big points skipped
   PY=${PY:-python3}; WHL=; DEV=cpu; PROF=""
   SPEC=$REPO/tests/data/validate_specs/tiny.yaml

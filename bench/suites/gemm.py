@@ -3,9 +3,9 @@
 Stores the median time (s) with p10/p90, the achieved FLOP/s (2*M*N*K / t) and ``util``, that rate
 as a fraction of the profile's peak lane for the dtype (``ClusterProfile.peak``). dtypes: fp32
 (TF32 off), tf32 (CUDA only), bf16, fp16, fp8 (e4m3 via ``torch._scaled_mm`` with unit scales,
-bf16 output; needs K and N multiples of 16). An fp8 row's note holds the eager wall per call, calls issued back
-to back (host included), beside its device time: a flat per-call floor in a table of FP8 calls is then measured
-host time, not inferred (estimator/floors.py).
+bf16 output; needs K and N multiples of 16). An fp8 row's note holds the eager wall per call, calls
+issued back to back (host included), beside its device time: a flat per-call floor in a table of FP8
+calls is then measured host time, not inferred (estimator/floors.py).
 """
 
 from __future__ import annotations
