@@ -8,10 +8,10 @@ MXFP8Quantizer): Transformer Engine rounds amax / 448 up to the next power of tw
 element saturates, where the OCP MX rule 2^(floor(log2 amax) - 8) clamps a block's largest ones. Rows of every GEMM operand are padded per expert to 16 (tensorwise)
 or 32 (mxfp8), Megatron-Core's get_fp8_align_size and TE's Fp8Padding.
 
-The grouped GEMM runs, first available: Transformer Engine's GroupedLinear under fp8_autocast (CUDA with TE:
-quantize and GEMMs inside it), one ``torch._scaled_mm`` per expert (CUDA, tensorwise), else ``emulated``:
+The grouped GEMM runs in bench/fp8_grouped.py (its docstring lists the implementations); ``emulated`` here:
 quantize, dequantize and an fp32 GEMM per expert, the numerics of the FP8 GEMM without its kernel (what a CPU
-runs, and the reference the tests hold the other paths to).
+runs, and the reference the tests hold the other paths to). ``quantize_rowwise`` gives the row-wise scales
+torch's grouped FP8 kernel takes.
 """
 from __future__ import annotations
 
@@ -50,6 +50,15 @@ def quantize_tensorwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = x.detach().abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
     scale = torch.where(amax > 0, E4M3_MAX / amax, torch.ones_like(amax))
     q = (x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, 1.0 / scale
+
+
+def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E4M3 tensor, float32 dequantization scales amax_row / 448, one per row) of a 2-D ``x``: the row-wise
+    scaling ``torch._scaled_grouped_mm`` takes (an all-zero row gets scale 1)."""
+    amax = x.detach().abs().amax(dim=1).float()
+    scale = torch.where(amax > 0, E4M3_MAX / amax, torch.ones_like(amax))
+    q = (x.float() * scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q, 1.0 / scale
 
 

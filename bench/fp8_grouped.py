@@ -2,6 +2,12 @@
 ``num_gemms`` local experts in a recipe (the row's dtype: "fp8" per-tensor current scaling, "mxfp8"), forward
 and backward, each expert's rows padded to the recipe's alignment (bench/fp8.py).
 
+Implementations (:func:`pick_impl`): Transformer Engine's GroupedLinear; ``torch._scaled_grouped_mm`` (one
+grouped FP8 kernel per GEMM, row-wise scales, casts over the whole token tensor: a fixed number of cast
+kernels whatever the number of experts, as TE's multi-tensor casts); one ``torch._scaled_mm`` per expert with
+per-expert casts (the loop a stack without fused casts runs: its time grows with the experts' kernel count);
+emulated. The GEMM work of row-wise and per-tensor scaling is the same (the scales apply in the epilogue).
+
 What is stored is device time: on CUDA the median of a CUDA-graph replay of the call where it can be
 captured (no host launch cost in it), else of CUDA events around it (then the note says "events", which
 count host gaps longer than the queue); the eager wall per call (calls issued back to back, host included)
@@ -14,16 +20,24 @@ from scaleplan.bench import fp8
 from scaleplan.bench import harness as h
 
 
+# compute capabilities torch's grouped FP8 kernel (_scaled_grouped_mm, row-wise scales) runs on
+SCALED_GROUPED_CC = ((9, 0), (10, 0))
+
+
 def pick_impl(ctx: h.Context, recipe: str) -> str:
-    """te_grouped_linear (CUDA with Transformer Engine), torch_scaled_mm (CUDA, tensorwise, compute
-    capability >= 8.9), else emulated."""
+    """te_grouped_linear (CUDA with Transformer Engine); for tensorwise on CUDA without it,
+    torch_scaled_grouped_mm (one grouped FP8 kernel per GEMM; Hopper, Blackwell), else torch_scaled_mm (one
+    FP8 GEMM per expert, compute capability >= 8.9); else emulated."""
     if ctx.is_cuda:
         try:
             import transformer_engine.pytorch  # noqa: F401
             return "te_grouped_linear"
         except Exception:
             pass
-        if recipe == "tensorwise" and torch.cuda.get_device_capability(ctx.device) >= (8, 9):
+        cc = torch.cuda.get_device_capability(ctx.device)
+        if recipe == "tensorwise" and hasattr(torch, "_scaled_grouped_mm") and cc in SCALED_GROUPED_CC:
+            return "torch_scaled_grouped_mm"
+        if recipe == "tensorwise" and cc >= (8, 9):
             return "torch_scaled_mm"
     return "emulated"
 
@@ -68,6 +82,41 @@ def _torch_scaled(x, w, dy, rows):
             dx.append(_scaled_mm(qd, sd, *wq[g]))                         # dy [m, n] @ w^T [n, k]
             qx, sx = fp8.quantize_tensorwise(xg.t().contiguous())          # x^T [k, m]
             dw.append(_scaled_mm(qx, sx, *fp8.quantize_tensorwise(d.t().contiguous())))  # x^T @ dy
+        return dx, dw
+
+    return fwd, bwd
+
+
+def _col_major_rowwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [E, a, b] quantized along a (each of its E x b columns scaled apart): (E4M3 [E, a, b] column-major,
+    float32 scales [E, b]), the right operand layout of torch._scaled_grouped_mm."""
+    e, a, b = w.shape
+    q, s = fp8.quantize_rowwise(w.transpose(1, 2).reshape(e * b, a))
+    return q.view(e, b, a).transpose(1, 2), s.view(e, b)
+
+
+def _scaled_grouped(x, w, dy, rows):
+    """(forward, backward) closures with one torch._scaled_grouped_mm per GEMM (row-wise scales): activations
+    and output gradients quantized per call over the whole [tokens, features] tensor, a fixed number of cast
+    kernels whatever the number of experts (as Transformer Engine's multi-tensor casts); weights once.
+    Forward x [M, k] @ w_e; dgrad dy [M, n] @ w_e^T; wgrad x_e^T @ dy_e, the 2-D x 2-D form whose offsets split
+    the reduction (the token) axis, each operand's scales taken over all tokens and shared by the groups."""
+    n_groups = w.shape[0]
+    offs = torch.tensor(rows, device=x.device).cumsum(0).to(torch.int32)
+    w_fwd = _col_major_rowwise(w)                             # [E, k, n], scales [E, n]
+    w_dgrad = _col_major_rowwise(w.transpose(1, 2))           # [E, n, k], scales [E, k]
+
+    def fwd():
+        qx, sx = fp8.quantize_rowwise(x)
+        return torch._scaled_grouped_mm(qx, w_fwd[0], sx, w_fwd[1], offs=offs, out_dtype=torch.bfloat16)
+
+    def bwd():
+        qd, sd = fp8.quantize_rowwise(dy)
+        dx = torch._scaled_grouped_mm(qd, w_dgrad[0], sd, w_dgrad[1], offs=offs, out_dtype=torch.bfloat16)
+        qxt, sxt = fp8.quantize_rowwise(x.t().contiguous())     # x^T [k, M], row-major
+        qdt, sdt = fp8.quantize_rowwise(dy.t().contiguous())    # dy^T [n, M]: dy column-major
+        dw = torch._scaled_grouped_mm(qxt, qdt.t(), sxt.repeat(n_groups), sdt.repeat(n_groups), offs=offs,
+                                      out_dtype=torch.bfloat16)
         return dx, dw
 
     return fwd, bwd
@@ -129,6 +178,8 @@ def measure_fp8(p: dict, ctx: h.Context, fin: int, fout: int, rows: list[int]) -
     impl = pick_impl(ctx, recipe)
     if impl == "te_grouped_linear":
         fwd, bwd = _te(xp, w, dy, padded, recipe, ctx)
+    elif impl == "torch_scaled_grouped_mm":
+        fwd, bwd = _scaled_grouped(xp, w, dy, padded)
     elif impl == "torch_scaled_mm":
         fwd, bwd = _torch_scaled(xp, w, dy, padded)
     else:
@@ -136,5 +187,7 @@ def measure_fp8(p: dict, ctx: h.Context, fin: int, fout: int, rows: list[int]) -
     f, how = _device_s(fwd, ctx)
     b, _ = _device_s(bwd, ctx)
     wall = h.wall_per_call_s(fwd, ctx)
-    note = f"recipe={recipe}; padded_rows={sum(padded)} of {sum(rows)}; device={how}; wall_fwd_per_call_s={wall:.3e}"
+    scaling = "; scales=rowwise" if impl == "torch_scaled_grouped_mm" else ""
+    note = (f"recipe={recipe}{scaling}; padded_rows={sum(padded)} of {sum(rows)}; device={how}; "
+            f"wall_fwd_per_call_s={wall:.3e}")
     return dict(fwd_s=f, bwd_s=b, impl=impl, in_features=fin, out_features=fout, note=note)

@@ -14,8 +14,8 @@
 #  check:    bench check (the harness against a plain torch.matmul loop);
 #  holdout:  bench preset single-gpu-holdout, one suite at a time (dispatch sync:<every>, SDPA at 32k tokens,
 #            grouped GEMM at 4096/8192 tokens per expert);
-#  fp8:      bench preset single-gpu-fp8, one suite at a time (FP8 casts, dense FP8 GEMMs beside bf16, the FP8
-#            expert projection beside bf16), then the paired FP8 / bf16 device-time ratios printed;
+#  fp8:      bench preset single-gpu-fp8, one suite at a time (F8_SUITES, default: FP8 casts, dense FP8 GEMMs
+#            beside bf16, the FP8 expert projection beside bf16), then the paired FP8 / bf16 ratios printed;
 #  then (always) export the measured runs as CSV.
 # Results under $OUT (at most 8 files): log (tee it), validate.json, validate_trace.json, sp.db, rec.tar.gz.
 set -x
@@ -31,7 +31,7 @@ if [ "$MODE" = gpu ]; then
   LAYS="--layout mbs=1,ckpt=none --layout mbs=2,ckpt=none --layout mbs=4,ckpt=none --layout mbs=2,ckpt=full"
   TRACE_LAY="--layout mbs=2,ckpt=none"
   T_TAB=170; T_VAL=140; T_TR=90; T_SYNC=40; T_SDPA=50; T_GG=90; T_CHK=30; TAB_PRESET=single-gpu
-  T_F8E=40; T_F8G=100; T_F8X=200; F8_PRESET=single-gpu-fp8
+  T_F8E=90; T_F8G=100; T_F8X=200; F8_PRESET=single-gpu-fp8
 else  # deps from $PY's own environment; sync rows are UNSUPPORTED on a CPU, the big points skipped
   PY=${PY:-python3}; WHL=; DEV=cpu; PROF=""
   SPEC=$REPO/tests/data/validate_specs/tiny.yaml
@@ -108,7 +108,7 @@ if has holdout; then
 fi
 if has fp8; then
   declare -A T_F8=([elementwise]=$T_F8E [gemm]=$T_F8G [grouped_gemm]=$T_F8X)
-  for f in elementwise gemm grouped_gemm; do
+  for f in ${F8_SUITES:-elementwise gemm grouped_gemm}; do
     timeout -s INT ${T_F8[$f]} $SP bench run --preset $F8_PRESET --suite $f $PROF --json > "$W/extra/fp8_$f.json"
     echo "bench fp8 $f rc=$?"; date -u; save_db
   done

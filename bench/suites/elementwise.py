@@ -10,7 +10,9 @@ Ops (the ``op`` column), each on activations of ``tokens`` rows:
   with per-token cos/sin (head_dim = ``rope_head_dim``, or hidden when it does not divide).
 - ``quantize_tensorwise``, ``quantize_mxfp8``: the FP8 cast of a bf16 GEMM input [tokens, hidden] in a recipe
   (bench/fp8.py), rowwise and columnwise (the transposed copy the weight gradient reads), forward only: the
-  cast kernels Transformer Engine runs before each FP8 GEMM.
+  cast kernels Transformer Engine runs before each FP8 GEMM. On CUDA the two casts run compiled
+  (``torch.compile``: Triton kernels that fuse the amax, scale and cast, as TE's cast kernels do), else eager
+  torch ops (several kernels and fp32 temporaries per cast); the note says which.
 Times in seconds; bwd_s is the backward pass alone.
 """
 
@@ -88,6 +90,27 @@ def _closure(p: dict, dt: torch.dtype, ctx: h.Context):
     raise h.Unsupported(f"unknown elementwise op {op!r}")
 
 
+_COMPILED_CASTS: dict[str, object] = {}
+
+
+def _casts(recipe: str, ctx: h.Context):
+    """(cast pair of x: rowwise and columnwise copies, "compiled" | "eager"): compiled on CUDA where
+    torch.compile works (one compilation per recipe, dynamic shapes), else eager."""
+    from scaleplan.bench import fp8
+
+    def pair(x):
+        return fp8.quantize(x, recipe), fp8.quantize(x.t().contiguous(), recipe)
+
+    if ctx.is_cuda:
+        try:
+            fused = _COMPILED_CASTS.setdefault(recipe, torch.compile(pair, dynamic=True))
+            fused(torch.zeros((64, 64), dtype=torch.bfloat16, device=ctx.device))
+            return fused, "compiled"
+        except Exception:  # no compiler toolchain there: the eager ops, and the note says so
+            _COMPILED_CASTS.pop(recipe, None)
+    return pair, "eager"
+
+
 def _quantize_point(p: dict, ctx: h.Context) -> dict:
     """A cast kernel's row: forward only (a cast has no backward of its own)."""
     from scaleplan.bench import fp8
@@ -96,8 +119,10 @@ def _quantize_point(p: dict, ctx: h.Context) -> dict:
     if recipe == "mxfp8" and (p["tokens"] % fp8.MX_BLOCK or p["hidden"] % fp8.MX_BLOCK):
         raise h.SkipAlign(f"mxfp8 casts need tokens and hidden multiples of {fp8.MX_BLOCK}")
     x = h.randn((p["tokens"], p["hidden"]), h.torch_dtype(p["dtype"], ctx), ctx.device)
-    f = h.time_fn(lambda _: (fp8.quantize(x, recipe), fp8.quantize(x.t().contiguous(), recipe)), ctx)
-    return dict(fwd_s=f.median, bwd_s=None, n_rep=f.n, note=f"recipe={recipe}: rowwise and columnwise copies")
+    cast, how = _casts(recipe, ctx)
+    f = h.time_fn(lambda _: cast(x), ctx)
+    return dict(fwd_s=f.median, bwd_s=None, n_rep=f.n,
+                note=f"recipe={recipe}: rowwise and columnwise copies; cast={how}")
 
 
 def measure(p: dict, ctx: h.Context) -> dict:
