@@ -9,7 +9,7 @@ FP8 / bf16 device-time ratios the estimator's FP8 rules assume (issue 37).
    nearest measured dense shape on a log grid), forward and backward (dgrad and wgrad shapes averaged).
 3. The quantize casts against the bytes they move at the profile's HBM bandwidth (fp8_costs.cast_time).
 
-    python benchmarks/fp8_ratios.py --db sqlite:///sp.db [--profile h200-single]
+    python benchmarks/fp8_ratios.py --db sqlite:///sp.db [--db sqlite:///more.db] [--profile h200-single]
 
 Prints medians and ranges; reads measured rows only (bench runs of source 'measured').
 """
@@ -22,10 +22,12 @@ import pandas as pd
 import sqlalchemy as sa
 
 
-def _rows(engine, table: str, profile: str) -> pd.DataFrame:
+def _rows(engines, table: str, profile: str) -> pd.DataFrame:
+    """The OK rows of ``table`` from measured runs of ``profile``, over every database given; where several
+    runs measured one point, the latest run's row (largest run id within its database, later databases last)."""
     q = (f"SELECT p.* FROM {table} p JOIN bench_run r ON p.run_id = r.id "
-         "WHERE r.source = 'measured' AND r.profile = :prof AND p.status = 'OK'")
-    return pd.read_sql(sa.text(q), engine, params={"prof": profile})
+         "WHERE r.source = 'measured' AND r.profile = :prof AND p.status = 'OK' ORDER BY r.id")
+    return pd.concat([pd.read_sql(sa.text(q), e, params={"prof": profile}) for e in engines], ignore_index=True)
 
 
 def _nearest(grid: np.ndarray, v: float) -> float:
@@ -35,6 +37,7 @@ def _nearest(grid: np.ndarray, v: float) -> float:
 def dense_ratios(g: pd.DataFrame) -> pd.DataFrame:
     """One row per shape measured in both dtypes: ratio = t_s(fp8) / t_s(bf16), wall = the FP8 eager wall."""
     key = ["m", "n", "k"]
+    g = g.drop_duplicates(key + ["dtype"], keep="last")
     both = g[g.dtype == "fp8"][key + ["t_s", "note"]].merge(g[g.dtype == "bf16"][key + ["t_s"]], on=key,
                                                              suffixes=("", "_bf16"))
     both["ratio"] = both.t_s / both.t_s_bf16
@@ -51,7 +54,10 @@ def _ratio_at(d: pd.DataFrame, m: float, n: float, k: float) -> float:
 
 def grouped_vs_composed(gg: pd.DataFrame, d: pd.DataFrame) -> pd.DataFrame:
     key = ["proj", "distribution", "num_gemms", "tokens_per_expert", "hidden", "ffn"]
-    both = gg[gg.dtype == "fp8"][key + ["fwd_s", "bwd_s", "in_features", "out_features", "impl"]].merge(
+    if d.empty:
+        return pd.DataFrame()
+    gg = gg.drop_duplicates(key + ["dtype"], keep="last")
+    both = gg[gg.dtype == "fp8"][key + ["fwd_s", "bwd_s", "in_features", "out_features", "impl", "note"]].merge(
         gg[gg.dtype == "bf16"][key + ["fwd_s", "bwd_s"]], on=key, suffixes=("", "_bf16"))
     r_f, r_b = [], []
     for row in both.itertuples():
@@ -62,6 +68,9 @@ def grouped_vs_composed(gg: pd.DataFrame, d: pd.DataFrame) -> pd.DataFrame:
     both["fwd_vs_composed"] = both.fwd_s / (both.fwd_s_bf16 * np.array(r_f))
     both["bwd_vs_composed"] = both.bwd_s / (both.bwd_s_bf16 * np.array(r_b))
     both["fwd_fp8_over_bf16"] = both.fwd_s / both.fwd_s_bf16
+    for d_ in ("fwd", "bwd"):  # the GEMMs alone, where the row's note gives them (the grouped-kernel path)
+        gemm = both.note.str.extract(rf"gemm_{d_}_s=([0-9.e+-]+)", expand=False).astype(float)
+        both[f"gemm_{d_}_vs_composed"] = gemm / (both[f"{d_}_s_bf16"] * np.array(r_f if d_ == "fwd" else r_b))
     return both
 
 
@@ -74,14 +83,14 @@ def _spread(x: pd.Series) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--db", required=True)
+    ap.add_argument("--db", required=True, action="append", help="a database URL; repeat to read several")
     ap.add_argument("--profile", default="h200-single")
     a = ap.parse_args()
     from scaleplan.bench.fp8 import cast_bytes
 
     from scaleplan.profiles import load_profile
 
-    eng = sa.create_engine(a.db)
+    eng = [sa.create_engine(u) for u in a.db]
     d = dense_ratios(_rows(eng, "gemm_point", a.profile))
     print(f"dense FP8 / bf16 device time, all shapes: {_spread(d.ratio)}")
     for m, part in d.groupby("m"):
@@ -89,12 +98,20 @@ def main() -> None:
     big = d[d.m * d.n * d.k >= 4096**3]
     print(f"  2mnk >= 2 x 4096^3: {_spread(big.ratio)}")
     gg = grouped_vs_composed(_rows(eng, "grouped_gemm_point", a.profile), d)
+    if gg.empty:
+        print("FP8 expert projection: no FP8 and bf16 pairs, or no dense pairs to compose them from")
+        gg = pd.DataFrame(columns=["impl", "fwd_fp8_over_bf16", "fwd_vs_composed", "bwd_vs_composed", "num_gemms",
+                                   "gemm_fwd_vs_composed", "gemm_bwd_vs_composed"])
     print(f"FP8 expert projection, impl {sorted(set(gg.impl))}:")
     print(f"  fwd FP8 / bf16 grouped: {_spread(gg.fwd_fp8_over_bf16)}")
     print(f"  fwd measured / composed: {_spread(gg.fwd_vs_composed)}")
     print(f"  bwd measured / composed: {_spread(gg.bwd_vs_composed)}")
+    if "gemm_fwd_vs_composed" in gg:
+        print(f"  GEMMs alone (casts outside): fwd / composed {_spread(gg.gemm_fwd_vs_composed)}; "
+              f"bwd / composed {_spread(gg.gemm_bwd_vs_composed)}")
     for e, part in gg.groupby("num_gemms"):
-        print(f"  {e:>3} experts: fwd {_spread(part.fwd_vs_composed)}; bwd {_spread(part.bwd_vs_composed)}")
+        print(f"  {e:>3} experts: fwd {_spread(part.fwd_vs_composed)}; bwd {_spread(part.bwd_vs_composed)}; GEMMs "
+              f"alone fwd {_spread(part.gemm_fwd_vs_composed)}, bwd {_spread(part.gemm_bwd_vs_composed)}")
     within = ((gg.fwd_vs_composed - 1).abs() <= 0.2).mean() if len(gg) else float("nan")
     print(f"  share of points with fwd within 20% of composed: {within:.2f}")
     ew = _rows(eng, "elementwise_point", a.profile)
@@ -102,7 +119,7 @@ def main() -> None:
     for op, part in ew[ew.op.str.startswith("quantize_")].groupby("op"):
         recipe = op.removeprefix("quantize_")
         model = [cast_bytes(t, h, recipe) / hbm for t, h in zip(part.tokens, part.hidden)]  # a fused cast
-        print(f"  {op} (the bench's torch-op cast, rowwise + transposed): measured / fused-cast bytes at HBM "
+        print(f"  {op} (the bench's cast, rowwise + transposed copy): measured / fused-cast bytes at HBM "
               f"{_spread(part.fwd_s / np.array(model))}")
 
 

@@ -220,6 +220,8 @@ def test_the_grouped_fp8_kernel_path_lays_out_its_operands_as_torch_checks_and_c
     assert _rel_err(dx, torch.cat([de @ w[e].float().t() for e, de in enumerate(ds)])) < 0.05
     assert dw.shape == (3, k, n)
     assert _rel_err(dw, torch.stack([xe.t() @ de for xe, de in zip(xs, ds)])) < 0.05
+    pre_f, pre_b = fp8_grouped._scaled_grouped(x, w, dy, rows, precast=True)  # the GEMMs alone: the same results
+    assert torch.equal(pre_f(), y) and all(torch.equal(a, b) for a, b in zip(pre_b(), (dx, dw)))
 
 
 def test_rowwise_quantize_scales_each_rows_amax_to_448():
@@ -232,3 +234,21 @@ def test_rowwise_quantize_scales_each_rows_amax_to_448():
     back = q.float().double() * s.double()[:, None]
     assert torch.all((back - x).abs() <= torch.from_numpy(_e4m3_step(x.numpy() / s.double()[:, None].numpy()))
                      * s.double()[:, None] / 2 + 1e-12)
+
+
+def test_a_grouped_kernel_row_notes_its_gemms_alone(monkeypatch):
+    """measure_fp8 through the grouped-kernel path (picked as on a Hopper GPU, the kernel emulated): the row's
+    times include the casts, and its note gives the GEMMs alone."""
+    from scaleplan.bench import fp8_grouped
+    from scaleplan.bench import harness as h
+
+    if not hasattr(torch, "_scaled_grouped_mm"):
+        pytest.skip("this torch has no _scaled_grouped_mm")
+    monkeypatch.setattr(torch, "_scaled_grouped_mm", _emulated_scaled_grouped_mm)
+    monkeypatch.setattr(fp8_grouped, "pick_impl", lambda ctx, recipe: "torch_scaled_grouped_mm")
+    ctx = h.Context(device=torch.device("cpu"), timing=h.Timing(warmup=1, reps=3, min_reps=3))
+    r = fp8_grouped.measure_fp8({"dtype": "fp8"}, ctx, 64, 96, [20, 30])
+    assert r["impl"] == "torch_scaled_grouped_mm" and r["fwd_s"] > 0 and r["bwd_s"] > 0
+    note = dict(kv.split("=") for kv in r["note"].split("; "))
+    assert note["padded_rows"] == "64 of 50" and note["scales"] == "rowwise"
+    assert float(note["gemm_fwd_s"]) > 0 and float(note["gemm_bwd_s"]) > 0
