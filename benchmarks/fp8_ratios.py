@@ -1,5 +1,5 @@
 """What FP8 costs on one GPU, from a database holding a `bench run --preset single-gpu-fp8` run: the paired
-FP8 / bf16 device-time ratios the estimator's FP8 rules assume (issue 37).
+FP8 / bf16 device-time ratios the estimator's FP8 rules assume.
 
 1. Dense GEMMs: t(fp8) / t(bf16) at each shape measured in both dtypes, by m (the rule with no FP8 rows,
    ``analytic.gemm_lane_ratio``, takes the bf16 / FP8 peak of the lanes: 0.5 on H100, H200, B200), and the

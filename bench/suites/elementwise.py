@@ -11,8 +11,9 @@ Ops (the ``op`` column), each on activations of ``tokens`` rows:
 - ``quantize_tensorwise``, ``quantize_mxfp8``: the FP8 cast of a bf16 GEMM input [tokens, hidden] in a recipe
   (bench/fp8.py), rowwise and columnwise (the transposed copy the weight gradient reads), forward only: the
   cast kernels Transformer Engine runs before each FP8 GEMM. On CUDA the two casts run compiled
-  (``torch.compile``: Triton kernels that fuse the amax, scale and cast, as TE's cast kernels do), else eager
-  torch ops (several kernels and fp32 temporaries per cast); the note says which.
+  (``torch.compile``: Triton kernels, the scale and cast fused; on an H200 still 4-50x the bytes of one fused
+  cast at HBM bandwidth, docs/accuracy.md), else eager torch ops (several kernels and fp32 temporaries per
+  cast); the note says which. Neither stands for TE's hand-written cast kernels: the model does not read them.
 Times in seconds; bwd_s is the backward pass alone.
 """
 
