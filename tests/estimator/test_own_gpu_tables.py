@@ -85,6 +85,70 @@ def test_a_lookup_at_a_measured_gemm_point_is_the_measurement(gpu_db, profile):
     assert np.allclose(got.t, once["t_s"].to_numpy(), rtol=1e-9)
 
 
+def test_the_h200s_fp8_gemm_rows_are_what_an_fp8_model_reads(gpu_db):
+    """The H200's dense FP8 GEMMs (torch._scaled_mm, per-tensor scales; `bench run --preset single-gpu-fp8`):
+    a lookup at a measured point is the FP8 measurement; an FP8 model's GEMMs on h200-single read them, not the
+    bf16 rows x 0.5 of a profile without FP8 rows, so no lane note; and each FP8 row's eager wall per call
+    (its note) is within 10% of its device time wherever that exceeds 50 us: no host floor in them."""
+    url, _ = gpu_db
+    csv = _recorded("gemm", "h200-single")
+    f8 = csv[csv["dtype"] == "fp8"]
+    assert len(f8) == 96 and set(f8["backend"]) == {"torch_scaled_mm"}
+    got = Estimator("h200-single", url).tables.view("fp8", 1.0).gemm.lookup(
+        f8["m"].to_numpy(float), f8["n"].to_numpy(float), f8["k"].to_numpy(float))
+    assert (got.code == 0).all() and np.allclose(got.t, f8["t_s"].to_numpy(), rtol=1e-9)
+    wall = f8["note"].str.extract(r"wall_per_call_s=([0-9.e+-]+)", expand=False).astype(float)
+    long = f8["t_s"] > 5e-5
+    assert long.sum() >= 40 and np.all(np.abs(wall[long] / f8["t_s"][long] - 1) <= 0.10)
+    sp = load_spec(SPEC)
+    sp = sp.model_copy(update={"model": sp.model.model_copy(update={"precision": "fp8"})})
+    lay = [parse_layout("mbs=1,ckpt=none", sp.default_layout()).model_copy(update={"dp": 1})]
+    r = Estimator("h200-single", url, stack="reference").estimate(sp, 1, lay)[0]
+    assert r.sources["attn_proj"] in ("measured", "interpolated")
+    assert not any(w.startswith("gemm in fp8") for w in r.warnings), r.warnings
+
+
+def _fp8_grouped_vs_composed(url: str) -> pd.DataFrame:
+    """Per FP8 point of observed/h200-single-fp8-grouped.csv (torch._scaled_grouped_mm on an H200, beside bf16
+    torch._grouped_mm at the same points, one run): its GEMMs alone (the note: activations cast outside the
+    timed call) over the composed rule's time, the bf16 grouped time x the dense FP8 / bf16 device-time ratio
+    of the same GEMMs read from the H200's shipped dense tables (estimator/fp8_costs.py). Columns fwd, bwd."""
+    from scaleplan.estimator import fp8_costs
+
+    tabs = Estimator("h200-single", url).tables
+    f8, b16 = tabs.view("fp8", 1.0).gemm, tabs.gemm
+    obs = pd.read_csv(OBSERVED / "h200-single-fp8-grouped.csv")
+    key = ["proj", "distribution", "num_gemms", "tokens_per_expert", "hidden", "ffn"]
+    pairs = obs[obs["dtype"] == "fp8"].merge(obs[obs["dtype"] == "bf16"], on=key, suffixes=("", "_bf16"))
+    assert len(pairs) == 108 and set(pairs["impl"]) == {"torch_scaled_grouped_mm"}
+    out = []
+    for r in pairs.itertuples():
+        m, k, n = (np.array([float(v)]) for v in (r.tokens_per_expert, r.in_features, r.out_features))
+        ratio_f = fp8_costs.device_ratio(f8, b16, [(m, n, k)])[0][0]
+        ratio_b = fp8_costs.device_ratio(f8, b16, [(m, k, n), (k, n, m)])[0][0]  # dgrad, wgrad
+        note = dict(kv.split("=") for kv in r.note.split("; "))
+        fwd, bwd = fp8_costs.composed_grouped(r.fwd_s_bf16, r.bwd_s_bf16, ratio_f, ratio_b)
+        out.append({"fwd": float(note["gemm_fwd_s"]) / fwd, "bwd": float(note["gemm_bwd_s"]) / bwd})
+    return pd.DataFrame(out)
+
+
+def test_the_composed_fp8_expert_forward_meets_the_h200s_grouped_fp8_kernel(gpu_db):
+    """The composed rule (an FP8 grouped GEMM = the bf16 grouped time x the dense FP8 / bf16 ratio) against
+    torch's grouped FP8 kernel on an H200, GEMMs alone: forward median within 20% and two thirds of the 108
+    points within 20% (seen: median 1.07, 69%; 128 tokens per expert 0.85, 512 1.13, 2048 1.16)."""
+    fwd = _fp8_grouped_vs_composed(gpu_db[0])["fwd"]
+    assert abs(fwd.median() - 1) <= 0.20 and ((fwd - 1).abs() <= 0.20).mean() >= 2 / 3, fwd.describe()
+
+
+@pytest.mark.xfail(strict=True, reason="known miss (docs/accuracy.md): torch's grouped FP8 backward on the "
+                   "H200 runs 21% (median) slower than the dense FP8 / bf16 ratio says")
+def test_the_composed_fp8_expert_backward_meets_the_h200s_grouped_fp8_kernel(gpu_db):
+    """The same for the backward (dgrad, and wgrad in the 2-D x 2-D form): seen median 1.21, 44% of points
+    within 20%, 1.47 at 128 tokens per expert. When the rule or the kernel closes it, strict xfail fails."""
+    bwd = _fp8_grouped_vs_composed(gpu_db[0])["bwd"]
+    assert abs(bwd.median() - 1) <= 0.20, bwd.describe()
+
+
 def _step_errors(url: str, profile: str) -> dict[tuple[int, str], float]:
     """Predicted / measured - 1 of the step time per layout (mbs, ckpt), the estimator reading the profile's
     own tables; every GEMM, attention, expert and host-dispatch term read from them, not the fallback."""
