@@ -19,17 +19,41 @@ def gemm_times(ctx: EvalContext, comp: str, m: ArrayLike, n: ArrayLike, k: Array
     """(forward, backward) seconds of the GEMM [m, k] x [k, n] for component ``comp`` (arrays over plans),
     backward = dgrad (m,k,n) + wgrad (k,n,m); 0 where not ``active``. The GEMM table, else the roofline."""
     tb, rec, peak, hbm = ctx.tables, ctx.rec, ctx.peak, ctx.hbm
+    if not np.any(active):  # nothing runs (no dense block): no lookup, as a lookup masked everywhere
+        rec.mark(comp, 0)
+        return np.zeros(rec.P), np.zeros(rec.P)
+    cast_f, cast_b = fp8_cast_times(ctx, comp, m, n, k, active)
     if tb.gemm is None:
         rec.mark(comp, ANALYTIC)
         f = an.gemm_time(m, n, k, peak, hbm)
         b = an.gemm_time(m, k, n, peak, hbm) + an.gemm_time(k, n, m, peak, hbm)
-        return np.where(active, f, 0.0), np.where(active, b, 0.0)
-    if not np.any(active):  # nothing runs (no dense block): no lookup, as a lookup masked everywhere
-        rec.mark(comp, 0)
-        return np.zeros(rec.P), np.zeros(rec.P)
+        return np.where(active, f, 0.0) + cast_f, np.where(active, b, 0.0) + cast_b
     f = rec.use(comp, tb.gemm.lookup(m, n, k), active)
     b = rec.use(comp, tb.gemm.lookup(m, k, n), active) + rec.use(comp, tb.gemm.lookup(k, n, m), active)
-    return f, b
+    return f + cast_f, b + cast_b
+
+
+# the GEMMs whose inputs Transformer Engine casts to FP8 in an FP8 model: every TE Linear / GroupedLinear of the
+# blocks (the router's gating GEMM runs in fp32, the output layer and MTP's projection in bf16)
+FP8_CAST_COMPONENTS = ("attn_proj", "dense_mlp", "shared_expert", "experts")
+
+
+def fp8_cast_times(ctx: EvalContext, comp: str, m: ArrayLike, n: ArrayLike, k: ArrayLike,
+                   active: ArrayLike = True) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """(forward, backward) device seconds of the quantize kernels of the FP8 GEMM [m, k] x [k, n] of ``comp``
+    where the GEMM table's times hold none (``GridTable.holds_casts``: the own H100 / H200 rows, the lane-scaled
+    bf16 table, the roofline): forward the input [m, k], backward the output gradient [m, n], each cast writing
+    the row- and the column-wise copy the other GEMMs read (fp8_costs.cast_time: bytes at HBM bandwidth, at
+    least its kernels' shortest time). Weights are cast once per step (TE caches them) and left out. (0, 0) for
+    a model not in FP8, a GEMM TE does not cast, or a table that holds its casts."""
+    recipe, tab = ctx.recipe, ctx.tables.gemm
+    if recipe is None or comp not in FP8_CAST_COMPONENTS or (tab is not None and tab.holds_casts):
+        return 0.0, 0.0
+    t_min = ctx.tables.t_kernel_min_s or an.KERNEL_FLOOR_S
+    ctx.rec.note(f"{comp} in fp8: its inputs' {recipe} casts at HBM bandwidth (not in the GEMM rows)", active)
+    f = fp8c.cast_time(m, k, recipe, ctx.hbm, t_min)
+    b = fp8c.cast_time(m, n, recipe, ctx.hbm, t_min)
+    return np.where(active, f, 0.0), np.where(active, b, 0.0)
 
 
 def expert_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
@@ -94,7 +118,8 @@ def _fp8_from_bf16_grouped(ctx: EvalContext) -> bool:
 def _fp8_grouped(ctx: EvalContext, f, b, tile, d: int, f_loc: int, sel: np.ndarray):
     """FP8 grouped expert GEMMs of the plans in ``sel``: the bf16 grouped times ``f``, ``b`` scaled by the
     dense tables' FP8 / bf16 device-time ratio of the same expert GEMMs (host floors off; estimator/fp8_costs.py),
-    labelled composed."""
+    labelled composed; plus the casts of all local experts' rows at once where the FP8 rows hold none
+    (:func:`fp8_cast_times`: fc1's input [E_loc tile, d], fc2's [E_loc tile, f], and their output gradients)."""
     by, rec = ctx.tables.by_dtype, ctx.rec
     fwd, bwd = fp8c.expert_gemm_shapes(tile, float(d), float(f_loc), bool(ctx.g.glu))
     r_f, looked_f = fp8c.device_ratio(by["fp8"]["gemm"], by["bf16"]["gemm"], fwd)
@@ -103,7 +128,11 @@ def _fp8_grouped(ctx: EvalContext, f, b, tile, d: int, f_loc: int, sel: np.ndarr
         rec.use("experts", res, sel)
     rec.mark("experts", np.where(sel, fp8c.SOURCE, 0))
     rec.note("experts in fp8: the bf16 grouped table x the dense FP8 / bf16 device-time ratio (composed)", sel)
-    return fp8c.composed_grouped(f, b, np.where(sel, r_f, 1.0), np.where(sel, r_b, 1.0))
+    f, b = fp8c.composed_grouped(f, b, np.where(sel, r_f, 1.0), np.where(sel, r_b, 1.0))
+    rows, w1 = ctx.shapes.E_loc * tile, 2 if ctx.g.glu else 1
+    c1f, c1b = fp8_cast_times(ctx, "experts", rows, w1 * f_loc, d, sel)
+    c2f, c2b = fp8_cast_times(ctx, "experts", rows, d, f_loc, sel)
+    return f + c1f + c2f, b + c1b + c2b
 
 
 def _untabled_expert_times(ctx: EvalContext, shape_d: np.ndarray, shape_f: np.ndarray,

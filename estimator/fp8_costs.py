@@ -57,14 +57,12 @@ def composed_grouped(bf16_f: ArrayLike, bf16_b: ArrayLike, ratio_f: ArrayLike,
     return np.asarray(bf16_f) * ratio_f, np.asarray(bf16_b) * ratio_b
 
 
-def cast_time(rows: ArrayLike, cols: ArrayLike, recipe: str, hbm: float, kernel_min_s: float,
-              measured: ArrayLike | None = None) -> np.ndarray:
-    """Seconds of one quantize of a bf16 [rows, cols] GEMM input in ``recipe``: a measured cast row (the
-    elementwise suite's quantize_<recipe>, ``measured``: its seconds) where given, else the bytes it moves
+def cast_time(rows: ArrayLike, cols: ArrayLike, recipe: str, hbm: float, kernel_min_s: float) -> np.ndarray:
+    """Seconds of one quantize of a bf16 [rows, cols] GEMM input in ``recipe`` (arrays): the bytes it moves
     (CAST_BYTES_PER_ELEMENT) at HBM bandwidth ``hbm`` (B/s), never under ``kernel_min_s`` per kernel
-    (estimator/kernel_counts.py QUANTIZE_KERNELS launches)."""
-    if measured is not None:
-        return np.asarray(measured, dtype=float)
+    (estimator/kernel_counts.py QUANTIZE_KERNELS launches). Not the bench's measured casts (elementwise suite,
+    quantize_<recipe>): those are torch ops or compiled ones, 4-50x these bytes on an H200, not Transformer
+    Engine's fused cast kernels. Used by compute.fp8_cast_times."""
     from scaleplan.estimator.kernel_counts import QUANTIZE_KERNELS
 
     t = np.asarray(rows, dtype=float) * np.asarray(cols, dtype=float) * CAST_BYTES_PER_ELEMENT[recipe] / hbm

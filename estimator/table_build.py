@@ -63,6 +63,9 @@ def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float) -> None:
         pts = [d[a].to_numpy(float) for a in ("m", "n", "k", "t_s")]
         floor = compose.gemm_floor(*pts, elem_bytes=float(BYTES_PER_ELEMENT.get(str(dt), 2)))
         tab = GridTable("gemm", ("m", "n", "k"), grid, vals, floor=floor)
+        # Transformer Engine's FP8 rows time the Linear (its inputs' quantize included); torch._scaled_mm's
+        # rows time the GEMM of operands already in E4M3 (compute.fp8_cast_times adds their casts)
+        tab.holds_casts = "backend" in d and bool(d["backend"].astype(str).str.startswith("te").all())
         tb.by_dtype.setdefault(str(dt), {})["gemm"] = tab
         if dt == "bf16":
             tb.gemm = tab

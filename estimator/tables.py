@@ -167,6 +167,7 @@ class GridTable:
         self._points = [set(g.tolist()) for g in self.grid]
         self._cache: dict = {}
         self.label: int | None = None  # every lookup's source code, where the times are not this grid's own
+        self.holds_casts = False  # an FP8 GEMM table whose times include its inputs' quantize (TE's rows)
 
     def scaled(self, factor: float, label: int) -> GridTable:
         """A copy whose times are ``factor`` x this table's at every point (its interpolation shifted in log

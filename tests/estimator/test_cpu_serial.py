@@ -143,7 +143,8 @@ def test_overlap_credit_needs_a_pipeline(gpn, pp, deep):
 def test_fp8_without_fp8_rows_runs_at_the_fp8_lane():
     """An FP8 spec on a profile whose GEMM rows are bf16 only: each GEMM is the bf16 row scaled by the bf16 / FP8
     peak of the profile's lanes (H200: 0.989 / 1.979 PFLOP/s), labelled analytic with a note; with FP8 rows of
-    its own the FP8 rows."""
+    its own the FP8 rows. Rows that time the GEMM alone (torch._scaled_mm's, and the scaled bf16 table) get the
+    same casts added (compute.fp8_cast_times); Transformer Engine's rows hold them, and get none."""
     import pandas as pd
 
     lay = [Layout(mbs=1, ckpt="none", dp=1)]
@@ -151,10 +152,17 @@ def test_fp8_without_fp8_rows_runs_at_the_fp8_lane():
     b, f = (only16.estimate(_spec(p), 1, lay)[0] for p in ("bf16", "fp8"))
     ratio = GPU.peak_flops["bf16"] / GPU.peak_flops["fp8"]
     assert 0.4 < ratio < 0.6
-    assert f.breakdown_s["attn_proj"] == pytest.approx(ratio * b.breakdown_s["attn_proj"], rel=1e-9)
     assert f.sources["attn_proj"] == "analytic" and b.sources["attn_proj"] != "analytic"
     assert any(w.startswith("gemm in fp8: the bf16 GEMM table x 0.5") for w in f.warnings)
-    own = _est(GPU, {"gemm": pd.concat([_gemm_frame("bf16", 1.0), _gemm_frame("fp8", 0.7)], ignore_index=True)})
-    f8 = own.estimate(_spec("fp8"), 1, lay)[0]
-    assert f8.breakdown_s["attn_proj"] == pytest.approx(0.7 * b.breakdown_s["attn_proj"], rel=1e-6)
+    assert any(w.startswith("attn_proj in fp8: its inputs' tensorwise casts") for w in f.warnings)
+    frames = {"gemm": pd.concat([_gemm_frame("bf16", 1.0), _gemm_frame("fp8", 0.7)], ignore_index=True)}
+    f8 = _est(GPU, frames).estimate(_spec("fp8"), 1, lay)[0]
+    casts = f.breakdown_s["attn_proj"] - ratio * b.breakdown_s["attn_proj"]
+    assert casts > 0 and f8.breakdown_s["attn_proj"] == pytest.approx(0.7 * b.breakdown_s["attn_proj"] + casts,
+                                                                       rel=1e-6)
     assert not any(w.startswith("gemm in fp8") for w in f8.warnings)
+    te = {"gemm": pd.concat([_gemm_frame("bf16", 1.0), _gemm_frame("fp8", 0.7).assign(backend="te_mxfp8")],
+                            ignore_index=True)}
+    f8te = _est(GPU, te).estimate(_spec("fp8"), 1, lay)[0]
+    assert f8te.breakdown_s["attn_proj"] == pytest.approx(0.7 * b.breakdown_s["attn_proj"], rel=1e-6)
+    assert not any("casts" in w for w in f8te.warnings)

@@ -31,8 +31,10 @@ def _gemm_frame():
         for n in ax:
             for k in ax:
                 rows.append(dict(m=m, n=n, k=k, dtype="bf16", t_s=max(C * m * n * k, SMALL_S)))
-                # FP8 at twice bf16's rate on the device, every call HOST_S longer on the host
-                rows.append(dict(m=m, n=n, k=k, dtype="fp8", t_s=max(C * m * n * k / 2, SMALL_S) + HOST_S))
+                # FP8 at twice bf16's rate on the device, every call HOST_S longer on the host: Transformer
+                # Engine's rows, as the recorded B200 table's (their times hold the inputs' casts)
+                rows.append(dict(m=m, n=n, k=k, dtype="fp8", t_s=max(C * m * n * k / 2, SMALL_S) + HOST_S,
+                                 backend="te_mxfp8"))
     return frame(rows)
 
 
@@ -122,3 +124,31 @@ def test_no_component_charges_the_recorded_fp8_host_floor(recorded_db):
     k16, k8 = (layer_kernels(context(est, g, ParallelLayout.of(ep=np.array([8]))))
                for g in (geometry(parse_spec(moe_spec()).model), _fp8()))
     assert k8.a2a_f[0] == pytest.approx(k16.a2a_f[0]) and k8.perm[0] == pytest.approx(k16.perm[0])
+
+
+def test_fp8_cast_times_are_the_bytes_of_each_cast_at_hbm_bandwidth_or_its_kernels_floor():
+    """compute.fp8_cast_times by hand: per-tensor current scaling reads the bf16 input twice (amax, then cast:
+    4 bytes an element) and writes two E4M3 copies (2 bytes); MXFP8 reads it once (2), writes two copies (2)
+    and one E8M0 scale per 32 elements of each (2 / 32). Forward casts the input [m, k], backward the output
+    gradient [m, n]; each cast at least its kernels (3 for tensorwise: amax, scale, cast; 1 for MXFP8) x the
+    shortest kernel. None for a table that holds its casts, a GEMM TE does not cast, or a bf16 model."""
+    from types import SimpleNamespace
+
+    from scaleplan.estimator.compute import fp8_cast_times
+
+    notes = []
+
+    def ctx(recipe, holds=False, t_min=5e-6):
+        return SimpleNamespace(recipe=recipe, hbm=4.8e12, rec=SimpleNamespace(note=lambda *a: notes.append(a)),
+                               tables=SimpleNamespace(gemm=SimpleNamespace(holds_casts=holds), t_kernel_min_s=t_min))
+
+    m, n, k = np.array([8192.0, 16.0]), np.array([3072.0, 16.0]), np.array([4096.0, 16.0])
+    f, b = fp8_cast_times(ctx("tensorwise"), "attn_proj", m, n, k)
+    assert f[0] == pytest.approx(8192 * 4096 * 6 / 4.8e12) and b[0] == pytest.approx(8192 * 3072 * 6 / 4.8e12)
+    assert f[1] == b[1] == pytest.approx(3 * 5e-6)
+    f, b = fp8_cast_times(ctx("mxfp8"), "experts", m, n, k)
+    assert f[0] == pytest.approx(8192 * 4096 * (2 + 2 + 2 / 32) / 4.8e12) and f[1] == pytest.approx(5e-6)
+    assert notes and "experts in fp8" in notes[-1][0]
+    for c, comp in ((ctx("tensorwise", holds=True), "attn_proj"), (ctx("tensorwise"), "router"),
+                    (ctx(None), "attn_proj")):
+        assert fp8_cast_times(c, comp, m, n, k) == (0.0, 0.0)
