@@ -19,15 +19,16 @@ def gemm_times(ctx: EvalContext, comp: str, m: ArrayLike, n: ArrayLike, k: Array
     """(forward, backward) seconds of the GEMM [m, k] x [k, n] for component ``comp`` (arrays over plans),
     backward = dgrad (m,k,n) + wgrad (k,n,m); 0 where not ``active``. The GEMM table, else the roofline."""
     tb, rec, peak, hbm = ctx.tables, ctx.rec, ctx.peak, ctx.hbm
+    if tb.gemm is None:
+        rec.mark(comp, ANALYTIC)
+        cast_f, cast_b = fp8_cast_times(ctx, comp, m, n, k, active)
+        f = an.gemm_time(m, n, k, peak, hbm)
+        b = an.gemm_time(m, k, n, peak, hbm) + an.gemm_time(k, n, m, peak, hbm)
+        return np.where(active, f, 0.0) + cast_f, np.where(active, b, 0.0) + cast_b
     if not np.any(active):  # nothing runs (no dense block): no lookup, as a lookup masked everywhere
         rec.mark(comp, 0)
         return np.zeros(rec.P), np.zeros(rec.P)
     cast_f, cast_b = fp8_cast_times(ctx, comp, m, n, k, active)
-    if tb.gemm is None:
-        rec.mark(comp, ANALYTIC)
-        f = an.gemm_time(m, n, k, peak, hbm)
-        b = an.gemm_time(m, k, n, peak, hbm) + an.gemm_time(k, n, m, peak, hbm)
-        return np.where(active, f, 0.0) + cast_f, np.where(active, b, 0.0) + cast_b
     f = rec.use(comp, tb.gemm.lookup(m, n, k), active)
     b = rec.use(comp, tb.gemm.lookup(m, k, n), active) + rec.use(comp, tb.gemm.lookup(k, n, m), active)
     return f + cast_f, b + cast_b
