@@ -56,7 +56,7 @@ def grouped_vs_composed(gg: pd.DataFrame, d: pd.DataFrame) -> pd.DataFrame:
     key = ["proj", "distribution", "num_gemms", "tokens_per_expert", "hidden", "ffn"]
     if d.empty:
         return pd.DataFrame()
-    gg = gg.drop_duplicates(key + ["dtype"], keep="last")
+    gg = gg.drop_duplicates(key + ["dtype", "impl"], keep="last")  # one FP8 row per implementation
     both = gg[gg.dtype == "fp8"][key + ["fwd_s", "bwd_s", "in_features", "out_features", "impl", "note"]].merge(
         gg[gg.dtype == "bf16"][key + ["fwd_s", "bwd_s"]], on=key, suffixes=("", "_bf16"))
     r_f, r_b = [], []
@@ -81,6 +81,21 @@ def _spread(x: pd.Series) -> str:
     return f"median {x.median():.3f} (p10 {x.quantile(0.1):.3f}, p90 {x.quantile(0.9):.3f}, n {len(x)})"
 
 
+def _print_grouped(impl: str, gg: pd.DataFrame) -> None:
+    print(f"FP8 expert projection, impl {impl}:")
+    print(f"  fwd FP8 / bf16 grouped: {_spread(gg.fwd_fp8_over_bf16)}")
+    print(f"  fwd measured / composed: {_spread(gg.fwd_vs_composed)}")
+    print(f"  bwd measured / composed: {_spread(gg.bwd_vs_composed)}")
+    print(f"  GEMMs alone (casts outside): fwd / composed {_spread(gg.gemm_fwd_vs_composed)}; "
+          f"bwd / composed {_spread(gg.gemm_bwd_vs_composed)}")
+    for key in ("num_gemms", "tokens_per_expert"):
+        for v, part in gg.groupby(key):
+            print(f"  {key} {v:>4}: GEMMs alone fwd {_spread(part.gemm_fwd_vs_composed)}, "
+                  f"bwd {_spread(part.gemm_bwd_vs_composed)}")
+    within = ((gg.gemm_fwd_vs_composed - 1).abs() <= 0.2).mean()
+    print(f"  share of points with the GEMMs' fwd within 20% of composed: {within:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", required=True, action="append", help="a database URL; repeat to read several")
@@ -100,20 +115,8 @@ def main() -> None:
     gg = grouped_vs_composed(_rows(eng, "grouped_gemm_point", a.profile), d)
     if gg.empty:
         print("FP8 expert projection: no FP8 and bf16 pairs, or no dense pairs to compose them from")
-        gg = pd.DataFrame(columns=["impl", "fwd_fp8_over_bf16", "fwd_vs_composed", "bwd_vs_composed", "num_gemms",
-                                   "gemm_fwd_vs_composed", "gemm_bwd_vs_composed"])
-    print(f"FP8 expert projection, impl {sorted(set(gg.impl))}:")
-    print(f"  fwd FP8 / bf16 grouped: {_spread(gg.fwd_fp8_over_bf16)}")
-    print(f"  fwd measured / composed: {_spread(gg.fwd_vs_composed)}")
-    print(f"  bwd measured / composed: {_spread(gg.bwd_vs_composed)}")
-    if "gemm_fwd_vs_composed" in gg:
-        print(f"  GEMMs alone (casts outside): fwd / composed {_spread(gg.gemm_fwd_vs_composed)}; "
-              f"bwd / composed {_spread(gg.gemm_bwd_vs_composed)}")
-    for e, part in gg.groupby("num_gemms"):
-        print(f"  {e:>3} experts: fwd {_spread(part.fwd_vs_composed)}; bwd {_spread(part.bwd_vs_composed)}; GEMMs "
-              f"alone fwd {_spread(part.gemm_fwd_vs_composed)}, bwd {_spread(part.gemm_bwd_vs_composed)}")
-    within = ((gg.fwd_vs_composed - 1).abs() <= 0.2).mean() if len(gg) else float("nan")
-    print(f"  share of points with fwd within 20% of composed: {within:.2f}")
+    for impl, part in (gg.groupby("impl") if len(gg) else ()):
+        _print_grouped(impl, part)
     ew = _rows(eng, "elementwise_point", a.profile)
     hbm = load_profile(a.profile).hbm_bandwidth
     for op, part in ew[ew.op.str.startswith("quantize_")].groupby("op"):

@@ -9,7 +9,8 @@ them rows proportional to a fixed Zipf-like weight 1/(i+1) (same total, determin
 expert at least one row), the imbalance a router without load balancing produces.
 
 dtype "fp8" (per-tensor current scaling) or "mxfp8": an FP8 recipe's grouped GEMM, quantize kernels included,
-each expert's rows padded to the recipe's alignment, device time stored (bench/fp8_grouped.py).
+each expert's rows padded to the recipe's alignment, device time stored (bench/fp8_grouped.py); ``impl: loop``
+runs FP8 as one ``torch._scaled_mm`` per expert where the grouped FP8 kernel would be picked.
 
 Implementations, first available wins unless ``impl`` is set: Transformer Engine ``GroupedLinear``
 (te_grouped_linear; CUDA only), ``torch._grouped_mm`` (torch_grouped_mm), else one ``torch.mm`` per

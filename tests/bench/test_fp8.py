@@ -150,6 +150,8 @@ def test_the_scaled_mm_path_computes_what_the_emulated_reference_computes():
     ref = fp8.grouped_forward(x.float(), w.float(), rows, "tensorwise")
     torch.testing.assert_close(fwd().float(), ref, rtol=1e-2, atol=1e-2)  # bf16 output rounding
     dx, dw = bwd()
+    pre_f, pre_b = fp8_grouped._torch_scaled(x, w, dy, rows, precast=True)  # the GEMMs alone: the same results
+    assert torch.equal(pre_f(), fwd()) and all(torch.equal(a, b) for a, b in zip(pre_b()[0] + pre_b()[1], dx + dw))
     xs, ds = torch.split(x.float(), rows), torch.split(dy.float(), rows)
     for e in range(3):
         torch.testing.assert_close(dx[e].float(), fp8.emulated_gemm(ds[e], w[e].float().t(), "tensorwise"),
@@ -236,9 +238,10 @@ def test_rowwise_quantize_scales_each_rows_amax_to_448():
                      * s.double()[:, None] / 2 + 1e-12)
 
 
-def test_a_grouped_kernel_row_notes_its_gemms_alone(monkeypatch):
-    """measure_fp8 through the grouped-kernel path (picked as on a Hopper GPU, the kernel emulated): the row's
-    times include the casts, and its note gives the GEMMs alone."""
+@pytest.mark.parametrize("suite_impl, want", [("auto", "torch_scaled_grouped_mm"), ("loop", "torch_scaled_mm")])
+def test_a_grouped_kernel_or_loop_row_notes_its_gemms_alone(monkeypatch, suite_impl, want):
+    """measure_fp8 as on a Hopper GPU (the grouped kernel emulated): the grouped FP8 kernel, or with the suite's
+    impl "loop" one FP8 GEMM per expert; the row's times include the casts, and its note gives the GEMMs alone."""
     from scaleplan.bench import fp8_grouped
     from scaleplan.bench import harness as h
 
@@ -247,8 +250,9 @@ def test_a_grouped_kernel_row_notes_its_gemms_alone(monkeypatch):
     monkeypatch.setattr(torch, "_scaled_grouped_mm", _emulated_scaled_grouped_mm)
     monkeypatch.setattr(fp8_grouped, "pick_impl", lambda ctx, recipe: "torch_scaled_grouped_mm")
     ctx = h.Context(device=torch.device("cpu"), timing=h.Timing(warmup=1, reps=3, min_reps=3))
+    ctx.extra["grouped_impl"] = suite_impl
     r = fp8_grouped.measure_fp8({"dtype": "fp8"}, ctx, 64, 96, [20, 30])
-    assert r["impl"] == "torch_scaled_grouped_mm" and r["fwd_s"] > 0 and r["bwd_s"] > 0
+    assert r["impl"] == want and r["fwd_s"] > 0 and r["bwd_s"] > 0
     note = dict(kv.split("=") for kv in r["note"].split("; "))
-    assert note["padded_rows"] == "64 of 50" and note["scales"] == "rowwise"
+    assert note["padded_rows"] == "64 of 50" and (note.get("scales") == "rowwise") == (suite_impl == "auto")
     assert float(note["gemm_fwd_s"]) > 0 and float(note["gemm_bwd_s"]) > 0
