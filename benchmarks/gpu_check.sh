@@ -2,7 +2,7 @@
 # scaleplan's GPU paths in one call on a lent one-GPU machine (no network there), from the repo root:
 #   bash benchmarks/gpu_check.sh gpu    # there: python3 with torch; dependency wheels in $WHL (.whl)
 #   bash benchmarks/gpu_check.sh cpu    # here: a dry run of the same steps on the tiny spec
-# Env: PROFILE (default h200-single; h100-single on an H100), STEPS (default "validate trace holdout check";
+# Env: PROFILE (default h200-single; h100-single on an H100), F8_PRESET (the fp8 step's preset), STEPS (default "validate trace holdout check";
 # a GPU without tables of its own starts with "tables"), HOLDOUT (suites of the holdout preset, default
 # "dispatch sdpa grouped_gemm"), OUT, W (work folder), PY, WHL (dependency wheels), SP_WHEEL (scaleplan
 # wheel of this commit; default: build the checkout), SCALEPLAN_GIT_REV (the commit, where the copy has no .git).
@@ -31,13 +31,13 @@ if [ "$MODE" = gpu ]; then
   LAYS="--layout mbs=1,ckpt=none --layout mbs=2,ckpt=none --layout mbs=4,ckpt=none --layout mbs=2,ckpt=full"
   TRACE_LAY="--layout mbs=2,ckpt=none"
   T_TAB=170; T_VAL=140; T_TR=90; T_SYNC=40; T_SDPA=50; T_GG=90; T_CHK=30; TAB_PRESET=single-gpu
-  T_F8E=90; T_F8G=100; T_F8X=200; F8_PRESET=single-gpu-fp8
+  T_F8E=90; T_F8G=100; T_F8X=200; F8_PRESET=${F8_PRESET:-single-gpu-fp8}
 else  # deps from $PY's own environment; sync rows are UNSUPPORTED on a CPU, the big points skipped
   PY=${PY:-python3}; WHL=; DEV=cpu; PROF=""
   SPEC=$REPO/tests/data/validate_specs/tiny.yaml
   LAYS="--layout mbs=1,ckpt=none"; TRACE_LAY=$LAYS
   T_TAB=120; T_VAL=400; T_TR=100; T_SYNC=30; T_SDPA=10; T_GG=10; T_CHK=60; TAB_PRESET=quick
-  T_F8E=20; T_F8G=20; T_F8X=20; F8_PRESET=single-gpu-fp8
+  T_F8E=20; T_F8G=20; T_F8X=20; F8_PRESET=${F8_PRESET:-single-gpu-fp8}
 fi
 STEPS=" ${STEPS:-validate trace holdout check} "
 SWEEP=${SWEEP:-validate-${PROFILE:-s3}}
