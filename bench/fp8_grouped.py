@@ -70,11 +70,11 @@ def _torch_scaled(x, w, dy, rows, precast: bool = False):
     wt = [fp8.quantize_tensorwise(w[g].t().contiguous()) for g in range(w.shape[0])]   # w^T [n, k] for forward
     wq = [fp8.quantize_tensorwise(w[g].contiguous()) for g in range(w.shape[0])]       # w [k, n] for dgrad
 
-    def casts(g, xg, d):  # x_g, dy_g, x_g^T [k, m], dy_g^T [n, m]
+    def casts(xg, d):  # x_g, dy_g, x_g^T [k, m], dy_g^T [n, m]
         return [fp8.quantize_tensorwise(t) for t in (xg, d, xg.t().contiguous(), d.t().contiguous())]
 
     groups = list(zip(torch.split(x, rows), torch.split(dy, rows)))
-    pre = [casts(g, xg, d) for g, (xg, d) in enumerate(groups)] if precast else None
+    pre = [casts(xg, d) for xg, d in groups] if precast else None
 
     def fwd():
         return torch.cat([_scaled_mm(*(pre[g][0] if precast else fp8.quantize_tensorwise(xg)), *wt[g])
@@ -83,7 +83,7 @@ def _torch_scaled(x, w, dy, rows, precast: bool = False):
     def bwd():
         dx, dw = [], []
         for g, (xg, d) in enumerate(groups):
-            _, qd, qxt, qdt = pre[g] if precast else casts(g, xg, d)
+            _, qd, qxt, qdt = pre[g] if precast else casts(xg, d)
             dx.append(_scaled_mm(*qd, *wq[g]))        # dy [m, n] @ w^T [n, k]
             dw.append(_scaled_mm(*qxt, *qdt))         # x^T [k, m] @ dy [m, n]
         return dx, dw

@@ -133,6 +133,14 @@ def test_elementwise_suite_times_the_cast_kernels(sqlite_url):
     assert by[("quantize_mxfp8", 48)]["status"] == "SKIP_ALIGN"
 
 
+def _operands(seed: int, rows: list[int], k: int, n: int):
+    """bf16 (x [sum(rows), k], w [groups, k, n] at 1 / sqrt(k), dy [sum(rows), n]) of one seed."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(sum(rows), k, generator=g).bfloat16()
+    w = (torch.randn(len(rows), k, n, generator=g) * k**-0.5).bfloat16()
+    return x, w, torch.randn(sum(rows), n, generator=g).bfloat16()
+
+
 def test_the_scaled_mm_path_computes_what_the_emulated_reference_computes():
     """bench/fp8_grouped._torch_scaled (one torch._scaled_mm per expert: what a Hopper GPU without Transformer
     Engine runs) against the emulated FP8 numerics, forward and both gradients, each expert's operands in
@@ -141,11 +149,8 @@ def test_the_scaled_mm_path_computes_what_the_emulated_reference_computes():
 
     if not hasattr(torch, "_scaled_mm"):
         pytest.skip("this torch has no _scaled_mm")
-    g = torch.Generator().manual_seed(3)
     rows, k, n = [32, 16, 48], 64, 80
-    x = torch.randn(sum(rows), k, generator=g).bfloat16()
-    w = (torch.randn(3, k, n, generator=g) * k**-0.5).bfloat16()
-    dy = torch.randn(sum(rows), n, generator=g).bfloat16()
+    x, w, dy = _operands(3, rows, k, n)
     fwd, bwd = fp8_grouped._torch_scaled(x, w, dy, rows)
     ref = fp8.grouped_forward(x.float(), w.float(), rows, "tensorwise")
     torch.testing.assert_close(fwd().float(), ref, rtol=1e-2, atol=1e-2)  # bf16 output rounding
@@ -208,11 +213,8 @@ def test_the_grouped_fp8_kernel_path_lays_out_its_operands_as_torch_checks_and_c
     if not hasattr(torch, "_scaled_grouped_mm"):
         pytest.skip("this torch has no _scaled_grouped_mm")
     monkeypatch.setattr(torch, "_scaled_grouped_mm", _emulated_scaled_grouped_mm, raising=True)
-    g = torch.Generator().manual_seed(5)
     rows, k, n = [32, 16, 48], 64, 96
-    x = torch.randn(sum(rows), k, generator=g).bfloat16()
-    w = (torch.randn(3, k, n, generator=g) * k**-0.5).bfloat16()
-    dy = torch.randn(sum(rows), n, generator=g).bfloat16()
+    x, w, dy = _operands(5, rows, k, n)
     fwd, bwd = fp8_grouped._scaled_grouped(x, w, dy, rows)
     xs, ds = torch.split(x.float(), rows), torch.split(dy.float(), rows)
     y = fwd()
