@@ -2,7 +2,7 @@
 its README has the provenance and commands): they import with their provenance, a lookup at a measured
 point returns the measurement, and the estimator, reading only these tables, predicts the reference MoE's
 step time and peak memory measured on the same GPU (cluster_profiles/observed/<profile>-validate.csv: five
-`validate` sweeps of four layouts on three H200s, two on one H100); a traced step's device time is counted
+`validate` sweeps of four layouts on three or more H200s, two on one H100); a traced step's device time is counted
 once (<profile>-trace.csv); the tables agree with the paper's own tables of the same GPU model; the
 composition rules meet the points measured above the single-gpu range; the sync:<every> rows hold the cost
 of a device synchronisation. Runs on a CPU: nothing here needs the GPU."""
