@@ -4,14 +4,15 @@ FP8 / bf16 device-time ratios the estimator's FP8 rules assume.
 1. Dense GEMMs: t(fp8) / t(bf16) at each shape measured in both dtypes, by m (the rule with no FP8 rows,
    ``analytic.gemm_lane_ratio``, takes the bf16 / FP8 peak of the lanes: 0.5 on H100, H200, B200), and the
    FP8 call's eager wall per call beside its device time (a host floor would show here).
-2. The FP8 expert projection (quantize + FP8 GEMMs) against its composed expectation, the bf16 grouped time of
-   the same point times the dense FP8 / bf16 ratio at the per-expert GEMM's shape (estimator/fp8_costs.py; the
-   nearest measured dense shape on a log grid), forward and backward (dgrad and wgrad shapes averaged).
-3. The quantize casts against the bytes they move at the profile's HBM bandwidth (fp8_costs.cast_time).
+2. The FP8 expert projection, with its casts and (where the note gives them) its GEMMs alone, per
+   implementation, against the composed rule: the bf16 grouped time of the same point times the dense FP8 /
+   bf16 device-time ratio of the same GEMMs (fp8_costs.composed_projection, on the estimator's tables of the
+   profile in the first database), forward and backward.
+3. The bench's quantize casts against the bytes a fused cast moves at the profile's HBM bandwidth.
 
     python benchmarks/fp8_ratios.py --db sqlite:///sp.db [--db sqlite:///more.db] [--profile h200-single]
 
-Prints medians and ranges; reads measured rows only (bench runs of source 'measured').
+Prints medians and ranges; the rows compared are measured ones only (bench runs of source 'measured').
 """
 from __future__ import annotations
 
@@ -30,10 +31,6 @@ def _rows(engines, table: str, profile: str) -> pd.DataFrame:
     return pd.concat([pd.read_sql(sa.text(q), e, params={"prof": profile}) for e in engines], ignore_index=True)
 
 
-def _nearest(grid: np.ndarray, v: float) -> float:
-    return float(grid[np.argmin(np.abs(np.log(grid) - np.log(v)))])
-
-
 def dense_ratios(g: pd.DataFrame) -> pd.DataFrame:
     """One row per shape measured in both dtypes: ratio = t_s(fp8) / t_s(bf16), wall = the FP8 eager wall."""
     key = ["m", "n", "k"]
@@ -45,32 +42,23 @@ def dense_ratios(g: pd.DataFrame) -> pd.DataFrame:
     return both
 
 
-def _ratio_at(d: pd.DataFrame, m: float, n: float, k: float) -> float:
-    """The dense FP8 / bf16 ratio at the measured shape nearest (m, n, k) on a log grid."""
-    sel = {a: _nearest(np.unique(d[a].to_numpy(float)), v) for a, v in (("m", m), ("n", n), ("k", k))}
-    hit = d[(d.m == sel["m"]) & (d.n == sel["n"]) & (d.k == sel["k"])]
-    return float(hit.ratio.iloc[0]) if len(hit) else float("nan")
+def grouped_vs_composed(gg: pd.DataFrame, tables) -> pd.DataFrame:
+    """Per FP8 grouped row with a bf16 row at its point: measured over the composed rule
+    (fp8_costs.composed_projection on ``tables``, the estimator's tables of the profile), with the casts
+    (fwd_ / bwd_vs_composed) and for the GEMMs alone where the note gives them (gemm_fwd_ / gemm_bwd_...)."""
+    from scaleplan.estimator.fp8_costs import composed_projection
 
-
-def grouped_vs_composed(gg: pd.DataFrame, d: pd.DataFrame) -> pd.DataFrame:
     key = ["proj", "distribution", "num_gemms", "tokens_per_expert", "hidden", "ffn"]
-    if d.empty:
-        return pd.DataFrame()
     gg = gg.drop_duplicates(key + ["dtype", "impl"], keep="last")  # one FP8 row per implementation
     both = gg[gg.dtype == "fp8"][key + ["fwd_s", "bwd_s", "in_features", "out_features", "impl", "note"]].merge(
         gg[gg.dtype == "bf16"][key + ["fwd_s", "bwd_s"]], on=key, suffixes=("", "_bf16"))
-    r_f, r_b = [], []
-    for row in both.itertuples():
-        m, k, n = row.tokens_per_expert, row.in_features, row.out_features
-        r_f.append(_ratio_at(d, m, n, k))
-        # backward: dgrad [m, n] x [n, k] and wgrad [k, m] x [m, n], equal FLOPs
-        r_b.append(0.5 * (_ratio_at(d, m, k, n) + _ratio_at(d, k, n, m)))
-    both["fwd_vs_composed"] = both.fwd_s / (both.fwd_s_bf16 * np.array(r_f))
-    both["bwd_vs_composed"] = both.bwd_s / (both.bwd_s_bf16 * np.array(r_b))
+    fwd, bwd = composed_projection(tables.view("fp8", 1.0).gemm, tables.gemm, *(both[c].to_numpy(float) for c in (
+        "tokens_per_expert", "out_features", "in_features", "fwd_s_bf16", "bwd_s_bf16")))
+    both["fwd_vs_composed"], both["bwd_vs_composed"] = both.fwd_s / fwd, both.bwd_s / bwd
     both["fwd_fp8_over_bf16"] = both.fwd_s / both.fwd_s_bf16
-    for d_ in ("fwd", "bwd"):  # the GEMMs alone, where the row's note gives them (the grouped-kernel path)
+    for d_, composed in (("fwd", fwd), ("bwd", bwd)):
         gemm = both.note.str.extract(rf"gemm_{d_}_s=([0-9.e+-]+)", expand=False).astype(float)
-        both[f"gemm_{d_}_vs_composed"] = gemm / (both[f"{d_}_s_bf16"] * np.array(r_f if d_ == "fwd" else r_b))
+        both[f"gemm_{d_}_vs_composed"] = gemm / composed
     return both
 
 
@@ -102,6 +90,7 @@ def main() -> None:
     ap.add_argument("--profile", default="h200-single")
     a = ap.parse_args()
     from scaleplan.bench.fp8 import cast_bytes
+    from scaleplan.estimator import Estimator
 
     from scaleplan.profiles import load_profile
 
@@ -112,9 +101,13 @@ def main() -> None:
         print(f"  m {m:>6}: {_spread(part.ratio)}; FP8 eager wall / device {_spread(part.wall / part.t_s)}")
     big = d[d.m * d.n * d.k >= 4096**3]
     print(f"  2mnk >= 2 x 4096^3: {_spread(big.ratio)}")
-    gg = grouped_vs_composed(_rows(eng, "grouped_gemm_point", a.profile), d)
+    tables = Estimator(a.profile, a.db[0]).tables  # the dense tables the rule reads: the first database's
+    if "fp8" not in tables.by_dtype or tables.gemm is None:
+        print(f"FP8 expert projection: {a.db[0]} holds no FP8 and bf16 dense GEMM rows of {a.profile}")
+        return
+    gg = grouped_vs_composed(_rows(eng, "grouped_gemm_point", a.profile), tables)
     if gg.empty:
-        print("FP8 expert projection: no FP8 and bf16 pairs, or no dense pairs to compose them from")
+        print("FP8 expert projection: no FP8 and bf16 pairs")
     for impl, part in (gg.groupby("impl") if len(gg) else ()):
         _print_grouped(impl, part)
     ew = _rows(eng, "elementwise_point", a.profile)

@@ -120,7 +120,7 @@ def _fp8_grouped(ctx: EvalContext, f, b, tile, d: int, f_loc: int, sel: np.ndarr
     """FP8 grouped expert GEMMs of the plans in ``sel``: the bf16 grouped times ``f``, ``b`` scaled by the
     dense tables' FP8 / bf16 device-time ratio of the same expert GEMMs (host floors off; estimator/fp8_costs.py),
     labelled composed; plus the casts of all local experts' rows at once where the FP8 rows hold none
-    (:func:`fp8_cast_times`: fc1's input [E_loc tile, d], fc2's [E_loc tile, f], and their output gradients)."""
+    (:func:`fp8_cast_times` of fc1 and fc2 on the rank's routed rows R = E_loc tile)."""
     by, rec = ctx.tables.by_dtype, ctx.rec
     fwd, bwd = fp8c.expert_gemm_shapes(tile, float(d), float(f_loc), bool(ctx.g.glu))
     r_f, looked_f = fp8c.device_ratio(by["fp8"]["gemm"], by["bf16"]["gemm"], fwd)
@@ -130,10 +130,10 @@ def _fp8_grouped(ctx: EvalContext, f, b, tile, d: int, f_loc: int, sel: np.ndarr
     rec.mark("experts", np.where(sel, fp8c.SOURCE, 0))
     rec.note("experts in fp8: the bf16 grouped table x the dense FP8 / bf16 device-time ratio (composed)", sel)
     f, b = fp8c.composed_grouped(f, b, np.where(sel, r_f, 1.0), np.where(sel, r_b, 1.0))
-    rows, w1 = ctx.shapes.E_loc * tile, 2 if ctx.g.glu else 1
-    c1f, c1b = fp8_cast_times(ctx, "experts", rows, w1 * f_loc, d, sel)
-    c2f, c2b = fp8_cast_times(ctx, "experts", rows, d, f_loc, sel)
-    return f + c1f + c2f, b + c1b + c2b
+    for m, n, k in fp8c.expert_gemm_shapes(ctx.shapes.R, float(d), float(f_loc), bool(ctx.g.glu))[0]:
+        cast_f, cast_b = fp8_cast_times(ctx, "experts", m, n, k, sel)
+        f, b = f + cast_f, b + cast_b
+    return f, b
 
 
 def _untabled_expert_times(ctx: EvalContext, shape_d: np.ndarray, shape_f: np.ndarray,

@@ -34,8 +34,13 @@ def expert_gemm_shapes(tile: ArrayLike, d: ArrayLike, f: ArrayLike,
     (m, k, n) and weight gradient (k, n, m)."""
     w = 2 if glu else 1
     fwd = [(tile, w * f, d), (tile, d, f)]
-    bwd = [s for m, n, k in fwd for s in ((m, k, n), (k, n, m))]
-    return fwd, bwd
+    return fwd, [s for m, n, k in fwd for s in gradient_shapes(m, n, k)]
+
+
+def gradient_shapes(m: ArrayLike, n: ArrayLike, k: ArrayLike) -> list[tuple[ArrayLike, ArrayLike, ArrayLike]]:
+    """The backward GEMMs (m, n, k) of the forward GEMM [m, k] x [k, n]: data gradient [m, n] x [n, k] and
+    weight gradient [k, m] x [m, n]."""
+    return [(m, k, n), (k, n, m)]
 
 
 def device_ratio(fp8_gemm: GridTable, bf16_gemm: GridTable,
@@ -55,6 +60,16 @@ def composed_grouped(bf16_f: ArrayLike, bf16_b: ArrayLike, ratio_f: ArrayLike,
     """FP8 grouped expert GEMMs (forward, backward seconds): the bf16 grouped table's times scaled by the dense
     tables' FP8 / bf16 device-time ratio of the same GEMMs (labelled composed by the caller: COMPOSED)."""
     return np.asarray(bf16_f) * ratio_f, np.asarray(bf16_b) * ratio_b
+
+
+def composed_projection(fp8_gemm: GridTable, bf16_gemm: GridTable, m: ArrayLike, n: ArrayLike, k: ArrayLike,
+                        bf16_f: ArrayLike, bf16_b: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`composed_grouped` of one grouped projection [m, k] x [k, n] per group (arrays over points: rows
+    per group, out and in features, and the bf16 grouped forward and backward seconds): what the rule gives a
+    measured bf16 grouped row (benchmarks/fp8_ratios.py and the tests hold it to measured FP8 rows)."""
+    r_f = device_ratio(fp8_gemm, bf16_gemm, [(m, n, k)])[0]
+    r_b = device_ratio(fp8_gemm, bf16_gemm, gradient_shapes(m, n, k))[0]
+    return composed_grouped(bf16_f, bf16_b, r_f, r_b)
 
 
 def cast_time(rows: ArrayLike, cols: ArrayLike, recipe: str, hbm: float, kernel_min_s: float) -> np.ndarray:

@@ -104,7 +104,9 @@ def _casts(recipe: str, ctx: h.Context):
 
     if ctx.is_cuda:
         try:
-            fused = _COMPILED_CASTS.setdefault(recipe, torch.compile(pair, dynamic=True))
+            if recipe not in _COMPILED_CASTS:
+                _COMPILED_CASTS[recipe] = torch.compile(pair, dynamic=True)
+            fused = _COMPILED_CASTS[recipe]
             fused(torch.zeros((64, 64), dtype=torch.bfloat16, device=ctx.device))
             return fused, "compiled"
         except Exception:  # no compiler toolchain there: the eager ops, and the note says so

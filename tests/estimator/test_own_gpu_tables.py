@@ -110,9 +110,10 @@ def test_the_h200s_fp8_gemm_rows_are_what_an_fp8_model_reads(gpu_db):
 
 def _fp8_grouped_vs_composed(url: str, impl: str = "torch_scaled_grouped_mm") -> pd.DataFrame:
     """Per FP8 point of observed/h200-single-fp8-grouped.csv of ``impl`` (torch._scaled_grouped_mm, or one
-    torch._scaled_mm per expert, on an H200; bf16 torch._grouped_mm at the same points): its GEMMs alone (the note: activations cast outside the
-    timed call) over the composed rule's time, the bf16 grouped time x the dense FP8 / bf16 device-time ratio
-    of the same GEMMs read from the H200's shipped dense tables (estimator/fp8_costs.py). Columns fwd, bwd."""
+    torch._scaled_mm per expert, on an H200; bf16 torch._grouped_mm at the same points): its GEMMs alone (the
+    note: activations cast outside the timed call) over the composed rule's time, the bf16 grouped time x the
+    dense FP8 / bf16 device-time ratio of the same GEMMs read from the H200's shipped dense tables
+    (fp8_costs.composed_projection). Columns fwd, bwd."""
     from scaleplan.estimator import fp8_costs
 
     tabs = Estimator("h200-single", url).tables
@@ -122,15 +123,10 @@ def _fp8_grouped_vs_composed(url: str, impl: str = "torch_scaled_grouped_mm") ->
     fp8 = obs[(obs["dtype"] == "fp8") & (obs["impl"] == impl)]
     pairs = fp8.merge(obs[obs["dtype"] == "bf16"], on=key, suffixes=("", "_bf16"))
     assert len(pairs) == 108
-    out = []
-    for r in pairs.itertuples():
-        m, k, n = (np.array([float(v)]) for v in (r.tokens_per_expert, r.in_features, r.out_features))
-        ratio_f = fp8_costs.device_ratio(f8, b16, [(m, n, k)])[0][0]
-        ratio_b = fp8_costs.device_ratio(f8, b16, [(m, k, n), (k, n, m)])[0][0]  # dgrad, wgrad
-        note = dict(kv.split("=") for kv in r.note.split("; "))
-        fwd, bwd = fp8_costs.composed_grouped(r.fwd_s_bf16, r.bwd_s_bf16, ratio_f, ratio_b)
-        out.append({"fwd": float(note["gemm_fwd_s"]) / fwd, "bwd": float(note["gemm_bwd_s"]) / bwd})
-    return pd.DataFrame(out)
+    gemm = pairs["note"].str.extract(r"gemm_fwd_s=([0-9.e+-]+); gemm_bwd_s=([0-9.e+-]+)").astype(float)
+    fwd, bwd = fp8_costs.composed_projection(f8, b16, *(pairs[c].to_numpy(float) for c in (
+        "tokens_per_expert", "out_features", "in_features", "fwd_s_bf16", "bwd_s_bf16")))
+    return pd.DataFrame({"fwd": gemm[0].to_numpy() / fwd, "bwd": gemm[1].to_numpy() / bwd})
 
 
 _MISS = pytest.mark.xfail(strict=True, reason="known miss (docs/accuracy.md): on the H200 this FP8 expert "
@@ -174,8 +170,8 @@ HOST_BOUND = [(1, "none"), (2, "none"), (2, "full")]
 def test_estimate_from_own_tables_predicts_the_host_bound_steps(gpu_db, profile):
     """The three host-bound layouts (8 or 16 micro-batches: the host issues ~2800 kernels per micro-batch,
     longer than the GPU runs them) within 20% each and 15% on average, on both GPUs (seen: H200 -0.6%,
-    -11.3%, -15.8% against the median of five sweeps on three machines, whose hosts differ by up to 1.7x; H100 -16.7%, -12.2%, -10.3%, against the median of its two sweeps, which differ by 18%
-    at mbs=1)."""
+    -11.3%, -15.8% against the median of five sweeps on several machines, whose hosts differ by up to 1.7x;
+    H100 -16.7%, -12.2%, -10.3% against the median of its two sweeps, which differ by 18% at mbs=1)."""
     errs = _step_errors(gpu_db[0], profile)
     e = np.array([errs[k] for k in HOST_BOUND])
     assert np.abs(e).max() <= 0.20, errs
