@@ -26,8 +26,8 @@ SCALED_GROUPED_CC = ((9, 0), (10, 0))
 
 def pick_impl(ctx: h.Context, recipe: str) -> str:
     """te_grouped_linear (CUDA with Transformer Engine); for tensorwise on CUDA without it,
-    torch_scaled_grouped_mm (one grouped FP8 kernel per GEMM; Hopper, Blackwell), else torch_scaled_mm (one
-    FP8 GEMM per expert, compute capability >= 8.9); else emulated."""
+    torch_scaled_grouped_mm (one grouped FP8 kernel per GEMM; Hopper, Blackwell) unless the suite's impl is
+    "loop", else torch_scaled_mm (one FP8 GEMM per expert, compute capability >= 8.9); else emulated."""
     if ctx.is_cuda:
         try:
             import transformer_engine.pytorch  # noqa: F401
@@ -35,7 +35,8 @@ def pick_impl(ctx: h.Context, recipe: str) -> str:
         except Exception:
             pass
         cc = torch.cuda.get_device_capability(ctx.device)
-        if recipe == "tensorwise" and hasattr(torch, "_scaled_grouped_mm") and cc in SCALED_GROUPED_CC:
+        grouped = hasattr(torch, "_scaled_grouped_mm") and cc in SCALED_GROUPED_CC
+        if recipe == "tensorwise" and grouped and ctx.extra.get("grouped_impl") != "loop":
             return "torch_scaled_grouped_mm"
         if recipe == "tensorwise" and cc >= (8, 9):
             return "torch_scaled_mm"
@@ -185,8 +186,6 @@ def measure_fp8(p: dict, ctx: h.Context, fin: int, fout: int, rows: list[int]) -
     w = h.randn((len(rows), fin, fout), torch.bfloat16, ctx.device, scale=fin**-0.5)
     dy = h.randn((sum(padded), fout), torch.bfloat16, ctx.device)
     impl = pick_impl(ctx, recipe)
-    if impl == "torch_scaled_grouped_mm" and ctx.extra.get("grouped_impl") == "loop":
-        impl = "torch_scaled_mm"  # the suite's impl "loop": one FP8 GEMM per expert
     if impl == "te_grouped_linear":
         fwd, bwd = _te(xp, w, dy, padded, recipe, ctx)
     elif impl == "torch_scaled_grouped_mm":

@@ -5,6 +5,7 @@ elementwise suites' FP8 rows run end to end (the CUDA paths, TE and torch._scale
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -242,15 +243,22 @@ def test_rowwise_quantize_scales_each_rows_amax_to_448():
 
 @pytest.mark.parametrize("suite_impl, want", [("auto", "torch_scaled_grouped_mm"), ("loop", "torch_scaled_mm")])
 def test_a_grouped_kernel_or_loop_row_notes_its_gemms_alone(monkeypatch, suite_impl, want):
-    """measure_fp8 as on a Hopper GPU (the grouped kernel emulated): the grouped FP8 kernel, or with the suite's
-    impl "loop" one FP8 GEMM per expert; the row's times include the casts, and its note gives the GEMMs alone."""
+    """measure_fp8 as on a Hopper GPU (pick_impl told it runs on CUDA at compute capability 9.0, without
+    Transformer Engine; the grouped kernel emulated): the grouped FP8 kernel, or with the suite's impl "loop"
+    one FP8 GEMM per expert; the row's times include the casts, and its note gives the GEMMs alone."""
+    from types import SimpleNamespace
+
     from scaleplan.bench import fp8_grouped
     from scaleplan.bench import harness as h
 
     if not hasattr(torch, "_scaled_grouped_mm"):
         pytest.skip("this torch has no _scaled_grouped_mm")
     monkeypatch.setattr(torch, "_scaled_grouped_mm", _emulated_scaled_grouped_mm)
-    monkeypatch.setattr(fp8_grouped, "pick_impl", lambda ctx, recipe: "torch_scaled_grouped_mm")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed there
+    real = fp8_grouped.pick_impl
+    monkeypatch.setattr(fp8_grouped, "pick_impl", lambda ctx, recipe: real(
+        SimpleNamespace(is_cuda=True, device=ctx.device, extra=ctx.extra), recipe))
     ctx = h.Context(device=torch.device("cpu"), timing=h.Timing(warmup=1, reps=3, min_reps=3))
     ctx.extra["grouped_impl"] = suite_impl
     r = fp8_grouped.measure_fp8({"dtype": "fp8"}, ctx, 64, 96, [20, 30])
