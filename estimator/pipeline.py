@@ -42,15 +42,35 @@ class StagePeriods:
 class StageWork:
     """One pipeline stage's work per micro-batch, seconds (arrays over plans): ``gpu`` its layers on the
     GPU without the exposed EP all-to-all, ``disp`` the host's time to launch them, ``a2a`` the exposed
-    all-to-all wire time, which sits outside the dispatch max (:func:`stage_periods`)."""
+    all-to-all wire time, which sits outside the dispatch max (:func:`stage_periods`); ``gpu_f`` the
+    forward pass's part of ``gpu`` and ``share_f`` the forward's share of ``disp`` (its kernel units,
+    estimator/ckpt.py), taken apart where ``split`` (default: the max over the whole micro-batch)."""
 
     gpu: np.ndarray
     disp: np.ndarray
     a2a: np.ndarray | float = 0.0
+    gpu_f: np.ndarray | float = 0.0
+    share_f: np.ndarray | float = 0.0
+    split: np.ndarray | bool = False
+
+    def overlapped(self, extra_f: ArrayLike = 0.0, extra_b: ArrayLike = 0.0) -> np.ndarray:
+        """max(GPU, dispatch) of the forward pass plus that of the backward pass (seconds) where the host
+        waits for the device between the two (``split``; :func:`stage_periods`), else of the micro-batch as a
+        whole; ``extra_f`` / ``extra_b`` GPU seconds join each pass's GPU side. Written as the whole
+        micro-batch's max plus what splitting adds: where one pass is host-bound and the other GPU-bound, the
+        smaller of the one's host excess and the other's GPU excess (zero, exactly, where both lean alike)."""
+        gpu_f = self.gpu_f + extra_f
+        gpu_b = self.gpu - self.gpu_f + extra_b
+        host_f = self.share_f * self.disp
+        host_b = self.disp - host_f
+        whole = np.maximum(self.gpu + extra_f + extra_b, self.disp)
+        split = (np.minimum(np.maximum(host_f - gpu_f, 0.0), np.maximum(gpu_b - host_b, 0.0))
+                 + np.minimum(np.maximum(gpu_f - host_f, 0.0), np.maximum(host_b - gpu_b, 0.0)))
+        return whole + np.where(self.split, split, 0.0)
 
     def period(self, serial: bool) -> np.ndarray:
-        """The stage's vocabulary-free period: max(GPU, dispatch) + A2A (every term adds when ``serial``)."""
-        return self.gpu + self.disp + self.a2a if serial else np.maximum(self.gpu, self.disp) + self.a2a
+        """The stage's vocabulary-free period: max(GPU, dispatch) per pass + A2A (every term adds when ``serial``)."""
+        return self.gpu + self.disp + self.a2a if serial else self.overlapped() + self.a2a
 
 
 @dataclass(frozen=True)
@@ -83,8 +103,18 @@ def stage_periods(pp: ArrayLike, first: StageWork, middle: Middle, last: StageWo
     """Per-micro-batch periods (seconds): the slowest stage's, first / middle / last stages considered,
     and the fill and drain, PP - 1 of them (:func:`pipeline_time`; module docstring).
 
-    Per stage: t_mb = max(t_GPU, t_disp) + t_A2A + t_last_fwd (sec:iteration-time-model), where
+    Per stage: t_mb = max(t_GPU, t_disp) + t_A2A + t_last_fwd (sec:iteration-time-model), the max taken
+    per pass (forward, then backward with its recompute; :meth:`StageWork.overlapped`), where
 
+    * the host waits for the device between a micro-batch's forward and backward pass, so neither pass's
+      launch time hides under the other's kernels: with PP > 1 each 1F1B exchange ends in
+      ``torch.cuda.synchronize()`` (Megatron-Core p2p_communication._communicate, under ``batch_p2p_comm``
+      and ``batch_p2p_sync``, both on by default), and on the last stage (and at PP = 1) the loss's NaN
+      check reads the loss on the host (below). Interleaving (VPP > 1) overlaps the exchanges instead
+      (``overlap_p2p_comm``, no synchronize), but an MoE forward still syncs the host at each MoE block
+      (below). A stage whose forward is host-bound and backward device-bound (CUDA graphs or FP8 shift the
+      two) takes the host's forward plus the device's backward; a dense model at VPP > 1 takes the max
+      over the micro-batch.
     * the stage's GPU layer time excludes the exposed EP all-to-all (:class:`StageWork`). The all-to-all
       sits outside the dispatch max: Megatron's token dispatcher reads the per-expert token counts on the
       host before it can size the exchange (a device-to-host sync per MoE layer), so launch time already
@@ -125,9 +155,9 @@ def end_periods(first: StageWork, last: StageWork, vocab: Vocab,
     if serial:
         first_p = f_gpu + first.disp + first.a2a
         return first_p, last.period(serial) + v.t_last_fwd + v.t_last_bwd, first_p + v.t_last_fwd + v.t_last_bwd
-    first_p = np.maximum(f_gpu, first.disp) + first.a2a
-    last_p = np.maximum(last.gpu + v.t_last_bwd, last.disp) + last.a2a + v.t_last_fwd + v.last_bwd_exposed
-    one = np.maximum(f_gpu + v.t_last_bwd, first.disp) + first.a2a + v.t_last_fwd + v.last_bwd_exposed
+    first_p = first.overlapped(v.t_first) + first.a2a
+    last_p = last.overlapped(0.0, v.t_last_bwd) + last.a2a + v.t_last_fwd + v.last_bwd_exposed
+    one = first.overlapped(v.t_first, v.t_last_bwd) + first.a2a + v.t_last_fwd + v.last_bwd_exposed
     return first_p, last_p, one
 
 

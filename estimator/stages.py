@@ -33,6 +33,8 @@ class LayerTotals:
     dense: np.ndarray     # a dense block in all
     a2a_x: np.ndarray     # exposed all-to-all per MoE block (fwd, recompute, bwd)
     fw: np.ndarray        # the framework kernels of one block (fwd + bwd + recompute)
+    fwd_moe: np.ndarray   # an MoE block's forward pass in ``moe`` (no exposed all-to-all; fw's forward share)
+    fwd_dense: np.ndarray  # a dense block's forward pass in ``dense`` (fw's forward share)
 
 
 def layer_totals(k: LayerKernels, ckc: np.ndarray, fw: np.ndarray, is_moe: bool,
@@ -57,15 +59,19 @@ def layer_totals(k: LayerKernels, ckc: np.ndarray, fw: np.ndarray, is_moe: bool,
                       + r.mlp * k.dense_f)
     a2a_x = (both(k.sh_f, k.a2a_f) - k.sh_f) * (1 + r.block + r.moe) + both(k.sh_b, k.a2a_b) - k.sh_b
     moe = moe_lf + moe_lb + rc_moe + fw if is_moe else np.zeros(np.shape(den_lf))
+    fw_f = fw / r.units  # the framework kernels issue in proportion to the layer's kernels: forward 1 unit
     return LayerTotals(common_f, common_b, den_lf, den_lb, moe, den_lf + den_lb + rc_den + fw,
-                       a2a_x if is_moe else np.zeros(np.shape(den_lf)), fw)
+                       a2a_x if is_moe else np.zeros(np.shape(den_lf)), fw,
+                       (common_f + k.moe_f + k.sh_f + fw_f) if is_moe else np.zeros(np.shape(den_lf)), den_lf + fw_f)
 
 
-def stage_gpu(lt: LayerTotals, st: StageCounts, is_moe: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(its layers' GPU seconds with the exposed all-to-all, that all-to-all) of stage ``st``."""
+def stage_gpu(lt: LayerTotals, st: StageCounts, is_moe: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(its layers' GPU seconds with the exposed all-to-all, that all-to-all, their forward pass's part of the
+    first) of stage ``st``."""
     if not is_moe:
-        return st.n_layers * lt.dense, np.zeros(np.shape(lt.dense))
-    return st.n_dense * lt.dense + st.n_moe * lt.moe, st.n_moe * lt.a2a_x
+        return st.n_layers * lt.dense, np.zeros(np.shape(lt.dense)), st.n_layers * lt.fwd_dense
+    return (st.n_dense * lt.dense + st.n_moe * lt.moe, st.n_moe * lt.a2a_x,
+            st.n_dense * lt.fwd_dense + st.n_moe * lt.fwd_moe)
 
 
 @dataclass(frozen=True)
@@ -127,13 +133,16 @@ def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]
     """Every stage's :class:`StageWork` from the shapes' stage counts, ``disp`` their host seconds per
     micro-batch by stage name (first, middle_lo, middle_hi, middle, last), and the slowest stage."""
     sh, moe, seen = ctx.shapes, ctx.g.is_moe, {}
+    share_f = 1.0 / recompute(ctx.lay.ckpt, ctx.stack.recompute_modules).units  # the forward's kernel units
+    # the host waits for the device between a micro-batch's passes (estimator/pipeline.stage_periods)
+    split = np.logical_or(moe, np.asarray(ctx.lay.vpp) == 1)
 
     def work(name: str) -> tuple[StageWork, np.ndarray]:
         st = getattr(sh, name)  # once per distinct blocks (StageCounts.blocks) and host time
         key = (*st.blocks, id(disp[name]))
         if key not in seen:
-            t, a2a = stage_gpu(lt, st, moe)
-            seen[key] = StageWork(t - a2a, disp[name], a2a), t
+            t, a2a, t_f = stage_gpu(lt, st, moe)
+            seen[key] = StageWork(t - a2a, disp[name], a2a, t_f, share_f, split), t
         return seen[key]
 
     (first, t0), (last, tl), (lo, tlo), (hi, thi), (mean, _) = (

@@ -233,3 +233,50 @@ def test_uneven_stages_pace_on_the_slowest():
     light = Middle(np.array(3), work(10e-3), work(10e-3), work(10e-3))
     assert float(_stage_periods(np.array(5), work(20e-3), light, work(25e-3), Vocab(0.0, 5e-3)).period) == \
         pytest.approx(30e-3)
+
+
+def test_each_pass_takes_its_own_max_of_gpu_and_host():
+    """The host waits for the device between a micro-batch's forward and backward (Megatron-Core's p2p
+    torch.cuda.synchronize, the loss's NaN check): a host-bound forward cannot hide under a device-bound
+    backward. Forward 0.5 s on the GPU, 1 s on the host (1/3 of 3 s); backward 2.5 s on the GPU, 2 s on the
+    host: 1 + 2.5 = 3.5 s, where the max over the micro-batch would be 3 s."""
+    w = StageWork(np.array(3.0), np.array(3.0), 0.25, np.array(0.5), np.array(1 / 3), True)
+    assert float(w.period(False)) == pytest.approx(1.0 + 2.5 + 0.25)
+    whole = StageWork(np.array(3.0), np.array(3.0), 0.25, np.array(0.5), np.array(1 / 3), False)
+    assert float(whole.period(False)) == pytest.approx(3.0 + 0.25)
+    assert float(w.period(True)) == pytest.approx(3.0 + 3.0 + 0.25)  # a CPU: everything adds
+    # PP = 1: the embedding joins the forward's GPU side, the LM head's backward the backward's
+    one = _stage_periods(np.array(1), w, Middle(np.array(0), w, w, w), w, Vocab(0.75, 0.1, 0.2)).period
+    assert float(one) == pytest.approx(max(0.5 + 0.75, 1.0) + max(2.5 + 0.2, 2.0) + 0.25 + 0.1)
+
+
+def test_pipeline_work_splits_the_passes_of_moe_and_non_interleaved_plans():
+    """pipeline_work's forward GPU time is the blocks' forward kernels (the framework kernels' forward share
+    with them), the host's forward share the mode's forward kernel unit; the split holds for an MoE model at any
+    VPP (its dispatcher syncs the host each MoE block) and a dense one at VPP 1, not a dense one interleaved."""
+    from scaleplan.estimator.ckpt import kernel_units
+    from scaleplan.estimator.kernels import layer_kernels
+    from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.estimator.model_dims import geometry
+    from scaleplan.estimator.stages import layer_totals, pipeline_work
+
+    est = Estimator.from_frames("p6-b200.48xlarge", {})
+    for over, vpp, split in (({}, 2, True), ({"moe": None}, 1, True), ({"moe": None}, 2, False)):
+        d = moe_spec()
+        d["model"].update(over)
+        g = geometry(parse_spec(d).model)
+        lay = ParallelLayout.of(pp=2, dp=16, ep=8 if g.is_moe else 1, vpp=vpp, ckpt="selective")
+        ctx = est.model.context(g, lay, 8192, 256)
+        k = layer_kernels(ctx)
+        fw = np.full(1, 3e-3)
+        lt = layer_totals(k, lay.ckpt, fw, g.is_moe)
+        disp = {n: np.full(1, 1.0) for n in ("first", "middle_lo", "middle_hi", "middle", "last")}
+        w = pipeline_work(ctx, lt, disp).last
+        units = float(kernel_units(lay.ckpt)[0])
+        common = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f + 3e-3 / units
+        st = ctx.shapes.last
+        n_moe = np.ravel(st.n_moe)[0] if g.is_moe else 0
+        want = (np.ravel(st.n_layers)[0] - n_moe) * (common + k.dense_f) + n_moe * (common + k.moe_f + k.sh_f)
+        assert np.ravel(w.gpu_f)[0] == pytest.approx(np.ravel(want)[0])
+        assert float(np.ravel(w.share_f)[0]) == pytest.approx(1 / units)
+        assert bool(np.ravel(w.split)[0]) is split
