@@ -6,9 +6,9 @@ at its fastest checkpointing that fits under the planner's memory rule (--mem-fr
 MFU in the FLOP count the runs logged (6 N tokens, N every active parameter), normalised by the
 best. Asserted, uncalibrated (every EP group inside a node and pp < GPUs/node, so eq:desync is 1):
 the order of the four runs is the measured one, and the normalised MAPE over IDs 1-3 is within 5%
-(4.3% today: ID 1 without recompute, 0.86 against 0.84 measured; under the paper's reference search's
-rule, 0.9 of HBM, it is at selective recompute, 0.84, 3.6%; benchmarks/estimator_accuracy.py prints the
-three rules and the paper's own 19.7%).
+(4.4% today: ID 1 without recompute, 0.86 against 0.84 measured, under the planner's rule and the paper's
+reference search's rule, 0.9 of HBM, alike; at selective recompute it would be 0.84; docs/accuracy.md
+"Memory of the staged run"; benchmarks/estimator_accuracy.py prints the three rules and the paper's own 19.7%).
 """
 import numpy as np
 import pytest
