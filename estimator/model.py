@@ -294,6 +294,8 @@ class TimeModel:
         if base.lane_scaled(g.precision, lane):
             rec.note(f"gemm in {g.precision}: the bf16 GEMM table x {lane:.3g}, the bf16 / {g.precision} "
                      f"peak (no measured {g.precision} rows)")
+        elif g.precision != "bf16" and getattr(tb.gemm, "label", None) == COMPOSED:
+            rec.note(f"gemm in {g.precision}: {tb.gemm.name} (same die; no measured {g.precision} rows of this GPU)")
         return EvalContext(tb, self.prof, rec, g, lay, sh, seqlen, self.kernel_scale, stack)
 
     # -- evaluate's steps, in the order it runs them ---------------------------------------------

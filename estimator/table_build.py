@@ -8,9 +8,9 @@ import functools
 
 import numpy as np
 from scaleplan.estimator import compose, floors
-from scaleplan.estimator.tables import SDPA_BACKENDS, CollectiveTable, GridTable, Tables, fill_grid
+from scaleplan.estimator.tables import COMPOSED, SDPA_BACKENDS, CollectiveTable, GridTable, Tables, fill_grid
 
-from scaleplan.db.measurements import load_frames
+from scaleplan.db.measurements import FROM_PROFILE, SAME_DIE_GEMM, load_frames, named_profiles
 from scaleplan.lazy import lazy_module
 from scaleplan.units import BYTES_PER_ELEMENT
 
@@ -32,8 +32,8 @@ def _newest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def build_tables(profile: str, frames: dict[str, pd.DataFrame], peak_flops: float) -> Tables:
     """Build interpolators from loaded frames (see module docstring for the treatment)."""
-    tb = Tables(profile=profile, n_points={k: len(v) for k, v in frames.items()})
-    _build_gemm(tb, frames.get("gemm", pd.DataFrame()), peak_flops)
+    tb = Tables(profile=profile, n_points={k: len(v) for k, v in frames.items() if k != SAME_DIE_GEMM})
+    _build_gemm(tb, frames.get("gemm", pd.DataFrame()), peak_flops, frames.get(SAME_DIE_GEMM))
     _build_grouped(tb, frames.get("grouped_gemm", pd.DataFrame()))
     _build_sdpa(tb, frames.get("sdpa", pd.DataFrame()))
     _build_topk(tb, frames.get("router", pd.DataFrame()))
@@ -46,19 +46,32 @@ def build_tables(profile: str, frames: dict[str, pd.DataFrame], peak_flops: floa
     return tb
 
 
-def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float) -> None:
-    """Dense GEMM grid over (m, n, k), one per dtype (bf16 in ``tb.gemm``, every dtype in by_dtype)."""
+def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float, same_die: pd.DataFrame | None = None) -> None:
+    """Dense GEMM grid over (m, n, k), one per dtype (bf16 in ``tb.gemm``, every dtype in by_dtype); without
+    FP8 rows of its own, the FP8 table composed from ``same_die``'s rows (:func:`_fp8_from_same_die`)."""
     if df.empty:
         return
+    grids, hosts = _gemm_grids(df, peak)
+    tb.gemm_host_floor_s = hosts
+    for dt, (grid, vals, pts, tab) in grids.items():
+        tb.by_dtype.setdefault(dt, {})["gemm"] = tab
+        if dt == "bf16":
+            tb.gemm = tab
+    if "bf16" in grids and "fp8" not in grids and same_die is not None and not same_die.empty:
+        who = ", ".join(sorted(same_die[FROM_PROFILE].astype(str).unique())) if FROM_PROFILE in same_die else "?"
+        _fp8_from_same_die(tb, *grids["bf16"][:3], _gemm_grids(same_die, peak)[0], who)
+
+
+def _gemm_grids(df: pd.DataFrame, peak: float) -> tuple[dict[str, tuple], dict[str, float]]:
+    """Per dtype of ``df``'s GEMM rows (grid axes, values in grid order, the points m, n, k, t_s, its
+    GridTable), and per dtype the host floor taken off its rows (seconds)."""
     # the per-call host floor of a dtype's rows above bf16's (the recorded B200 FP8 rows: 0.146 ms of TE's
     # per-call host work) is host time, not the GEMM's: taken off every row (estimator/floors.py)
     df = pd.concat([_newest(d, ["m", "n", "k"]) for _, d in df.groupby("dtype")], ignore_index=True)
     hosts = floors.gemm_host_floors(df)
-    tb.gemm_host_floor_s = {dt: h for dt, (h, _) in hosts.items()}
     df = floors.without_host_floor(df, hosts)
+    out = {}
     for dt, d in df.groupby("dtype"):
-        if len(d) < 1:
-            continue
         grid, vals = fill_grid(d, ["m", "n", "k"], "t_s", work=lambda p: 2.0 * p[:, 0] * p[:, 1] * p[:, 2] / peak)
         pts = [d[a].to_numpy(float) for a in ("m", "n", "k", "t_s")]
         floor = compose.gemm_floor(*pts, elem_bytes=float(BYTES_PER_ELEMENT.get(str(dt), 2)))
@@ -66,9 +79,36 @@ def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float) -> None:
         # Transformer Engine's FP8 rows time the Linear (its inputs' quantize included); torch._scaled_mm's
         # rows time the GEMM of operands already in E4M3 (compute.fp8_cast_times adds their casts)
         tab.holds_casts = "backend" in d and bool(d["backend"].astype(str).str.startswith("te").all())
-        tb.by_dtype.setdefault(str(dt), {})["gemm"] = tab
-        if dt == "bf16":
-            tb.gemm = tab
+        out[str(dt)] = (grid, vals, pts, tab)
+    return out, {dt: h for dt, (h, _) in hosts.items()}
+
+
+def _fp8_from_same_die(tb: Tables, grid: list, vals: np.ndarray, pts: list, theirs: dict[str, tuple],
+                       who: str) -> None:
+    """This profile's FP8 GEMM table where it has no FP8 rows: its bf16 table (``grid``, ``vals``, the
+    points ``pts``) times the FP8 / bf16 device-time ratio that a GPU of the same die measured (``theirs``:
+    :func:`_gemm_grids` of the rows of ``who``, the profile's ``fp8_ratio_tables``) at each grid point, the
+    shape clamped into their measured range (the ratio at their nearest shape). Same die, same SMs, clocks
+    and tensor-core lanes: the ratio of the two lanes' device times carries over, which the flat lane rule
+    (bf16 / FP8 peak, Tables.view) does not give (the H200 measured 0.58 at large shapes, 0.78 at m 256).
+    Every lookup is labelled composed."""
+    if "bf16" not in theirs or "fp8" not in theirs:
+        return
+    b16, f8 = theirs["bf16"][3], theirs["fp8"][3]
+    lo, hi = np.maximum(b16.lo, f8.lo), np.minimum(b16.hi, f8.hi)
+
+    def ratio(*mnk):
+        at = [np.clip(np.asarray(x, dtype=float), a, b) for x, a, b in zip(mnk, lo, hi)]
+        return f8.lookup(*at).t / b16.lookup(*at).t
+
+    mesh = np.meshgrid(*grid, indexing="ij")
+    vals8 = np.asarray(vals, dtype=float).reshape(mesh[0].shape) * ratio(*mesh)
+    m, n, k, t = pts
+    floor = compose.gemm_floor(m, n, k, t * ratio(m, n, k), elem_bytes=float(BYTES_PER_ELEMENT["fp8"]))
+    tab = GridTable(f"gemm[fp8 = bf16 x the FP8/bf16 ratio of {who}]", ("m", "n", "k"), grid, vals8.reshape(-1),
+                    floor=floor)
+    tab.label, tab.holds_casts = COMPOSED, f8.holds_casts
+    tb.by_dtype.setdefault("fp8", {})["gemm"] = tab
 
 
 def _build_grouped(tb: Tables, df: pd.DataFrame) -> None:
@@ -319,7 +359,9 @@ def cached_tables(url: str, profile: str, peak_flops: float) -> Tables:
     re-read and re-fit the tables the previous one built (~0.6 s of an 18B ``layouts``)."""
     from scaleplan.db.state_cache import cached_read
 
-    tb = cached_read("tables", url, (profile, peak_flops), TABLE_MODULES,
+    # the profiles it borrows rows from are part of the key: an edited profile YAML rebuilds its tables
+    named = tuple(named_profiles(profile, f) for f in ("device_tables", "fp8_ratio_tables"))
+    tb = cached_read("tables", url, (profile, peak_flops, named), TABLE_MODULES,
                      lambda: build_tables(profile, load_frames(url, profile), peak_flops),
                      valid=lambda v: isinstance(v, Tables))
     tb.source = (url, profile, peak_flops)  # what the tables were read from (mosaic.evidence measures it again)

@@ -72,6 +72,10 @@ class ClusterProfile(BaseModel):
     # element-wise, vocabulary, allocator) fill the kinds of rows this node type's own runs lack
     # (scaleplan.db.measurements.load_frames); never the host (dispatch) or fabric (collectives) rows
     device_tables: tuple[str, ...] = ()
+    # profiles of another GPU on this GPU's die (:data:`DIES`: an H200 for an H100) whose measured dense FP8
+    # and bf16 GEMM rows give, where this profile has no FP8 rows, its FP8 GEMM table: its bf16 table times
+    # their FP8 / bf16 device-time ratio at each shape (estimator/table_build.py)
+    fp8_ratio_tables: tuple[str, ...] = ()
 
     @property
     def scaleup_domain(self) -> int:
@@ -115,6 +119,12 @@ def gpu_model(name: str | None) -> str | None:
         return "cpu"
     m = _MODEL.search(name.upper())
     return m.group(1) if m else name.strip().upper()
+
+
+# the compute die of a GPU model: GPUs on one die have the same SMs, clocks and tensor-core lanes (H100 SXM and
+# H200: GH100, 132 SMs, 989 / 1979 TFLOP/s dense bf16 / FP8; NVIDIA H100 and H200 datasheets), so a device-time
+# ratio between two lanes measured on one holds on the other; they differ in HBM (size, bandwidth)
+DIES = {"H100": "GH100", "H200": "GH100", "H800": "GH100", "H20": "GH100"}
 
 
 def _profile_dir() -> Path:
@@ -179,6 +189,7 @@ def profile_file(name: str) -> ClusterProfile:
             raise SpecError(f"profile {path.name}: {field}", first.get("input"), first["msg"]) from None
         raise SpecError(f"profile {path.name}", "...", str(e).splitlines()[0]) from None
     _check_device_tables(prof, path.name)
+    _check_same_die(prof, path.name)
     return prof
 
 
@@ -192,6 +203,20 @@ def _check_device_tables(prof: ClusterProfile, file: str) -> None:
         if gpu_model(theirs) != gpu_model(prof.gpu_name):
             raise SpecError(f"profile {file}: device_tables", other,
                             f"a profile of the same GPU ({prof.gpu_name}; {other} is {theirs})")
+
+
+def _check_same_die(prof: ClusterProfile, file: str) -> None:
+    """Each of ``prof.fp8_ratio_tables`` is another known profile whose GPU is on this GPU's die (:data:`DIES`).
+    Raises SpecError naming the first that is not."""
+    for other in prof.fp8_ratio_tables:
+        if other == prof.name or other not in profile_names():
+            raise SpecError(f"profile {file}: fp8_ratio_tables", other, "another built-in profile")
+        theirs = profile_file(other).gpu_name
+        die = DIES.get(gpu_model(prof.gpu_name) or "")
+        if die is None or DIES.get(gpu_model(theirs) or "") != die:
+            raise SpecError(f"profile {file}: fp8_ratio_tables", other,
+                            f"a profile of a GPU on the same die ({prof.gpu_name}; {other} is {theirs}; dies known: "
+                            + ", ".join(sorted(set(DIES.values()))) + ")")
 
 
 def max_devices(name: str) -> int:

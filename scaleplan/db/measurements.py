@@ -22,6 +22,8 @@ DEVICE_SUITES = {"gemm": ("dtype",), "grouped_gemm": ("dtype",), "sdpa": ("backe
                  "allocator": ()}
 # the column naming the profile whose runs a row comes from (the profile itself or a lender)
 FROM_PROFILE = "from_profile"
+# the frame of the dense GEMM rows of the profile's ``fp8_ratio_tables`` (GPUs on the same die)
+SAME_DIE_GEMM = "gemm_fp8_ratio"
 
 
 def _read_suite(conn, table: str, profile: str, run_cols: str = "") -> pd.DataFrame:
@@ -58,7 +60,8 @@ def lend_rows(own: pd.DataFrame, lender: pd.DataFrame, cols: tuple[str, ...]) ->
 def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
     """Read every measurement table of ``profile`` (OK rows), with the kinds of device rows it lacks lent
     by its ``device_tables`` profiles (:func:`lend_rows`); each row says whose it is in
-    :data:`FROM_PROFILE`. Missing schema -> empty frames."""
+    :data:`FROM_PROFILE`. Also the dense GEMM rows of its ``fp8_ratio_tables`` profiles (:data:`SAME_DIE_GEMM`).
+    Missing schema -> empty frames."""
     from sqlalchemy import inspect
 
     from scaleplan.db.session import get_engine, resolve_url
@@ -70,7 +73,7 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
 
     run_cols = run_columns_sql({c["name"] for c in inspect(eng).get_columns("bench_run")}) \
         if "bench_run" in names else ""
-    lenders = _lenders(profile)
+    lenders = named_profiles(profile, "device_tables")
     with eng.connect() as conn:
         for suite, table in SUITE_TABLE.items():
             have = table in names and "bench_run" in names
@@ -79,16 +82,22 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
             for other in lenders if have and suite in DEVICE_SUITES else ():
                 theirs = _read_suite(conn, table, other, run_cols).assign(**{FROM_PROFILE: other})
                 out[suite] = lend_rows(out[suite], theirs, DEVICE_SUITES[suite])
+        # the dense GEMM rows of the profiles on the same die, for the FP8 / bf16 ratio (table_build._build_gemm)
+        have = {SUITE_TABLE["gemm"], "bench_run"} <= names
+        same_die = [_read_suite(conn, SUITE_TABLE["gemm"], other, run_cols).assign(**{FROM_PROFILE: other})
+                    for other in named_profiles(profile, "fp8_ratio_tables") if have]
+        out[SAME_DIE_GEMM] = pd.concat(same_die, ignore_index=True) if same_die else pd.DataFrame()
     return out
 
 
-def _lenders(profile: str) -> tuple[str, ...]:
-    """The ``device_tables`` of a built-in profile or profile YAML; none for a name no profile file has."""
+def named_profiles(profile: str, field: str) -> tuple[str, ...]:
+    """The profiles a built-in profile or profile YAML names in ``field`` (``device_tables``,
+    ``fp8_ratio_tables``); none for a name no profile file has."""
     from scaleplan.errors import SpecError
     from scaleplan.profiles import profile_file
 
     try:
-        return profile_file(profile).device_tables
+        return getattr(profile_file(profile), field)
     except SpecError:
         return ()
 
@@ -104,7 +113,9 @@ def coverage(frames: dict[str, pd.DataFrame], law_source: str | None = None) -> 
     """Per suite of :func:`load_frames`'s frames: the components it costs, ``source`` "measured" with where
     its rows come from (``from``: {profile: {kind: rows}}), else "analytic" (the model's roofline or default
     stands in), or for dispatch without rows the profile's trace-derived law (``law_source``: its source
-    text) when it has one. One dict per suite, in :data:`SUITE_TABLE` order."""
+    text) when it has one. One dict per suite, in :data:`SUITE_TABLE` order. The dense GEMM rows of the profiles
+    on the same die (:data:`SAME_DIE_GEMM`) are listed under gemm as "<profile> (FP8 / bf16 ratio)" where the
+    profile has bf16 rows and no FP8 rows of its own (estimator/table_build.py composes its FP8 table from them)."""
     out = []
     for suite in SUITE_TABLE:
         df = frames.get(suite, pd.DataFrame())
@@ -117,6 +128,10 @@ def coverage(frames: dict[str, pd.DataFrame], law_source: str | None = None) -> 
                 kinds = g.groupby(cols).size() if cols else pd.Series({"all": len(g)})
                 row["from"][str(prof)] = {(" ".join(map(str, k)) if isinstance(k, tuple) else str(k)): int(n)
                                           for k, n in kinds.items()}
+        die, dts = frames.get(SAME_DIE_GEMM, pd.DataFrame()), set(df["dtype"]) if "dtype" in df else set()
+        if suite == "gemm" and not die.empty and "bf16" in dts and "fp8" not in dts:
+            for prof, g in die.groupby(FROM_PROFILE):
+                row["from"][f"{prof} (FP8 / bf16 ratio)"] = {str(k): int(n) for k, n in g.groupby("dtype").size().items()}
         out.append(row)
     return out
 
@@ -138,6 +153,6 @@ def require_tables(url: str | None, profile: str, flag: str = "--db") -> str:
             f"{flag} {url or u}`")
     if u.startswith("sqlite:///") and not Path(u.removeprefix("sqlite:///")).is_file():
         raise ScaleplanError(f"{flag} {mask_url(u)}: no such database file (nothing created); {hint}")
-    if all(f.empty for f in load_frames(u, profile).values()):
+    if all(f.empty for k, f in load_frames(u, profile).items() if k in SUITE_TABLE):
         raise ScaleplanError(f"{flag} {mask_url(u)}: no measured tables of {profile} in this database; {hint}")
     return u

@@ -64,6 +64,11 @@ def test_coverage_names_every_suite_and_who_measured_it(both_db):
     assert rows["grouped_gemm"]["from"] == {"h100-single": {"bf16": n}}
     assert rows["collectives"]["source"] == "analytic" and rows["collectives"]["from"] == {}
     assert rows["dispatch"]["source"].startswith("profile law")
+    # no FP8 GEMM of the H100 is measured: its FP8 table is composed from the H200's two dtypes (same die)
+    h200 = load_frames(both_db, "h200-single")["gemm"]
+    assert rows["gemm"]["from"]["h200-single (FP8 / bf16 ratio)"] == h200.groupby("dtype").size().to_dict()
+    h200_rows = {r["suite"]: r for r in coverage(load_frames(both_db, "h200-single"))}
+    assert set(h200_rows["gemm"]["from"]) == {"h200-single"}  # its own FP8 rows: nothing composed
 
 
 def test_estimate_on_the_h100_node_reads_measured_experts_and_attention(both_db):
@@ -94,3 +99,20 @@ def test_a_lender_of_another_gpu_or_unknown_is_refused_in_one_line(tmp_path, len
         profile_file(_profile_yaml(tmp_path, [lender]))
     msg = str(e.value)
     assert "device_tables" in msg and lender in msg and why in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("gpu, other, why", [("NVIDIA H100 80GB HBM3", "p6-b200.48xlarge", "same die"),
+                                             ("NVIDIA B200", "h200-single", "same die"),
+                                             ("NVIDIA H100 80GB HBM3", "nope", "another built-in profile")])
+def test_an_fp8_ratio_profile_off_the_die_or_unknown_is_refused_in_one_line(tmp_path, gpu, other, why):
+    """fp8_ratio_tables must name a profile of a GPU on this GPU's die (an H200 for an H100); a B200's or an
+    unknown profile's ratio would stand in for another chip's lanes."""
+    p = tmp_path / "node.yaml"
+    p.write_text(open(_profile_yaml(tmp_path, [], gpu)).read() + f"fp8_ratio_tables: [{other}]\n")
+    with pytest.raises(SpecError) as e:
+        profile_file(str(p))
+    msg = str(e.value)
+    assert "fp8_ratio_tables" in msg and other in msg and why in msg and "\n" not in msg
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(open(_profile_yaml(tmp_path, [], "NVIDIA H100 80GB HBM3")).read() + "fp8_ratio_tables: [h200-single]\n")
+    assert profile_file(str(ok)).fp8_ratio_tables == ("h200-single",)

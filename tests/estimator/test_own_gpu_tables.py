@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scaleplan.estimator import Estimator
+from scaleplan.estimator.tables import COMPOSED
 from sqlalchemy import select
 
 from scaleplan.db import models as m
@@ -106,6 +107,40 @@ def test_the_h200s_fp8_gemm_rows_are_what_an_fp8_model_reads(gpu_db):
     r = Estimator("h200-single", url, stack="reference").estimate(sp, 1, lay)[0]
     assert r.sources["attn_proj"] in ("measured", "interpolated")
     assert not any(w.startswith("gemm in fp8") for w in r.warnings), r.warnings
+
+
+def test_the_h100s_fp8_gemms_are_its_bf16_rows_times_the_h200s_fp8_to_bf16_ratio(gpu_db):
+    """No FP8 GEMM of the H100 is measured; the H200 is on its die (GH100: same SMs, clocks and lanes) and
+    measured both dtypes at 96 shapes. An FP8 model on h100-single reads, at a shape all three row sets hold,
+    the H100's bf16 row x the H200's FP8 row / its bf16 row (computed here from the CSV rows), labelled composed;
+    beyond the H200's shapes the ratio at its nearest one; not the flat bf16 / FP8 peak (0.5)."""
+    url, _ = gpu_db
+    keys = ["m", "n", "k"]
+    h100, h200 = _recorded("gemm", "h100-single"), _recorded("gemm", "h200-single")
+    rows = [d[d["dtype"] == dt].drop_duplicates(keys, keep=False)[keys + ["t_s"]]
+            for d, dt in ((h100, "bf16"), (h200, "bf16"), (h200, "fp8"))]
+    both = rows[0].merge(rows[1], on=keys, suffixes=("", "_b16")).merge(rows[2], on=keys, suffixes=("", "_f8"))
+    assert len(both) >= 40
+    tables = Estimator("h100-single", url).tables
+    assert not tables.lane_scaled("fp8", 0.5)
+    tab = tables.view("fp8", 0.5).gemm
+    got = tab.lookup(*(both[a].to_numpy(float) for a in keys))
+    want = both["t_s"] * both["t_s_f8"] / both["t_s_b16"]
+    assert np.allclose(got.t, want.to_numpy(), rtol=1e-9) and (got.code == COMPOSED).all()
+    ratio = (both["t_s_f8"] / both["t_s_b16"]).to_numpy()
+    assert np.median(ratio) > 0.55 and ratio.max() < 0.95  # the H200's measured ratio, not the lanes' 0.5
+    # an H100 shape wider than any the H200 measured: its ratio at the H200's widest (n, k 8192)
+    big = rows[0][(rows[0]["m"] == 4096) & (rows[0]["n"] == 16384) & (rows[0]["k"] == 16384)]
+    edge = [r[(r["m"] == 4096) & (r["n"] == 8192) & (r["k"] == 8192)]["t_s"].iloc[0] for r in rows[1:]]
+    assert len(big) == 1
+    assert tab.lookup(4096.0, 16384.0, 16384.0).t[()] == pytest.approx(big["t_s"].iloc[0] * edge[1] / edge[0],
+                                                                        rel=1e-9)
+    sp = load_spec(SPEC)
+    sp = sp.model_copy(update={"model": sp.model.model_copy(update={"precision": "fp8"})})
+    lay = [parse_layout("mbs=1,ckpt=none", sp.default_layout()).model_copy(update={"dp": 1})]
+    r = Estimator("h100-single", url, stack="reference").estimate(sp, 1, lay)[0]
+    assert r.sources["attn_proj"] == "composed"
+    assert any(w.startswith("gemm in fp8: gemm[fp8 = bf16 x the FP8/bf16 ratio of h200-single]") for w in r.warnings)
 
 
 def _fp8_grouped_vs_composed(url: str, impl: str = "torch_scaled_grouped_mm") -> pd.DataFrame:
