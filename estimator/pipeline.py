@@ -64,9 +64,9 @@ class StageWork:
         host_f = self.share_f * self.disp
         host_b = self.disp - host_f
         whole = np.maximum(self.gpu + extra_f + extra_b, self.disp)
-        split = (np.minimum(np.maximum(host_f - gpu_f, 0.0), np.maximum(gpu_b - host_b, 0.0))
+        added = (np.minimum(np.maximum(host_f - gpu_f, 0.0), np.maximum(gpu_b - host_b, 0.0))
                  + np.minimum(np.maximum(gpu_f - host_f, 0.0), np.maximum(host_b - gpu_b, 0.0)))
-        return whole + np.where(self.split, split, 0.0)
+        return whole + np.where(self.split, added, 0.0)
 
     def period(self, serial: bool) -> np.ndarray:
         """The stage's vocabulary-free period: max(GPU, dispatch) per pass + A2A (every term adds when ``serial``)."""

@@ -53,10 +53,9 @@ def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float, same_die: pd.DataFram
         return
     grids, hosts = _gemm_grids(df, peak)
     tb.gemm_host_floor_s = hosts
-    for dt, (grid, vals, pts, tab) in grids.items():
+    for dt, (*_, tab) in grids.items():
         tb.by_dtype.setdefault(dt, {})["gemm"] = tab
-        if dt == "bf16":
-            tb.gemm = tab
+    tb.gemm = tb.by_dtype.get("bf16", {}).get("gemm")
     if "bf16" in grids and "fp8" not in grids and same_die is not None and not same_die.empty:
         who = ", ".join(sorted(same_die[FROM_PROFILE].astype(str).unique())) if FROM_PROFILE in same_die else "?"
         _fp8_from_same_die(tb, *grids["bf16"][:3], _gemm_grids(same_die, peak)[0], who)

@@ -124,7 +124,7 @@ def gpu_model(name: str | None) -> str | None:
 # the compute die of a GPU model: GPUs on one die have the same SMs, clocks and tensor-core lanes (H100 SXM and
 # H200: GH100, 132 SMs, 989 / 1979 TFLOP/s dense bf16 / FP8; NVIDIA H100 and H200 datasheets), so a device-time
 # ratio between two lanes measured on one holds on the other; they differ in HBM (size, bandwidth)
-DIES = {"H100": "GH100", "H200": "GH100", "H800": "GH100", "H20": "GH100"}
+DIES = {"H100": "GH100", "H200": "GH100"}
 
 
 def _profile_dir() -> Path:
