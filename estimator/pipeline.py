@@ -110,11 +110,12 @@ def stage_periods(pp: ArrayLike, first: StageWork, middle: Middle, last: StageWo
       launch time hides under the other's kernels: with PP > 1 each 1F1B exchange ends in
       ``torch.cuda.synchronize()`` (Megatron-Core p2p_communication._communicate, under ``batch_p2p_comm``
       and ``batch_p2p_sync``, both on by default), and on the last stage (and at PP = 1) the loss's NaN
-      check reads the loss on the host (below). Interleaving (VPP > 1) overlaps the exchanges instead
-      (``overlap_p2p_comm``, no synchronize), but an MoE forward still syncs the host at each MoE block
-      (below). A stage whose forward is host-bound and backward device-bound (CUDA graphs or FP8 shift the
-      two) takes the host's forward plus the device's backward; a dense model at VPP > 1 takes the max
-      over the micro-batch.
+      check reads the loss on the host (below). An MoE forward also syncs the host at each MoE block
+      (below), so the next forward's launches cannot run under a backward's kernels either. A stage whose
+      forward is host-bound and backward device-bound (CUDA graphs or FP8 shift the two) takes the host's
+      forward plus the device's backward. A dense model keeps the max over the micro-batch where nothing
+      separates the passes: interleaved (VPP > 1, ``overlap_p2p_comm``: no synchronize) and at PP = 1, where
+      the loss's sync follows the forward but the next forward's launches run under the backward's kernels.
     * the stage's GPU layer time excludes the exposed EP all-to-all (:class:`StageWork`). The all-to-all
       sits outside the dispatch max: Megatron's token dispatcher reads the per-expert token counts on the
       host before it can size the exchange (a device-to-host sync per MoE layer), so launch time already

@@ -135,7 +135,7 @@ def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]
     sh, moe, seen = ctx.shapes, ctx.g.is_moe, {}
     share_f = 1.0 / recompute(ctx.lay.ckpt, ctx.stack.recompute_modules).units  # the forward's kernel units
     # the host waits for the device between a micro-batch's passes (estimator/pipeline.stage_periods)
-    split = np.logical_or(moe, np.asarray(ctx.lay.vpp) == 1)
+    split = np.logical_or(moe, (np.asarray(ctx.lay.vpp) == 1) & (np.asarray(ctx.lay.pp) > 1))
 
     def work(name: str) -> tuple[StageWork, np.ndarray]:
         st = getattr(sh, name)  # once per distinct blocks (StageCounts.blocks) and host time

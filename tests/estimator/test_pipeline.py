@@ -253,7 +253,8 @@ def test_each_pass_takes_its_own_max_of_gpu_and_host():
 def test_pipeline_work_splits_the_passes_of_moe_and_non_interleaved_plans():
     """pipeline_work's forward GPU time is the blocks' forward kernels (the framework kernels' forward share
     with them), the host's forward share the mode's forward kernel unit; the split holds for an MoE model at any
-    VPP (its dispatcher syncs the host each MoE block) and a dense one at VPP 1, not a dense one interleaved."""
+    VPP (its dispatcher syncs the host each MoE block) and a dense one at VPP 1 and PP > 1 (the exchanges'
+    synchronize), not a dense one interleaved or at PP 1 (its next forward launches under the backward)."""
     from scaleplan.estimator.ckpt import kernel_units
     from scaleplan.estimator.kernels import layer_kernels
     from scaleplan.estimator.layout import ParallelLayout
@@ -261,11 +262,12 @@ def test_pipeline_work_splits_the_passes_of_moe_and_non_interleaved_plans():
     from scaleplan.estimator.stages import layer_totals, pipeline_work
 
     est = Estimator.from_frames("p6-b200.48xlarge", {})
-    for over, vpp, split in (({}, 2, True), ({"moe": None}, 1, True), ({"moe": None}, 2, False)):
+    for over, pp, vpp, split in (({}, 2, 2, True), ({}, 1, 1, True), ({"moe": None}, 2, 1, True),
+                                 ({"moe": None}, 2, 2, False), ({"moe": None}, 1, 1, False)):
         d = moe_spec()
         d["model"].update(over)
         g = geometry(parse_spec(d).model)
-        lay = ParallelLayout.of(pp=2, dp=16, ep=8 if g.is_moe else 1, vpp=vpp, ckpt="selective")
+        lay = ParallelLayout.of(pp=pp, dp=32 // pp, ep=8 if g.is_moe else 1, vpp=vpp, ckpt="selective")
         ctx = est.model.context(g, lay, 8192, 256)
         k = layer_kernels(ctx)
         fw = np.full(1, 3e-3)
