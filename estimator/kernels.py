@@ -249,6 +249,9 @@ def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
     ex_f, ex_b = expert_times(ctx)
     ex_act = an.memory_time(sh.b_el * sh.R * sh.ffn_loc * 3, ctx.hbm)        # SwiGLU on routed rows
     ex_f, ex_b = ex_f + ex_act, ex_b + 2 * ex_act
+    if g.glu_clamp:  # moe_act's recompute re-runs the clamps with the activation
+        clamp_f, clamp_b = _glu_clamp_times(ctx)
+        ex_act, ex_f, ex_b = ex_act + clamp_f, ex_f + clamp_f, ex_b + clamp_b
     if g.has_shared:  # the same plans, a record of their own folded where the shared expert runs
         coarse = replace(coarse, rec=Recorder(len(first), ctx.rec.mode))
         sh_f, sh_b = (x[inv] for x in _shared_expert_kernels(coarse))
@@ -263,6 +266,20 @@ def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
             "a2a_f": 2 * a2a_one, "a2a_b": 2 * a2a_one, "sh_f": sh_f, "sh_b": sh_b, "E_loc": sh.E_loc,
             "rg_f": rg_f, "rg_b": rg_b, "tk_f": tk_f, "tk_b": tk_b, "perm": perm_f, "perm_b": perm_b, "ex_f": ex_f,
             "ex_b": ex_b, "act_f": ex_act}
+
+
+def _glu_clamp_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) seconds per MoE layer and micro-batch of the clamped GLU's unfused pass (GPT-OSS,
+    ``g.glu_clamp``): Megatron-Core's weighted_bias_quick_geglu_impl (fusions/fused_bias_geglu.py, core_v0.15 to
+    0.19) clamps the gate half (max) and the linear half (min and max) of the routed rows' fc1 output and cats them
+    into a new [R, 2f] tensor before its fused kernel: per element of one half, 2 + 2 + 4 of the activations' bytes
+    b forward (each clamp reads and writes its half, the cat reads and writes both). Backward (PyTorch's
+    clamp_backward: where(mask, grad, 0) on 1-byte masks; the chunk's gradient cat back into one tensor): the gate
+    half a compare and a where (3 b + 2 bytes), the linear half two compares, their and and a where (4 b + 6),
+    the cat 4 b: 11 b + 8 bytes. Through HBM, as the activation itself."""
+    sh = ctx.shapes
+    rows = sh.R * sh.ffn_loc  # elements of one half
+    return an.memory_time(8 * sh.b_el * rows, ctx.hbm), an.memory_time((11 * sh.b_el + 8) * rows, ctx.hbm)
 
 
 def _router_kernels(ctx: EvalContext) -> tuple[np.ndarray, ...]:

@@ -192,6 +192,9 @@ def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dic
         # fc2 output and its gated copy (combine source); Megatron-Core gates before fc2 instead
         "expert_out": (0.0 if mcore else 2 * a * R * h, ""),
         "expert_probs_in": (a * R * f if mcore else 0.0, "fine"),
+        # a clamped GLU (GPT-OSS) feeds its fused kernel a clamped copy of fc1's output, which the clamps keep
+        # (their saved inputs); the copy is rebuilt where the activation is recomputed (estimator/kernels.py)
+        "expert_clamp_out": (a * R * w * f if (g.glu_clamp and mcore) else 0.0, "fine"),
         "permute_idx": (2 * 8.0 * R + a * R + 8.0 * E * tp, ""),  # row->token, row order, gate per row, counts
     })
     if g.has_shared:

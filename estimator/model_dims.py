@@ -81,6 +81,7 @@ class Geometry:
     mtp_extra_params: float = 0.0  # per MTP layer beyond its block: 2 norms, the 2d x d projection, a norm
     bias: str = "none"            # linear biases: none, qkv, all (their gradient reductions are costed)
     sinks: bool = False           # a learned softmax logit per head (no time: one more column of the softmax)
+    glu_clamp: bool = False       # the experts' GLU inputs clamped (GPT-OSS, model.swiglu_limit): an unfused pass
 
     @property
     def is_moe(self) -> bool:
@@ -151,7 +152,8 @@ def _features(m: ModelBlock) -> dict:
                 q_rank=(a.q_lora_rank or 0) if a else 0, rope_dim=a.qk_rope_head_dim if a else 0, qk_norm=qk,
                 window=w.size if w else 0, window_share=window_layer_count(m) / m.n_layers,
                 mtp=m.mtp_layers, mtp_moe=m.moe is not None and is_moe_block(m, m.n_layers - 1),
-                mtp_extra_params=block_params(m).mtp_extra, bias=m.linear_bias, sinks=m.attention_sinks)
+                mtp_extra_params=block_params(m).mtp_extra, bias=m.linear_bias, sinks=m.attention_sinks,
+                glu_clamp=m.swiglu_limit is not None)
 
 
 def geometry(m: ModelBlock) -> Geometry:
@@ -178,7 +180,8 @@ def geometry(m: ModelBlock) -> Geometry:
 
 
 #: the fields a batch holds once (the models branch on them), and the ones it holds per plan
-STRUCTURE_FIELDS = ("tie", "glu", "precision", "sdpa_precision", "dropout", "bias", "sinks", "mtp_moe")
+STRUCTURE_FIELDS = ("tie", "glu", "precision", "sdpa_precision", "dropout", "bias", "sinks", "mtp_moe",
+                    "glu_clamp")
 PER_PLAN_FIELDS = tuple(f.name for f in fields(Geometry) if f.name not in STRUCTURE_FIELDS)
 # per-plan fields with a class default: the default would answer a read before __getattr__ could gather them
 DEFAULTED_FIELDS = tuple(f.name for f in fields(Geometry) if f.name in PER_PLAN_FIELDS and f.default is not MISSING)

@@ -55,10 +55,10 @@ class Selective:
 # the share of the term freed (norm_stats holds two norms' statistics)
 _MOE_PART = ("router_in_fp32", "router_weight", "router_logits_scores", "router_topk", "expert_in",
              "expert_fc1_out", "expert_act_out", "expert_fc2_in", "expert_out", "expert_probs_in", "permute_idx",
-             "shared_fc1_out", "shared_act_out", "shared_fc2_in")
+             "shared_fc1_out", "shared_act_out", "shared_fc2_in", "expert_clamp_out")
 FREES_MOE = {
     "layernorm": {"ffn_in": 1.0, "norm_stats": 0.5},
-    "moe_act": {"expert_act_out": 1.0, "expert_probs_in": 1.0, "expert_fc2_in": 1.0},
+    "moe_act": {"expert_act_out": 1.0, "expert_probs_in": 1.0, "expert_fc2_in": 1.0, "expert_clamp_out": 1.0},
     "moe": dict.fromkeys(_MOE_PART, 1.0),
     "shared_experts": {"shared_fc1_out": 1.0, "shared_act_out": 1.0, "shared_fc2_in": 1.0},
     "mla_up_proj": {"mla_qkv": 1.0},

@@ -172,6 +172,42 @@ def test_small_kernels_of_qk_norms_and_bias_gradients(sqlite_url):
     assert k1.ew_f[0] == k0.ew_f[0]
 
 
+def test_gpt_oss_clamped_glu_costs_its_unfused_pass_and_keeps_its_clamped_copy(sqlite_url):
+    """GPT-OSS's clamped GLU in Megatron-Core (weighted_bias_quick_geglu_impl): the two clamps and the cat before
+    the fused kernel move 2 + 2 + 4 bytes of bf16 per element of one half of the routed rows' fc1 output forward;
+    backward the gate half's compare and where (2 + 1 + 1 + 2 + 2 bytes), the linear half's two compares, and and
+    where (3 + 3 + 3 + 5), the gradients' cat (8): 30 bytes, by hand from PyTorch's clamp_backward. moe_act's
+    recompute re-runs the forward part. Memory: the clamped copy [R, 2f] is kept beside fc1's output (the clamps'
+    saved inputs) unless the activation is recomputed."""
+    from scaleplan.estimator.kernels import layer_kernels
+
+    oss = parse_spec(catalogue.spec_data("gpt-oss-20b")).model
+    plain = oss.model_copy(update={"swiglu_limit": None})
+    lo = Layout(tp=1, ep=4, mbs=1)
+    c1, g1, _ = _ctx(oss, lo, 8, sqlite_url, seqlen=2048)
+    c0, _, _ = _ctx(plain, lo, 8, sqlite_url, seqlen=2048)
+    k1, k0 = layer_kernels(c1), layer_kernels(c0)
+    R = 2048.0 * 4  # routed rows per rank: tokens x top-4 (balanced: a rank receives what it sends)
+    half = R * 2880  # elements of one half of the fc1 output on this rank
+    assert float(c1.shapes.R[0]) == R and g1.glu_clamp
+    assert k1.ex_f[0] - k0.ex_f[0] == pytest.approx(an.memory_time(16.0 * half, c1.hbm))
+    assert k1.ex_b[0] - k0.ex_b[0] == pytest.approx(an.memory_time(30.0 * half, c1.hbm))
+    assert k1.act_f[0] - k0.act_f[0] == pytest.approx(an.memory_time(16.0 * half, c1.hbm))
+    # PP 1, one micro-batch in flight: every MoE block keeps one clamped copy, 2 bytes x 2 halves
+    for ckpt, kept in (("none", True), ("selective", True), ("super-selective", False)):
+        one = ParallelLayout.from_specs([lo.model_copy(update={"ckpt": ckpt})], 8)
+        b = memory_breakdown(geometry(oss), one, 64, 2048, "adam")["activations"][0]
+        c = memory_breakdown(geometry(plain), one, 64, 2048, "adam")["activations"][0]
+        assert b - c == pytest.approx(g1.n_moe * 2.0 * 2 * half if kept else 0.0), ckpt
+    # the stack's --recompute-modules moe_act (selective with those modules) rebuilds it too
+    from scaleplan.stack import Stack
+
+    act = Stack(recompute_modules=("moe_act",))
+    sel = ParallelLayout.from_specs([lo.model_copy(update={"ckpt": "selective"})], 8)
+    b, c = (memory_breakdown(geometry(m), sel, 64, 2048, "adam", stack=act)["activations"][0] for m in (oss, plain))
+    assert b == pytest.approx(c)
+
+
 def test_layouts_rank_todays_models(sqlite_url):
     """`layouts` ranks every catalogue model of today's families on 64 B200 (no tables: analytic) without error,
     and keeps GPT-OSS at ETP 1 (its biased experts)."""
