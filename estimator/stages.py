@@ -109,6 +109,12 @@ def stage_dispatch(ctx: EvalContext, law: DispatchLaw, st: StageCounts) -> np.nd
     return dispatch_time(law, st.n_layers, E_loc, lay.ckpt, n_moe, lay.ep, extra, units, ep_host)
 
 
+def forward_share(ctx: EvalContext) -> np.ndarray:
+    """The forward pass's share of a stage's host launch time per plan: its kernel unit (1) over the checkpoint
+    mode's units with the stack's recompute modules (estimator/ckpt.py, estimator/recompute.py)."""
+    return 1.0 / recompute(ctx.lay.ckpt, ctx.stack.recompute_modules).units
+
+
 def dp_windows(ctx: EvalContext, k: LayerKernels, lt: LayerTotals, stages: list[StageCounts],
                disp: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) overlap windows of each stage's DP traffic, seconds, shape (stages, P): the wall
@@ -116,7 +122,7 @@ def dp_windows(ctx: EvalContext, k: LayerKernels, lt: LayerTotals, stages: list[
     all-to-all (the traffic shares its links) or, when the pass is dispatch-bound, the host's share of the
     stage's launch time ``disp`` (in the checkpoint mode's kernel units: forward 1, backward with its
     recompute the rest), whichever is longer: the NCCL stream runs meanwhile."""
-    share_f = 1.0 / recompute(ctx.lay.ckpt, ctx.stack.recompute_modules).units
+    share_f = forward_share(ctx)
     moe_f, moe_b = lt.common_f + k.moe_f + k.sh_f, lt.common_b + k.moe_b + k.sh_b
     fwd, bwd = [], []
     for st, t_disp in zip(stages, disp):
@@ -133,7 +139,7 @@ def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]
     """Every stage's :class:`StageWork` from the shapes' stage counts, ``disp`` their host seconds per
     micro-batch by stage name (first, middle_lo, middle_hi, middle, last), and the slowest stage."""
     sh, moe, seen = ctx.shapes, ctx.g.is_moe, {}
-    share_f = 1.0 / recompute(ctx.lay.ckpt, ctx.stack.recompute_modules).units  # the forward's kernel units
+    share_f = forward_share(ctx)
     # the host waits for the device between a micro-batch's passes (estimator/pipeline.stage_periods)
     split = np.logical_or(moe, (np.asarray(ctx.lay.vpp) == 1) & (np.asarray(ctx.lay.pp) > 1))
 
