@@ -33,8 +33,8 @@ class LayerTotals:
     dense: np.ndarray     # a dense block in all
     a2a_x: np.ndarray     # exposed all-to-all per MoE block (fwd, recompute, bwd)
     fw: np.ndarray        # the framework kernels of one block (fwd + bwd + recompute)
-    fwd_moe: np.ndarray   # an MoE block's forward pass in ``moe`` (no exposed all-to-all; fw's forward share)
-    fwd_dense: np.ndarray  # a dense block's forward pass in ``dense`` (fw's forward share)
+    moe_f: np.ndarray     # an MoE block's forward on the GPU, without its exposed all-to-all and framework kernels
+    fw_f: np.ndarray      # the framework kernels' forward share (they issue with the layer's kernels: 1 unit)
 
 
 def layer_totals(k: LayerKernels, ckc: np.ndarray, fw: np.ndarray, is_moe: bool,
@@ -59,19 +59,19 @@ def layer_totals(k: LayerKernels, ckc: np.ndarray, fw: np.ndarray, is_moe: bool,
                       + r.mlp * k.dense_f)
     a2a_x = (both(k.sh_f, k.a2a_f) - k.sh_f) * (1 + r.block + r.moe) + both(k.sh_b, k.a2a_b) - k.sh_b
     moe = moe_lf + moe_lb + rc_moe + fw if is_moe else np.zeros(np.shape(den_lf))
-    fw_f = fw / r.units  # the framework kernels issue in proportion to the layer's kernels: forward 1 unit
     return LayerTotals(common_f, common_b, den_lf, den_lb, moe, den_lf + den_lb + rc_den + fw,
                        a2a_x if is_moe else np.zeros(np.shape(den_lf)), fw,
-                       (common_f + k.moe_f + k.sh_f + fw_f) if is_moe else np.zeros(np.shape(den_lf)), den_lf + fw_f)
+                       common_f + k.moe_f + k.sh_f if is_moe else np.zeros(np.shape(den_lf)), fw / r.units)
 
 
 def stage_gpu(lt: LayerTotals, st: StageCounts, is_moe: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(its layers' GPU seconds with the exposed all-to-all, that all-to-all, their forward pass's part of the
     first) of stage ``st``."""
+    fw_f = st.n_layers * lt.fw_f
     if not is_moe:
-        return st.n_layers * lt.dense, np.zeros(np.shape(lt.dense)), st.n_layers * lt.fwd_dense
+        return st.n_layers * lt.dense, np.zeros(np.shape(lt.dense)), st.n_layers * lt.dense_f + fw_f
     return (st.n_dense * lt.dense + st.n_moe * lt.moe, st.n_moe * lt.a2a_x,
-            st.n_dense * lt.fwd_dense + st.n_moe * lt.fwd_moe)
+            st.n_dense * lt.dense_f + st.n_moe * lt.moe_f + fw_f)
 
 
 @dataclass(frozen=True)
@@ -123,11 +123,11 @@ def dp_windows(ctx: EvalContext, k: LayerKernels, lt: LayerTotals, stages: list[
     stage's launch time ``disp`` (in the checkpoint mode's kernel units: forward 1, backward with its
     recompute the rest), whichever is longer: the NCCL stream runs meanwhile."""
     share_f = forward_share(ctx)
-    moe_f, moe_b = lt.common_f + k.moe_f + k.sh_f, lt.common_b + k.moe_b + k.sh_b
+    moe_b = lt.common_b + k.moe_b + k.sh_b
     fwd, bwd = [], []
     for st, t_disp in zip(stages, disp):
         if ctx.g.is_moe:
-            f, b = st.n_dense * lt.dense_f + st.n_moe * moe_f, st.n_dense * lt.dense_b + st.n_moe * moe_b
+            f, b = st.n_dense * lt.dense_f + st.n_moe * lt.moe_f, st.n_dense * lt.dense_b + st.n_moe * moe_b
         else:
             f, b = st.n_layers * lt.dense_f, st.n_layers * lt.dense_b
         fwd.append(np.maximum(f, share_f * t_disp))
