@@ -72,10 +72,10 @@ def _estimator(spec, profile, db, extrapolate, calibration: str | None = None):
 
 
 def _layout_text(lo: dict) -> str:
-    """A layout dict as --layout text (every field, ParallelLayout's order)."""
-    from scaleplan.estimator.layout import FIELDS
+    """A layout dict as --layout text (every field, ParallelLayout's order, then a stated stage split)."""
+    from scaleplan.estimator.layout import FIELDS, SPLIT_FIELDS
 
-    return ",".join(f"{k}={lo[k]}" for k in FIELDS)
+    return ",".join(f"{k}={lo[k]}" for k in (*FIELDS, *SPLIT_FIELDS) if k in lo)
 
 
 def _emit_estimates(docs: list[dict], res, spec, spec_path, n: int, profile, tokens: float | None,
@@ -295,7 +295,7 @@ def _print_estimates(res, title: str, spec, spec_path, geom: dict, prov: dict) -
 
     t = Table(title=title)
     for c in ("layout", "MFU %", "HFU %", "t_iter s", "mem GB", "chi_sys", "fits"):
-        t.add_column(c)
+        t.add_column(c, overflow="fold" if c == "layout" else "ellipsis")  # a stated stage split stays whole
     for r in res:
         t.add_row(*_row(r))
     stdout.print(t)
@@ -377,7 +377,7 @@ def _print_layouts(out: dict, res, title: str, spec_path) -> None:
 
     t = Table(title=f"{title}: {res.n_feasible} feasible of {res.n_plans} plans")
     for col in ("#", "layout", "MFU %", "HFU %", "t_iter s", "mem GB", "chi_sys", "fits"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold" if col == "layout" else "ellipsis")  # a stated stage split stays whole
     for i, r in enumerate(res.ranked, 1):
         t.add_row(str(i), *_row(r))
     stdout.print(t)

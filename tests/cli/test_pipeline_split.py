@@ -4,6 +4,8 @@ read back from a run's log into the split scaleplan costs; the layout string che
 PipelineParallelLayerLayout and its per-rank layer counts; what the stage model cannot state refused in one line."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from scaleplan import catalogue
@@ -172,3 +174,25 @@ def test_a_stored_run_keeps_the_split_its_log_states(_no_transformer_engine, run
     with dbs.session_scope(sqlite_url) as s:
         (o,) = observed_from_db(s, "p6-b200.48xlarge")
     assert (o.layout["decoder_first_pipeline_num_layers"], o.layout["decoder_last_pipeline_num_layers"]) == (11, 11)
+
+
+def test_a_stated_split_reads_whole_in_a_narrow_table(recorded_db, run, monkeypatch):
+    """On an 80-column terminal the layouts table folds a stated split over lines instead of cutting it: the layout
+    cells of the top plan, joined, hold both stage counts the JSON gives."""
+    monkeypatch.setenv("COLUMNS", "80")
+    args = ("layouts", "qwen3-235b-a22b", "--devices", 64, "--profile", "p6-b200.48xlarge", "--uneven-stages",
+            "--vpp", "4", "--max-tp", 1, "--mbs", 1, "--ckpt", "full", "--top", 1, "--db", recorded_db)
+    code, out, err = run(*args)
+    assert code == 0, err
+    rows = [ln.split("│") for ln in out.splitlines() if ln.startswith("│")]
+    first = rows[0][1].strip()
+    assert first == "1"
+    cell = ""
+    for r in rows:
+        if r[1].strip() not in ("", "1"):
+            break
+        cell += r[2].strip()
+    _, doc, _ = run(*args, "--json")
+    lay = json.loads(doc)["ranked"][0]["layout"]
+    for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
+        assert f"{k}={lay[k]}" in cell
