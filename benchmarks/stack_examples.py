@@ -9,6 +9,11 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
    recompute (the issue's example), and the published B200 V2 recipe (PP 1, the all-to-all dispatcher, permute
    and router fusion, gradients reduced in bf16, TE's cross-entropy, --recompute-modules layernorm moe_act) in
    bf16 and MXFP8; on 64 H100 the published H100 V2 recipe (PP 4, EP 8, micro-batch 1, the same stack).
+3. Qwen3-235B-A22B on 256 B200 at PP 8 (the embedding and the loss counted in the split: 11 + 6 x 12 + 11 layers),
+   EP 8, micro-batch 1, sequence 4096, global batch 8192 (256 micro-batches per pipeline), MXFP8: the published
+   B200 V2 workload, the one other MoE row of that table whose stack scaleplan states as run. DeepSeek-V3 (B200)
+   and Qwen3-235B-A22B (H100) run with --overlap-moe-expert-parallel-comm, which the time model does not cost,
+   and are left out.
 
     python benchmarks/stack_examples.py --db URL-with-the-recorded-and-own-tables [--json]
 
@@ -45,12 +50,20 @@ PUBLISHED_GPT_OSS = {"permute_fusion": True, "router_fusion": True, "grads_fp32"
 # bf16_with_fp8_current_scaling_mixed (tensorwise, FP8 primary weights; first/last layers bf16 off in the perf config)
 PUBLISHED_QWEN_H100 = {"dispatcher": "hybridep", "fp8_param": True, "permute_fusion": True, "router_fusion": True,
                        "grads_fp32": False, "cross_entropy": "te"}
+# the Qwen3-235B-A22B B200 V2 workload (qwen3_workload_base_configs: PP 8, EP 8, GBS 8192, moe_a2a_overlap off;
+# qwen3_235b_a22b_pretrain_config: permute fusion, grouped GEMM, the embedding and loss counted in the pipeline
+# split, no recompute, no CUDA graphs; qwen3_llm_pretrain: the all-to-all dispatcher on B200, router fusion,
+# gradients reduced in bf16; bf16_with_mxfp8_mixed)
+QWEN_235B = {"model": {"precision": "fp8"}, "data": {"gbs": 8192, "seqlen": 4096, "microbatch_sz": 1}}
+PUBLISHED_QWEN_235B = {"permute_fusion": True, "router_fusion": True, "grads_fp32": False, "cross_entropy": "te",
+                       "fp8_recipe": "mxfp8", "fp8_param": True}
 # Published throughput (tokens / s / GPU) of these runs: Megatron-Bridge docs/fern/versions/0.4.2/pages/
 # performance-summary.mdx, 26.04.01 NeMo container (DGX-B200, DGX-H100); step = GBS x seqlen / (GPUs x tokens/s/GPU)
 PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               "qwen3-30b-a3b fp8 16 H100, published stack": 8960,
                               "gpt-oss-120b bf16 64 B200, published stack": 13568,
-                              "gpt-oss-120b bf16 64 H100, published stack, PP 4": 5824}
+                              "gpt-oss-120b bf16 64 H100, published stack, PP 4": 5824,
+                              "qwen3-235b-a22b mxfp8 256 B200, published stack, PP 8": 3776}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -73,6 +86,9 @@ EXAMPLES = [
     ("gpt-oss-120b bf16 64 H100, published stack, PP 4", "gpt-oss-120b",
      {"data": {**GPT_OSS["data"], "microbatch_sz": 1}}, PUBLISHED_GPT_OSS, "p5.48xlarge", 64,
      Layout(pp=4, ep=8, mbs=1, ckpt="selective")),
+    ("qwen3-235b-a22b mxfp8 256 B200, published stack, PP 8", "qwen3-235b-a22b", QWEN_235B, PUBLISHED_QWEN_235B,
+     "p6-b200.48xlarge", 256, Layout(pp=8, ep=8, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
+                                     decoder_last_pipeline_num_layers=11)),
 ]
 
 
