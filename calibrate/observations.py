@@ -279,7 +279,8 @@ def row_to_observation(rec: dict[str, Any], where: str, specs: dict[str, Spec], 
     if ckpt not in CKPT_MODES:
         raise row.err("ckpt", ckpt, f"one of {', '.join(CKPT_MODES)}")
     lay = ParallelLayout.of(**{f: vals[f] for f in FIELDS if f in vals}, etp=etp, vpp=vpp, ckpt=ckpt)
-    bad = lay.violation(LayoutContext(geometry(spec.model), vals["n_devices"], vals["gbs"], vals["seqlen"]))
+    bad = lay.violation(LayoutContext(geometry(spec.model), vals["n_devices"], vals["gbs"], vals["seqlen"],
+                                      a2a_overlap=spec.stack.a2a_overlap))
     if bad is not None:  # the estimator's own rules: a row it could not estimate is refused here
         col, value, allowed = bad
         raise row.err("dp" if col == "mesh" else col, value, allowed)

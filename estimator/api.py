@@ -138,6 +138,12 @@ class Estimator:
             self._by_stack[key] = other
         return other
 
+    def runnable(self, c: PlanConstraints) -> PlanConstraints:
+        """``c`` restricted to the plans this estimator's training stack runs (Megatron-Core refuses some layouts
+        under --overlap-moe-expert-parallel-comm: estimator/layout.py's a2a_overlap rules)."""
+        a2a = self.training_stack.a2a_overlap
+        return c if c.a2a_overlap == a2a else dataclasses.replace(c, a2a_overlap=a2a)
+
     @classmethod
     def from_frames(cls, profile: str | ClusterProfile, frames: dict[str, pd.DataFrame],
                     **kw: Any) -> Estimator:
@@ -252,7 +258,7 @@ class Estimator:
         g = geometry(spec.model)
         plans = layouts if isinstance(layouts, ParallelLayout) else \
             ParallelLayout.from_specs(layouts or [spec.default_layout()], n_devices)
-        plans.validate(LayoutContext(g, n_devices, spec.data.gbs, spec.data.seqlen))
+        plans.validate(LayoutContext(g, n_devices, spec.data.gbs, spec.data.seqlen, a2a_overlap=spec.stack.a2a_overlap))
         plans = resolve_split(g, plans)  # the uneven split the results state and the arguments emit
         ev = est.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
                                 stack=spec.stack)
@@ -328,7 +334,7 @@ class Estimator:
         plans of every part are enumerated on their own and evaluated together (None evaluation and memory
         when no part has a valid plan)."""
         g = geometry(model)
-        enum = [enumerate_plans(g, n_devices, gbs, c, seqlen) for c in parts]
+        enum = [enumerate_plans(g, n_devices, gbs, self.runnable(c), seqlen) for c in parts]
         ends = np.cumsum([len(p) for p, _, _ in enum]).tolist()
         cuts = [slice(lo, hi) for lo, hi in zip([0] + ends[:-1], ends)]
         if ends[-1] == 0:

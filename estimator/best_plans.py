@@ -88,7 +88,7 @@ def best_of_batch(est: Estimator, geoms: list[Geometry], rope: bool, n_devices: 
     geometry the first plan of highest MFU among those that fit and are in range (:func:`_best_in`): the
     same plan as :meth:`Estimator.layouts` ranks first (every evaluation is elementwise over plans, and the
     subsets keep the plans' order for ties). A list aligned with ``geoms``, None where no plan is feasible."""
-    sets = [enumerate_plans(g, n_devices, gbs, constraints, seqlen)[0] for g in geoms]
+    sets = [enumerate_plans(g, n_devices, gbs, est.runnable(constraints), seqlen)[0] for g in geoms]
     out: list[EstimateResult | None] = [None] * len(geoms)
     if not any(len(s) for s in sets):
         return out

@@ -53,7 +53,7 @@ class ParallelLayout:
     """P execution plans P_l = (TP, CP, PP, DP, EP, ETP, VPP, B_micro, A_ckpt) and their stage split as
     int64 arrays of shape (P,), in the field order of :class:`scaleplan.specs.Layout`; ``ckpt`` holds
     CkptMode codes, the first / last stage's layers 0 where the layout leaves them to the even split.
-    Build with :meth:`of`, :meth:`from_specs` or :func:`enumerate_grid`; never mutated."""
+    Build with :meth:`of`, :meth:`from_specs` or :func:`~scaleplan.estimator.plans.enumerate_grid`; never mutated."""
 
     tp: np.ndarray
     cp: np.ndarray
@@ -260,6 +260,7 @@ class LayoutContext:
     seqlen: int | None = None
     fold_experts: bool = True
     uneven_stages: bool = True
+    a2a_overlap: bool = False  # the stack runs --overlap-moe-expert-parallel-comm (Stack.a2a_overlap)
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,8 @@ class Violation:
 class Rule:
     """One structural rule: ``name`` counts the plans it refuses, ``field`` and ``allowed`` (a format
     string over the plan's fields and the context's facts) make the one-line error. ``geometric``:
-    the check reads the model (``ctx.g``); :func:`enumerate_grid` runs the others once per grid."""
+    the check reads the model (``ctx.g``); :func:`~scaleplan.estimator.plans.enumerate_grid` runs the others once
+    per grid."""
 
     name: str
     field: str
@@ -396,6 +398,16 @@ def _vpp(lo, c):
     return (lo.vpp == 1) | (lo.pp > 1)
 
 
+# Megatron-Core's rules for --overlap-moe-expert-parallel-comm (core_v0.19.0 TransformerConfig.__post_init__)
+for _name, _field, _allowed, _ok in (
+        ("a2a_overlap_needs_ep", "ep", "> 1 under stack.a2a_overlap (Megatron-Core's rule)", lambda lo: lo.ep > 1),
+        ("a2a_overlap_needs_vpp", "vpp", "> 1 where pp > 1 under stack.a2a_overlap (Megatron-Core's rule)",
+         lambda lo: (lo.vpp > 1) | (lo.pp == 1)),
+        ("a2a_overlap_not_full", "ckpt", "not full under stack.a2a_overlap (Megatron-Core's rule)",
+         lambda lo: lo.ckpt != CkptMode.FULL.value)):
+    rule(_name, _field, _allowed, geometric=False)(lambda lo, c, ok=_ok: ok(lo) | (not c.a2a_overlap))
+
+
 @rule("heads_not_divisible_by_tp", "tp", "must divide n_q_heads={n_q_heads}")
 def _heads(lo, c):
     return c.g.nq % lo.tp == 0
@@ -431,62 +443,3 @@ def _moe_bias(lo, c):
 @rule("cp_not_dividing_seq", "cp", "2*cp must divide seqlen={seqlen}", geometric=False)
 def _cp(lo, c):
     return True if c.seqlen is None else (lo.cp == 1) | (c.seqlen % (2 * lo.cp) == 0)
-
-
-def enumerate_grid(axes: dict[str, Iterable[int]], ctx: LayoutContext) -> tuple[ParallelLayout, dict[str, int], int]:
-    """Every combination of the candidate values ``axes`` (keys: the columns but dp; ckpt by code), DP
-    derived as N / (TP CP PP) -> (the valid plans, counts of the others by their first failing rule,
-    the number of combinations). The mesh rule runs first on the (TP, CP, PP) product alone, so the
-    full product stays small; the rules that do not read the model run once per grid and run
-    (:func:`_grid`, shared by every model searched on it), the others per call."""
-    ax = tuple(tuple(int(v) for v in axes[f]) for f in COLUMNS if f != "dp")
-    lay, free, counts, total, (small, inv) = _grid(ax, ctx)
-    geo = np.zeros(len(small), dtype=np.int8)  # the first geometric rule each plan breaks (code i + 1)
-    for i, r in enumerate(RULES):
-        if r.geometric:
-            ok = np.broadcast_to(np.asarray(r.check(small, ctx), dtype=bool), geo.shape)
-            geo[~ok & (geo == 0)] = i + 1
-    geo = geo[inv]
-    why = np.minimum(np.where(free == 0, 127, free), np.where(geo == 0, 127, geo)) % 127  # the first of either
-    counts = dict(counts)
-    for r, n in zip(RULES[1:], np.bincount(why, minlength=len(RULES) + 1)[2:]):
-        if n:
-            counts[r.name] = int(n)
-    return lay.take(np.nonzero(why == 0)[0]), counts, total
-
-
-_GRIDS: dict = {}  # _grid's memo
-
-
-def _grid(ax: tuple[tuple[int, ...], ...], ctx: LayoutContext) -> tuple[ParallelLayout, np.ndarray, dict[str, int], int]:
-    """The combinations of the axis values ``ax`` (the fields but dp, in order) that pass the mesh rule
-    (read-only), the code of the first other rule of :data:`RULES` that does not read the model each
-    breaks (int8, 0: none), the mesh rule's count, the number of combinations, and (the distinct
-    combinations of :data:`GEOMETRIC_COLUMNS`, each combination's among them): the geometric rules run on
-    those few rows for every model searched on the grid. Memoised per (ax, devices, gbs, seqlen, RULES)."""
-    key = (ax, ctx.n_devices, ctx.gbs, ctx.seqlen, ctx.fold_experts, ctx.uneven_stages, tuple(RULES))
-    hit = _GRIDS.get(key)
-    if hit is not None:
-        return hit
-    arr = [np.asarray(a, dtype=np.int64) for a in ax]
-    total = int(np.prod([len(a) for a in arr]))
-    t3 = np.stack(np.meshgrid(*arr[:3], indexing="ij"), -1).reshape(-1, 3)
-    mesh_ok = ctx.n_devices % t3.prod(axis=1) == 0
-    n_bad_mesh = int((~mesh_ok).sum()) * (total // max(len(t3), 1))
-    t3 = t3[mesh_ok]
-    rest = np.stack(np.meshgrid(*arr[3:], indexing="ij"), -1).reshape(-1, len(arr) - 3)
-    grid = np.concatenate([np.repeat(t3, len(rest), axis=0), np.tile(rest, (len(t3), 1))], axis=1)
-    tp, cp, pp = grid[:, 0], grid[:, 1], grid[:, 2]
-    lay = ParallelLayout(tp, cp, pp, ctx.n_devices // (tp * cp * pp), *grid[:, 3:].T).readonly()
-    free = np.zeros(len(lay), dtype=np.int8)
-    for i, r in enumerate(RULES[1:], start=1):
-        if not r.geometric:
-            ok = np.broadcast_to(np.asarray(r.check(lay, ctx), dtype=bool), free.shape)
-            free[~ok & (free == 0)] = i + 1
-    free.flags.writeable = False
-    first, inv = lay.distinct(*GEOMETRIC_COLUMNS)
-    if len(_GRIDS) >= 64:
-        _GRIDS.clear()
-    hit = _GRIDS[key] = (lay, free, {RULES[0].name: n_bad_mesh} if n_bad_mesh else {}, total,
-                         (lay.take(first).readonly(), inv))
-    return hit

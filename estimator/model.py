@@ -43,6 +43,7 @@ from scaleplan.estimator.dispatch import (  # noqa: F401
     DispatchLaw,
     dispatch_time,
 )
+from scaleplan.estimator.ep_overlap import with_overlapped_a2a
 from scaleplan.estimator.exchanges import critical_exchanges
 from scaleplan.estimator.kernel_counts import framework_delta
 from scaleplan.estimator.iteration import TERMS, IterationTime, layer_terms
@@ -207,6 +208,8 @@ class TimeModel:
         step (:meth:`finish` adds them)."""
         ctx = self.context(g, lay, seqlen, gbs, tables, shapes, stack)
         k = layer_kernels(ctx)
+        if stack.a2a_overlap and g.is_moe:  # the merged 1F1B passes hide the exchanges (estimator/ep_overlap.py)
+            k = with_overlapped_a2a(k, lay.pp, lay.vpp, ctx.shapes.n_mb)
         lt = layer_totals(k, lay.ckpt, self._framework_kernels(ctx), g.is_moe, stack.overlaps_shared_expert(),
                           stack.recompute_modules, bool(np.any(g.is_mla)))
         w, t_step_host = self._stage_work(ctx, k, lt)

@@ -142,13 +142,19 @@ def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]
     share_f = forward_share(ctx)
     # the host waits for the device between a micro-batch's passes (estimator/pipeline.stage_periods)
     split = np.logical_or(moe, (np.asarray(ctx.lay.vpp) == 1) & (np.asarray(ctx.lay.pp) > 1))
+    # under --overlap-moe-expert-parallel-comm the dispatcher's host sync comes while the other pass's exchange is
+    # in flight, so what stays exposed of the exchanges joins the GPU side of the max instead of adding after it
+    merged = bool(moe and ctx.stack.a2a_overlap)
 
     def work(name: str) -> tuple[StageWork, np.ndarray]:
         st = getattr(sh, name)  # once per distinct blocks (StageCounts.blocks) and host time
         key = (*st.blocks, id(disp[name]))
         if key not in seen:
             t, a2a, t_f = stage_gpu(lt, st, moe)
-            seen[key] = StageWork(t - a2a, disp[name], a2a, t_f, share_f, split), t
+            if merged:  # the exposed exchanges share the GPU timeline the host races (estimator/ep_overlap.py)
+                seen[key] = StageWork(t, disp[name], 0.0, t_f + a2a / 2.0, share_f, split), t
+            else:
+                seen[key] = StageWork(t - a2a, disp[name], a2a, t_f, share_f, split), t
         return seen[key]
 
     (first, t0), (last, tl), (lo, tlo), (hi, thi), (mean, _) = (

@@ -66,7 +66,10 @@ class Stack(BaseModel):
     false: --grad-reduce-in-bf16, as Megatron-Bridge's MoE performance recipes run), cross_entropy
     (:data:`CROSS_ENTROPY`; the paper's stack fuses it, app:training-stack), shared_expert_overlap
     (--moe-shared-expert-overlap: the shared expert runs under the routed exchange; the all-gather dispatcher
-    never overlaps it), recompute_modules (what the layout's ``selective`` checkpointing recomputes,
+    never overlaps it), a2a_overlap (--overlap-moe-expert-parallel-comm with --delay-wgrad-compute: each
+    micro-batch's MoE-layer forward runs merged with another's backward, the one's all-to-alls under the other's
+    compute, estimator/ep_overlap.py; Megatron-Core allows it with the all-to-all and flex dispatchers and without
+    --moe-shared-expert-overlap), recompute_modules (what the layout's ``selective`` checkpointing recomputes,
     Megatron-Core's --recompute-modules; None: core_attn, its default; ``super-selective`` stays core_attn,
     layernorm and moe_act whatever this says).
     """
@@ -83,6 +86,7 @@ class Stack(BaseModel):
     grads_fp32: bool = True
     cross_entropy: CrossEntropy = "native"
     shared_expert_overlap: bool = True
+    a2a_overlap: bool = False
     recompute_modules: tuple[RecomputeModule, ...] | None = None
 
     @model_validator(mode="after")
@@ -93,6 +97,15 @@ class Stack(BaseModel):
                 raise FieldCheck(name, list(mods), "each module at most once")
         if "moe_preprocess" in self.cuda_graphs and "moe_router" not in self.cuda_graphs:
             raise FieldCheck("cuda_graphs", list(self.cuda_graphs), "moe_preprocess only together with moe_router")
+        if self.a2a_overlap and self.shared_expert_overlap:
+            raise FieldCheck("a2a_overlap", True, "true only with shared_expert_overlap: false (Megatron-Core "
+                             "refuses --overlap-moe-expert-parallel-comm with --moe-shared-expert-overlap)")
+        if self.a2a_overlap and self.dispatcher == "allgather":
+            raise FieldCheck("a2a_overlap", True, "true only with the alltoall, deepep or hybridep dispatcher "
+                             "(Megatron-Core: --moe-token-dispatcher-type alltoall or flex)")
+        if self.a2a_overlap and "moe" in (self.recompute_modules or ()):
+            raise FieldCheck("a2a_overlap", True, "true only without moe in recompute_modules (Megatron-Core "
+                             "refuses to recompute the MoE block under --overlap-moe-expert-parallel-comm)")
         if self.grouped_gemm == "grouped" and self.experts != "grouped":
             raise FieldCheck("grouped_gemm", "grouped", "grouped only with experts: grouped (TE GroupedLinear)")
         return self

@@ -215,7 +215,8 @@ def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bo
         los.append(lo)
     plans = ParallelLayout.from_specs(los, n)
     # the mesh first, then a batch no dp divides: its hint names a layout that passes every rule
-    v = plans.first_violation(LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen),
+    v = plans.first_violation(LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen,
+                                            a2a_overlap=spec.stack.a2a_overlap),
                               prefer=("mesh_not_dividing_devices", "gbs_not_divisible"))
     if v is not None:
         text, lo = (texts or [None])[v.plan], los[v.plan]

@@ -45,7 +45,7 @@ def _valid(spec, lay, n: int) -> np.ndarray:
     from scaleplan.estimator.layout import LayoutContext
     from scaleplan.estimator.model_dims import geometry
 
-    ctx = LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen)
+    ctx = LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen, a2a_overlap=spec.stack.a2a_overlap)
     return lay.rule_codes(ctx) == 0
 
 

@@ -2,7 +2,8 @@
 
 Flags and choices are core_v0.19.0's (tests/data/megatron/arguments_core_v0.19.0.json): --moe-grouped-gemm,
 --moe-token-dispatcher-type alltoall | allgather | flex with --moe-flex-dispatcher-backend deepep | hybridep,
---moe-permute-fusion, --moe-router-fusion, --cuda-graph-impl transformer_engine with --cuda-graph-modules,
+--moe-permute-fusion, --moe-router-fusion, --overlap-moe-expert-parallel-comm with --delay-wgrad-compute,
+--cuda-graph-impl transformer_engine with --cuda-graph-modules,
 --fp8-recipe, --fp8-param-gather, --grad-reduce-in-bf16. What no flag sets (Transformer Engine's grouped GEMM kernel, an environment
 variable) is a comment line (:func:`stack_notes`).
 """
@@ -35,6 +36,8 @@ def stack_args(stack: Stack, precision: str, moe: bool) -> list[list[str]]:
             out.append(["--moe-permute-fusion"])
         if stack.router_fusion:
             out.append(["--moe-router-fusion"])
+        if stack.a2a_overlap:  # Megatron-Bridge sets the two together (utils/overrides.py moe_a2a_overlap)
+            out += [["--overlap-moe-expert-parallel-comm"], ["--delay-wgrad-compute"]]
     if stack.cuda_graphs:
         out += [["--cuda-graph-impl", "transformer_engine"], ["--cuda-graph-modules", *stack.cuda_graphs]]
     recipe = stack.recipe(precision)
@@ -86,6 +89,8 @@ def stack_from_dump(a: dict[str, Any], where: str) -> dict[str, Any]:
             block[name] = True
     if a.get("moe_shared_expert_intermediate_size") and kind != "allgather" and not a.get("moe_shared_expert_overlap"):
         block["shared_expert_overlap"] = False
+    if a.get("overlap_moe_expert_parallel_comm"):  # which Megatron-Core runs only without the shared expert's overlap
+        block["a2a_overlap"], block["shared_expert_overlap"] = True, False
     if a.get("grad_reduce_in_bf16") or ("accumulate_allreduce_grads_in_fp32" in a
                                         and not a["accumulate_allreduce_grads_in_fp32"] and a.get("bf16")):
         block["grads_fp32"] = False

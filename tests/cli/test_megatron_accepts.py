@@ -234,3 +234,23 @@ def test_planner_tp_rule_is_megatrons():
                 pass
         assert planner == megatron, (nkv, planner, megatron)
         assert 64 not in megatron  # 32 query heads over 64 ranks: refused by both
+
+
+def test_the_all_to_all_overlap_round_trips_and_megatron_core_accepts_it(run, tmp_path, validation_dir):
+    """--overlap-moe-expert-parallel-comm (stack.a2a_overlap, with the shared expert's overlap off as Megatron-Core
+    requires): emitted with --delay-wgrad-compute on an interleaved pipeline, accepted by Megatron-LM's parser and
+    megatron-core's TransformerConfig (which asserts the overlap's rules), read back from the run's log as the same
+    stack."""
+    from .test_megatron_log import _emit_and_read_back
+
+    doc = yaml.safe_load((validation_dir / "models.yaml").read_text())["moe-5p4b"]
+    doc = {**doc, "data": {**doc["data"], "gbs": 256}, "stack": {"a2a_overlap": True, "shared_expert_overlap": False}}
+    emitted, r = _emit_and_read_back(run, tmp_path, doc, "tp=1,pp=2,vpp=2,ep=8,ckpt=selective")
+    assert "--overlap-moe-expert-parallel-comm" in emitted and "--delay-wgrad-compute" in emitted
+    assert "--moe-shared-expert-overlap" not in emitted
+    ns, _ = mlm.parse(mlm.argv(emitted))
+    mlm.validate(ns, 64)
+    cfg = mlm.transformer_config(ns)
+    assert cfg.overlap_moe_expert_parallel_comm and cfg.delay_wgrad_compute and not cfg.moe_shared_expert_overlap
+    got, want = parse_spec(r["spec"]).stack, parse_spec(doc).stack
+    assert got.model_dump() == want.model_dump() and got.key() != "megatron"

@@ -268,13 +268,12 @@ def test_recompute_modules_the_loss_and_the_shared_expert_round_trip(run, tmp_pa
     assert got.model_dump() == want.model_dump()
 
 
-def _emit_and_read_back(run, tmp_path, doc: dict) -> tuple[str, dict]:
-    """``doc`` (a spec) -> `estimate --emit megatron` at TP 1 PP 2 EP 8 selective on 64 GPUs -> a log of that run
-    -> `calibrate add --megatron-log`: (the emitted arguments, the one stored run)."""
+def _emit_and_read_back(run, tmp_path, doc: dict, layout: str = "tp=1,pp=2,ep=8,ckpt=selective") -> tuple[str, dict]:
+    """``doc`` (a spec) -> `estimate --emit megatron` at ``layout`` (default TP 1 PP 2 EP 8 selective) on 64 GPUs ->
+    a log of that run -> `calibrate add --megatron-log`: (the emitted arguments, the one stored run)."""
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(doc))
-    code, emitted, err = run("estimate", spec_path, "--devices", "64", "--layout", "tp=1,pp=2,ep=8,ckpt=selective",
-                             "--emit", "megatron")
+    code, emitted, err = run("estimate", spec_path, "--devices", "64", "--layout", layout, "--emit", "megatron")
     assert code == 0, err
     log = tmp_path / "run.log"
     log.write_text(_log_of(emitted, 64, [5.0] * 14))

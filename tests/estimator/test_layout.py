@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 from scaleplan.estimator.ckpt import CkptMode
 from scaleplan.estimator.model_dims import geometry
+from scaleplan.estimator.plans import enumerate_grid
 from scaleplan.estimator.layout import (
     GEOMETRIC_COLUMNS,
     RULES,
     SPLIT_FIELDS,
     LayoutContext,
     ParallelLayout,
-    enumerate_grid,
     layout_text,
     rule,
 )
