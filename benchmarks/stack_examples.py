@@ -11,9 +11,10 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
    bf16 and MXFP8; on 64 H100 the published H100 V2 recipe (PP 4, EP 8, micro-batch 1, the same stack).
 3. Qwen3-235B-A22B on 256 B200 at PP 8 (the embedding and the loss counted in the split: 11 + 6 x 12 + 11 layers),
    EP 8, micro-batch 1, sequence 4096, global batch 8192 (256 micro-batches per pipeline), MXFP8: the published
-   B200 V2 workload, the one other MoE row of that table whose stack scaleplan states as run. DeepSeek-V3 (B200)
-   and Qwen3-235B-A22B (H100) run with --overlap-moe-expert-parallel-comm, which the time model does not cost,
-   and are left out.
+   B200 V2 workload; and on 256 H100 the H100 V2 workload (TP 2, PP 8 x VP 4, EP 32, FP8 tensorwise, the
+   all-to-all overlapped with --overlap-moe-expert-parallel-comm, estimator/ep_overlap.py). DeepSeek-V3 (B200)
+   is left out: its pipeline layout string puts 8 layers on the first stage and 5 with the MTP layer on the last
+   at VP 2, which the first / last stage counts cannot state.
 
     python benchmarks/stack_examples.py --db URL-with-the-recorded-and-own-tables [--json]
 
@@ -57,13 +58,19 @@ PUBLISHED_QWEN_H100 = {"dispatcher": "hybridep", "fp8_param": True, "permute_fus
 QWEN_235B = {"model": {"precision": "fp8"}, "data": {"gbs": 8192, "seqlen": 4096, "microbatch_sz": 1}}
 PUBLISHED_QWEN_235B = {"permute_fusion": True, "router_fusion": True, "grads_fp32": False, "cross_entropy": "te",
                        "fp8_recipe": "mxfp8", "fp8_param": True}
+# the H100 V2 workload (TP 2, PP 8, VP 4, EP 32, moe_a2a_overlap: --overlap-moe-expert-parallel-comm and
+# --delay-wgrad-compute, the shared expert's overlap off; the all-to-all dispatcher; bf16_with_fp8_current_scaling_mixed
+# with FP8 primary weights)
+PUBLISHED_QWEN_235B_H100 = {**PUBLISHED_QWEN_235B, "fp8_recipe": "tensorwise", "a2a_overlap": True,
+                            "shared_expert_overlap": False}
 # Published throughput (tokens / s / GPU) of these runs: Megatron-Bridge docs/fern/versions/0.4.2/pages/
 # performance-summary.mdx, 26.04.01 NeMo container (DGX-B200, DGX-H100); step = GBS x seqlen / (GPUs x tokens/s/GPU)
 PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               "qwen3-30b-a3b fp8 16 H100, published stack": 8960,
                               "gpt-oss-120b bf16 64 B200, published stack": 13568,
                               "gpt-oss-120b bf16 64 H100, published stack, PP 4": 5824,
-                              "qwen3-235b-a22b mxfp8 256 B200, published stack, PP 8": 3776}
+                              "qwen3-235b-a22b mxfp8 256 B200, published stack, PP 8": 3776,
+                              "qwen3-235b-a22b fp8 256 H100, published stack, PP 8 x VP 4": 1712}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -89,6 +96,10 @@ EXAMPLES = [
     ("qwen3-235b-a22b mxfp8 256 B200, published stack, PP 8", "qwen3-235b-a22b", QWEN_235B, PUBLISHED_QWEN_235B,
      "p6-b200.48xlarge", 256, Layout(pp=8, ep=8, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
                                      decoder_last_pipeline_num_layers=11)),
+    ("qwen3-235b-a22b fp8 256 H100, published stack, PP 8 x VP 4", "qwen3-235b-a22b", QWEN_235B,
+     PUBLISHED_QWEN_235B_H100, "p5.48xlarge", 256,
+     Layout(tp=2, pp=8, vpp=4, ep=32, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
+            decoder_last_pipeline_num_layers=11)),
 ]
 
 
