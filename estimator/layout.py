@@ -370,26 +370,24 @@ def _split_adds_up(lo, c):
 
 
 @rule("layers_not_split_over_stages", "pp", "pp*vpp chunks splitting n_layers={n_layers}: evenly, or with "
-      "decoder_first/last_pipeline_num_layers (each stage's layers a multiple of vpp, or one fewer than the "
-      "middle stages' as Megatron-LM's --account-for-embedding/loss-in-pipeline-split builds them)")
+      "decoder_first/last_pipeline_num_layers")
 def _layers(lo, c):
-    from scaleplan.estimator.shapes import accounted_ends, auto_split, stage_split
+    """A stated split is one Megatron-LM runs whatever its stages' layers (emitted as the first / last counts, the
+    accounting flags or a --pipeline-model-parallel-layout string: scaleplan/megatron/args.py); an unstated one
+    needs the even split or one scaleplan states (shapes.auto_split)."""
+    from scaleplan.estimator.shapes import auto_split
 
     first, last = lo.decoder_first_pipeline_num_layers, lo.decoder_last_pipeline_num_layers
     stated = (first > 0) | (last > 0)
     even = np.broadcast_to(c.g.L % lo.virtual_stages == 0, stated.shape)
     if not (c.uneven_stages or stated.any()):  # an enumeration on P_disc: _even_layers refuses the others
         return True
-    ok = even & ~stated  # the even split
-    rest = np.nonzero(~ok)[0]  # the others: a stated split's chunks, else an automatic split (few plans)
+    ok = even | stated
+    rest = np.nonzero(~ok)[0]  # no split stated and no even one: the automatic split (few plans)
     if len(rest):
         L = np.broadcast_to(np.asarray(c.g.L), stated.shape)[rest]
-        pp, vpp, f, la = lo.pp[rest], lo.vpp[rest], first[rest], last[rest]
-        F, M, Ls = stage_split(L, pp, f, la)
-        chunks = (F % vpp == 0) & (Ls % vpp == 0) & ((pp <= 2) | (M % vpp == 0))
-        chunks |= np.logical_or(*accounted_ends(L, pp, vpp, f, la))
         ok = ok.copy()
-        ok[rest] = np.where(stated[rest], chunks, auto_split(L, pp, vpp)[0] > 0)
+        ok[rest] = auto_split(L, lo.pp[rest], lo.vpp[rest])[0] > 0
     return ok
 
 

@@ -19,8 +19,9 @@ from scaleplan.estimator.layout import FIELDS as LAYOUT_FIELDS
 from scaleplan.estimator.layout import SPLIT_FIELDS
 from scaleplan.estimator.model_dims import VOCAB_DIVISOR, padded_vocab
 from scaleplan.megatron.features import attention_args, feature_notes, mlp_args, mtp_args, router_args
+from scaleplan.megatron.pipeline_split import layout_string
 from scaleplan.megatron.stack_args import stack_args, stack_notes
-from scaleplan.estimator.shapes import accounted_ends, layout_shapes, split_of
+from scaleplan.estimator.shapes import accounted_ends, layout_shapes, split_of, stage_split
 from scaleplan.specs import Layout, ModelBlock, Spec
 from scaleplan.stack import Stack
 
@@ -186,7 +187,8 @@ def _stage_args(m: ModelBlock, lo: dict[str, Any], seqlen: int) -> list[list[str
     """The pipeline's stage split: an uneven one as Megatron-LM states it (--decoder-first/last-pipeline-num-
     layers, which refuse --num-layers-per-virtual-pipeline-stage: the VPP chunks then by
     --num-virtual-stages-per-pipeline-rank), or where its end stages hold one layer fewer than the middle ones
-    and are no multiples of VPP, by --account-for-embedding/loss-in-pipeline-split (shapes.accounted_ends); an even
+    and are no multiples of VPP, by --account-for-embedding/loss-in-pipeline-split (shapes.accounted_ends), or where
+    neither states it (a stage's layers no multiple of VPP), by --pipeline-model-parallel-layout; an even
     one with VPP by its layers per virtual stage. A split the plan leaves unstated where the even one does not
     exist is the one scaleplan costed it with."""
     first, last = split_of(m, Layout(**lo))
@@ -196,9 +198,14 @@ def _stage_args(m: ModelBlock, lo: dict[str, Any], seqlen: int) -> list[list[str
                                        ("--account-for-loss-in-pipeline-split", loss)) if on]
         return out + [["--num-virtual-stages-per-pipeline-rank", str(lo["vpp"])]]
     if first or last:
+        pp, vpp = lo["pp"], lo["vpp"]
+        F, M, Ls = (int(x) for x in stage_split(m.n_layers, pp, first, last))
+        if any(n % vpp for n in (F, Ls) + ((M,) if pp > 2 else ())):  # no counts Megatron-LM takes at this VPP
+            stages = [F] + [M] * (pp - 2) + [Ls]
+            return [["--pipeline-model-parallel-layout", layout_string(pp, vpp, stages, m.mtp_layers)]]
         out = [[flag, str(n)] for flag, n in (("--decoder-first-pipeline-num-layers", first),
                                               ("--decoder-last-pipeline-num-layers", last)) if n]
-        return out + ([["--num-virtual-stages-per-pipeline-rank", str(lo["vpp"])]] if lo["vpp"] > 1 else [])
+        return out + ([["--num-virtual-stages-per-pipeline-rank", str(vpp)]] if vpp > 1 else [])
     if lo["vpp"] > 1:
         return [["--num-layers-per-virtual-pipeline-stage", str(int(layout_shapes(m, Layout(**lo), seqlen).first.chunk_layers))]]
     return []

@@ -59,6 +59,18 @@ def split_of_layout(text: str, pp: int, n_layers: int, mtp: int, where: str) -> 
     return split_of_segments([c.count("t") for c in chunks], pp, where, LAYOUT_FIELD)
 
 
+def layout_string(pp: int, vpp: int, stage_layers: list[int], mtp: int) -> str:
+    """The --pipeline-model-parallel-layout string of ``stage_layers`` decoder layers on each of ``pp`` stages (the
+    first to the last), each stage's spread over its ``vpp`` chunks as evenly as they go (the earlier chunks one
+    more), chunk k on stage k mod pp; the embedding opens the first chunk, the ``mtp`` MTP layers and the loss close
+    the last. What Megatron-LM runs for a split its first / last stage counts cannot state (layers no multiple of
+    VPP: DeepSeek-V3's 8 + 6 x 8 + 5 at VP 2)."""
+    per = [[n // vpp + (v < n % vpp) for v in range(vpp)] for n in stage_layers]
+    chunks = [("t" if n == 1 else f"t*{n}") if n else "" for n in (per[k % pp][k // pp] for k in range(pp * vpp))]
+    chunks[0], chunks[-1] = "E" + chunks[0], chunks[-1] + "m" * mtp + "L"
+    return "|".join(chunks)
+
+
 def split_of_accounting(n_layers: int, pp: int, emb: bool, loss: bool, where: str) -> tuple[int, int]:
     """(first, last) decoder layers of --account-for-embedding/loss-in-pipeline-split ((0, 0) when neither is set
     or PP is 1). Raises SpecError where L + e + l is no multiple of PP (Megatron-Core's own refusal)."""

@@ -196,3 +196,38 @@ def test_a_stated_split_reads_whole_in_a_narrow_table(recorded_db, run, monkeypa
     lay = json.loads(doc)["ranked"][0]["layout"]
     for k in ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers"):
         assert f"{k}={lay[k]}" in cell
+
+
+# Megatron-Bridge's DeepSeek-V3 B200 MXFP8 V2 layout (deepseek_workload_base_configs.py): PP 8 x VP 2, 8 decoder
+# layers on the first stage, 8 on each middle one, 4 + 1 and the MTP layer on the last
+DSV3_LAYOUT = "Et*4|(t*4|)*14tmL"
+
+
+def test_a_split_no_stage_counts_state_is_emitted_as_a_layout_string(_no_transformer_engine, tmp_path):
+    """DeepSeek-V3 at PP 8 x VP 2 with 8 and 5 layers on the end stages (5 no multiple of VP 2, nor one fewer than
+    the middle stages' 8): `estimate` costs it and `--emit megatron` states it as a --pipeline-model-parallel-layout
+    string, which Megatron-LM's checks accept and megatron-core splits 8 / 8 x 6 / 5 with the MTP layer last; a run
+    with Megatron-Bridge's own string for it reads back into the same layout."""
+    from scaleplan.megatron.args import megatron_text
+    from scaleplan.megatron.log import read_plan
+
+    spec = parse_spec(catalogue.spec_data("deepseek-v3"))
+    lo = parse_layout("tp=1,pp=8,vpp=2,ep=32,decoder_first_pipeline_num_layers=8,decoder_last_pipeline_num_layers=5,"
+                      "ckpt=selective", spec.default_layout()).model_dump()
+    lo["dp"] = 32
+    text = megatron_text(spec, lo, 256, 8, "deepseek-v3")
+    assert "--pipeline-model-parallel-layout" in text and "--decoder-first-pipeline-num-layers" not in text
+    ns, _ = mlm.parse(mlm.argv(text))
+    mlm.validate(ns, 256)
+    cfg = mlm.transformer_config(ns)
+    per_rank = [[[t.name for t in chunk].count("decoder") for chunk in row]
+                for row in cfg.pipeline_model_parallel_layout.layout]
+    assert [sum(r) for r in per_rank] == [8] + [8] * 6 + [5]
+    assert [t.name for t in cfg.pipeline_model_parallel_layout.layout[-1][-1]].count("mtp") == 1
+    words = mlm.argv(text)
+    at = words.index("--pipeline-model-parallel-layout")
+    bridge = " ".join(words[:at + 1] + [f"'{DSV3_LAYOUT}'"] + words[at + 2:])
+    log = tmp_path / "train.log"
+    log.write_text(_log_of(bridge, 256, [1.0] * 12))
+    back, lay, world = read_plan(log, spec.hardware.node_type)
+    assert (lay["decoder_first_pipeline_num_layers"], lay["decoder_last_pipeline_num_layers"], lay["vpp"]) == (8, 5, 2)
