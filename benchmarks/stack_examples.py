@@ -12,9 +12,10 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
 3. Qwen3-235B-A22B on 256 B200 at PP 8 (the embedding and the loss counted in the split: 11 + 6 x 12 + 11 layers),
    EP 8, micro-batch 1, sequence 4096, global batch 8192 (256 micro-batches per pipeline), MXFP8: the published
    B200 V2 workload; and on 256 H100 the H100 V2 workload (TP 2, PP 8 x VP 4, EP 32, FP8 tensorwise, the
-   all-to-all overlapped with --overlap-moe-expert-parallel-comm, estimator/ep_overlap.py). DeepSeek-V3 (B200)
-   is left out: its pipeline layout string puts 8 layers on the first stage and 5 with the MTP layer on the last
-   at VP 2, which the first / last stage counts cannot state.
+   all-to-all overlapped with --overlap-moe-expert-parallel-comm, estimator/ep_overlap.py).
+4. DeepSeek-V3 on 256 B200, MXFP8: the published B200 V2 workload (PP 8 x VP 2 with its layout string's 8 + 6 x 8
+   + 5 layers and the MTP layer last, EP 32, micro-batch 1, global batch 4096, DeepEP, the all-to-all overlapped,
+   CUDA graphs over attention, router and preprocess, --recompute-modules mla_up_proj mlp).
 
     python benchmarks/stack_examples.py --db URL-with-the-recorded-and-own-tables [--json]
 
@@ -63,6 +64,15 @@ PUBLISHED_QWEN_235B = {"permute_fusion": True, "router_fusion": True, "grads_fp3
 # with FP8 primary weights)
 PUBLISHED_QWEN_235B_H100 = {**PUBLISHED_QWEN_235B, "fp8_recipe": "tensorwise", "a2a_overlap": True,
                             "shared_expert_overlap": False}
+# DeepSeek-V3 B200 FP8_MX V2 (deepseek_workload_base_configs: PP 8, VP 2, EP 32, GBS 4096, DeepEP, moe_a2a_overlap,
+# CUDA graphs attn / moe_router / moe_preprocess, recompute_modules mla_up_proj mlp, layout "Et*4|(t*4|)*14tmL";
+# set_deepseek_v3_common_configs: router fusion, selective recompute, grads in bf16; the deepseek_v3 recipe: permute
+# fusion, TE's cross-entropy, one MTP layer; bf16_with_mxfp8_mixed)
+DSV3 = {"model": {"precision": "fp8"}, "data": {"gbs": 4096, "seqlen": 4096, "microbatch_sz": 1}}
+PUBLISHED_DSV3 = {"permute_fusion": True, "router_fusion": True, "grads_fp32": False, "cross_entropy": "te",
+                  "fp8_recipe": "mxfp8", "fp8_param": True, "dispatcher": "deepep", "a2a_overlap": True,
+                  "shared_expert_overlap": False, "cuda_graphs": ["attn", "moe_router", "moe_preprocess"],
+                  "recompute_modules": ["mla_up_proj", "mlp"]}
 # Published throughput (tokens / s / GPU) of these runs: Megatron-Bridge docs/fern/versions/0.4.2/pages/
 # performance-summary.mdx, 26.04.01 NeMo container (DGX-B200, DGX-H100); step = GBS x seqlen / (GPUs x tokens/s/GPU)
 PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
@@ -70,7 +80,8 @@ PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               "gpt-oss-120b bf16 64 B200, published stack": 13568,
                               "gpt-oss-120b bf16 64 H100, published stack, PP 4": 5824,
                               "qwen3-235b-a22b mxfp8 256 B200, published stack, PP 8": 3776,
-                              "qwen3-235b-a22b fp8 256 H100, published stack, PP 8 x VP 4": 1712}
+                              "qwen3-235b-a22b fp8 256 H100, published stack, PP 8 x VP 4": 1712,
+                              "deepseek-v3 mxfp8 256 B200, published stack, PP 8 x VP 2": 3328}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -100,6 +111,9 @@ EXAMPLES = [
      PUBLISHED_QWEN_235B_H100, "p5.48xlarge", 256,
      Layout(tp=2, pp=8, vpp=4, ep=32, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
             decoder_last_pipeline_num_layers=11)),
+    ("deepseek-v3 mxfp8 256 B200, published stack, PP 8 x VP 2", "deepseek-v3", DSV3, PUBLISHED_DSV3,
+     "p6-b200.48xlarge", 256, Layout(pp=8, vpp=2, ep=32, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=8,
+                                     decoder_last_pipeline_num_layers=5)),
 ]
 
 
