@@ -347,7 +347,7 @@ class TimeModel:
         # full recompute of an MoE block re-runs its dispatcher's host sync at the start of the last block's
         # backward: the LM head's backward, issued just before, is exposed (pipeline.stage_periods)
         x_lb = k.t_last_b * recomputes_block(ctx.lay.ckpt) if ctx.g.is_moe and not self.serial else 0.0
-        vocab = Vocab(k.t_first, k.t_last_f, k.t_last_b - x_lb, x_lb)
+        vocab = Vocab(k.t_first, k.t_last_f, k.t_last_b - x_lb, x_lb, ctx.stack.nan_check)
         return stage_periods(ctx.lay.pp, w.first, w.middle, w.last, vocab, self.serial)
 
     def _pp_p2p(self, ctx: EvalContext, k: LayerKernels) -> np.ndarray:

@@ -90,12 +90,14 @@ class Middle:
 class Vocab:
     """The vocabulary work of the end stages per micro-batch, seconds: the embedding (first stage), the LM
     head + cross-entropy forward and backward (last stage), and the part of that backward no host work
-    hides (``last_bwd_exposed``)."""
+    hides (``last_bwd_exposed``). ``loss_sync``: the host reads each micro-batch's loss (the stack's NaN check,
+    :func:`stage_periods`), so the forward is exposed; else it joins the forward pass's GPU side."""
 
     t_first: np.ndarray | float = 0.0
     t_last_fwd: np.ndarray | float = 0.0
     t_last_bwd: np.ndarray | float = 0.0
     last_bwd_exposed: np.ndarray | float = 0.0
+    loss_sync: bool = True
 
 
 def stage_periods(pp: ArrayLike, first: StageWork, middle: Middle, last: StageWork, vocab: Vocab,
@@ -122,7 +124,9 @@ def stage_periods(pp: ArrayLike, first: StageWork, middle: Middle, last: StageWo
       spent cannot hide the wire time.
     * the LM head + cross-entropy forward (last stage) is exposed: Megatron's loss function checks each
       micro-batch's loss for NaN/Inf on the host (rerun state machine, ``check_for_nan_in_loss_and_grad``),
-      a device-to-host sync right after those kernels, so the host waits for them. Their backward is
+      a device-to-host sync right after those kernels, so the host waits for them. A stack without that check
+      (``stack.nan_check`` false: Megatron-Bridge's performance recipes) runs them under the backward's launches:
+      they join the forward pass's GPU side (``vocab.loss_sync``). Their backward is
       launched at once after the loss and runs while the host launches the layers' backward: it joins the
       GPU side of the max, as does the embedding (first stage).
     * ``vocab.last_bwd_exposed``: the part of the LM head + CE backward that no host work hides, added
@@ -157,8 +161,10 @@ def end_periods(first: StageWork, last: StageWork, vocab: Vocab,
         first_p = f_gpu + first.disp + first.a2a
         return first_p, last.period(serial) + v.t_last_fwd + v.t_last_bwd, first_p + v.t_last_fwd + v.t_last_bwd
     first_p = first.overlapped(v.t_first) + first.a2a
-    last_p = last.overlapped(0.0, v.t_last_bwd) + last.a2a + v.t_last_fwd + v.last_bwd_exposed
-    one = first.overlapped(v.t_first, v.t_last_bwd) + first.a2a + v.t_last_fwd + v.last_bwd_exposed
+    hidden_f = 0.0 if v.loss_sync else v.t_last_fwd  # the LM head's forward under the host's launches, or after them
+    exposed_f = v.t_last_fwd - hidden_f
+    last_p = last.overlapped(hidden_f, v.t_last_bwd) + last.a2a + exposed_f + v.last_bwd_exposed
+    one = first.overlapped(v.t_first + hidden_f, v.t_last_bwd) + first.a2a + exposed_f + v.last_bwd_exposed
     return first_p, last_p, one
 
 

@@ -69,7 +69,9 @@ class Stack(BaseModel):
     never overlaps it), a2a_overlap (--overlap-moe-expert-parallel-comm with --delay-wgrad-compute: each
     micro-batch's MoE-layer forward runs merged with another's backward, the one's all-to-alls under the other's
     compute, estimator/ep_overlap.py; Megatron-Core allows it with the all-to-all and flex dispatchers and without
-    --moe-shared-expert-overlap), recompute_modules (what the layout's ``selective`` checkpointing recomputes,
+    --moe-shared-expert-overlap), nan_check (--check-for-nan-in-loss-and-grad, Megatron-LM's default: the loss
+    function reads each micro-batch's loss on the host, a device sync that exposes the LM head's forward;
+    Megatron-Bridge's performance recipes turn it off, utils/overrides.py), recompute_modules (what the layout's ``selective`` checkpointing recomputes,
     Megatron-Core's --recompute-modules; None: core_attn, its default; ``super-selective`` stays core_attn,
     layernorm and moe_act whatever this says).
     """
@@ -87,6 +89,7 @@ class Stack(BaseModel):
     cross_entropy: CrossEntropy = "native"
     shared_expert_overlap: bool = True
     a2a_overlap: bool = False
+    nan_check: bool = True
     recompute_modules: tuple[RecomputeModule, ...] | None = None
 
     @model_validator(mode="after")

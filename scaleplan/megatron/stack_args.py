@@ -4,7 +4,7 @@ Flags and choices are core_v0.19.0's (tests/data/megatron/arguments_core_v0.19.0
 --moe-token-dispatcher-type alltoall | allgather | flex with --moe-flex-dispatcher-backend deepep | hybridep,
 --moe-permute-fusion, --moe-router-fusion, --overlap-moe-expert-parallel-comm with --delay-wgrad-compute,
 --cuda-graph-impl transformer_engine with --cuda-graph-modules,
---fp8-recipe, --fp8-param-gather, --grad-reduce-in-bf16. What no flag sets (Transformer Engine's grouped GEMM kernel, an environment
+--fp8-recipe, --fp8-param-gather, --grad-reduce-in-bf16, --no-check-for-nan-in-loss-and-grad. What no flag sets (Transformer Engine's grouped GEMM kernel, an environment
 variable) is a comment line (:func:`stack_notes`).
 """
 from __future__ import annotations
@@ -49,6 +49,8 @@ def stack_args(stack: Stack, precision: str, moe: bool) -> list[list[str]]:
         out.append(["--grad-reduce-in-bf16"])
     if stack.cross_entropy == "te":  # --cross-entropy-loss-fusion itself is the caller's (args.py)
         out.append(["--cross-entropy-fusion-impl", "te"])
+    if not stack.nan_check:
+        out.append(["--no-check-for-nan-in-loss-and-grad"])
     return out
 
 
@@ -89,6 +91,8 @@ def stack_from_dump(a: dict[str, Any], where: str) -> dict[str, Any]:
             block[name] = True
     if a.get("moe_shared_expert_intermediate_size") and kind != "allgather" and not a.get("moe_shared_expert_overlap"):
         block["shared_expert_overlap"] = False
+    if a.get("check_for_nan_in_loss_and_grad") is False:  # --no-check-for-nan-in-loss-and-grad (default on)
+        block["nan_check"] = False
     if a.get("overlap_moe_expert_parallel_comm"):  # which Megatron-Core runs only without the shared expert's overlap
         block["a2a_overlap"], block["shared_expert_overlap"] = True, False
     if a.get("grad_reduce_in_bf16") or ("accumulate_allreduce_grads_in_fp32" in a

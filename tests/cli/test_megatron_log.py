@@ -239,12 +239,12 @@ def test_a_stack_round_trips_through_emit_and_log(run, tmp_path, validation_dir)
     doc = {**doc, "model": {**doc["model"], "precision": "fp8"}, "data": {**doc["data"], "gbs": 256},
            "stack": {"fp8_recipe": "mxfp8", "permute_fusion": True, "router_fusion": True, "dispatcher": "hybridep",
                      "cuda_graphs": ["attn", "moe_router", "moe_preprocess"], "fp8_param": True,
-                     "grads_fp32": False}}
+                     "grads_fp32": False, "nan_check": False}}
     emitted, r = _emit_and_read_back(run, tmp_path, doc)
     for flag in ("--fp8-recipe mxfp8", "--moe-permute-fusion", "--moe-router-fusion",
                  "--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep",
                  "--cuda-graph-impl transformer_engine", "--cuda-graph-modules attn moe_router moe_preprocess",
-                 "--fp8-param-gather", "--grad-reduce-in-bf16"):
+                 "--fp8-param-gather", "--grad-reduce-in-bf16", "--no-check-for-nan-in-loss-and-grad"):
         assert flag in emitted, flag
     planned = parse_spec(doc)
     assert parse_spec(r["spec"]).stack == planned.stack

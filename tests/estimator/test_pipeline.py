@@ -282,3 +282,20 @@ def test_pipeline_work_splits_the_passes_of_moe_and_non_interleaved_plans():
         assert np.ravel(w.gpu_f)[0] == pytest.approx(np.ravel(want)[0])
         assert float(np.ravel(w.share_f)[0]) == pytest.approx(1 / units)
         assert bool(np.ravel(w.split)[0]) is split
+
+
+def test_the_lm_heads_forward_hides_under_the_host_only_without_the_losss_sync():
+    """A host-bound last stage (layers 10 ms on the GPU, 30 ms to launch; LM head forward 4 ms, backward 8 ms): with
+    the NaN check's sync the forward adds after the max, 30 + 4 ms; without it (stack.nan_check false) it runs
+    under the launches, max(10 + 4 + 8, 30) = 30 ms. Device-bound (40 ms of layers) it costs 40 + 4 + 8 either way.
+    One stage (PP 1, the embedding 1 ms beside): the same rule."""
+    def period(pp, gpu, sync):
+        w = StageWork(np.asarray(gpu), np.asarray(30e-3))
+        return float(_stage_periods(np.asarray(pp), w, Middle(np.asarray(0), w, w, w), w,
+                                    Vocab(1e-3, 4e-3, 8e-3, 0.0, sync)).period)
+
+    assert period(2, 10e-3, True) == pytest.approx(34e-3)
+    assert period(2, 10e-3, False) == pytest.approx(30e-3)
+    assert period(2, 40e-3, True) == pytest.approx(52e-3) == period(2, 40e-3, False)
+    assert period(1, 10e-3, True) == pytest.approx(30e-3 + 4e-3)
+    assert period(1, 10e-3, False) == pytest.approx(30e-3)
