@@ -254,7 +254,9 @@ def auto_split(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike) -> tuple[np.ndarray,
     only when stated (--decoder-first/last-pipeline-num-layers); scaleplan states them in its plans. Where no
     such split exists, the one Megatron-LM's --account-for-embedding/loss-in-pipeline-split builds
     (:func:`accounted_ends`; both counted first, as Megatron-Bridge's recipes count them): Qwen3-235B-A22B's 94
-    layers over PP 8 x VPP 4 as 11 + 6 x 12 + 11."""
+    layers over PP 8 x VPP 4 as 11 + 6 x 12 + 11. Where neither exists, the rest halved, the last the smaller half,
+    which only a --pipeline-model-parallel-layout string states (scaleplan/megatron/args.py): DeepSeek-V3's 61
+    layers over PP 8 x VPP 4 as 7 + 6 x 8 + 6, Megatron-Bridge's H100 layout "Et|(tt|)*30mL"."""
     L, pp, vpp = (np.asarray(x, dtype=np.int64) for x in (L, pp, vpp))
     L, pp, vpp = np.broadcast_arrays(L, pp, vpp)
     middle = -(-L // (pp * vpp)) * vpp
@@ -268,7 +270,8 @@ def auto_split(L: ArrayLike, pp: ArrayLike, vpp: ArrayLike) -> tuple[np.ndarray,
         valid, aF, aL = accounting_split(L, pp, vpp, e, lo)
         acc = uneven & ~ok & (vpp > 1) & valid
         first, last, ok = np.where(acc, aF, first), np.where(acc, aL, last), ok | acc
-    return first, last
+    half = uneven & ~ok & (rest >= 2)  # any counts: a layout string
+    return np.where(half, rest - rest // 2, first), np.where(half, rest // 2, last)
 
 
 def resolve_split(g: Geometry, lay: ParallelLayout) -> ParallelLayout:

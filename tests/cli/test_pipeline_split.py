@@ -231,3 +231,23 @@ def test_a_split_no_stage_counts_state_is_emitted_as_a_layout_string(_no_transfo
     log.write_text(_log_of(bridge, 256, [1.0] * 12))
     back, lay, world = read_plan(log, spec.hardware.node_type)
     assert (lay["decoder_first_pipeline_num_layers"], lay["decoder_last_pipeline_num_layers"], lay["vpp"]) == (8, 5, 2)
+
+
+def test_an_unstated_split_no_counts_state_is_halved_and_emitted_as_a_layout_string(_no_transformer_engine, run_json,
+                                                                                  recorded_db, run):
+    """DeepSeek-V3 at PP 8 x VP 4 given without a split: 61 layers leave 13 for the end stages after 6 middle stages
+    of 8, no multiples of VP 4 and no accounting split, so scaleplan halves them, 7 + 6 x 8 + 6 (Megatron-Bridge's
+    H100 layout "Et|(tt|)*30mL" splits them so), and `--emit megatron` states it as a layout string megatron-core
+    accepts."""
+    args = ("estimate", "deepseek-v3", "--devices", 512, "--profile", "p6-b200.48xlarge", "--layout",
+            "tp=1,pp=8,vpp=4,ep=64,ckpt=selective", "--db", recorded_db)
+    lay = run_json(*args)[0]["layout"]
+    assert (lay["decoder_first_pipeline_num_layers"], lay["decoder_last_pipeline_num_layers"]) == (7, 6)
+    code, text, err = run(*args, "--emit", "megatron")
+    assert code == 0, err
+    ns, _ = mlm.parse(mlm.argv(text))
+    mlm.validate(ns, 512)
+    cfg = mlm.transformer_config(ns)
+    per_rank = [sum([t.name for t in chunk].count("decoder") for chunk in row)
+                for row in cfg.pipeline_model_parallel_layout.layout]
+    assert per_rank == [7] + [8] * 6 + [6]
