@@ -209,7 +209,11 @@ class TimeModel:
         ctx = self.context(g, lay, seqlen, gbs, tables, shapes, stack)
         k = layer_kernels(ctx)
         if stack.a2a_overlap and g.is_moe:  # the merged 1F1B passes hide the exchanges (estimator/ep_overlap.py)
+            wire = k.a2a_f + k.a2a_b
             k = with_overlapped_a2a(k, lay.pp, lay.vpp, ctx.shapes.n_mb)
+            ctx.rec.note("ep_a2a: the exposed part of the all-to-all under --overlap-moe-expert-parallel-comm "
+                         "(stack.a2a_overlap), the rest hidden under another micro-batch's compute",
+                         (wire > 0) & (k.a2a_f + k.a2a_b < wire))
         lt = layer_totals(k, lay.ckpt, self._framework_kernels(ctx), g.is_moe, stack.overlaps_shared_expert(),
                           stack.recompute_modules, bool(np.any(g.is_mla)))
         w, t_step_host = self._stage_work(ctx, k, lt)

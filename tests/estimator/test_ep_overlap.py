@@ -83,6 +83,8 @@ def test_a_plan_on_the_overlap_stack_is_charged_less_and_refused_where_megatron_
     [r0], [r1] = est.estimate(plain, 256, [lay]), est.estimate(merged, 256, [lay])
     assert 0 < r1.breakdown_s["ep_a2a"] < r0.breakdown_s["ep_a2a"]
     assert r1.t_iter_s < r0.t_iter_s
+    says = [w for w in r1.warnings if "exposed part of the all-to-all" in w]  # the plan says what it hides
+    assert len(says) == 1 and not [w for w in r0.warnings if "exposed part" in w]
     for bad, field in ((dict(vpp=1), "vpp"), (dict(ckpt="full"), "ckpt"), (dict(ep=1, vpp=2), "ep")):
         with pytest.raises(SpecError, match="a2a_overlap"):
             est.estimate(merged, 256, [lay.model_copy(update=bad)])
