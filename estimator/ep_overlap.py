@@ -51,7 +51,7 @@ def layer_pair_time(a: ArrayLike, pre_f: ArrayLike, pre_b: ArrayLike, mlp_f: Arr
     comb_b = np.asarray(a, dtype=float)                # comm: combine_bwd, from 0
     t1 = np.maximum(comb_b, pre_f)                     # comp: pre_dispatch_fwd from 0; mlp_bwd waits for combine_bwd
     mlp_b_end = t1 + mlp_b
-    disp_f_end = np.maximum(comb_b, pre_f) + a         # comm: dispatch_fwd after combine_bwd and pre_dispatch_fwd
+    disp_f_end = t1 + a                                # comm: dispatch_fwd after combine_bwd and pre_dispatch_fwd
     disp_b_end = np.maximum(disp_f_end, mlp_b_end) + a  # comm: dispatch_bwd after mlp_bwd
     mlp_f_end = np.maximum(mlp_b_end + wgrad, disp_f_end) + mlp_f  # comp: after mlp_bwd_dw, waits for dispatch_fwd
     comb_f_end = np.maximum(disp_b_end, mlp_f_end) + a  # comm: combine_fwd after mlp_fwd
