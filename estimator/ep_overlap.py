@@ -63,8 +63,8 @@ def exposed_a2a(k: LayerKernels, pp: ArrayLike, vpp: ArrayLike, n_mb: ArrayLike)
     """Exposed EP all-to-all seconds per MoE layer and micro-batch, forward and backward together (module
     docstring); ``k.a2a_f`` holds a dispatch and a combine, so one exchange is half of it."""
     a = k.a2a_f / 2.0
-    pre_f = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f + k.rg_f + k.tk_f + k.perm
-    pre_b = k.attn_b + k.sd_b + k.ew_b + k.tp_b + k.cp_b + k.rg_b + k.tk_b + k.perm_b
+    common_f, common_b = k.common()
+    pre_f, pre_b = common_f + k.rg_f + k.tk_f + k.perm, common_b + k.rg_b + k.tk_b + k.perm_b
     mlp_f, grad = k.ex_f + k.sh_f, (k.ex_b + k.sh_b) / 2.0
     merged = layer_pair_time(a, pre_f, pre_b, mlp_f, grad, grad) - (pre_f + pre_b + mlp_f + 2.0 * grad)
     share = unmerged_microbatches(pp, vpp, n_mb) / np.asarray(n_mb, dtype=float)

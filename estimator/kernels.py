@@ -71,6 +71,12 @@ class LayerKernels:
     def take(self, idx: ArrayLike) -> LayerKernels:
         return LayerKernels(**{f: getattr(self, f)[idx] for f in _NAMES})
 
+    def common(self) -> tuple[np.ndarray, np.ndarray]:
+        """(forward, backward) seconds of what every block runs besides its FFN: attention projections, SDPA,
+        element-wise, the TP and CP exchanges."""
+        return (self.attn_f + self.sd_f + self.ew_f + self.tp_f + self.cp_f,
+                self.attn_b + self.sd_b + self.ew_b + self.tp_b + self.cp_b)
+
 
 _NAMES = tuple(f.name for f in fields(LayerKernels))
 # the MoE block's terms (zero for a dense model), and the device-kernel times kernel_scale multiplies

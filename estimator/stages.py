@@ -44,8 +44,7 @@ def layer_totals(k: LayerKernels, ckc: np.ndarray, fw: np.ndarray, is_moe: bool,
     the stack ``overlap``s them (--moe-shared-expert-overlap: the alltoall and flex dispatchers), else after it.
     ``modules``: what the stack's selective checkpointing recomputes (estimator/recompute.py; None: core_attn);
     ``mla``: the attention's input norm is a separate module too."""
-    common_f = k.attn_f + k.sd_f + k.ew_f + k.tp_f + k.cp_f
-    common_b = k.attn_b + k.sd_b + k.ew_b + k.tp_b + k.cp_b
+    common_f, common_b = k.common()
     both = np.maximum if overlap else np.add
     moe_lf = common_f + k.moe_f + both(k.sh_f, k.a2a_f)
     moe_lb = common_b + k.moe_b + both(k.sh_b, k.a2a_b)
@@ -151,10 +150,8 @@ def pipeline_work(ctx: EvalContext, lt: LayerTotals, disp: dict[str, np.ndarray]
         key = (*st.blocks, id(disp[name]))
         if key not in seen:
             t, a2a, t_f = stage_gpu(lt, st, moe)
-            if merged:  # the exposed exchanges share the GPU timeline the host races (estimator/ep_overlap.py)
-                seen[key] = StageWork(t, disp[name], 0.0, t_f + a2a / 2.0, share_f, split), t
-            else:
-                seen[key] = StageWork(t - a2a, disp[name], a2a, t_f, share_f, split), t
+            after = 0.0 if merged else a2a  # merged: the exposed exchanges share the GPU timeline the host races
+            seen[key] = StageWork(t - after, disp[name], after, t_f + (a2a - after) / 2.0, share_f, split), t
         return seen[key]
 
     (first, t0), (last, tl), (lo, tlo), (hi, thi), (mean, _) = (
