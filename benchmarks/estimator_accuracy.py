@@ -184,6 +184,34 @@ def slot_law(sw, preds: dict, t_meas: dict) -> None:
             print(f"   {name} ep={ep} over L_stage {sorted({int(r[0]) for r in rows})}: " + " | ".join(cells))
 
 
+def _staged() -> tuple[dict, list]:
+    """tab:staged-top4's layout and runs (tests/paper_tables.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from paper_tables import STAGED_LAYOUT, STAGED_RUNS
+
+    return STAGED_LAYOUT, STAGED_RUNS
+
+
+def staged_plans(est: Estimator, mem_fraction: float, modes: tuple[str, ...] | None = None) -> list:
+    """Each staged run's best plan at the staged layout (None where none fits): its fastest checkpointing among
+    ``modes`` (default: all) within ``mem_fraction`` of HBM."""
+    lay, runs = _staged()
+    extra = {"ckpt": modes} if modes else {}
+    fixed = PlanConstraints(**{k: (lay[k],) for k in ("tp", "cp", "pp", "ep", "mbs")}, mem_fraction=mem_fraction,
+                            **extra)
+    return [est.best_plan(ladder_model(q, E, K, G), lay["n_devices"], lay["gbs"], lay["seqlen"], "adamw", fixed)
+            for q, E, K, G, _, _ in runs]
+
+
+def staged_error(x) -> tuple[np.ndarray, float]:
+    """(``x`` normalised by its largest, the MAPE in percent against the measured ratios over the runs not
+    normalised away: the measured best is 1 on both sides)."""
+    meas = np.array([r[5] for r in _staged()[1]])
+    xn = np.array(x) / np.nanmax(x)
+    keep = meas < 1
+    return xn, 100 * float(np.mean(np.abs(xn[keep] - meas[keep]) / meas[keep]))
+
+
 def staged_runs(est: Estimator) -> None:
     """tab:staged-top4 (transcribed once, in tests/paper_tables.py) as the table gives it: each
     geometry at the staged layout and its fastest checkpointing that fits, our MFU in the FLOP count
@@ -197,43 +225,29 @@ def staged_runs(est: Estimator) -> None:
     caps memory at 0.9 of HBM and sweeps none/selective/full only; both rules are printed, and the
     100%-of-HBM reading, each with the checkpointing it picks per run under our memory counts (MoE blocks
     saving what Megatron-Core saves, estimator/memory.py)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from paper_tables import STAGED_LAYOUT as lay
-    from paper_tables import STAGED_RUNS as runs
     from scaleplan.units import MEM_FRACTION
 
-    def at(mem_fraction, modes=None):
-        extra = {"ckpt": modes} if modes else {}
-        fixed = PlanConstraints(**{k: (lay[k],) for k in ("tp", "cp", "pp", "ep", "mbs")}, mem_fraction=mem_fraction,
-                                **extra)
-        return [est.best_plan(ladder_model(q, E, K, G), lay["n_devices"], lay["gbs"], lay["seqlen"], "adamw", fixed)
-                for q, E, K, G, _, _ in runs]
-
+    runs = _staged()[1]
     meas = np.array([r[5] for r in runs])
-
-    def err(x):  # normalised MAPE over the runs not normalised away (the measured best is 1 on both sides)
-        xn = np.array(x) / np.nanmax(x)
-        keep = meas < 1
-        return xn, 100 * float(np.mean(np.abs(xn[keep] - meas[keep]) / meas[keep]))
 
     def logged(plans):
         return [float("nan") if r is None else 100 * r.mfu_validation for r in plans]
 
-    plans = at(MEM_FRACTION)
+    plans = staged_plans(est, MEM_FRACTION)
     eq = [float("nan") if r is None else 100 * r.mfu for r in plans]
-    ln, l_err = err(logged(plans))
-    en, e_err = err(eq)
-    pn, p_err = err(np.array([r[4] for r in runs]))
+    ln, l_err = staged_error(logged(plans))
+    en, e_err = staged_error(eq)
+    pn, p_err = staged_error(np.array([r[4] for r in runs]))
     print(f"staged runs (tab:staged-top4, 64 B200, pp=4 ep=8 mbs=4, fastest checkpointing within {MEM_FRACTION:g} of "
           "HBM, the planner's rule; our MFU in the logged count | eq:mfu, then normalised, vs the measured ratios):")
     for (q, E, K, G, paper, m), o, on, e, e_n, p_n in zip(runs, logged(plans), ln, eq, en, pn):
         print(f"   q={q} E={E} K={K} G={G}: ours {o:5.2f}% ({on:.2f}) | {e:5.2f}% ({e_n:.2f})  "
               f"paper {paper:5.2f}% ({p_n:.2f})  measured {m:.2f}")
-    ref = at(0.9, ("none", "selective", "full"))  # the reference search's rule (searcher.py)
-    loose = at(1.0)
+    ref = staged_plans(est, 0.9, ("none", "selective", "full"))  # the reference search's rule (searcher.py)
+    loose = staged_plans(est, 1.0)
     for label, ps in ((f"within {MEM_FRACTION:g} of HBM", plans), ("reference search's rule (0.9 of HBM, "
                       "none/selective/full)", ref), ("within 100% of HBM", loose)):
-        xn, e = err(logged(ps))
+        xn, e = staged_error(logged(ps))
         print(f"   checkpointing {label}: " + ", ".join(r.layout["ckpt"] for r in ps)
               + f" -> logged-count MAPE {e:.1f}% (" + "/".join(f"{x:.2f}" for x in xn) + ")")
     print(f"   normalised MAPE over IDs 1-3 vs measured: ours {l_err:.1f}% in the logged count "

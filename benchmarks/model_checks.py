@@ -56,25 +56,15 @@ def pp1_ep_steps(est: Estimator, vdir: Path) -> None:
 
 
 def staged_host_scan(db: str) -> None:
-    import sys
+    from estimator_accuracy import _staged, staged_error, staged_plans
 
-    import numpy as np
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from paper_tables import STAGED_LAYOUT as lay
-    from paper_tables import STAGED_RUNS as runs
-
-    meas = np.array([r[5] for r in runs[:3]])
-    fixed = PlanConstraints(**{k: (lay[k],) for k in ("tp", "cp", "pp", "ep", "mbs")}, ckpt=("none",), mem_fraction=2.0)
+    meas = [r[5] for r in _staged()[1][:3]]
     print("tab:staged-top4, MFU over ID 4's (logged count, no recompute) with the host time scaled; measured "
           + " / ".join(f"{m:.2f}" for m in meas) + ":")
     for scale in (0.2, 0.5, 0.7, 1.0, 1.5, 2.0, 5.0):
         est = Estimator(PROFILE, db, use_calibration=False, host_scale=scale)
-        mfu = np.array([est.best_plan(ladder_model(q, E, K, G), lay["n_devices"], lay["gbs"], lay["seqlen"], "adamw",
-                                      fixed).mfu_validation for q, E, K, G, _, _ in runs])
-        x = mfu[:3] / mfu[3]
-        print(f"   host x {scale:3.1f}: " + " / ".join(f"{v:.3f}" for v in x)
-              + f"  MAPE {100 * float(np.mean(np.abs(x - meas) / meas)):.1f}%")
+        x, mape = staged_error([r.mfu_validation for r in staged_plans(est, 2.0, ("none",))])
+        print(f"   host x {scale:3.1f}: " + " / ".join(f"{v:.3f}" for v in x[:3]) + f"  MAPE {mape:.1f}%")
 
 
 def main() -> None:
