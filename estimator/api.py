@@ -177,10 +177,10 @@ class Estimator:
                 raise SpecError(name, v, "a positive finite number")
         if (s, se) == (1.0, 1.0):
             return
-        law = self.dispatch
-        self.dispatch = DispatchLaw(law.kappa0, law.kappa1, law.t_gap_s * s, law.t_host_s * s,
-                                    f"{law.source}, host_scale {s:.4g}" + (f", ep_host_scale {se:.4g}" if se != 1 else ""),
-                                    law.t_ep_host_s * s * se)
+        law = self.dispatch  # replace keeps the stack whose kernels kappa counts: a scale moves host seconds only
+        self.dispatch = dataclasses.replace(
+            law, t_gap_s=law.t_gap_s * s, t_host_s=law.t_host_s * s, t_ep_host_s=law.t_ep_host_s * s * se,
+            source=f"{law.source}, host_scale {s:.4g}" + (f", ep_host_scale {se:.4g}" if se != 1 else ""))
         if s == 1.0:
             return
         if self.tables.host_ops:

@@ -211,3 +211,18 @@ def test_peer_waits_need_two_ranks_with_a_common_step(tmp_path):
         peer_waits([ta])
     with pytest.raises(SpecError, match="in common"):
         peer_waits([ta, tb])
+
+
+def test_a_host_scale_keeps_the_stack_a_trace_law_counted(sqlite_url):
+    from scaleplan.estimator import Estimator
+    from scaleplan.stack import Stack
+
+    stack = Stack(permute_fusion=True, router_fusion=True)
+    law = Estimator(PROFILE, db_url=sqlite_url).dispatch
+    store_law(sqlite_url, PROFILE, [_row(e, 500.0 + 8.0 * e, 20e-6, fixed=law.t_host_s) for e in (16, 32)], law,
+              stack=stack.key())
+    traced = Estimator(PROFILE, db_url=sqlite_url).for_stack(stack, "bf16")
+    scaled = Estimator(PROFILE, db_url=sqlite_url, host_scale=0.5).for_stack(stack, "bf16")
+    assert traced.dispatch.kappa_stack == stack.key()
+    assert scaled.dispatch.kappa_stack == stack.key()  # the scale changes the host seconds, not whose kernels
+    assert scaled.dispatch.t_gap_s == pytest.approx(0.5 * traced.dispatch.t_gap_s)
