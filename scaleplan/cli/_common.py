@@ -40,6 +40,14 @@ class _LazyConsole:
         return getattr(self.get(), name)
 
 
+def escape(text: str) -> str:
+    """``text`` (a warning, a stack key, a note) made literal inside rich markup: a stack key's "[...]" would
+    otherwise be read as a style tag and dropped. Imports rich's markup on use, as the consoles do."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
 stdout = _LazyConsole(soft_wrap=True)
 stderr = _LazyConsole(stderr=True, soft_wrap=True)
 MemFractionOpt = typer.Option(MEM_FRACTION, "--mem-fraction", help=f"Usable fraction of HBM per device (default "

@@ -24,6 +24,7 @@ from scaleplan.cli._common import (
     JsonOpt,
     check_extrapolate,
     db_url,
+    escape,
     print_json,
     stderr,
     stdout,
@@ -148,7 +149,7 @@ def _print_chi(out: dict) -> None:
     stdout.print("  " + "  ".join(f"{k}={v:.4g}" + ("" if k in out["free"] else " (fixed)") for k, v in c.items()))
     stdout.print(f"  leave-one-sweep-out step-time MAPE {out['cv_error']:.1%}")
     for n in out["notes"]:
-        stdout.print(f"  note: {n}")
+        stdout.print(f"  note: {n}", markup=False)
 
 
 def _print_dispatch(out: dict) -> None:
@@ -159,7 +160,7 @@ def _print_dispatch(out: dict) -> None:
                  f"t_host={c['t_host_s'] * 1e3:.3g} ms  chain gap={c['t_gap_chain_s'] * 1e6:.2f} us  "
                  f"(identified: {', '.join(out['identified'])})", highlight=False)
     for n in out["notes"]:
-        stdout.print(f"  note: {n}")
+        stdout.print(f"  note: {n}", markup=False)
 
 
 def _print_scales(out: dict) -> None:
@@ -173,7 +174,7 @@ def _print_scales(out: dict) -> None:
                      f"{r['t_pred_before_s']:.4g} -> {r['t_pred_after_s']:.4g} s, log residual "
                      f"{r['log_residual_after']:+.3f}", highlight=False)
     for n in out["notes"]:
-        stdout.print(f"  note: {n}")
+        stdout.print(f"  note: {n}", markup=False)
     if out["skipped"]:
         stdout.print(f"  {len(out['skipped'])} run(s) left out: the estimator refused them")
 
@@ -268,7 +269,7 @@ def _print_runtime(out: dict) -> None:
         stdout.print(f"  leave-one-sweep-out {s}: MAPE {v['mape_before']:.1%} uncalibrated -> "
                      f"{v['mape_loso']:.1%} fitted without it", highlight=False)
     for n in out["notes"]:
-        stdout.print(f"  note: {n}")
+        stdout.print(f"  note: {n}", markup=False)
 
 
 def _pct(x) -> str:
@@ -350,7 +351,7 @@ def list_(profile: str = typer.Option(None, "--profile", help="Only this profile
     t = Table("id", "profile", "stack", "kind", "version", "coefficients", "n_obs", "cv MAPE", "created")
     for c in cals:
         coeffs = "  ".join(f"{k}={v:.4g}" for k, v in c["coefficients"].items())
-        t.add_row(str(c["id"]), c["profile"], c["stack"], c["kind"], str(c["version"]), coeffs, str(c["n_obs"]),
+        t.add_row(str(c["id"]), c["profile"], escape(c["stack"]), c["kind"], str(c["version"]), coeffs, str(c["n_obs"]),
                   _pct(c["cv_error"]), (c["created_at"] or "")[:19])
     from rich.console import Console
 
@@ -420,7 +421,7 @@ def trace(traces: list[Path] = typer.Argument(..., help="torch.profiler Chrome t
                      f"(host_scale 1); host time per micro-batch refitted within "
                      f"{max(abs(x) for x in st['host_time_rel_err']):.1%}", highlight=False)
         for n in st["notes"]:
-            stdout.print(f"  note: {n}", highlight=False)
+            stdout.print(f"  note: {n}", highlight=False, markup=False)
 
 
 def _print_trace(r: dict) -> None:

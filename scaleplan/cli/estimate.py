@@ -23,6 +23,7 @@ from scaleplan.cli._common import (
     StackOpt,
     check_mem_fraction,
     db_url,
+    escape,
     int_list,
     lazy_module,
     print_json,
@@ -311,7 +312,7 @@ def _print_estimates(res, title: str, spec, spec_path, geom: dict, prov: dict) -
         stdout.print(b)
         stdout.print(memory_line(r), highlight=False)
         for w in r.warnings:
-            stdout.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+            stdout.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
     print_geometry([(spec.model.moe and "MoE" or "dense", geom)], f"geometry of {spec_path}")
     print_provenance(prov)
 
@@ -388,7 +389,7 @@ def _print_layouts(out: dict, res, title: str, spec_path) -> None:
     from scaleplan.mosaic.edges import layouts_edge_lines
 
     for line in layouts_edge_lines(out.get("edges") or {}):
-        stdout.print(f"[yellow]edge:[/yellow] {line}", highlight=False)
+        stdout.print(f"[yellow]edge:[/yellow] {escape(line)}", highlight=False)
     print_geometry([("model", out["geometry"])], f"geometry of {spec_path}")
     print_provenance(out["provenance"])
     for k, label in (("emitted_spec", "wrote the spec of plan #1 to"), ("html", "wrote the report")):

@@ -17,6 +17,7 @@ from scaleplan.cli._common import (
     LawOpt,
     MemFractionOpt,
     db_url,
+    escape,
     float_list,
     int_list,
     print_json,
@@ -171,9 +172,9 @@ def _human(report, wide: bool = False) -> None:
         _console(120).print(_narrow_table(rows, floor))
     rec = out.get("recommendation")
     if rec:
-        stdout.print(f"[bold]recommendation:[/bold] {rec['statement']}", highlight=False)
+        stdout.print(f"[bold]recommendation:[/bold] {escape(rec['statement'])}", highlight=False)
     for line in edge_lines(out.get("edges") or {}):
-        stdout.print(f"[yellow]edge:[/yellow] {line}", highlight=False)
+        stdout.print(f"[yellow]edge:[/yellow] {escape(line)}", highlight=False)
     _print_views(out, wide)
     if "sweep" in out:
         _wide().print(_sweep_table(out))

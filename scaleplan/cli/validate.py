@@ -14,6 +14,7 @@ from scaleplan.cli._common import (
     JsonOpt,
     check_extrapolate,
     db_url,
+    escape,
     print_json,
     stderr,
     stdout,
@@ -66,7 +67,7 @@ def _print_memory_and_load(rows: list[dict], device: str) -> None:
                          f"{r['allocator_overhead']['fraction']:.0%}, {r['allocator_overhead']['source']})",
                          highlight=False)
         for w in r.get("warnings", []):
-            stdout.print(f"[yellow]warning[/yellow] {tag}: {w}", highlight=False)
+            stdout.print(f"[yellow]warning[/yellow] {tag}: {escape(w)}", highlight=False)
 
 
 def _print_components(rows: list[dict]) -> None:

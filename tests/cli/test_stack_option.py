@@ -29,3 +29,15 @@ def test_a_bad_stack_option_is_one_line_and_exit_2(run, tmp_path, recorded_db, p
     for cmd in ("estimate", "layouts"):
         code, _, err = run(cmd, p, "--devices", 32, "--stack", text, "--db", recorded_db)
         assert code == 2 and field in err and len(err.strip().splitlines()) == 1, (cmd, err)
+
+
+def test_calibrate_list_shows_the_stack_key_whole(run, sqlite_url):
+    from scaleplan.db import calibrations as store
+    from scaleplan.db import session as dbs
+
+    key = "megatron[permute_fusion=true,dispatcher=deepep]"
+    with dbs.session_scope(sqlite_url) as s:
+        store.store_calibration(s, "p6-b200.48xlarge", "dispatch", {"t_gap_s": 3e-5}, inputs={}, residuals=[],
+                                cv_error=None, n_obs=1, notes="", stack=key)
+    code, out, _ = run("calibrate", "list", "--db", sqlite_url)
+    assert code == 0 and key in out
