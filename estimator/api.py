@@ -13,7 +13,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force
+from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force, untraced_host_note
 from scaleplan.estimator.model_dims import Geometry, geometry, structure
 from scaleplan.estimator.memory import RESERVE_BYTES, STAGES, StageMemory, allocated_reserved, memory_breakdown, state_bytes
 from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout
@@ -411,6 +411,10 @@ class Estimator:
         ana = [k for k, v in src.items() if v == "analytic"]
         if ana:
             warnings.append("analytic (no measured table): " + ", ".join(ana))
+        host_note = untraced_host_note(self.dispatch, self.stack_key, bd["dispatch_floor"] / float(ev.t_iter[i]),
+                                       self.host_scale != 1.0)
+        if host_note:
+            warnings.append(host_note)
         if (self.host_scale, self.kernel_scale) != (1.0, 1.0):
             warnings.append(f"fitted on observed runs: host time x{self.host_scale:.3g}, "
                             f"kernel time x{self.kernel_scale:.3g}")

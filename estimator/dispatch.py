@@ -113,6 +113,25 @@ def dispatch_time(law: DispatchLaw, L_stage: ArrayLike, E_loc: ArrayLike, ckc: A
     return kappa * law.t_gap_s + t_ep_host + law.t_host_s
 
 
+# Share of the step a plan's dispatch floor must reach before its untraced host cost is worth a warning: below a
+# tenth, even halving the per-kernel host cost moves the step by under 5%.
+UNTRACED_HOST_SHARE = 0.1
+
+
+def untraced_host_note(law: DispatchLaw, stack_key: str, share: float, host_scaled: bool) -> str | None:
+    """The warning of a host-bound plan (``share``: its dispatch floor over its step time) on training stack
+    ``stack_key`` whose host seconds rest on a per-kernel cost nobody measured on that stack: the law's t_gap
+    was traced on ``law.kappa_stack``, and no host scale (``host_scaled``: a calibration of this stack's runs,
+    or one given) corrects it. None where the law is this stack's own, a scale applies, or the floor is under
+    :data:`UNTRACED_HOST_SHARE` of the step."""
+    if stack_key == law.kappa_stack or host_scaled or not share >= UNTRACED_HOST_SHARE:
+        return None
+    return (f"dispatch_floor: {share:.0%} of the step is host launch time beyond the GPU's work, at the per-kernel "
+            f"host cost traced on the {law.kappa_stack} stack ({law.source}); this stack's ({stack_key}) host is "
+            "untimed: one traced step (`scaleplan calibrate trace`) or its runs (`scaleplan calibrate fit --kind "
+            f"dispatch --from-runs --stack {stack_key}`) set it")
+
+
 # host syncs per MoE layer and forward pass of each token dispatcher, read from the code (none in the backward:
 # its exchanges reuse the forward's split sizes or handle):
 # * alltoall: token_dispatcher.py MoEAlltoAllTokenDispatcher: the per-expert counts are all-gathered over TP x EP,

@@ -31,6 +31,23 @@ def test_a_bad_stack_option_is_one_line_and_exit_2(run, tmp_path, recorded_db, p
         assert code == 2 and field in err and len(err.strip().splitlines()) == 1, (cmd, err)
 
 
+def test_a_host_bound_plan_on_an_untraced_stack_says_so_and_names_the_stack(run, run_json, spec_file, recorded_db):
+    """The 700M model at micro-batch 1 is host-bound (the validation runs were). On the paper's stack the law was
+    traced on that stack: no warning; with fused permutation the law's per-kernel host cost is carried over to a
+    stack nobody timed, and the text output (rich markup) keeps the stack key's brackets."""
+    args = ("estimate", spec_file, "--devices", 32, "--layout", "pp=2,ep=8", "--db", recorded_db)
+    paper, fused = run_json(*args)[0], run_json(*args, "--stack", "permute_fusion=true")[0]
+    key = "megatron[permute_fusion=true]"
+    assert fused["breakdown_s"]["dispatch_floor"] >= 0.1 * fused["t_iter_s"]
+    assert not [w for w in paper["warnings"] if w.startswith("dispatch_floor:")]
+    note = [w for w in fused["warnings"] if w.startswith("dispatch_floor:")]
+    assert len(note) == 1 and f"--stack {key}" in note[0]
+    share = fused["breakdown_s"]["dispatch_floor"] / fused["t_iter_s"]
+    assert note[0].startswith(f"dispatch_floor: {share:.0%} of the step")
+    code, out, _ = run(*args, "--stack", "permute_fusion=true")
+    assert code == 0 and key in " ".join(out.split())
+
+
 def test_calibrate_list_shows_the_stack_key_whole(run, sqlite_url):
     from scaleplan.db import calibrations as store
     from scaleplan.db import session as dbs
