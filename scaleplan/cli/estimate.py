@@ -358,9 +358,12 @@ def layouts(
                         max_tp=max_tp, max_pp=max_pp, max_ep=max_ep, max_cp=max_cp, fold_experts=fold_experts,
                         uneven_stages=uneven_stages)
     est = _estimator(spec, profile, db, extrapolate, calibration)
-    from scaleplan.mosaic.edges import layouts_edges
+    from scaleplan.mosaic.edges import layouts_edges, widened_pass
 
     res, edges = layouts_edges(est, spec, n, c, top)  # plan #1 on the largest mbs: one more, as the search does
+    wide = widened_pass(est, spec, n, c, res)  # what the flags left out, reported beside the ranking
+    if wide is not None:
+        edges["widened"] = wide
     _banner(res.analytic_components)
     out = _layouts_doc(res, geometry_dict(spec.model), provenance(est), spec, spec_path, n, mem_fraction)
     out["edges"] = edges
@@ -386,9 +389,11 @@ def _print_layouts(out: dict, res, title: str, spec_path) -> None:
     if res.infeasible_counts:
         stdout.print("infeasible: " + ", ".join(f"{k} {v}" for k, v in sorted(res.infeasible_counts.items())),
                      highlight=False)
-    from scaleplan.mosaic.edges import layouts_edge_lines
+    from scaleplan.mosaic.edges import layouts_edge_lines, widened_lines
 
-    for line in layouts_edge_lines(out.get("edges") or {}):
+    edges = out.get("edges") or {}
+    here = {"layout": res.ranked[0].layout, "mfu": res.ranked[0].mfu} if res.ranked else None
+    for line in layouts_edge_lines(edges) + widened_lines(edges.get("widened"), here):
         stdout.print(f"[yellow]edge:[/yellow] {escape(line)}", highlight=False)
     print_geometry([("model", out["geometry"])], f"geometry of {spec_path}")
     print_provenance(out["provenance"])

@@ -250,3 +250,57 @@ def layouts_edge_lines(info: dict) -> list[str]:
         lines.append(f"still at the largest micro-batch tried (mbs {e['value']:g}): pass --mbs with values beyond "
                      f"{e['value']:g} to go further")
     return lines
+
+
+#: rules whose refusals a search flag lifts: the even split over PP x VPP chunks (--uneven-stages states first / last
+#: stage counts) and the all-to-all overlap's need for VPP (--vpp)
+LIFTED_BY = {"layers_not_divisible_by_pp_vpp": "--uneven-stages", "layers_not_split_over_stages": "--uneven-stages",
+             "a2a_overlap_needs_vpp": "--vpp"}
+
+
+def widened_pass(est, spec, n_devices: int, constraints, res) -> dict | None:
+    """What `layouts` left out by its own flags: where plans were refused by a rule of :data:`LIFTED_BY` that the
+    user's flags did not lift, rank once more with those flags lifted (--uneven-stages; --vpp with the next two
+    doublings of the largest VPP tried) as :func:`layouts_edges` ranks, again while that ranking's refusals name a flag not yet lifted (an uneven
+    split under the all-to-all overlap then asks for VPP), and report its plan #1 beside plan #1 here. Reported,
+    not merged: an uneven split or an interleaved schedule is the user's to opt in to. None when nothing was so
+    refused. Returns {"refused": {rule: plans}, "flags": [...], "best": {"layout", "mfu", "t_iter_s"} or None}."""
+    refused, wide, cur, best = {}, constraints, res, None
+    while True:
+        new = {k: v for k, v in cur.infeasible_counts.items() if k in LIFTED_BY and v and
+               not (LIFTED_BY[k] == "--uneven-stages" and wide.uneven_stages) and
+               not (LIFTED_BY[k] == "--vpp" and max(wide.vpp) > max(constraints.vpp))}
+        if not new:
+            break
+        for k, v in new.items():
+            refused[k] = refused.get(k, 0) + v
+        top_vpp = max(wide.vpp)
+        lift_vpp = any(LIFTED_BY[k] == "--vpp" for k in new)
+        wide = replace(wide, uneven_stages=wide.uneven_stages or any(LIFTED_BY[k] == "--uneven-stages" for k in new),
+                       vpp=tuple(sorted({*wide.vpp, 2 * top_vpp, 4 * top_vpp})) if lift_vpp else wide.vpp)
+        cur = layouts_edges(est, spec, n_devices, wide, 1)[0]  # with the micro-batch rule, as the flags would rank
+        best = next(iter(cur.ranked), None)
+    if not refused:
+        return None
+    flags = (["--uneven-stages"] if wide.uneven_stages and not constraints.uneven_stages else []) + \
+        ([f"--vpp {','.join(map(str, wide.vpp))}"] if wide.vpp != tuple(constraints.vpp) else [])
+    return {"refused": refused, "flags": flags, "best": None if best is None else
+            {"layout": dict(best.layout), "mfu": float(best.mfu), "t_iter_s": float(best.t_iter_s)}}
+
+
+def widened_lines(info: dict | None, here: dict | None) -> list[str]:
+    """:func:`widened_pass`' report as one sentence; ``here``: plan #1 of the ranking shown ({"layout", "mfu"})."""
+    if not info:
+        return []
+    n = sum(info["refused"].values())
+    why = ", ".join(f"{k} {v}" for k, v in info["refused"].items())
+    b, flags = info["best"], " ".join(info["flags"])
+    head = (f"{n} plans were refused by rules that {flags} {'lifts' if len(info['flags']) == 1 else 'lift'} ({why}); "
+            f"with {'it' if len(info['flags']) == 1 else 'them'}")
+    if b is None:
+        return [f"{head} no plan is feasible either"]
+    if here is not None and b["layout"] == here["layout"]:
+        return [f"{head} plan #1 stays"]
+    lay = " ".join(f"{k}={v}" for k, v in b["layout"].items())
+    beside = "" if here is None else f" (plan #1 here: MFU {100 * here['mfu']:.1f}%)"
+    return [f"{head} plan #1 is {lay} at MFU {100 * b['mfu']:.1f}%, t_iter {b['t_iter_s']:.3g} s{beside}"]

@@ -84,3 +84,36 @@ def test_parts_costed_together_are_each_parts_own_layouts(recorded_db):
     res, info = layouts_edges(est, spec, n, wide, 5)
     assert res.ranked[0].layout["mbs"] < 16 and info["extended"] == []
     assert res.to_dict() == est.layouts(spec, n, wide, top=5).to_dict()
+
+
+def _odd_layers_spec(tmp_path, stack: dict | None = None):
+    from .conftest import SPEC
+
+    doc = {**SPEC, "model": {**SPEC["model"], "n_layers": 15}, **({"stack": stack} if stack else {})}
+    p = tmp_path / "odd.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def test_plans_the_flags_left_out_are_ranked_apart_and_reported(run, run_json, recorded_db, tmp_path):
+    """15 layers split evenly over no PP > 1: `layouts` says how many plans that refused and what plan #1 would be
+    with --uneven-stages, which is what the user gets by passing it."""
+    spec = _odd_layers_spec(tmp_path)
+    doc = run_json("layouts", spec, "--devices", 32, "--db", recorded_db)
+    w = doc["edges"]["widened"]
+    assert w["flags"] == ["--uneven-stages"] and w["refused"]["layers_not_divisible_by_pp_vpp"] > 0
+    flagged = run_json("layouts", spec, "--devices", 32, "--uneven-stages", "--db", recorded_db)
+    assert w["best"]["layout"] == flagged["best"]["layout"] and w["best"]["mfu"] == flagged["best"]["mfu"]
+    assert "widened" not in flagged["edges"]  # the flag given: nothing left out
+    code, out, _ = run("layouts", spec, "--devices", 32, "--db", recorded_db)
+    assert code == 0 and "rules that --uneven-stages lifts (layers_not_divisible_by_pp_vpp" in " ".join(out.split())
+
+
+def test_an_uneven_split_under_the_a2a_overlap_also_lifts_vpp(run_json, recorded_db, tmp_path):
+    """Under stack.a2a_overlap a pipeline needs VPP (Megatron-Core's rule): lifting the even split alone leaves every
+    PP > 1 plan refused again, so the pass lifts --vpp too, and reports what both flags rank first."""
+    spec = _odd_layers_spec(tmp_path, {"a2a_overlap": True, "shared_expert_overlap": False})
+    w = run_json("layouts", spec, "--devices", 32, "--db", recorded_db)["edges"]["widened"]
+    assert w["flags"] == ["--uneven-stages", "--vpp 1,2,4"] and w["refused"]["a2a_overlap_needs_vpp"] > 0
+    flagged = run_json("layouts", spec, "--devices", 32, "--uneven-stages", "--vpp", "1,2,4", "--db", recorded_db)
+    assert w["best"]["layout"] == flagged["best"]["layout"] and w["best"]["mfu"] == flagged["best"]["mfu"]
