@@ -258,32 +258,38 @@ LIFTED_BY = {"layers_not_divisible_by_pp_vpp": "--uneven-stages", "layers_not_sp
              "a2a_overlap_needs_vpp": "--vpp"}
 
 
+def _lifted(c, flag: str, base) -> bool:
+    """Whether ``flag`` is lifted in constraints ``c``: uneven stages asked, or VPP beyond the user's ``base``."""
+    return c.uneven_stages if flag == "--uneven-stages" else max(c.vpp) > max(base.vpp)
+
+
+def _lift(c, flags: set[str]):
+    """``c`` with ``flags`` lifted: uneven stages, or the next two doublings of the largest VPP tried added."""
+    if "--uneven-stages" in flags:
+        c = replace(c, uneven_stages=True)
+    if "--vpp" in flags:
+        c = replace(c, vpp=tuple(sorted({*c.vpp, 2 * max(c.vpp), 4 * max(c.vpp)})))
+    return c
+
+
 def widened_pass(est, spec, n_devices: int, constraints, res) -> dict | None:
     """What `layouts` left out by its own flags: where plans were refused by a rule of :data:`LIFTED_BY` that the
-    user's flags did not lift, rank once more with those flags lifted (--uneven-stages; --vpp with the next two
-    doublings of the largest VPP tried) as :func:`layouts_edges` ranks, again while that ranking's refusals name a flag not yet lifted (an uneven
-    split under the all-to-all overlap then asks for VPP), and report its plan #1 beside plan #1 here. Reported,
-    not merged: an uneven split or an interleaved schedule is the user's to opt in to. None when nothing was so
-    refused. Returns {"refused": {rule: plans}, "flags": [...], "best": {"layout", "mfu", "t_iter_s"} or None}."""
+    user's flags did not lift, rank once more with those flags lifted (:func:`_lift`) as :func:`layouts_edges`
+    ranks, again while that ranking's refusals name a flag not yet lifted (an uneven split under the all-to-all
+    overlap then asks for VPP), and report its plan #1 beside plan #1 here. Reported, not merged: an uneven split
+    or an interleaved schedule is the user's to opt in to. None when nothing was so refused. Returns
+    {"refused": {rule: plans}, "flags": [...], "best": {"layout", "mfu", "t_iter_s"} or None}."""
     refused, wide, cur, best = {}, constraints, res, None
-    while True:
-        new = {k: v for k, v in cur.infeasible_counts.items() if k in LIFTED_BY and v and
-               not (LIFTED_BY[k] == "--uneven-stages" and wide.uneven_stages) and
-               not (LIFTED_BY[k] == "--vpp" and max(wide.vpp) > max(constraints.vpp))}
-        if not new:
-            break
-        for k, v in new.items():
-            refused[k] = refused.get(k, 0) + v
-        top_vpp = max(wide.vpp)
-        lift_vpp = any(LIFTED_BY[k] == "--vpp" for k in new)
-        wide = replace(wide, uneven_stages=wide.uneven_stages or any(LIFTED_BY[k] == "--uneven-stages" for k in new),
-                       vpp=tuple(sorted({*wide.vpp, 2 * top_vpp, 4 * top_vpp})) if lift_vpp else wide.vpp)
+    while new := {k: v for k, v in cur.infeasible_counts.items()
+                  if v and k in LIFTED_BY and not _lifted(wide, LIFTED_BY[k], constraints)}:
+        refused.update({k: refused.get(k, 0) + v for k, v in new.items()})
+        wide = _lift(wide, {LIFTED_BY[k] for k in new})
         cur = layouts_edges(est, spec, n_devices, wide, 1)[0]  # with the micro-batch rule, as the flags would rank
         best = next(iter(cur.ranked), None)
     if not refused:
         return None
-    flags = (["--uneven-stages"] if wide.uneven_stages and not constraints.uneven_stages else []) + \
-        ([f"--vpp {','.join(map(str, wide.vpp))}"] if wide.vpp != tuple(constraints.vpp) else [])
+    flags = (["--uneven-stages"] if _lifted(wide, "--uneven-stages", constraints) and not constraints.uneven_stages
+             else []) + ([f"--vpp {','.join(map(str, wide.vpp))}"] if _lifted(wide, "--vpp", constraints) else [])
     return {"refused": refused, "flags": flags, "best": None if best is None else
             {"layout": dict(best.layout), "mfu": float(best.mfu), "t_iter_s": float(best.t_iter_s)}}
 
