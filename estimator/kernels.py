@@ -258,6 +258,9 @@ def _moe_kernels(ctx: EvalContext) -> dict[str, np.ndarray]:
     if g.glu_clamp:  # moe_act's recompute re-runs the clamps with the activation
         clamp_f, clamp_b = _glu_clamp_times(ctx)
         ex_act, ex_f, ex_b = ex_act + clamp_f, ex_f + clamp_f, ex_b + clamp_b
+    if g.bias == "all":  # each expert's fc2 bias, weighted by the routing probability outside the GEMM
+        bias_f, bias_b = _expert_bias_times(ctx)
+        ex_f, ex_b = ex_f + bias_f, ex_b + bias_b
     if g.has_shared:  # the same plans, a record of their own folded where the shared expert runs
         coarse = replace(coarse, rec=Recorder(len(first), ctx.rec.mode))
         sh_f, sh_b = (x[inv] for x in _shared_expert_kernels(coarse))
@@ -286,6 +289,20 @@ def _glu_clamp_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     sh = ctx.shapes
     rows = sh.R * sh.ffn_loc  # elements of one half
     return an.memory_time(8 * sh.b_el * rows, ctx.hbm), an.memory_time((11 * sh.b_el + 8) * rows, ctx.hbm)
+
+
+def _expert_bias_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
+    """(fwd, bwd) seconds per MoE layer and micro-batch of the experts' fc2 bias (``model.linear_bias: all``,
+    GPT-OSS). TEGroupedMLP builds fc2 with skip_bias_add and adds each expert's bias times its tokens' routing
+    probabilities in Python (experts.py ``_apply_bias``, core_v0.16 to 0.19, and Megatron-Bridge 0.4.2's pinned
+    core, whose performance overrides keep the TE op fuser that fuses it off): per expert ``b * p`` and ``t + .``,
+    then one cat of the [R, d] rows. Probabilities in the activations' dtype (moe_router_dtype unset, as GPT-OSS
+    runs). Forward, per element of the fc2 output: the product written (1), the sum reading two and writing one
+    (3), the cat reading and writing (2): 6 b. Backward: the split's gradient cat back into one tensor (2), the
+    bias gradient g * p and its sum over rows (3), the probability gradient g * b and its sum over d (3): 8 b.
+    Through HBM (kernel counts: estimator/kernel_counts.expert_bias_kernels)."""
+    el = ctx.shapes.R * ctx.g.d
+    return (an.memory_time(6 * ctx.shapes.b_el * el, ctx.hbm), an.memory_time(8 * ctx.shapes.b_el * el, ctx.hbm))
 
 
 def _router_kernels(ctx: EvalContext) -> tuple[np.ndarray, ...]:

@@ -179,3 +179,44 @@ def test_mxfp8_experts_quantize_each_split_and_swizzle_the_weights_scales_once_p
     want_f = _router_and_dispatch_fwd() + fwd + _combine_fwd() + attention
     want_b = _router_and_dispatch_bwd() + bwd + attention
     assert _counted(Stack(fp8_recipe="mxfp8")) == (len(want_f), len(want_b))
+
+
+def _aten_kernels(fn) -> int:
+    """ATen ops that write a tensor (views left out) dispatched while ``fn`` runs: the kernels a GPU would launch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += not func.is_view
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+@pytest.mark.parametrize("E_loc", [1, 4, 16])
+def test_expert_bias_kernels_are_what_megatron_cores_apply_bias_dispatches(E_loc):
+    """TEGroupedMLP._apply_bias (core_v0.19.0 experts.py) as Megatron-Core writes it, run on CPU under a dispatch
+    counter, forward and backward; the count adds the 2 E_loc main_grad accumulations of fc1's and fc2's biases
+    (DistributedDataParallel's backward hook, which this bare run has no buffers for)."""
+    from scaleplan.estimator.kernel_counts import expert_bias_kernels
+
+    torch = pytest.importorskip("torch")
+    sizes = [3 + i for i in range(E_loc)]
+    out = torch.randn(sum(sizes), 8, dtype=torch.bfloat16, requires_grad=True)
+    biases = [torch.randn(8, dtype=torch.bfloat16, requires_grad=True) for _ in range(E_loc)]
+    probs = torch.rand(sum(sizes), dtype=torch.bfloat16, requires_grad=True).unsqueeze(-1)
+
+    def apply_bias():
+        shape = out.shape
+        return torch.cat([t + b * p for t, b, p in zip(torch.split(out.view(-1, shape[-1]), sizes), biases,
+                                                      torch.split(probs, sizes))]).view(shape).to(out.dtype)
+
+    y = []
+    fwd = _aten_kernels(lambda: y.append(apply_bias()))
+    grad = torch.ones_like(y[0])
+    bwd = _aten_kernels(lambda: y[0].backward(grad))
+    assert float(expert_bias_kernels(E_loc)) == 2 * fwd + bwd + 2 * E_loc

@@ -222,3 +222,31 @@ def test_layouts_rank_todays_models(sqlite_url):
         if name.startswith("gpt-oss"):
             assert all(r.layout["etp"] == 1 for r in res.ranked)
     assert np.isfinite([r.mfu for r in res.ranked]).all()
+
+
+def test_gpt_oss_expert_bias_costs_its_unfused_pass(sqlite_url):
+    """GPT-OSS's fc2 bias times the routing probability, added per expert outside the GEMM (Megatron-Core's
+    TEGroupedMLP._apply_bias): by hand, per element of the routed rows' [R, d] output in bf16, forward the product
+    written (2 bytes), the sum reading two and writing one (6), the cat (4); backward the split's gradient cat (4),
+    the bias and probability gradients, each a product read and written then reduced (6 + 6). Host: 2 E_loc + 1
+    launches forward, 4 E_loc + 2 backward and 2 E_loc main_grad adds (estimator/kernel_counts.py)."""
+    from scaleplan.estimator.kernels import layer_kernels
+
+    oss = parse_spec(catalogue.spec_data("gpt-oss-20b")).model
+    lo = Layout(tp=1, ep=4, mbs=1)
+    c1, _, _ = _ctx(oss, lo, 8, sqlite_url, seqlen=2048)
+    c0, _, _ = _ctx(oss.model_copy(update={"linear_bias": "qkv"}), lo, 8, sqlite_url, seqlen=2048)
+    k1, k0 = layer_kernels(c1), layer_kernels(c0)
+    el = 2048.0 * 4 * 2880  # routed rows per rank (tokens x top-4) x d
+    assert k1.ex_f[0] - k0.ex_f[0] == pytest.approx(an.memory_time(12.0 * el, c1.hbm))
+    assert k1.ex_b[0] - k0.ex_b[0] == pytest.approx(an.memory_time(16.0 * el, c1.hbm))
+    # host: 10 E_loc + 4 launches per MoE layer in full-recompute units (32 experts over EP 4: 84), in the plan's units
+    from scaleplan.estimator.api import Estimator
+    from scaleplan.estimator.dispatch import full_recompute_units
+    from scaleplan.estimator.stages import stage_dispatch
+
+    law = Estimator("p6-b200.48xlarge", db_url=sqlite_url, use_calibration=False).dispatch
+    d1, d0 = (float(stage_dispatch(c, law, c.shapes.first)[0]) for c in (c1, c0))
+    units = float(full_recompute_units(c1.lay.ckpt)[0])
+    assert float(c1.shapes.E_loc[0]) == 8.0
+    assert d1 - d0 == pytest.approx(oss.n_layers * 84 * units * law.t_gap_s)
