@@ -37,33 +37,34 @@ from scaleplan.specs import Layout, parse_spec
 
 QWEN_FP8 = {"model": {"precision": "fp8"}, "data": {"gbs": 512, "seqlen": 4096, "microbatch_sz": 4}}
 # every published stack: Megatron-Bridge's performance overrides turn the loss's NaN check off
-# (utils/overrides.py _set_common_perf_overrides: rerun_state_machine.check_for_nan_in_loss = False)
+# (utils/overrides.py _set_common_perf_overrides: rerun_state_machine.check_for_nan_in_loss = False); the Qwen3 and
+# GPT-OSS bridges leave --moe-router-dtype unset (router_dtype "model"), DeepSeek-V3's sets fp32
 # Megatron-Bridge: the qwen3 recipe (moe_permute_fusion), set_qwen3_common_configs (router fusion, grad_reduce_in_fp32
 # off, no recompute), the B200 workload (HybridEP, TE CUDA graphs over attn, moe_router, moe_preprocess) and
 # bf16_with_mxfp8_mixed (MXFP8 with FP8 primary weights, fp8_param_gather); every performance run gets Transformer
 # Engine's cross-entropy (utils/overrides.py: cross_entropy_fusion_impl "te", since 2025-11)
 PUBLISHED_QWEN = {"dispatcher": "hybridep", "cuda_graphs": ["attn", "moe_router", "moe_preprocess"],
                   "fp8_recipe": "mxfp8", "fp8_param": True, "permute_fusion": True, "router_fusion": True,
-                  "grads_fp32": False, "cross_entropy": "te", "nan_check": False}
+                  "grads_fp32": False, "cross_entropy": "te", "nan_check": False, "router_dtype": "model"}
 GPT_OSS = {"data": {"gbs": 1280, "seqlen": 4096, "microbatch_sz": 4}}
 # Megatron-Bridge: the gpt_oss recipe (moe_permute_fusion; the all-to-all dispatcher), set_gpt_oss_common_configs
 # (router fusion, grad_reduce_in_fp32 off), TE's cross-entropy, and the B200 V2 / H100 V2 workloads
 # (recompute_modules layernorm and moe_act: selective with those modules, core attention not recomputed; B200 EP 8
 # micro-batch 4, H100 PP 4 micro-batch 1). HybridEP is the B300 V2 workload's, not the B200's.
 PUBLISHED_GPT_OSS = {"permute_fusion": True, "router_fusion": True, "grads_fp32": False, "cross_entropy": "te",
-                     "recompute_modules": ["layernorm", "moe_act"], "nan_check": False}
+                     "recompute_modules": ["layernorm", "moe_act"], "nan_check": False, "router_dtype": "model"}
 
 # the H100 FP8 workload (16 GPUs, EP 16, micro-batch 1, global batch 1024, HybridEP, no CUDA graphs) and
 # bf16_with_fp8_current_scaling_mixed (tensorwise, FP8 primary weights; first/last layers bf16 off in the perf config)
 PUBLISHED_QWEN_H100 = {"dispatcher": "hybridep", "fp8_param": True, "permute_fusion": True, "router_fusion": True,
-                       "grads_fp32": False, "cross_entropy": "te", "nan_check": False}
+                       "grads_fp32": False, "cross_entropy": "te", "nan_check": False, "router_dtype": "model"}
 # the Qwen3-235B-A22B B200 V2 workload (qwen3_workload_base_configs: PP 8, EP 8, GBS 8192, moe_a2a_overlap off;
 # qwen3_235b_a22b_pretrain_config: permute fusion, grouped GEMM, the embedding and loss counted in the pipeline
 # split, no recompute, no CUDA graphs; qwen3_llm_pretrain: the all-to-all dispatcher on B200, router fusion,
 # gradients reduced in bf16; bf16_with_mxfp8_mixed)
 QWEN_235B = {"model": {"precision": "fp8"}, "data": {"gbs": 8192, "seqlen": 4096, "microbatch_sz": 1}}
 PUBLISHED_QWEN_235B = {"permute_fusion": True, "router_fusion": True, "grads_fp32": False, "cross_entropy": "te",
-                       "fp8_recipe": "mxfp8", "fp8_param": True, "nan_check": False}
+                       "fp8_recipe": "mxfp8", "fp8_param": True, "nan_check": False, "router_dtype": "model"}
 # the H100 V2 workload (TP 2, PP 8, VP 4, EP 32, moe_a2a_overlap: --overlap-moe-expert-parallel-comm and
 # --delay-wgrad-compute, the shared expert's overlap off; the all-to-all dispatcher; bf16_with_fp8_current_scaling_mixed
 # with FP8 primary weights)

@@ -299,16 +299,19 @@ def moe_forward_share() -> float:
     return moe / (moe + ATTENTION_KERNELS[0])
 
 
-def expert_bias_kernels(E_loc: ArrayLike) -> np.ndarray:
+def expert_bias_kernels(E_loc: ArrayLike, widened: bool = False) -> np.ndarray:
     """Kernels per MoE layer and micro-batch (full-recompute units) of the experts' biases where the model has them
     (estimator/kernels._expert_bias_times: Megatron-Core's ``_apply_bias`` of fc2): forward a product and a sum
     per local expert and one cat (2 E_loc + 1); backward the product's two gradients, each a product and a
     reduction, per expert, and the cats of the two splits' gradients (4 E_loc + 2), then the distributed data
     parallel's accumulation of each of the 2 E_loc bias gradients (fc1's and fc2's) into its main_grad (one add
-    each: the GEMM weights accumulate inside their wgrad GEMM, the biases do not). Single ATen ops, one launch
-    each; beyond the law, whose traced models have no biases (arrays over plans)."""
+    each: the GEMM weights accumulate inside their wgrad GEMM, the biases do not). ``widened``: the probabilities
+    are wider than the activations (stack.router_dtype fp32 or fp64 on a bf16 model), so the product is too: the
+    result is cast back (1 forward; its gradient 1) and each expert's t and bias gradients are cast back (2 E_loc).
+    Single ATen ops, one launch each; beyond the law, whose traced models have no biases (arrays over plans)."""
     E_loc = np.asarray(E_loc, dtype=float)
-    return 2.0 * (2 * E_loc + 1) + (4 * E_loc + 2) + 2 * E_loc
+    w = 1.0 if widened else 0.0
+    return 2.0 * (2 * E_loc + 1 + w) + (4 * E_loc + 2 + w * (2 * E_loc + 1)) + 2 * E_loc
 
 
 def dense_mlp_forward_share() -> float:

@@ -291,18 +291,28 @@ def _glu_clamp_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     return an.memory_time(8 * sh.b_el * rows, ctx.hbm), an.memory_time((11 * sh.b_el + 8) * rows, ctx.hbm)
 
 
+# bytes of a routing probability per --moe-router-dtype (stack.router_dtype; "model": the activations' own)
+ROUTER_BYTES = {"fp32": 4.0, "fp64": 8.0}
+
+
 def _expert_bias_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     """(fwd, bwd) seconds per MoE layer and micro-batch of the experts' fc2 bias (``model.linear_bias: all``,
     GPT-OSS). TEGroupedMLP builds fc2 with skip_bias_add and adds each expert's bias times its tokens' routing
     probabilities in Python (experts.py ``_apply_bias``, core_v0.16 to 0.19, and Megatron-Bridge 0.4.2's pinned
     core, whose performance overrides keep the TE op fuser that fuses it off): per expert ``b * p`` and ``t + .``,
-    then one cat of the [R, d] rows. Probabilities in the activations' dtype (moe_router_dtype unset, as GPT-OSS
-    runs). Forward, per element of the fc2 output: the product written (1), the sum reading two and writing one
-    (3), the cat reading and writing (2): 6 b. Backward: the split's gradient cat back into one tensor (2), the
-    bias gradient g * p and its sum over rows (3), the probability gradient g * b and its sum over d (3): 8 b.
-    Through HBM (kernel counts: estimator/kernel_counts.expert_bias_kernels)."""
+    then one cat of the [R, d] rows and a cast back to the activations' dtype. Per element of the fc2 output, with
+    a the activations' bytes and c those of the product (the probabilities' dtype when wider:
+    ``stack.router_dtype``): forward the product written (c), the sum reading t and it and writing (a + 2c), the
+    cat (2c), the cast where c != a (c + a); backward the cast's gradient (a + c where c != a), the sum's gradient
+    to t cast back (c + a, likewise), the split's gradient cat (2a), the bias and probability gradients, each a
+    product read and written then reduced (3c + 3c). With c = a: 6a forward, 8a backward. Through HBM (kernel
+    counts: estimator/kernel_counts.expert_bias_kernels)."""
+    a = ctx.shapes.b_el
+    c = np.maximum(a, ROUTER_BYTES.get(ctx.stack.router_dtype, a))
+    cast = np.where(c != a, a + c, 0.0)
+    fwd, bwd = c + (a + 2 * c) + 2 * c + cast, 2 * cast + 2 * a + 6 * c
     el = ctx.shapes.R * ctx.g.d
-    return (an.memory_time(6 * ctx.shapes.b_el * el, ctx.hbm), an.memory_time(8 * ctx.shapes.b_el * el, ctx.hbm))
+    return an.memory_time(fwd * el, ctx.hbm), an.memory_time(bwd * el, ctx.hbm)
 
 
 def _router_kernels(ctx: EvalContext) -> tuple[np.ndarray, ...]:

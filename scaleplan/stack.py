@@ -44,6 +44,10 @@ RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", 
 # jit-fused implementation) or Transformer Engine's (--cross-entropy-fusion-impl te), which writes the gradient
 # into the logits (estimator/stack_memory.cross_entropy_bytes)
 CROSS_ENTROPY = ("native", "te", "unfused")
+# --moe-router-dtype: the router's logits and routing probabilities in fp32 or fp64 (what scaleplan emits: fp32),
+# or "model", the flag unset (Megatron-LM's default): the activations' dtype, as Megatron-Bridge's GPT-OSS and Qwen3
+# recipes run
+ROUTER_DTYPES = ("fp32", "fp64", "model")
 
 Experts = Literal["grouped", "sequential"]
 GroupedGemm = Literal["per_expert", "grouped"]
@@ -52,6 +56,7 @@ Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
 GraphModule = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess"]
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 CrossEntropy = Literal["native", "te", "unfused"]
+RouterDtype = Literal["fp32", "fp64", "model"]
 
 DEFAULT_FP8_RECIPE = "tensorwise"
 
@@ -71,7 +76,8 @@ class Stack(BaseModel):
     compute, estimator/ep_overlap.py; Megatron-Core allows it with the all-to-all and flex dispatchers and without
     --moe-shared-expert-overlap), nan_check (--check-for-nan-in-loss-and-grad, Megatron-LM's default: the loss
     function reads each micro-batch's loss on the host, a device sync that exposes the LM head's forward;
-    Megatron-Bridge's performance recipes turn it off, utils/overrides.py), recompute_modules (what the layout's ``selective`` checkpointing recomputes,
+    Megatron-Bridge's performance recipes turn it off, utils/overrides.py), router_dtype (:data:`ROUTER_DTYPES`: the
+    dtype of the routing probabilities the experts' outputs and biases are weighted by), recompute_modules (what the layout's ``selective`` checkpointing recomputes,
     Megatron-Core's --recompute-modules; None: core_attn, its default; ``super-selective`` stays core_attn,
     layernorm and moe_act whatever this says).
     """
@@ -90,6 +96,7 @@ class Stack(BaseModel):
     shared_expert_overlap: bool = True
     a2a_overlap: bool = False
     nan_check: bool = True
+    router_dtype: RouterDtype = "fp32"
     recompute_modules: tuple[RecomputeModule, ...] | None = None
 
     @model_validator(mode="after")

@@ -237,8 +237,7 @@ def _moe_args(m: ModelBlock, overlap: bool = True) -> list[list[str]]:
     pattern = moe_layer_pattern(m.n_layers, moe.first_dense_layers, moe.moe_frequency)
     out = [["--num-experts", str(moe.n_experts)], ["--moe-router-topk", str(moe.experts_per_token)],
            ["--moe-ffn-hidden-size", str(moe.expert_inter_sz)],
-           ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"],
-           ["--moe-router-dtype", "fp32"]]
+           ["--moe-layer-freq", "[" + ",".join(map(str, pattern)) + "]"]]  # --moe-router-dtype: stack_args
     out += router_args(moe)
     if moe.experts_per_token == 1 and moe.router_score == "softmax":
         # top-1 softmax routing: a softmax over the one selected logit is 1 with zero gradient, so Megatron-LM

@@ -4,7 +4,7 @@ Flags and choices are core_v0.19.0's (tests/data/megatron/arguments_core_v0.19.0
 --moe-token-dispatcher-type alltoall | allgather | flex with --moe-flex-dispatcher-backend deepep | hybridep,
 --moe-permute-fusion, --moe-router-fusion, --overlap-moe-expert-parallel-comm with --delay-wgrad-compute,
 --cuda-graph-impl transformer_engine with --cuda-graph-modules,
---fp8-recipe, --fp8-param-gather, --grad-reduce-in-bf16, --no-check-for-nan-in-loss-and-grad. What no flag sets (Transformer Engine's grouped GEMM kernel, an environment
+--moe-router-dtype, --fp8-recipe, --fp8-param-gather, --grad-reduce-in-bf16, --no-check-for-nan-in-loss-and-grad. What no flag sets (Transformer Engine's grouped GEMM kernel, an environment
 variable) is a comment line (:func:`stack_notes`).
 """
 from __future__ import annotations
@@ -36,6 +36,8 @@ def stack_args(stack: Stack, precision: str, moe: bool) -> list[list[str]]:
             out.append(["--moe-permute-fusion"])
         if stack.router_fusion:
             out.append(["--moe-router-fusion"])
+        if stack.router_dtype != "model":
+            out.append(["--moe-router-dtype", stack.router_dtype])
         if stack.a2a_overlap:  # Megatron-Bridge sets the two together (utils/overrides.py moe_a2a_overlap)
             out += [["--overlap-moe-expert-parallel-comm"], ["--delay-wgrad-compute"]]
     if stack.cuda_graphs:
@@ -91,6 +93,11 @@ def stack_from_dump(a: dict[str, Any], where: str) -> dict[str, Any]:
             block[name] = True
     if a.get("moe_shared_expert_intermediate_size") and kind != "allgather" and not a.get("moe_shared_expert_overlap"):
         block["shared_expert_overlap"] = False
+    router_dtype = a.get("moe_router_dtype") or "model"
+    if router_dtype not in ("fp32", "fp64", "model"):
+        raise SpecError(f"{where}: moe_router_dtype", router_dtype, "fp32, fp64 or unset")
+    if a.get("num_experts") and router_dtype != "fp32":
+        block["router_dtype"] = router_dtype
     if a.get("check_for_nan_in_loss_and_grad") is False:  # --no-check-for-nan-in-loss-and-grad (default on)
         block["nan_check"] = False
     if a.get("overlap_moe_expert_parallel_comm"):  # which Megatron-Core runs only without the shared expert's overlap

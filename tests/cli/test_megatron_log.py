@@ -239,8 +239,9 @@ def test_a_stack_round_trips_through_emit_and_log(run, tmp_path, validation_dir)
     doc = {**doc, "model": {**doc["model"], "precision": "fp8"}, "data": {**doc["data"], "gbs": 256},
            "stack": {"fp8_recipe": "mxfp8", "permute_fusion": True, "router_fusion": True, "dispatcher": "hybridep",
                      "cuda_graphs": ["attn", "moe_router", "moe_preprocess"], "fp8_param": True,
-                     "grads_fp32": False, "nan_check": False}}
+                     "grads_fp32": False, "nan_check": False, "router_dtype": "model"}}
     emitted, r = _emit_and_read_back(run, tmp_path, doc)
+    assert "--moe-router-dtype" not in emitted  # unset: the probabilities in the activations' dtype
     for flag in ("--fp8-recipe mxfp8", "--moe-permute-fusion", "--moe-router-fusion",
                  "--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep",
                  "--cuda-graph-impl transformer_engine", "--cuda-graph-modules attn moe_router moe_preprocess",

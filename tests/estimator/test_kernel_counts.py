@@ -198,9 +198,10 @@ def _aten_kernels(fn) -> int:
 
 
 @pytest.mark.parametrize("E_loc", [1, 4, 16])
-def test_expert_bias_kernels_are_what_megatron_cores_apply_bias_dispatches(E_loc):
+@pytest.mark.parametrize("probs_dtype", ["bfloat16", "float32"])
+def test_expert_bias_kernels_are_what_megatron_cores_apply_bias_dispatches(E_loc, probs_dtype):
     """TEGroupedMLP._apply_bias (core_v0.19.0 experts.py) as Megatron-Core writes it, run on CPU under a dispatch
-    counter, forward and backward; the count adds the 2 E_loc main_grad accumulations of fc1's and fc2's biases
+    counter, forward and backward, with bf16 and with fp32 routing probabilities; the count adds the 2 E_loc main_grad accumulations of fc1's and fc2's biases
     (DistributedDataParallel's backward hook, which this bare run has no buffers for)."""
     from scaleplan.estimator.kernel_counts import expert_bias_kernels
 
@@ -208,7 +209,7 @@ def test_expert_bias_kernels_are_what_megatron_cores_apply_bias_dispatches(E_loc
     sizes = [3 + i for i in range(E_loc)]
     out = torch.randn(sum(sizes), 8, dtype=torch.bfloat16, requires_grad=True)
     biases = [torch.randn(8, dtype=torch.bfloat16, requires_grad=True) for _ in range(E_loc)]
-    probs = torch.rand(sum(sizes), dtype=torch.bfloat16, requires_grad=True).unsqueeze(-1)
+    probs = torch.rand(sum(sizes), dtype=getattr(torch, probs_dtype), requires_grad=True).unsqueeze(-1)
 
     def apply_bias():
         shape = out.shape
@@ -219,4 +220,5 @@ def test_expert_bias_kernels_are_what_megatron_cores_apply_bias_dispatches(E_loc
     fwd = _aten_kernels(lambda: y.append(apply_bias()))
     grad = torch.ones_like(y[0])
     bwd = _aten_kernels(lambda: y[0].backward(grad))
-    assert float(expert_bias_kernels(E_loc)) == 2 * fwd + bwd + 2 * E_loc
+    widened = probs_dtype == "float32"  # fp32 probabilities on a bf16 model (--moe-router-dtype fp32)
+    assert float(expert_bias_kernels(E_loc, widened)) == 2 * fwd + bwd + 2 * E_loc

@@ -30,15 +30,17 @@ def _model(**over):
     return parse_spec({"model": {**MLA, **over}}).model
 
 
-def _ctx(model, layout: Layout, n: int, db: str, seqlen=1024, gbs=64):
+def _ctx(model, layout: Layout, n: int, db: str, seqlen=1024, gbs=64, stack=None):
     """An evaluation context on the B200 profile from ``db``'s tables, without calibration (an empty database:
-    analytic everywhere). Never the default database: what the user or another run left there would change it."""
+    analytic everywhere), on ``stack`` (default: the paper's). Never the default database: what the user or
+    another run left there would change it."""
     from scaleplan.estimator.api import Estimator
+    from scaleplan.stack import PAPER_STACK
 
     est = Estimator("p6-b200.48xlarge", db_url=db, use_calibration=False)
     lay = ParallelLayout.from_specs([layout], n)
     g = geometry(model)
-    return est.model.context(g, lay, seqlen, gbs), g, lay
+    return est.model.context(g, lay, seqlen, gbs, stack=stack or PAPER_STACK), g, lay
 
 
 def test_window_fraction_counts_the_tiles_a_window_touches():
@@ -224,29 +226,35 @@ def test_layouts_rank_todays_models(sqlite_url):
     assert np.isfinite([r.mfu for r in res.ranked]).all()
 
 
-def test_gpt_oss_expert_bias_costs_its_unfused_pass(sqlite_url):
+@pytest.mark.parametrize("router_dtype, fwd, bwd, host", [
+    ("model", 12.0, 16.0, 10 * 8 + 4),
+    ("fp32", 28.0, 40.0, 10 * 8 + 4 + 2 + 2 * 8 + 1),
+])
+def test_gpt_oss_expert_bias_costs_its_unfused_pass(sqlite_url, router_dtype, fwd, bwd, host):
     """GPT-OSS's fc2 bias times the routing probability, added per expert outside the GEMM (Megatron-Core's
-    TEGroupedMLP._apply_bias): by hand, per element of the routed rows' [R, d] output in bf16, forward the product
-    written (2 bytes), the sum reading two and writing one (6), the cat (4); backward the split's gradient cat (4),
-    the bias and probability gradients, each a product read and written then reduced (6 + 6). Host: 2 E_loc + 1
-    launches forward, 4 E_loc + 2 backward and 2 E_loc main_grad adds (estimator/kernel_counts.py)."""
-    from scaleplan.estimator.kernels import layer_kernels
-
-    oss = parse_spec(catalogue.spec_data("gpt-oss-20b")).model
-    lo = Layout(tp=1, ep=4, mbs=1)
-    c1, _, _ = _ctx(oss, lo, 8, sqlite_url, seqlen=2048)
-    c0, _, _ = _ctx(oss.model_copy(update={"linear_bias": "qkv"}), lo, 8, sqlite_url, seqlen=2048)
-    k1, k0 = layer_kernels(c1), layer_kernels(c0)
-    el = 2048.0 * 4 * 2880  # routed rows per rank (tokens x top-4) x d
-    assert k1.ex_f[0] - k0.ex_f[0] == pytest.approx(an.memory_time(12.0 * el, c1.hbm))
-    assert k1.ex_b[0] - k0.ex_b[0] == pytest.approx(an.memory_time(16.0 * el, c1.hbm))
-    # host: 10 E_loc + 4 launches per MoE layer in full-recompute units (32 experts over EP 4: 84), in the plan's units
+    TEGroupedMLP._apply_bias), by hand per element of the routed rows' [R, d] bf16 output. Probabilities in bf16
+    (--moe-router-dtype unset): forward the product written (2 bytes), the sum reading two and writing one (6), the
+    cat (4); backward the split's gradient cat (4), the bias and probability gradients, each a product read and
+    written then reduced (6 + 6). In fp32 the product is fp32: forward 4 + (2 + 8) + 8 and the cast back (4 + 2);
+    backward the cast's gradient (2 + 4), the sum's gradient to t cast back (4 + 2), the cat (4), 12 + 12. Host
+    launches (estimator/kernel_counts.py, full-recompute units): 10 E_loc + 4, and in fp32 the casts, 2 forward
+    and 2 E_loc + 1 backward, on 8 local experts."""
     from scaleplan.estimator.api import Estimator
     from scaleplan.estimator.dispatch import full_recompute_units
+    from scaleplan.estimator.kernels import layer_kernels
     from scaleplan.estimator.stages import stage_dispatch
+    from scaleplan.stack import Stack
 
+    oss = parse_spec(catalogue.spec_data("gpt-oss-20b")).model
+    lo, st = Layout(tp=1, ep=4, mbs=1), Stack(router_dtype=router_dtype)
+    c1, _, _ = _ctx(oss, lo, 8, sqlite_url, seqlen=2048, stack=st)
+    c0, _, _ = _ctx(oss.model_copy(update={"linear_bias": "qkv"}), lo, 8, sqlite_url, seqlen=2048, stack=st)
+    k1, k0 = layer_kernels(c1), layer_kernels(c0)
+    el = 2048.0 * 4 * 2880  # routed rows per rank (tokens x top-4) x d
+    assert k1.ex_f[0] - k0.ex_f[0] == pytest.approx(an.memory_time(fwd * el, c1.hbm))
+    assert k1.ex_b[0] - k0.ex_b[0] == pytest.approx(an.memory_time(bwd * el, c1.hbm))
     law = Estimator("p6-b200.48xlarge", db_url=sqlite_url, use_calibration=False).dispatch
     d1, d0 = (float(stage_dispatch(c, law, c.shapes.first)[0]) for c in (c1, c0))
     units = float(full_recompute_units(c1.lay.ckpt)[0])
-    assert float(c1.shapes.E_loc[0]) == 8.0
-    assert d1 - d0 == pytest.approx(oss.n_layers * 84 * units * law.t_gap_s)
+    assert float(c1.shapes.E_loc[0]) == 8.0  # 32 experts over EP 4
+    assert d1 - d0 == pytest.approx(oss.n_layers * host * units * law.t_gap_s)
