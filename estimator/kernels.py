@@ -295,6 +295,12 @@ def _glu_clamp_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
 ROUTER_BYTES = {"fp32": 4.0, "fp64": 8.0}
 
 
+def bias_product_bytes(ctx: EvalContext) -> float:
+    """Bytes per element of the experts' bias product ``b * p`` (:func:`_expert_bias_times`): the routing
+    probabilities' (``stack.router_dtype``) where wider than the activations', else the activations'."""
+    return max(ctx.shapes.b_el, ROUTER_BYTES.get(ctx.stack.router_dtype, 0.0))
+
+
 def _expert_bias_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     """(fwd, bwd) seconds per MoE layer and micro-batch of the experts' fc2 bias (``model.linear_bias: all``,
     GPT-OSS). TEGroupedMLP builds fc2 with skip_bias_add and adds each expert's bias times its tokens' routing
@@ -307,9 +313,8 @@ def _expert_bias_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     to t cast back (c + a, likewise), the split's gradient cat (2a), the bias and probability gradients, each a
     product read and written then reduced (3c + 3c). With c = a: 6a forward, 8a backward. Through HBM (kernel
     counts: estimator/kernel_counts.expert_bias_kernels)."""
-    a = ctx.shapes.b_el
-    c = np.maximum(a, ROUTER_BYTES.get(ctx.stack.router_dtype, a))
-    cast = np.where(c != a, a + c, 0.0)
+    a, c = ctx.shapes.b_el, bias_product_bytes(ctx)
+    cast = a + c if c != a else 0.0
     fwd, bwd = c + (a + 2 * c) + 2 * c + cast, 2 * cast + 2 * a + 6 * c
     el = ctx.shapes.R * ctx.g.d
     return an.memory_time(fwd * el, ctx.hbm), an.memory_time(bwd * el, ctx.hbm)

@@ -12,7 +12,7 @@ from scaleplan.estimator.ckpt import FULL_UNITS, recompute
 from scaleplan.estimator.context import EvalContext
 from scaleplan.estimator.dispatch import DispatchLaw, dispatch_time, ep_host_time
 from scaleplan.estimator.kernel_counts import expert_bias_kernels, stack_extra_kernels
-from scaleplan.estimator.kernels import ROUTER_BYTES, LayerKernels
+from scaleplan.estimator.kernels import LayerKernels, bias_product_bytes
 from scaleplan.estimator.pipeline import Middle, StageWork
 from scaleplan.estimator.shapes import StageCounts
 
@@ -102,8 +102,7 @@ def stage_dispatch(ctx: EvalContext, law: DispatchLaw, st: StageCounts) -> np.nd
                                                  lay.ep, g.precision, law.kappa0, g.glu, g.has_shared)
         extra = n_moe * per_moe + (st.n_layers - n_moe) * per_dense
     if g.is_moe and g.bias == "all":  # a model feature, not a stack's: the law's traced models have no biases
-        widened = ROUTER_BYTES.get(ctx.stack.router_dtype, 0.0) > ctx.shapes.b_el  # the product cast back
-        extra = extra + n_moe * expert_bias_kernels(E_loc, widened)
+        extra = extra + n_moe * expert_bias_kernels(E_loc, bias_product_bytes(ctx) > ctx.shapes.b_el)
     r = recompute(lay.ckpt, ctx.stack.recompute_modules)
     units = r.units / FULL_UNITS
     drop_pad = bool(np.all(np.asarray(g.capacity_factor) != 1.0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from scaleplan.errors import SpecError
-from scaleplan.stack import Stack
+from scaleplan.stack import ROUTER_DTYPES, Stack
 
 GROUPED_KERNEL_NOTE = ("grouped GEMM kernel: Transformer Engine >= 2.17 (cuBLASLt >= 13.3) with "
                        "NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM=1 in the environment of every rank (one grouped "
@@ -94,7 +94,7 @@ def stack_from_dump(a: dict[str, Any], where: str) -> dict[str, Any]:
     if a.get("moe_shared_expert_intermediate_size") and kind != "allgather" and not a.get("moe_shared_expert_overlap"):
         block["shared_expert_overlap"] = False
     router_dtype = a.get("moe_router_dtype") or "model"
-    if router_dtype not in ("fp32", "fp64", "model"):
+    if router_dtype not in ROUTER_DTYPES:
         raise SpecError(f"{where}: moe_router_dtype", router_dtype, "fp32, fp64 or unset")
     if a.get("num_experts") and router_dtype != "fp32":
         block["router_dtype"] = router_dtype
