@@ -389,11 +389,9 @@ def _print_layouts(out: dict, res, title: str, spec_path) -> None:
     if res.infeasible_counts:
         stdout.print("infeasible: " + ", ".join(f"{k} {v}" for k, v in sorted(res.infeasible_counts.items())),
                      highlight=False)
-    from scaleplan.mosaic.edges import layouts_edge_lines, widened_lines
+    from scaleplan.mosaic.edges import layouts_lines
 
-    edges = out.get("edges") or {}
-    here = {"layout": res.ranked[0].layout, "mfu": res.ranked[0].mfu} if res.ranked else None
-    for line in layouts_edge_lines(edges) + widened_lines(edges.get("widened"), here):
+    for line in layouts_lines(out.get("edges") or {}, out.get("best")):
         stdout.print(f"[yellow]edge:[/yellow] {escape(line)}", highlight=False)
     print_geometry([("model", out["geometry"])], f"geometry of {spec_path}")
     print_provenance(out["provenance"])

@@ -310,3 +310,9 @@ def widened_lines(info: dict | None, here: dict | None) -> list[str]:
     lay = " ".join(f"{k}={v}" for k, v in b["layout"].items())
     beside = "" if here is None else f" (plan #1 here: MFU {100 * here['mfu']:.1f}%)"
     return [f"{head} plan #1 is {lay} at MFU {100 * b['mfu']:.1f}%, t_iter {b['t_iter_s']:.3g} s{beside}"]
+
+
+def layouts_lines(edges: dict, best: dict | None) -> list[str]:
+    """Everything `layouts` says of its edges, for the terminal and the report: the micro-batch rule's lines
+    (:func:`layouts_edge_lines`) and the widened pass's (:func:`widened_lines`); ``best``: plan #1's JSON row."""
+    return layouts_edge_lines(edges) + widened_lines(edges.get("widened"), best)

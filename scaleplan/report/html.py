@@ -326,11 +326,12 @@ def _layouts_sections(d: dict[str, Any], figs: list[str], tables: list[dict[str,
                      _num(r["t_iter_s"], "{:.3f}"), _num(r["mem_per_device_gb"], "{:.1f}"), _num(r["chi_sys"], "{:.3f}"),
                      _num(100 * r.get("composed_share", 0.0), "{:.0f}%")])
     tables.append(_table("Ranked layouts (click a column to sort)", cols, rows, sortable=True))
-    from scaleplan.mosaic.edges import layouts_edge_lines
+    from scaleplan.mosaic.edges import layouts_lines
 
-    lines = layouts_edge_lines(d.get("edges") or {})
+    lines = layouts_lines(d.get("edges") or {}, d.get("best"))
     if lines:
-        tables.append(_table("Edges of the tried micro-batch sizes", ("edge",), [[x] for x in lines], prose=True))
+        tables.append(_table("Edges of the search (micro-batch sizes, flags)", ("edge",), [[x] for x in lines],
+                             prose=True))
     best = d.get("best")
     if best and best.get("breakdown_s"):
         figs.append(component_figure([{"layout": best["layout"], "predicted_breakdown_s": best["breakdown_s"],

@@ -105,8 +105,10 @@ def test_plans_the_flags_left_out_are_ranked_apart_and_reported(run, run_json, r
     flagged = run_json("layouts", spec, "--devices", 32, "--uneven-stages", "--db", recorded_db)
     assert w["best"]["layout"] == flagged["best"]["layout"] and w["best"]["mfu"] == flagged["best"]["mfu"]
     assert "widened" not in flagged["edges"]  # the flag given: nothing left out
-    code, out, _ = run("layouts", spec, "--devices", 32, "--db", recorded_db)
-    assert code == 0 and "rules that --uneven-stages lifts (layers_not_divisible_by_pp_vpp" in " ".join(out.split())
+    html = tmp_path / "layouts.html"
+    code, out, _ = run("layouts", spec, "--devices", 32, "--db", recorded_db, "--html", html)
+    said = "rules that --uneven-stages lifts (layers_not_divisible_by_pp_vpp"
+    assert code == 0 and said in " ".join(out.split()) and said in html.read_text()
 
 
 def test_an_uneven_split_under_the_a2a_overlap_also_lifts_vpp(run_json, recorded_db, tmp_path):
