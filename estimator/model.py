@@ -72,9 +72,9 @@ from scaleplan.estimator.stages import (
     pipeline_work,
     stage_dispatch,
 )
-from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
+from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables, te_attention_backend
 
-from scaleplan.profiles import ClusterProfile
+from scaleplan.profiles import COMPUTE_CAPABILITY, ClusterProfile, gpu_model
 from scaleplan.stack import PAPER_STACK, Stack, stack_from_key
 
 
@@ -179,7 +179,12 @@ class TimeModel:
             raise ValueError(f"extrapolate: got {extrapolate!r}; one of {', '.join(EXTRAPOLATE_MODES)}")
         if stack not in STACKS:
             raise ValueError(f"stack: got {stack!r}; one of {', '.join(STACKS)}")
-        self.prof, self.tables, self.mode, self.disp, self.chi_c = profile, tables, extrapolate, dispatch, chi
+        self.prof, self.mode, self.disp, self.chi_c = profile, extrapolate, dispatch, chi
+        # Megatron-Core's attention is Transformer Engine's, which picks its SDPA backend by GPU generation; the
+        # reference model runs PyTorch's SDPA (the tables' default backend)
+        self.sdpa_pick = (te_attention_backend(tables.sdpa_backends, COMPUTE_CAPABILITY.get(gpu_model(profile.gpu_name)))
+                          if stack == "megatron" else None)
+        self.tables = tables.with_sdpa_backend(self.sdpa_pick)
         self.kernel_scale = float(kernel_scale)
         # placement (which group leaves the NVLink domain, its ranks per domain): the scale-up domain, a node
         # except where NVLink spans nodes (GB200 NVL72: 72 GPUs over 4-GPU trays)
@@ -293,7 +298,7 @@ class TimeModel:
         """The :class:`EvalContext` an evaluation of the plans ``lay`` of model ``g`` reads: this model's
         tables (or ``tables``) in the spec precision, its profile, a fresh record in its extrapolation mode,
         the plans' shapes (computed unless given) and its kernel scale."""
-        base = self.tables if tables is None else tables
+        base = self.tables if tables is None else tables.with_sdpa_backend(self.sdpa_pick)
         lane = an.gemm_lane_ratio(self.prof, g.precision)
         tb = base.view(g.precision, lane)
         sh = shapes if shapes is not None else plan_shapes(g, lay, seqlen, gbs)

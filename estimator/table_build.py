@@ -154,10 +154,10 @@ def _build_grouped_dtype(out: dict, df: pd.DataFrame, dense=None) -> None:
 
 
 def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
-    """SDPA grids over (seq_len, micro_bs, n_q_heads, head_dim), causal, one per dtype, of the first
-    backend of ``SDPA_BACKENDS`` the profile measured; any number of points (between them
-    interpolated), in ``tb.sdpa_by_dtype`` with bf16 first (``tb.sdpa``); the spec's sdpa_precision
-    picks one (compute.py).
+    """SDPA grids over (seq_len, micro_bs, n_q_heads, head_dim), causal, one per dtype and measured backend
+    (``tb.sdpa_backends``); any number of points (between them interpolated). ``tb.sdpa_by_dtype`` holds the
+    first backend of ``SDPA_BACKENDS`` the profile measured, bf16 first (``tb.sdpa``); the time model may pick
+    another (tables.te_attention_backend); the spec's sdpa_precision picks the dtype (compute.py).
 
     n_kv_heads is not an independent axis of the recorded data (it co-varies with n_q_heads:
     kv=1 only at q=8), and the causal flash kernel's work is set by the query heads (K/V reads are
@@ -171,18 +171,20 @@ def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
     backend = next((b for b in SDPA_BACKENDS if b in have), None)
     if backend is None:
         return
-    tb.sdpa_backend = backend
-    df = df[df["backend"] == backend]
-    dtypes = df["dtype"].astype(str) if "dtype" in df else pd.Series("bf16", index=df.index)
     axes = ["seq_len", "micro_bs", "n_q_heads", "head_dim"]
-    for dt in sorted(set(dtypes), key=lambda d: (d != "bf16", d)):
-        d = _newest(df[dtypes == dt], ["seq_len", "micro_bs", "n_q_heads", "n_kv_heads", "head_dim"])
-        tabs = {}
-        for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
-            grid, vals = fill_grid(d, axes, col)
-            floor = compose.sdpa_floor(*(d[a].to_numpy(float) for a in axes), d[col].to_numpy(float))
-            tabs[dirn] = GridTable("sdpa", tuple(axes), grid, vals, floor=floor)
-        tb.sdpa_by_dtype[dt] = tabs
+    for b in sorted(have & set(SDPA_BACKENDS), key=SDPA_BACKENDS.index):
+        rows = df[df["backend"] == b]
+        dtypes = rows["dtype"].astype(str) if "dtype" in rows else pd.Series("bf16", index=rows.index)
+        by_dtype = tb.sdpa_backends.setdefault(b, {})
+        for dt in sorted(set(dtypes), key=lambda d: (d != "bf16", d)):
+            d = _newest(rows[dtypes == dt], ["seq_len", "micro_bs", "n_q_heads", "n_kv_heads", "head_dim"])
+            tabs = {}
+            for dirn, col in (("fwd", "fwd_s"), ("bwd", "bwd_s")):
+                grid, vals = fill_grid(d, axes, col)
+                floor = compose.sdpa_floor(*(d[a].to_numpy(float) for a in axes), d[col].to_numpy(float))
+                tabs[dirn] = GridTable("sdpa", tuple(axes), grid, vals, floor=floor)
+            by_dtype[dt] = tabs
+    tb.sdpa_backend, tb.sdpa_by_dtype = backend, tb.sdpa_backends[backend]
 
 
 def _build_topk(tb: Tables, df: pd.DataFrame) -> None:

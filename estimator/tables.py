@@ -107,6 +107,18 @@ def compose_rule(table: str) -> tuple[tuple[float, ...], str]:
 SDPA_BACKENDS = ("te", "flash", "cudnn", "efficient", "math", "pt")
 
 
+def te_attention_backend(have, compute_capability: float | None) -> str | None:
+    """The measured SDPA backend Megatron-Core's Transformer Engine attention runs, of the backends ``have``: its
+    own rows ("te") where measured; else on Hopper and newer (compute capability 9.0 and up) cuDNN's fused
+    attention, which TE prefers there to FlashAttention "for performance reasons" (TE 2.14.1
+    attention/dot_product_attention/utils.py, get_attention_backend); else the default order (FlashAttention
+    before cuDNN, as PyTorch's own SDPA and TE on older GPUs choose). None when nothing is measured."""
+    order = SDPA_BACKENDS
+    if compute_capability is not None and compute_capability >= 9.0:
+        order = ("te", "cudnn", *(b for b in SDPA_BACKENDS if b not in ("te", "cudnn")))
+    return next((b for b in order if b in have), None)
+
+
 @dataclass
 class LookupResult:
     """Per-element result of a table lookup.
@@ -422,7 +434,9 @@ class Tables:
     # serial-dispatch host seconds (dispatch rows ``ops:<part>[:<ckpt>]``): (part, ckpt, dtype) ->
     # array of rows (tokens m, hidden n, experts k, seconds); see :meth:`host_time`
     host_ops: dict[tuple[str, str, str], np.ndarray] = field(default_factory=dict)
-    sdpa_backend: str | None = None
+    sdpa_backend: str | None = None  # the backend of ``sdpa_by_dtype``: the first of SDPA_BACKENDS measured
+    # every measured backend's grids (backend -> dtype -> fwd|bwd): :meth:`with_sdpa_backend` picks another
+    sdpa_backends: dict[str, dict[str, dict[str, GridTable]]] = field(default_factory=dict)
     # caching-allocator overhead measured by the bench suite 'allocator': (fraction of allocated,
     # bytes outside the allocator), medians over OK rows; None -> estimator.memory's defaults
     allocator: tuple[float, float] | None = None
@@ -489,6 +503,12 @@ class Tables:
         its own, a faster lane)."""
         return (precision != "bf16" and lane_ratio < 1.0 and self.gemm is not None
                 and not (self.by_dtype.get(precision) or {}).get("gemm"))
+
+    def with_sdpa_backend(self, backend: str | None) -> Tables:
+        """These tables with the SDPA grids of ``backend`` (one of :attr:`sdpa_backends`; themselves otherwise)."""
+        if backend is None or backend == self.sdpa_backend or backend not in self.sdpa_backends:
+            return self
+        return dataclasses.replace(self, sdpa_by_dtype=self.sdpa_backends[backend], sdpa_backend=backend)
 
     @property
     def sdpa(self) -> dict[str, GridTable]:

@@ -125,6 +125,9 @@ def gpu_model(name: str | None) -> str | None:
 # H200: GH100, 132 SMs, 989 / 1979 TFLOP/s dense bf16 / FP8; NVIDIA H100 and H200 datasheets), so a device-time
 # ratio between two lanes measured on one holds on the other; they differ in HBM (size, bandwidth)
 DIES = {"H100": "GH100", "H200": "GH100"}
+# CUDA compute capability of a GPU model (NVIDIA's CUDA GPUs list): what a library's choice of kernel turns on
+COMPUTE_CAPABILITY = {"A100": 8.0, "H100": 9.0, "H200": 9.0, "GH200": 9.0, "B200": 10.0, "GB200": 10.0,
+                      "B300": 10.3, "GB300": 10.3}
 
 
 def _profile_dir() -> Path:

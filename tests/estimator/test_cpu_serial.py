@@ -166,3 +166,24 @@ def test_fp8_without_fp8_rows_runs_at_the_fp8_lane():
     f8te = _est(GPU, te).estimate(_spec("fp8"), 1, lay)[0]
     assert f8te.breakdown_s["attn_proj"] == pytest.approx(0.7 * b.breakdown_s["attn_proj"], rel=1e-6)
     assert not any("casts" in w for w in f8te.warnings)
+
+
+@pytest.mark.parametrize("profile, ratio", [
+    ("p5.48xlarge", 0.5),       # H100 (sm 9.0): TE prefers its fused cuDNN attention
+    ("p6-b200.48xlarge", 0.5),  # B200 (sm 10.0): the same rule, "Hopper+"
+    ("p4d.24xlarge", 1.0),      # A100 (sm 8.0): FlashAttention first
+])
+def test_the_time_model_costs_the_attention_backend_its_stack_runs(profile, ratio):
+    """Transformer Engine 2.14.1's get_attention_backend disables FlashAttention where cuDNN's fused attention is
+    also available on compute capability 9.0 and up; scaleplan's reference model runs PyTorch's own SDPA, flash
+    first (the tables' default). cuDNN measured at half flash's time everywhere: Megatron-Core's SDPA over the
+    reference model's is 0.5 on Hopper and Blackwell, 1 on an A100."""
+    from scaleplan.estimator.compute import sdpa_times
+    from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.estimator.model_dims import geometry
+
+    frames = {"sdpa": frame(_sdpa_rows("flash", 1.0) + _sdpa_rows("cudnn", 0.5))}
+    g, lay = geometry(_spec().model), ParallelLayout.from_specs([Layout(mbs=1, ckpt="none", dp=1)], 1)
+    fwd = {stack: sdpa_times(Estimator.from_frames(profile, frames, stack=stack).model.context(g, lay, 96))[0]
+           for stack in ("megatron", "reference")}
+    assert float(fwd["megatron"][0] / fwd["reference"][0]) == pytest.approx(ratio, rel=1e-9)
