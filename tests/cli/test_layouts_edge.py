@@ -119,3 +119,16 @@ def test_an_uneven_split_under_the_a2a_overlap_also_lifts_vpp(run_json, recorded
     assert w["flags"] == ["--uneven-stages", "--vpp 1,2,4"] and w["refused"]["a2a_overlap_needs_vpp"] > 0
     flagged = run_json("layouts", spec, "--devices", 32, "--uneven-stages", "--vpp", "1,2,4", "--db", recorded_db)
     assert w["best"]["layout"] == flagged["best"]["layout"] and w["best"]["mfu"] == flagged["best"]["mfu"]
+
+
+def test_the_widened_report_says_when_nothing_changes_or_nothing_fits():
+    from scaleplan.mosaic.edges import widened_lines
+
+    refused = {"layers_not_divisible_by_pp_vpp": 12}
+    here = {"layout": {"tp": 1, "pp": 1}, "mfu": 0.2}
+    same = widened_lines({"refused": refused, "flags": ["--uneven-stages"], "best": {**here, "t_iter_s": 1.0}}, here)
+    none = widened_lines({"refused": refused, "flags": ["--uneven-stages", "--vpp 1,2,4"], "best": None}, here)
+    assert same == ["12 plans were refused by rules that --uneven-stages lifts (layers_not_divisible_by_pp_vpp 12); "
+                    "with it plan #1 stays"]
+    assert none[0].endswith("lift (layers_not_divisible_by_pp_vpp 12); with them no plan is feasible either")
+    assert widened_lines(None, here) == []
