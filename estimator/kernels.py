@@ -291,14 +291,10 @@ def _glu_clamp_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:
     return an.memory_time(8 * sh.b_el * rows, ctx.hbm), an.memory_time((11 * sh.b_el + 8) * rows, ctx.hbm)
 
 
-# bytes of a routing probability per --moe-router-dtype (stack.router_dtype; "model": the activations' own)
-ROUTER_BYTES = {"fp32": 4.0, "fp64": 8.0}
-
-
 def bias_product_bytes(ctx: EvalContext) -> float:
     """Bytes per element of the experts' bias product ``b * p`` (:func:`_expert_bias_times`): the routing
-    probabilities' (``stack.router_dtype``) where wider than the activations', else the activations'."""
-    return max(ctx.shapes.b_el, ROUTER_BYTES.get(ctx.stack.router_dtype, 0.0))
+    probabilities' (:meth:`Stack.router_bytes`) where wider than the activations', else the activations'."""
+    return max(ctx.shapes.b_el, ctx.stack.router_bytes(ctx.shapes.b_el))
 
 
 def _expert_bias_times(ctx: EvalContext) -> tuple[np.ndarray, np.ndarray]:

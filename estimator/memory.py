@@ -88,7 +88,8 @@ def sdpa_cast(g: Geometry) -> bool:
 
 
 def block_activation_terms(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
-                           is_moe: bool, a: float, rope: bool = True, mcore: bool = False) -> dict:
+                           is_moe: bool, a: float, rope: bool = True, mcore: bool = False,
+                           router_bytes: float = 4.0) -> dict:
     """Bytes one block saves for its backward, per device and micro-batch, term by term, with no
     recomputation: ``{name: (bytes, freed_by)}``; ``freed_by`` is 'core' for tensors selective
     recompute drops (SDPA output and log-sum-exp, head-gate sigmoid), 'fine' for those
@@ -145,7 +146,7 @@ def block_activation_terms(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLik
         t.update(fc1_out=(a * T * w * g.dff, ""), act_out=(a * T * g.dff if g.glu else 0.0, "fine"),
                  fc2_in=(a * T * g.dff, ""))
         return {k: (v / tp, f) for k, (v, f) in t.items()}
-    t.update(_moe_terms(T, b, g, tp, etp, a, mcore))
+    t.update(_moe_terms(T, b, g, tp, etp, a, mcore, router_bytes))
     return {k: (v / tp, f_) for k, (v, f_) in t.items()}
 
 
@@ -167,7 +168,7 @@ def _mla_terms(T, g: Geometry, a: float) -> dict:
             "sdpa_out": (a * T * nq * hv, ""), "sdpa_lse": (4.0 * T * nq, "core"), "out_proj_in": (0.0, "")}
 
 
-def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dict:
+def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False, rb: float = 4.0) -> dict:
     """The MoE block's saved tensors of :func:`block_activation_terms` (bytes before the / tp):
     router, routed rows and the shared expert.
 
@@ -177,7 +178,8 @@ def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dic
     grouped MLP multiplies the activation output by the permuted probabilities before fc2 and the
     dispatcher's unpermute takes no probabilities, so no expert-output rows are saved (no
     ``expert_out``) but the product keeps its input, the activation output (``expert_probs_in``, R f,
-    dropped with the activation under super-selective recompute)."""
+    dropped with the activation under super-selective recompute). ``rb``: bytes of a router logit, score and
+    gate (fp32 as the reference model and --moe-router-dtype fp32 keep them; Stack.router_bytes)."""
     h, w = g.d, 2 if g.glu else 1
     R = T * g.K * g.capacity_factor * etp  # routed rows on this device, before the / tp
     E, f, fs = g.E, g.dexp / etp, g.dsh
@@ -185,8 +187,8 @@ def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dic
     t.update({
         "router_in_fp32": (4.0 * T * h if (a != 4 and not mcore) else 0.0, ""),
         "router_weight": (4.0 * E * (h + 2) * tp, ""),  # RowNorm'd W_r and its norms (not sharded)
-        "router_logits_scores": (2 * 4.0 * T * E, ""),
-        "router_topk": (8.0 * T * g.K + 4.0 * T * g.K + 3 * 4.0 * T + 4.0 * b * E * tp, ""),
+        "router_logits_scores": (2 * rb * T * E, ""),
+        "router_topk": (8.0 * T * g.K + rb * T * g.K + 3 * 4.0 * T + 4.0 * b * E * tp, ""),
         "expert_in": (a * R * h, ""), "expert_fc1_out": (a * R * w * f, ""),
         "expert_act_out": (a * R * f if g.glu else 0.0, "fine"), "expert_fc2_in": (a * R * f, ""),
         # fc2 output and its gated copy (combine source); Megatron-Core gates before fc2 instead
@@ -205,14 +207,15 @@ def _moe_terms(T, b, g: Geometry, tp, etp, a: float, mcore: bool = False) -> dic
 
 def block_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
                            is_moe: bool, mode_code: ArrayLike, a: float = 2.0, rope: bool = True,
-                           mcore: bool = False, recipe: str | None = None, sel: Selective | None = None) -> np.ndarray:
+                           mcore: bool = False, recipe: str | None = None, sel: Selective | None = None,
+                           router_bytes: float = 4.0) -> np.ndarray:
     """One block's stored activations (bytes per device, one micro-batch) under checkpoint mode
     ``mode_code`` (array over plans): none keeps every term of :func:`block_activation_terms`,
     selective drops the 'core' terms, super-selective also the 'fine' ones, full keeps the block
     input only. ``mcore``: the block as Megatron-Core saves it, with its fused SwiGLU and, under an FP8
     ``recipe``, FP8 copies of the GEMM inputs (:func:`~scaleplan.estimator.stack_memory.adjust_saved`).
     ``sel``: a stack's selective recompute modules, which selective then frees instead (estimator/recompute.py)."""
-    terms = block_activation_terms(s, b, g, tp, etp, is_moe, a, rope, mcore)
+    terms = block_activation_terms(s, b, g, tp, etp, is_moe, a, rope, mcore, router_bytes)
     if mcore:
         terms = adjust_saved(terms, recipe, a, dense_block=not is_moe)
     keep = {CkptMode.NONE: ("", "core", "fine"), CkptMode.SELECTIVE: ("", "fine"), CkptMode.SUPER_SELECTIVE: ("",)}
@@ -230,9 +233,9 @@ def block_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLik
 def moe_layer_activation_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, etp: ArrayLike,
                                mode_code: ArrayLike, a: float = 2.0, rope: bool = True,
                                mcore: bool = False, recipe: str | None = None,
-                               sel: Selective | None = None) -> np.ndarray:
+                               sel: Selective | None = None, router_bytes: float = 4.0) -> np.ndarray:
     """One MoE block's stored activations per device (see :func:`block_activation_terms`)."""
-    return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope, mcore, recipe, sel)
+    return block_activation_bytes(s, b, g, tp, etp, True, mode_code, a, rope, mcore, recipe, sel, router_bytes)
 
 
 def dense_block_bytes(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLike, mode_code: ArrayLike,
@@ -305,20 +308,22 @@ def state_bytes_per_param(state: ModelState, precision: str, optimizer: str, sta
 
 
 def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = False, recipe: str | None = None,
-                       sel: Selective | None = None):
+                       sel: Selective | None = None, router_bytes: float = 4.0):
     """(one dense block's, one MoE block's saved bytes, the extra peak of a full recompute) per device
     and micro-batch, arrays over plans: full recompute still materialises one layer's full
     activations during its backward. Computed once per distinct (geometry, TP, CP, ETP, B_micro, ckpt),
     all they depend on (``s`` = seqlen / CP), and handed to the plans sharing it. ``mcore``: MoE blocks
-    as Megatron-Core saves them; ``sel``: a stack's selective recompute modules."""
+    as Megatron-Core saves them; ``sel``: a stack's selective recompute modules; ``router_bytes``: of a router
+    logit, score and gate."""
     first, inv = distinct(*g.batch_keys, pl.tp, pl.cp, pl.etp, pl.mbs, pl.ckpt)
     g, pl, s = g.take(first), pl.take(first), s[first]
     tp, etp, mbs, ck = pl.tp.astype(float), pl.etp.astype(float), pl.mbs.astype(float), pl.ckpt
-    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope, mcore, recipe, sel) if g.is_moe else 0.0
+    act_moe = (moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope, mcore, recipe, sel, router_bytes)
+               if g.is_moe else 0.0)
     act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope, mcore, recipe, sel)
     zero = np.zeros_like(ck)
-    whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope, mcore, recipe)
-                       if g.is_moe else 0.0, dense_block_bytes(s, mbs, g, tp, zero, a, rope, mcore, recipe))
+    whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope, mcore, recipe,
+                                                  router_bytes=router_bytes) if g.is_moe else 0.0, dense_block_bytes(s, mbs, g, tp, zero, a, rope, mcore, recipe))
     out = (act_den, act_moe, np.where(ck == CkptMode.FULL, whole, 0.0))
     return tuple(np.broadcast_to(np.asarray(x, dtype=float), (len(first),))[inv] for x in out)
 
@@ -350,7 +355,8 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
 
     recipe = stack.recipe(g.precision) if state.mcore_moe else None
     sel = Selective.of(stack) if state.mcore_moe else None
-    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe, recipe, sel)
+    rb = stack.router_bytes(a) if state.mcore_moe else 4.0  # the reference model keeps an fp32 router
+    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe, recipe, sel, rb)
     inflight = _in_flight(pp, vpp, n_mb)
     ce_saved, logits, buffers, transient = loss_and_dispatcher_bytes(
         stack if state.mcore_moe else None, g.is_moe, s * mbs, sh.V_loc * (1 + g.mtp), tp, g.d, sh.E_loc,

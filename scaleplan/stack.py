@@ -125,6 +125,11 @@ class Stack(BaseModel):
         None when the model does not run FP8 GEMMs."""
         return (self.fp8_recipe or DEFAULT_FP8_RECIPE) if precision == "fp8" else None
 
+    def router_bytes(self, act_bytes: float) -> float:
+        """Bytes of one router logit, score or routing probability: 4 or 8 under --moe-router-dtype fp32 / fp64,
+        else (``model``) the activations' ``act_bytes`` (the router's GEMM runs in its input's dtype)."""
+        return {"fp32": 4.0, "fp64": 8.0}.get(self.router_dtype, float(act_bytes))
+
     def selective_modules(self) -> tuple[str, ...]:
         """The modules the layout's ``selective`` checkpointing recomputes: :attr:`recompute_modules`, or
         Megatron-Core's default (core_attn) when it is None."""

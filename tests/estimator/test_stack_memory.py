@@ -157,3 +157,26 @@ def test_communication_buffers_sit_outside_the_allocator():
     alloc_h, _, total_h = allocated_reserved(hy)
     alloc_a, _, total_a = allocated_reserved(a2a)
     assert alloc_h[0] == pytest.approx(alloc_a[0]) and total_h[0] - total_a[0] == pytest.approx(hy["ep_buffers"][0])
+
+
+@pytest.mark.parametrize("router_dtype, rb", [("fp32", 4.0), ("model", 2.0), ("fp64", 8.0)])
+def test_the_routers_saved_tensors_in_the_router_dtype_by_hand(router_dtype, rb):
+    """--moe-router-dtype sets the dtype of the router's logits, its scores and the routing probabilities it keeps
+    (Megatron-Core's TopKRouter.gating runs its GEMM in that dtype, or the input's when unset): per token E logits
+    and E scores, and K gates; the int64 top-K indices and fp32 per-token statistics do not change. Through the
+    whole memory model: one MoE block in flight per layer at PP 1, T = 4 x 4096 tokens on the rank."""
+    from scaleplan.estimator.layout import ParallelLayout
+    from scaleplan.estimator.memory import memory_breakdown
+    from scaleplan.specs import Layout
+    from scaleplan.stack import Stack
+
+    g = _gpt_oss_like()
+    s, b = 4096, 4
+    terms = block_activation_terms(s, b, g, 1.0, 1.0, True, 2.0, mcore=True, router_bytes=rb)
+    T = s * b
+    assert terms["router_logits_scores"][0] == pytest.approx(2 * rb * T * 128)
+    assert terms["router_topk"][0] == pytest.approx(8.0 * T * 4 + rb * T * 4 + 3 * 4.0 * T + 4.0 * b * 128)
+    pl = ParallelLayout.from_specs([Layout(ep=8, mbs=b, ckpt="none")], 8)
+    act = {d: memory_breakdown(g, pl, 32, s, "adam", stack=Stack(router_dtype=d))["activations"][0]
+           for d in ("fp32", router_dtype)}
+    assert act[router_dtype] - act["fp32"] == pytest.approx(36 * (rb - 4.0) * T * (2 * 128 + 4))
