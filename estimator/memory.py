@@ -107,8 +107,7 @@ def block_activation_terms(s: ArrayLike, b: ArrayLike, g: Geometry, tp: ArrayLik
     int64 permutation indices. Norm statistics: fp32 mean and rstd per token. TP with sequence
     parallelism divides every per-token term by tp (the routed rows by tp / etp). ``mcore``: the block
     as Megatron-Core with Transformer Engine saves it: its attention keeps contiguous q, k, v (rotated or
-    not) and no QKV buffer, the MoE block as in :func:`_moe_terms`.
-    """
+    not) and no QKV buffer, the MoE block as in :func:`_moe_terms` (``router_bytes``: its router's dtype)."""
     T = s * b
     h, hd, nq = g.d, g.hd, g.nq
     kv = np.maximum(g.nkv / tp, 1.0) * tp
@@ -307,23 +306,23 @@ def state_bytes_per_param(state: ModelState, precision: str, optimizer: str, sta
             "master_grads": 4.0 if (low and state.master_grad) else 0.0, "linear_weights": linear}
 
 
-def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: bool = False, recipe: str | None = None,
-                       sel: Selective | None = None, router_bytes: float = 4.0):
+def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: Stack | None = None):
     """(one dense block's, one MoE block's saved bytes, the extra peak of a full recompute) per device
     and micro-batch, arrays over plans: full recompute still materialises one layer's full
     activations during its backward. Computed once per distinct (geometry, TP, CP, ETP, B_micro, ckpt),
-    all they depend on (``s`` = seqlen / CP), and handed to the plans sharing it. ``mcore``: MoE blocks
-    as Megatron-Core saves them; ``sel``: a stack's selective recompute modules; ``router_bytes``: of a router
-    logit, score and gate."""
+    all they depend on (``s`` = seqlen / CP), and handed to the plans sharing it. ``mcore``: the training
+    stack whose blocks are saved as Megatron-Core saves them (its FP8 recipe's copies, its selective recompute
+    modules, its router's dtype); None: the reference model's (no recipe copies, an fp32 router)."""
+    on = mcore is not None
+    recipe, sel, rb = (mcore.recipe(g.precision), Selective.of(mcore), mcore.router_bytes(a)) if on else (None, None, 4.0)
     first, inv = distinct(*g.batch_keys, pl.tp, pl.cp, pl.etp, pl.mbs, pl.ckpt)
     g, pl, s = g.take(first), pl.take(first), s[first]
     tp, etp, mbs, ck = pl.tp.astype(float), pl.etp.astype(float), pl.mbs.astype(float), pl.ckpt
-    act_moe = (moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope, mcore, recipe, sel, router_bytes)
-               if g.is_moe else 0.0)
-    act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope, mcore, recipe, sel)
+    act_moe = moe_layer_activation_bytes(s, mbs, g, tp, etp, ck, a, rope, on, recipe, sel, rb) if g.is_moe else 0.0
+    act_den = dense_block_bytes(s, mbs, g, tp, ck, a, rope, on, recipe, sel)
     zero = np.zeros_like(ck)
-    whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope, mcore, recipe,
-                                                  router_bytes=router_bytes) if g.is_moe else 0.0, dense_block_bytes(s, mbs, g, tp, zero, a, rope, mcore, recipe))
+    whole = np.maximum(moe_layer_activation_bytes(s, mbs, g, tp, etp, zero, a, rope, on, recipe, router_bytes=rb)
+                       if g.is_moe else 0.0, dense_block_bytes(s, mbs, g, tp, zero, a, rope, on, recipe))
     out = (act_den, act_moe, np.where(ck == CkptMode.FULL, whole, 0.0))
     return tuple(np.broadcast_to(np.asarray(x, dtype=float), (len(first),))[inv] for x in out)
 
@@ -353,10 +352,7 @@ def memory_breakdown(g: Geometry, pl: ParallelLayout, gbs: int, seqlen: int, opt
     # Megatron's distributed optimizer shards the state except for optimizers it refuses (plain DDP)
     sharded = state.shard_optimizer and opt_spec(optimizer).sharded
 
-    recipe = stack.recipe(g.precision) if state.mcore_moe else None
-    sel = Selective.of(stack) if state.mcore_moe else None
-    rb = stack.router_bytes(a) if state.mcore_moe else 4.0  # the reference model keeps an fp32 router
-    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, state.mcore_moe, recipe, sel, rb)
+    act_den, act_moe, peak_layer = _layer_activations(g, pl, s, a, rope, stack if state.mcore_moe else None)
     inflight = _in_flight(pp, vpp, n_mb)
     ce_saved, logits, buffers, transient = loss_and_dispatcher_bytes(
         stack if state.mcore_moe else None, g.is_moe, s * mbs, sh.V_loc * (1 + g.mtp), tp, g.d, sh.E_loc,

@@ -72,7 +72,8 @@ from scaleplan.estimator.stages import (
     pipeline_work,
     stage_dispatch,
 )
-from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables, te_attention_backend
+from scaleplan.estimator.table_build import te_attention_backend
+from scaleplan.estimator.tables import ANALYTIC, COMPOSED, EXTRAPOLATE_MODES, MEASURED, Tables
 
 from scaleplan.profiles import COMPUTE_CAPABILITY, ClusterProfile, gpu_model
 from scaleplan.stack import PAPER_STACK, Stack, stack_from_key
@@ -182,8 +183,8 @@ class TimeModel:
         self.prof, self.mode, self.disp, self.chi_c = profile, extrapolate, dispatch, chi
         # Megatron-Core's attention is Transformer Engine's, which picks its SDPA backend by GPU generation; the
         # reference model runs PyTorch's SDPA (the tables' default backend)
-        self.sdpa_pick = (te_attention_backend(tables.sdpa_backends, COMPUTE_CAPABILITY.get(gpu_model(profile.gpu_name)))
-                          if stack == "megatron" else None)
+        cc = COMPUTE_CAPABILITY.get(gpu_model(profile.gpu_name))
+        self.sdpa_pick = te_attention_backend(tables.sdpa_backends, cc) if stack == "megatron" else None
         self.tables = tables.with_sdpa_backend(self.sdpa_pick)
         self.kernel_scale = float(kernel_scale)
         # placement (which group leaves the NVLink domain, its ranks per domain): the scale-up domain, a node

@@ -5,10 +5,11 @@ and this code, so a planner command does not re-read and re-fit what the previou
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 
 import numpy as np
 from scaleplan.estimator import compose, floors
-from scaleplan.estimator.tables import COMPOSED, SDPA_BACKENDS, CollectiveTable, GridTable, Tables, fill_grid
+from scaleplan.estimator.tables import COMPOSED, CollectiveTable, GridTable, Tables, fill_grid
 
 from scaleplan.db.measurements import FROM_PROFILE, SAME_DIE_GEMM, load_frames, named_profiles
 from scaleplan.lazy import lazy_module
@@ -153,11 +154,29 @@ def _build_grouped_dtype(out: dict, df: pd.DataFrame, dense=None) -> None:
                              ceiling=rules[key][0], floor=rules[key][1])
 
 
+# SDPA rows by backend, the first of this order present read by default: Transformer Engine's own ("te") where
+# measured, else PyTorch's SDPA kernels in the order its dispatcher tries them (scaleplan's reference model), down
+# to the eager math path a CPU measures; Megatron-Core's attention picks with :func:`te_attention_backend`
+SDPA_BACKENDS = ("te", "flash", "cudnn", "efficient", "math", "pt")
+
+
+def te_attention_backend(have: Collection[str], compute_capability: float | None) -> str | None:
+    """The measured SDPA backend Megatron-Core's Transformer Engine attention runs, of the backends ``have``: its
+    own rows ("te") where measured; else on Hopper and newer (compute capability 9.0 and up) cuDNN's fused
+    attention, which TE prefers there to FlashAttention "for performance reasons" (TE 2.14.1
+    attention/dot_product_attention/utils.py, get_attention_backend); else the default order (FlashAttention
+    before cuDNN, as PyTorch's own SDPA and TE on older GPUs choose). None when nothing is measured."""
+    order = SDPA_BACKENDS
+    if compute_capability is not None and compute_capability >= 9.0:
+        order = ("te", "cudnn", *(b for b in SDPA_BACKENDS if b not in ("te", "cudnn")))
+    return next((b for b in order if b in have), None)
+
+
 def _build_sdpa(tb: Tables, df: pd.DataFrame) -> None:
     """SDPA grids over (seq_len, micro_bs, n_q_heads, head_dim), causal, one per dtype and measured backend
     (``tb.sdpa_backends``); any number of points (between them interpolated). ``tb.sdpa_by_dtype`` holds the
     first backend of ``SDPA_BACKENDS`` the profile measured, bf16 first (``tb.sdpa``); the time model may pick
-    another (tables.te_attention_backend); the spec's sdpa_precision picks the dtype (compute.py).
+    another (:func:`te_attention_backend`); the spec's sdpa_precision picks the dtype (compute.py).
 
     n_kv_heads is not an independent axis of the recorded data (it co-varies with n_q_heads:
     kv=1 only at q=8), and the causal flash kernel's work is set by the query heads (K/V reads are

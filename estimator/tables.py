@@ -100,25 +100,6 @@ def compose_rule(table: str) -> tuple[tuple[float, ...], str]:
     key = table.split("[")[0].split(".")[0]
     return COMPOSE_RULES.get(key, ((1.0,) * 8, "linear in every axis beyond the edge"))
 
-# The training stack (paper app:training-stack) is Megatron-Core with Transformer Engine layers,
-# whose DotProductAttention runs the TE fused (cuDNN / flash) backend: SDPA rows of backend "te"
-# where the profile has them, else the fastest fused backend measured on the device, down to the
-# eager math path (a CPU measures flash and math): the first of this order present in the table.
-SDPA_BACKENDS = ("te", "flash", "cudnn", "efficient", "math", "pt")
-
-
-def te_attention_backend(have, compute_capability: float | None) -> str | None:
-    """The measured SDPA backend Megatron-Core's Transformer Engine attention runs, of the backends ``have``: its
-    own rows ("te") where measured; else on Hopper and newer (compute capability 9.0 and up) cuDNN's fused
-    attention, which TE prefers there to FlashAttention "for performance reasons" (TE 2.14.1
-    attention/dot_product_attention/utils.py, get_attention_backend); else the default order (FlashAttention
-    before cuDNN, as PyTorch's own SDPA and TE on older GPUs choose). None when nothing is measured."""
-    order = SDPA_BACKENDS
-    if compute_capability is not None and compute_capability >= 9.0:
-        order = ("te", "cudnn", *(b for b in SDPA_BACKENDS if b not in ("te", "cudnn")))
-    return next((b for b in order if b in have), None)
-
-
 @dataclass
 class LookupResult:
     """Per-element result of a table lookup.
@@ -434,8 +415,7 @@ class Tables:
     # serial-dispatch host seconds (dispatch rows ``ops:<part>[:<ckpt>]``): (part, ckpt, dtype) ->
     # array of rows (tokens m, hidden n, experts k, seconds); see :meth:`host_time`
     host_ops: dict[tuple[str, str, str], np.ndarray] = field(default_factory=dict)
-    sdpa_backend: str | None = None  # the backend of ``sdpa_by_dtype``: the first of SDPA_BACKENDS measured
-    # every measured backend's grids (backend -> dtype -> fwd|bwd): :meth:`with_sdpa_backend` picks another
+    sdpa_backend: str | None = None  # of ``sdpa_by_dtype``; every measured one's: backend -> dtype -> fwd|bwd
     sdpa_backends: dict[str, dict[str, dict[str, GridTable]]] = field(default_factory=dict)
     # caching-allocator overhead measured by the bench suite 'allocator': (fraction of allocated,
     # bytes outside the allocator), medians over OK rows; None -> estimator.memory's defaults
