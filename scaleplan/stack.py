@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from scaleplan.errors import FieldCheck, SpecError
+from scaleplan.units import BYTES_PER_ELEMENT
 
 # experts: TEGroupedMLP (--moe-grouped-gemm: one Transformer Engine GroupedLinear per projection) or
 # SequentialMLP (a Python loop over the local experts, one TE Linear per expert and projection).
@@ -128,7 +129,7 @@ class Stack(BaseModel):
     def router_bytes(self, act_bytes: float) -> float:
         """Bytes of one router logit, score or routing probability: 4 or 8 under --moe-router-dtype fp32 / fp64,
         else (``model``) the activations' ``act_bytes`` (the router's GEMM runs in its input's dtype)."""
-        return {"fp32": 4.0, "fp64": 8.0}.get(self.router_dtype, float(act_bytes))
+        return float(act_bytes if self.router_dtype == "model" else BYTES_PER_ELEMENT[self.router_dtype])
 
     def selective_modules(self) -> tuple[str, ...]:
         """The modules the layout's ``selective`` checkpointing recomputes: :attr:`recompute_modules`, or

@@ -7,7 +7,7 @@ TFLOPS = 1e12
 PFLOPS = 1e15
 DAY = 86400.0
 
-BYTES_PER_ELEMENT = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
+BYTES_PER_ELEMENT = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5}
 # the dtype a model precision keeps its activations in: FP8 and FP4 run only the GEMM operands in that format
 # (Transformer Engine quantizes inside each linear layer); activations, permutes and the token, tensor- and
 # pipeline-parallel exchanges stay bf16
