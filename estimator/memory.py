@@ -306,15 +306,15 @@ def state_bytes_per_param(state: ModelState, precision: str, optimizer: str, sta
             "master_grads": 4.0 if (low and state.master_grad) else 0.0, "linear_weights": linear}
 
 
-def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, mcore: Stack | None = None):
+def _layer_activations(g: Geometry, pl, s, a: float, rope: bool, stack: Stack | None = None):
     """(one dense block's, one MoE block's saved bytes, the extra peak of a full recompute) per device
     and micro-batch, arrays over plans: full recompute still materialises one layer's full
     activations during its backward. Computed once per distinct (geometry, TP, CP, ETP, B_micro, ckpt),
-    all they depend on (``s`` = seqlen / CP), and handed to the plans sharing it. ``mcore``: the training
+    all they depend on (``s`` = seqlen / CP), and handed to the plans sharing it. ``stack``: the training
     stack whose blocks are saved as Megatron-Core saves them (its FP8 recipe's copies, its selective recompute
     modules, its router's dtype); None: the reference model's (no recipe copies, an fp32 router)."""
-    on = mcore is not None
-    recipe, sel, rb = (mcore.recipe(g.precision), Selective.of(mcore), mcore.router_bytes(a)) if on else (None, None, 4.0)
+    on = stack is not None  # Megatron-Core's saved tensors
+    recipe, sel, rb = (stack.recipe(g.precision), Selective.of(stack), stack.router_bytes(a)) if on else (None, None, 4.0)
     first, inv = distinct(*g.batch_keys, pl.tp, pl.cp, pl.etp, pl.mbs, pl.ckpt)
     g, pl, s = g.take(first), pl.take(first), s[first]
     tp, etp, mbs, ck = pl.tp.astype(float), pl.etp.astype(float), pl.mbs.astype(float), pl.ckpt

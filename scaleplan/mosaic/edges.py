@@ -288,8 +288,8 @@ def widened_pass(est, spec, n_devices: int, constraints, res) -> dict | None:
         best = next(iter(cur.ranked), None)
     if not refused:
         return None
-    flags = (["--uneven-stages"] if _lifted(wide, "--uneven-stages", constraints) and not constraints.uneven_stages
-             else []) + ([f"--vpp {','.join(map(str, wide.vpp))}"] if _lifted(wide, "--vpp", constraints) else [])
+    flags = (["--uneven-stages"] if wide.uneven_stages and not constraints.uneven_stages else []) + \
+        ([f"--vpp {','.join(map(str, wide.vpp))}"] if wide.vpp != tuple(constraints.vpp) else [])
     return {"refused": refused, "flags": flags, "best": None if best is None else
             {"layout": dict(best.layout), "mfu": float(best.mfu), "t_iter_s": float(best.t_iter_s)}}
 
