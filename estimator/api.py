@@ -13,7 +13,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scaleplan.estimator.dispatch import RUNTIME_SCALES, STACKS, law_in_force, untraced_host_note
+from scaleplan.estimator.dispatch import (RUNTIME_SCALES, STACKS, UNTRACED_HOST_SHARE, host_untimed, law_in_force,
+                                          untraced_host_note)
 from scaleplan.estimator.model_dims import Geometry, geometry, structure
 from scaleplan.estimator.memory import RESERVE_BYTES, STAGES, StageMemory, allocated_reserved, memory_breakdown, state_bytes
 from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout
@@ -244,9 +245,27 @@ class Estimator:
         g, plans = geometry(spec.model), ev.plans
         mem = est._memory(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
                           spec.model.rotary_embeds, ev.shapes)
-        cap = self.profile.hbm_bytes
-        return [est._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, mem_fraction)
-                for i in range(len(plans))]
+        cap, alone = self.profile.hbm_bytes, est._device_only(spec, g, ev)
+        return [est._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, mem_fraction,
+                            device_only_s=None if alone is None else float(alone[i])) for i in range(len(plans))]
+
+    # host seconds of the host-free evaluation (:meth:`_device_only`): a positive scale, as the law requires, whose
+    # host terms are below a nanosecond per micro-batch
+    HOST_FREE_SCALE = 1e-9
+
+    def _device_only(self, spec: Spec, g: Geometry, ev: Evaluation) -> np.ndarray | None:
+        """Seconds per step of the plans of ``ev`` at no host cost (the law's host terms x :data:`HOST_FREE_SCALE`),
+        shape (plans,): the GPU's work alone, which the host-bound warning of an untraced stack states
+        (:func:`~scaleplan.estimator.dispatch.untraced_host_note`). None where no plan carries that warning."""
+        share = ev.components["dispatch_floor"] / ev.t_iter
+        if not (host_untimed(self.dispatch, self.stack_key, self.host_scale != 1.0)
+                and np.any(share >= UNTRACED_HOST_SHARE)):
+            return None
+        free = copy.copy(self)
+        free._by_stack, free._given = {}, self._given[:2] + (self.HOST_FREE_SCALE,) + self._given[3:]
+        free._calibrate_and_build()
+        return free.model.evaluate(g, ev.plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
+                                   stack=spec.stack).t_iter
 
     def evaluate(self, spec: Spec, n_devices: int, layouts: list[Layout] | ParallelLayout | None = None) -> Evaluation:
         """The time model's per-plan arrays for explicit layouts (default: the spec's own), validated by the
@@ -394,9 +413,10 @@ class Estimator:
 
     # -- helpers -------------------------------------------------------------------------------
     def _result(self, g: Geometry, ev: Evaluation, mem, i: int, tokens: int, cap: float,
-                frac: float, scope=slice(None)) -> EstimateResult:
+                frac: float, scope=slice(None), device_only_s: float | None = None) -> EstimateResult:
         """Plan ``i`` of ``ev`` as a result; ``scope``: the plans of its geometry (those whose warnings
-        count, as when the geometry is evaluated alone)."""
+        count, as when the geometry is evaluated alone); ``device_only_s``: its step at no host cost, which the
+        host-bound warning states where given (:meth:`_device_only`)."""
         bd = {k: float(v[i]) for k, v in ev.components.items()}
         src = {k: SOURCE_NAMES[int(ev.sources[k][i]) if k in ev.sources else 0] for k in bd}
         memb = {k: float(v[i]) / GB for k, v in mem.items()}
@@ -412,7 +432,7 @@ class Estimator:
         if ana:
             warnings.append("analytic (no measured table): " + ", ".join(ana))
         host_note = untraced_host_note(self.dispatch, self.stack_key, bd["dispatch_floor"] / float(ev.t_iter[i]),
-                                       self.host_scale != 1.0)
+                                       self.host_scale != 1.0, device_only_s)
         if host_note:
             warnings.append(host_note)
         if (self.host_scale, self.kernel_scale) != (1.0, 1.0):

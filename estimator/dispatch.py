@@ -118,18 +118,26 @@ def dispatch_time(law: DispatchLaw, L_stage: ArrayLike, E_loc: ArrayLike, ckc: A
 UNTRACED_HOST_SHARE = 0.1
 
 
-def untraced_host_note(law: DispatchLaw, stack_key: str, share: float, host_scaled: bool) -> str | None:
-    """The warning of a host-bound plan (``share``: its dispatch floor over its step time) on training stack
-    ``stack_key`` whose host seconds rest on a per-kernel cost nobody measured on that stack: the law's t_gap
-    was traced on ``law.kappa_stack``, and no host scale (``host_scaled``: a calibration of this stack's runs,
-    or one given) corrects it. None where the law is this stack's own, a scale applies, or the floor is under
-    :data:`UNTRACED_HOST_SHARE` of the step."""
-    if stack_key == law.kappa_stack or host_scaled or not share >= UNTRACED_HOST_SHARE:
+def host_untimed(law: DispatchLaw, stack_key: str, host_scaled: bool) -> bool:
+    """True where a plan's host seconds on training stack ``stack_key`` rest on a per-kernel cost nobody measured on
+    that stack: the law's t_gap was traced on ``law.kappa_stack``, and no host scale (``host_scaled``: a calibration
+    of this stack's runs, or one given) corrects it."""
+    return stack_key != law.kappa_stack and not host_scaled
+
+
+def untraced_host_note(law: DispatchLaw, stack_key: str, share: float, host_scaled: bool,
+                       device_only_s: float | None = None) -> str | None:
+    """The warning of a host-bound plan (``share``: its dispatch floor over its step time) on a stack whose host is
+    untimed (:func:`host_untimed`), with ``device_only_s``, the plan's step in seconds at no host cost (the GPU's
+    work alone: what the step falls to if that stack's host keeps ahead of the device), where given. None where the
+    law is this stack's own, a scale applies, or the floor is under :data:`UNTRACED_HOST_SHARE` of the step."""
+    if not host_untimed(law, stack_key, host_scaled) or not share >= UNTRACED_HOST_SHARE:
         return None
+    alone = "" if device_only_s is None else f"; at no host cost the step is {device_only_s:.3g} s, the GPU's work alone"
     return (f"dispatch_floor: {share:.0%} of the step is host launch time beyond the GPU's work, at the per-kernel "
             f"host cost traced on the {law.kappa_stack} stack ({law.source}); this stack's ({stack_key}) host is "
-            "untimed: one traced step (`scaleplan calibrate trace`) or its runs (`scaleplan calibrate fit --kind "
-            f"dispatch --from-runs --stack {stack_key}`) set it")
+            f"untimed{alone}: one traced step (`scaleplan calibrate trace`) or its runs (`scaleplan calibrate fit "
+            f"--kind dispatch --from-runs --stack {stack_key}`) set it")
 
 
 # host syncs per MoE layer and forward pass of each token dispatcher, read from the code (none in the backward:

@@ -48,6 +48,33 @@ def test_a_host_bound_plan_on_an_untraced_stack_says_so_and_names_the_stack(run,
     assert code == 0 and key in " ".join(out.split())
 
 
+def test_the_host_bound_note_states_the_step_at_no_host_cost(run_json, spec_file, recorded_db):
+    """The note's second number is the plan's step with the host's launches taken to nothing, the GPU's work
+    alone. CUDA graphs change who issues the captured kernels, not the kernels the device runs
+    (estimator/kernel_counts.graph_savings), so two stacks apart only in CUDA graphs have different estimates
+    and one step at no host cost; and that step is the one the public host_scale argument gives as it vanishes."""
+    import re
+
+    from scaleplan.estimator import Estimator
+
+    from scaleplan.specs import Layout, parse_spec
+
+    def note_and_step(stack: str) -> tuple[float, dict]:
+        r = run_json("estimate", spec_file, "--devices", 32, "--layout", "pp=2,ep=8", "--db", recorded_db,
+                     "--stack", stack)[0]
+        note = next(w for w in r["warnings"] if w.startswith("dispatch_floor:"))
+        return float(re.search(r"at no host cost the step is ([0-9.e+-]+) s", note).group(1)), r
+
+    eager, r_eager = note_and_step("permute_fusion=true")
+    graphed, r_graphed = note_and_step("permute_fusion=true,cuda_graphs=attn")
+    assert r_graphed["t_iter_s"] < 0.95 * r_eager["t_iter_s"]  # the graphs take launches off a host-bound step
+    assert graphed == pytest.approx(eager, rel=2e-3)  # the note prints three significant digits
+    assert eager < 0.9 * r_eager["t_iter_s"]  # the plan is host-bound: the note is worth its words
+    spec = parse_spec({**SPEC, "stack": {"permute_fusion": True}})
+    free = Estimator("p6-b200.48xlarge", recorded_db, host_scale=1e-6).estimate(spec, 32, [Layout(pp=2, ep=8)])[0]
+    assert eager == pytest.approx(free.t_iter_s, rel=2e-3)
+
+
 def test_calibrate_list_shows_the_stack_key_whole(run, sqlite_url):
     from scaleplan.db import calibrations as store
     from scaleplan.db import session as dbs
