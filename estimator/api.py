@@ -124,6 +124,7 @@ class Estimator:
         self._apply_host_scale()
         self.model = TimeModel(self.profile, self.tables, self.extrapolate, self.dispatch, self.chi,
                                self.kernel_scale, self.stack)
+        self._host_free: Estimator | None = None  # built on first use by _device_only, for this stack's law
 
     def for_stack(self, stack: Stack, precision: str) -> Estimator:
         """This estimator for plans on training ``stack`` in ``precision``: the same tables and profile, the
@@ -261,9 +262,12 @@ class Estimator:
         if not (host_untimed(self.dispatch, self.stack_key, self.host_scale != 1.0)
                 and np.any(share >= UNTRACED_HOST_SHARE)):
             return None
-        free = copy.copy(self)
-        free._by_stack, free._given = {}, self._given[:2] + (self.HOST_FREE_SCALE,) + self._given[3:]
-        free._calibrate_and_build()
+        free = self._host_free
+        if free is None:
+            free = copy.copy(self)
+            free._by_stack, free._given = {}, self._given[:2] + (self.HOST_FREE_SCALE,) + self._given[3:]
+            free._calibrate_and_build()
+            self._host_free = free
         return free.model.evaluate(g, ev.plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
                                    stack=spec.stack).t_iter
 
