@@ -28,6 +28,7 @@ from scaleplan.estimator.context import EvalContext, Lookups
 from scaleplan.estimator.layerwise import Tensors, stage_tensors
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.model_dims import Geometry
+from scaleplan.estimator.placement import job_domain
 from scaleplan.estimator.optimizer import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_collectives, optimizer  # noqa: F401
 from scaleplan.estimator.params import dp_stages, stage_params  # noqa: F401  (dp_stages: re-exported)
 from scaleplan.estimator.shapes import StageCounts, concat_stages, plan_shapes
@@ -257,10 +258,10 @@ def _stage_collectives(lk: Lookups, g: Geometry, lay: ParallelLayout, stage: Sta
                  PARAM_BYTES_COMM: 1 if (stack.fp8_param and stack.recipe(g.precision)) else 2}
     colls = tuple((c, nbytes_of.get(b, b)) for c, b in opt.dp_collectives)
     per_tensor = stage_tensors(g, lay, stage) if ortho else (None, None)
-    out = []
-    for (params, group, layout, inter, nb), tensors in zip(dp_buckets(g, lay, lk.gpn, stage), per_tensor):
+    out, gpn = [], job_domain(lk.profile, lay.n_devices)
+    for (params, group, layout, inter, nb), tensors in zip(dp_buckets(g, lay, gpn, stage), per_tensor):
         act = (group > 1) & (params > 0) & present
-        rails = lay.ranks_per_node("edp", lk.gpn) if layout == "strided" else None
+        rails = lay.ranks_per_node("edp", gpn) if layout == "strided" else None
         # the layer-wise optimizer gathers by one broadcast per tensor (layerwise.py): no all-gather lookup
         t = [nb * collective_time(lk, "dp_comm", coll, group, params / nb * nbytes, inter, layout, active=act,
                                   rails=rails) for coll, nbytes in (colls[:1] if ortho else colls)]

@@ -10,11 +10,13 @@ once on :meth:`EvalContext.take` of those plans, then hand the times back with :
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import ArrayLike
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.model_dims import Geometry
+from scaleplan.estimator.placement import job_domain
 from scaleplan.estimator.shapes import PlanShapes
 from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import Tables
@@ -45,12 +47,6 @@ class Lookups:
         return self.profile.hbm_bandwidth
 
     @property
-    def gpn(self) -> int:
-        """GPUs of one scale-up (NVLink) domain, where a parallel group is placed (the node, unless the
-        profile's domain is larger: :attr:`ClusterProfile.scaleup_domain`)."""
-        return self.profile.scaleup_domain
-
-    @property
     def serial(self) -> bool:
         """The host dispatches on the cores that compute (a CPU profile): nothing overlaps."""
         return bool(getattr(self.profile, "serial_dispatch", False))
@@ -75,6 +71,13 @@ class EvalContext(Lookups):
     seqlen: int
     kernel_scale: float = 1.0
     stack: Stack = PAPER_STACK
+
+    @cached_property
+    def gpn(self) -> int:
+        """GPUs of one scale-up (NVLink) domain as the plans' job holds it, where a parallel group is placed (the
+        node, unless the profile's domain is larger: :meth:`ClusterProfile.job_domain` of the plans' world size,
+        one for all plans of an evaluation)."""
+        return job_domain(self.profile, self.lay.n_devices)
 
     @property
     def recipe(self) -> str | None:

@@ -187,9 +187,6 @@ class TimeModel:
         self.sdpa_pick = te_attention_backend(tables.sdpa_backends, cc) if stack == "megatron" else None
         self.tables = tables.with_sdpa_backend(self.sdpa_pick)
         self.kernel_scale = float(kernel_scale)
-        # placement (which group leaves the NVLink domain, its ranks per domain): the scale-up domain, a node
-        # except where NVLink spans nodes (GB200 NVL72: 72 GPUs over 4-GPU trays)
-        self.gpn = profile.scaleup_domain
         self.serial = bool(getattr(profile, "serial_dispatch", False))
         # the host time of the reference model's own ops (measured rows) replaces the Megatron law
         self.measured_host = self.serial or stack == "reference"
@@ -286,7 +283,7 @@ class TimeModel:
         """eq:desync's placement features of Megatron's rank order (:func:`desync_features`: EP nodes,
         inter-node PP hops, deep pipeline in one node) and the step's all-to-all wire seconds."""
         ctx, k, w = part.ctx, part.k, part.w
-        ep_nodes, pp_hops, deep = desync_features(ctx.lay, self.gpn)
+        ep_nodes, pp_hops, deep = desync_features(ctx.lay, ctx.gpn)
         rc = recompute(ctx.lay.ckpt, ctx.stack.recompute_modules)
         rc = rc.block + rc.moe  # the forward exchange runs again when the whole MoE block is re-run
         t_a2a_wire = (ctx.shapes.n_mb * w.slowest_moe * (k.a2a_f * (1 + rc) + k.a2a_b) if ctx.g.is_moe
@@ -366,7 +363,7 @@ class TimeModel:
         pp, vpp, n_mb = lay.pp, lay.vpp, ctx.shapes.n_mb
         # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); charged at the inter-node cost
         # where every stage boundary leaves the node (one stage per node: ParallelLayout)
-        p2p_inter = lay.ranks_per_node("pp", self.gpn) <= 1
+        p2p_inter = lay.ranks_per_node("pp", ctx.gpn) <= 1
         p2p_bytes = k.Tsp * g.d * ctx.shapes.b_el
         p2p_bw = np.where(p2p_inter, prof.scaleout_bandwidth, prof.scaleup_bandwidth)
         t_p2p = np.where(p2p_inter, P2P_LAT_INTER_S, P2P_LAT_INTRA_S) + p2p_bytes / np.maximum(p2p_bw, 1.0)

@@ -3,7 +3,8 @@
 A group of a plan is n ranks s apart in Megatron-Core's rank order (:data:`scaleplan.estimator.layout.GROUPS`);
 the groups of one kind are the progressions b + j s (j < n) with first ranks b = l + u s n (l < s,
 u < W / (s n)), W the plan's ranks. Ranks fill domains in order: rank r sits in domain r // D, D GPUs per domain
-(a node, or a GB200 NVL72 rack's 72 GPUs, 18 trays of 4: :attr:`ClusterProfile.scaleup_domain`).
+as the job holds it (a node; on a GB200 NVL72, whose rack holds 72 GPUs in 18 trays of 4, the trays a job takes
+from each rack: :func:`job_domain`, 64 GPUs for a job of 256 under SLURM's --segment).
 
 Aligned groups: where s >= D, or D is a multiple of s and s n divides D or is a multiple of it, every group of the
 kind spans the same ceil(n / m) domains with m = min(max(floor(D / s), 1), n) ranks in each: the closed form the
@@ -19,10 +20,14 @@ ranks' NICs carry the most of the group's bytes across domains). Counted exactly
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
 from scaleplan.estimator.sources import distinct
+
+if TYPE_CHECKING:
+    from scaleplan.profiles import ClusterProfile
 
 
 def span(stride: ArrayLike, size: ArrayLike, world: ArrayLike, domain: int) -> tuple[np.ndarray, np.ndarray]:
@@ -44,6 +49,16 @@ def span(stride: ArrayLike, size: ArrayLike, world: ArrayLike, domain: int) -> t
     doms, per = doms.astype(float).reshape(-1), per.astype(float).reshape(-1)
     doms[bad], per[bad] = exact[inv, 0], exact[inv, 1]
     return doms.reshape(s.shape), per.reshape(s.shape)
+
+
+def job_domain(profile: ClusterProfile, n_devices: ArrayLike) -> int:
+    """The scale-up domain D of the module docstring for plans of ``n_devices`` ranks (an array over plans, one
+    value: every evaluation is of one world size): :meth:`ClusterProfile.job_domain`; the profile's domain for no
+    plans. Raises ValueError where the plans' world sizes differ."""
+    worlds = np.unique(np.asarray(n_devices, dtype=np.int64))
+    if len(worlds) > 1:
+        raise ValueError(f"plans of one evaluation: world sizes {worlds.tolist()}; one is allowed")
+    return profile.job_domain(int(worlds[0])) if len(worlds) else profile.scaleup_domain
 
 
 @lru_cache(maxsize=4096)

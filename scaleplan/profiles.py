@@ -10,6 +10,7 @@ import re
 import time
 from importlib import resources
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,6 +68,11 @@ class ClusterProfile(BaseModel):
     # GPUs in one scale-up (NVLink) domain, when it is larger than a node (GB200 NVL72: 72 GPUs over 18
     # 4-GPU trays); None: the node. The estimator places groups in this domain (:attr:`scaleup_domain`)
     scaleup_gpus: int | None = Field(default=None, gt=0)
+    # How a job's nodes fill the scale-up domains where a domain spans nodes (:meth:`job_domain`): "segment", as
+    # SLURM's --segment places them and Megatron-Bridge's GB200 launcher asks (each domain holds the job's node
+    # count if one domain has room for it, else that count's largest divisor that fits), or "packed" (nodes fill
+    # each domain in turn)
+    scaleup_fill: Literal["segment", "packed"] = "segment"
     price: PriceDefault | None = None
     # profiles of the same GPU model whose single-device tables (GEMM, grouped GEMM, SDPA, router,
     # element-wise, vocabulary, allocator) fill the kinds of rows this node type's own runs lack
@@ -83,6 +89,21 @@ class ClusterProfile(BaseModel):
         A parallel group inside it runs at ``scaleup_bandwidth``; one that leaves it at ``scaleout_bandwidth``
         (estimator.layout: which group leaves the domain)."""
         return int(self.scaleup_gpus or self.gpus_per_node)
+
+    def job_domain(self, n_devices: int) -> int:
+        """GPUs of one scale-up domain as a job of ``n_devices`` GPUs holds it: :attr:`scaleup_domain` where the
+        domain is the node or ``scaleup_fill`` is "packed"; under "segment", the job's nodes taken ``s`` to a
+        domain, ``s`` its node count where one domain holds that many nodes, else the largest divisor of the count
+        that one domain holds (Megatron-Bridge 0.4.2 scripts/performance/utils/executors.py: sbatch --segment
+        on 4-GPU GB200 trays; 256 GB200: 16 of a rack's 18 trays, 64 GPUs). Ranks then fill these domains in
+        order (estimator/placement.py)."""
+        node, domain = self.gpus_per_node, self.scaleup_domain
+        if self.scaleup_fill == "packed" or domain <= node:
+            return domain
+        nodes, per_domain = max(-(-int(n_devices) // node), 1), domain // node
+        if nodes <= per_domain:
+            return nodes * node
+        return node * next(s for s in range(per_domain, 0, -1) if nodes % s == 0)
 
     @property
     def max_devices(self) -> int:

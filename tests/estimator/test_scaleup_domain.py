@@ -51,12 +51,37 @@ def test_expert_group_inside_the_nvlink_domain(n_dev, ep):
     assert nvl.breakdown_s["ep_a2a"] < trays.breakdown_s["ep_a2a"]
 
 
+PACKED = GB200.model_copy(update={"scaleup_fill": "packed", "name": "gb200-packed"})  # 72 ranks to a rack
+
+
 def test_expert_group_across_a_rack_boundary_leaves_it():
-    """Ranks fill the racks in order, 72 to a rack. EP 64 on 128 GPUs: the group of ranks 64-127 has 8 ranks in
-    rack 0 and 56 in rack 1, so the step's all-to-all crosses the NICs (those 8 ranks send 56/64 of their bytes
+    """Packed, ranks fill the racks in order, 72 to a rack. EP 64 on 128 GPUs: the group of ranks 64-127 has 8 ranks
+    in rack 0 and 56 in rack 1, so the step's all-to-all crosses the NICs (those 8 ranks send 56/64 of their bytes
     over them), slower than on a rack that held all 128 GPUs; EP 128 on 256: ranks 128-255 span racks 1-3."""
-    assert _estimate(GB200, 128, 64).chi_inputs["ep_nodes"] == 2
-    whole = GB200.model_copy(update={"scaleup_gpus": 128, "name": "gb200-one-128-gpu-domain"})
+    assert _estimate(PACKED, 128, 64).chi_inputs["ep_nodes"] == 2
+    whole = PACKED.model_copy(update={"scaleup_gpus": 128, "name": "gb200-one-128-gpu-domain"})
     assert _estimate(whole, 128, 64).chi_inputs["ep_nodes"] == 1
-    assert _estimate(GB200, 128, 64).breakdown_s["ep_a2a"] > _estimate(whole, 128, 64).breakdown_s["ep_a2a"]
-    assert _estimate(GB200, 256, 128).chi_inputs["ep_nodes"] == 3
+    assert _estimate(PACKED, 128, 64).breakdown_s["ep_a2a"] > _estimate(whole, 128, 64).breakdown_s["ep_a2a"]
+    assert _estimate(PACKED, 256, 128).chi_inputs["ep_nodes"] == 3
+
+
+@pytest.mark.parametrize("n_dev, trays", [
+    (8, 2), (64, 16), (72, 18),  # a job one rack holds: all its trays in one domain
+    (128, 16), (256, 16),        # 32 and 64 trays: 16 is their largest divisor of at most 18
+    (144, 18), (96, 12), (76, 1),  # 36 trays: 18; 24: 12; 19 (prime, above 18): one tray per domain
+])
+def test_a_job_takes_its_domains_as_slurm_segments(n_dev, trays):
+    """The segment rule by hand (Megatron-Bridge's GB200 launcher: --segment is the node count up to a rack's 18
+    trays, else the count's largest divisor up to 18); packed, every job sees the 72-GPU rack."""
+    assert GB200.job_domain(n_dev) == 4 * trays
+    assert PACKED.job_domain(n_dev) == 72
+    assert load_profile("p6-b200.48xlarge").job_domain(n_dev) == 8  # a node-sized domain is the node
+
+
+def test_segments_keep_power_of_two_expert_groups_inside_a_rack():
+    """256 GB200 under --segment: 64 GPUs in each of 4 racks, so EP 64 (ranks 64 j .. 64 j + 63) never leaves its
+    rack, while packed 72 to a rack its second group straddles racks 0 and 1; EP 128 spans two 64-GPU domains."""
+    seg, packed = _estimate(GB200, 256, 64), _estimate(PACKED, 256, 64)
+    assert (seg.chi_inputs["ep_nodes"], packed.chi_inputs["ep_nodes"]) == (1, 2)
+    assert seg.breakdown_s["ep_a2a"] < packed.breakdown_s["ep_a2a"]
+    assert _estimate(GB200, 256, 128).chi_inputs["ep_nodes"] == 2
