@@ -95,7 +95,12 @@ PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               # the archive's earlier containers (OTHER_LAYOUTS)
                               "deepseek-v3 mxfp8 256 B200, 26.04 stack, PP 16": 2815,
                               "gpt-oss-120b bf16 64 B200, 26.02 stack, EP 64": 8047,
-                              "qwen3-30b-a3b mxfp8 8 B200, 26.02 stack, micro-batch 1": 9691}
+                              "qwen3-30b-a3b mxfp8 8 B200, 26.02 stack, micro-batch 1": 9691,
+                              # GB200 (GB200_RUNS), the 26.04.01 container
+                              "qwen3-30b-a3b mxfp8 8 GB200": 26112,
+                              "gpt-oss-120b bf16 64 GB200, EP 64, a2a overlap": 16640,
+                              "qwen3-235b-a22b mxfp8 256 GB200, PP 8 x VP 3, EP 32": 5680,
+                              "deepseek-v3 mxfp8 256 GB200, PP 4 x VP 4, EP 64": 4256}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -139,9 +144,8 @@ EXAMPLES = [
 # * GPT-OSS-120B, 26.02 container (v0.3.0 B200 V2): EP 64, the B200 stack of the 26.04.01 row otherwise.
 # * Qwen3-30B-A3B, 26.02 container (v0.3.0 B200 FP8_MX V1): micro-batch 1, the provider's all-to-all dispatcher,
 #   CUDA graphs over moe_router and moe_preprocess only; MXFP8 with FP8 parameter gather as in bf16_with_mxfp8_mixed.
-DSV3_2604 = {**{k: v for k, v in PUBLISHED_DSV3.items()
-                if k not in ("a2a_overlap", "shared_expert_overlap", "cuda_graphs")},
-             "dispatcher": "hybridep", "recompute_modules": ["mla_up_proj"]}
+DSV3_2604 = {**{k: v for k, v in PUBLISHED_DSV3.items() if k not in ("a2a_overlap", "cuda_graphs")},
+             "dispatcher": "hybridep", "recompute_modules": ["mla_up_proj"]}  # the flex dispatcher: no shared overlap
 QWEN_2602 = {**{k: v for k, v in PUBLISHED_QWEN.items() if k != "dispatcher"},
              "cuda_graphs": ["moe_router", "moe_preprocess"]}
 OTHER_LAYOUTS = [
@@ -156,6 +160,37 @@ OTHER_LAYOUTS = [
 ]
 
 
+# GB200_RUNS: the same table's GB200 rows (26.04.01 container), each with its Megatron-Bridge 0.4.2 GB200 workload,
+# on a profile with no measured table (every component analytic). 256 GPUs take 64 of each rack's 72 under the
+# launcher's --segment (ClusterProfile.job_domain), so EP 32 and 64 stay on NVLink.
+# * Qwen3-30B-A3B GB200 FP8_MX V1: micro-batch 4, HybridEP, CUDA graphs over moe_router and moe_preprocess.
+# * GPT-OSS-120B GB200 BF16 V2: EP 64, the all-to-all overlapped (moe_a2a_overlap; no shared expert to overlap).
+# * Qwen3-235B-A22B GB200 FP8_MX V2: PP 8 x VP 3 (11 + 6 x 12 + 11 with the embedding and loss in the split), EP 32,
+#   HybridEP, CUDA graphs over attn, moe_router and moe_preprocess.
+# * DeepSeek-V3 GB200 V2: PP 4 x VP 4 (the recipe's layout: embedding + 4, 14 x 4, 1 + MTP + loss; 16 + 16 + 16 +
+#   13 layers per stage), EP 64, HybridEP, --recompute-modules mlp, CUDA graphs over attn, moe_router, preprocess.
+GB200 = "p6e-gb200.36xlarge"
+GB200_RUNS = [
+    ("qwen3-30b-a3b mxfp8 8 GB200", "qwen3-30b-a3b", QWEN_FP8,
+     {**PUBLISHED_QWEN, "cuda_graphs": ["moe_router", "moe_preprocess"]}, GB200, 8, Layout(ep=8, mbs=4, ckpt="none")),
+    ("gpt-oss-120b bf16 64 GB200, EP 64, a2a overlap", "gpt-oss-120b", GPT_OSS,
+     {**PUBLISHED_GPT_OSS, "a2a_overlap": True, "shared_expert_overlap": False}, GB200, 64,
+     Layout(ep=64, mbs=4, ckpt="selective")),
+    ("qwen3-235b-a22b mxfp8 256 GB200, PP 8 x VP 3, EP 32", "qwen3-235b-a22b", QWEN_235B,
+     {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", "cuda_graphs": ["attn", "moe_router", "moe_preprocess"]},
+     GB200, 256, Layout(pp=8, vpp=3, ep=32, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
+                        decoder_last_pipeline_num_layers=11)),
+    ("deepseek-v3 mxfp8 256 GB200, PP 4 x VP 4, EP 64", "deepseek-v3", DSV3,
+     {**{k: v for k, v in PUBLISHED_DSV3.items() if k != "a2a_overlap"}, "dispatcher": "hybridep",
+      "recompute_modules": ["mlp"]}, GB200, 256,
+     Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=16,
+            decoder_last_pipeline_num_layers=13)),
+]
+# the published rows' groups, in print order: (label, example names)
+GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
+          ("the archive's other B200 layouts", [e[0] for e in OTHER_LAYOUTS]),
+          ("GB200, every component analytic", [e[0] for e in GB200_RUNS]))
+
 def _spec(model: str, over: dict, stack: dict, profile: str):
     doc = spec_data(model)
     doc = {**doc, "model": {**doc["model"], **over.get("model", {})}, "data": {**doc["data"], **over["data"]},
@@ -167,7 +202,7 @@ def _spec(model: str, over: dict, stack: dict, profile: str):
 
 def run(db: str | None, host_scale: float | None = None) -> list[dict]:
     out = []
-    for name, model, over, stack, profile, n, layout in EXAMPLES + OTHER_LAYOUTS:
+    for name, model, over, stack, profile, n, layout in EXAMPLES + OTHER_LAYOUTS + GB200_RUNS:
         spec = _spec(model, over, stack, profile)
         est = Estimator(profile, db, use_calibration=False, host_scale=host_scale)
         r = est.estimate(spec, n, [layout])[0]
@@ -175,7 +210,7 @@ def run(db: str | None, host_scale: float | None = None) -> list[dict]:
         tok = PUBLISHED_TOKENS_PER_GPU_S.get(name)
         published = spec.data.gbs * spec.data.seqlen / (n * tok) if tok else None
         out.append({"example": name, "t_iter_s": r.t_iter_s, "published_t_iter_s": published, "mfu": r.mfu,
-                    "feasible": r.feasible, "other_layout": any(name == o[0] for o in OTHER_LAYOUTS),
+                    "feasible": r.feasible,
                     "mem_gb": r.mem_per_device_gb, "mem_breakdown_gb": r.mem_breakdown_gb,
                     "top_components_s": dict(top), "sources": {k: r.sources[k] for k, _ in top}})
     return out
@@ -198,18 +233,20 @@ def main() -> None:
         mem = ", ".join(f"{k} {v:.1f}" for k, v in r["mem_breakdown_gb"].items() if v > 0.05)
         print(f"{r['example']}: step {r['t_iter_s']:.2f} s (MFU {100 * r['mfu']:.1f}%), memory {r['mem_gb']:.1f} GB "
               f"({'fits' if r['feasible'] else 'does not fit'})\n   top terms (s): {comps}\n   memory (GB): {mem}")
+    every = []
     for label, rs in _published_sets(rows):
         ratios = [r["t_iter_s"] / r["published_t_iter_s"] for r in rs]
+        every += ratios
         print(f"published runs, {label}: {len(ratios)}, predicted / published {min(ratios):.2f}-{max(ratios):.2f}, "
               f"MAPE {100 * _mape(ratios):.1f}%")
+    print(f"published runs, all: {len(every)}, MAPE {100 * _mape(every):.1f}%")
     host_scan(a.db)
 
 
 def _published_sets(rows: list[dict]) -> list[tuple[str, list[dict]]]:
-    """The rows with a published step time: the 26.04.01 container's (the issue's), then all of them."""
-    pub = [r for r in rows if r["published_t_iter_s"]]
-    return [("26.04.01 container", [r for r in pub if not r["other_layout"]]),
-            ("with the archive's other layouts", pub)]
+    """The rows with a published step time by :data:`GROUPS`: the issue's seven first."""
+    pub = {r["example"]: r for r in rows if r["published_t_iter_s"]}
+    return [(label, [pub[n] for n in names if n in pub]) for label, names in GROUPS]
 
 
 def _mape(ratios: list[float]) -> float:
@@ -224,16 +261,15 @@ def host_scan(db: str | None) -> None:
     """What the published rows say about the dispatch law on stock Megatron-Core, printed, not used: every row's
     predicted / published with the law's host seconds scaled by each factor of :data:`HOST_SCAN` (the law was
     traced on the paper's own stack; nothing here is fitted or applied to any prediction)."""
-    print("host-side scan (the dispatch law's host seconds x f, every published row, the archive's other layouts "
-          "after the bar; diagnostic, not applied):")
+    print("host-side scan (the dispatch law's host seconds x f, every published row by group: "
+          + " | ".join(label for label, _ in GROUPS) + "; diagnostic, not applied):")
     for f in HOST_SCAN:
-        sets = _published_sets(run(db, f))
-        seven, every = ([r["t_iter_s"] / r["published_t_iter_s"] for r in rs] for _, rs in sets)
-        others = every[len(seven):]
+        groups = [[r["t_iter_s"] / r["published_t_iter_s"] for r in rs] for _, rs in _published_sets(run(db, f))]
+        every = [x for g in groups for x in g]
         inside = sum(0.75 <= x <= 1.33 for x in every)
-        print(f"   f={f:<4g} " + " ".join(f"{x:.2f}" for x in seven) + " | " + " ".join(f"{x:.2f}" for x in others)
-              + f"  MAPE {100 * _mape(seven):.1f}% ({len(seven)}), {100 * _mape(every):.1f}% ({len(every)}); "
-              f"{inside} of {len(every)} within 0.75-1.33")
+        print(f"   f={f:<4g} " + " | ".join(" ".join(f"{x:.2f}" for x in g) for g in groups)
+              + f"  MAPE {100 * _mape(groups[0]):.1f}% ({len(groups[0])}), {100 * _mape(every):.1f}% "
+              f"({len(every)}); {inside} of {len(every)} within 0.75-1.33")
 
 if __name__ == "__main__":
     main()
