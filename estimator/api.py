@@ -20,7 +20,7 @@ from scaleplan.estimator.memory import RESERVE_BYTES, STAGES, StageMemory, alloc
 from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout
 from scaleplan.estimator.best_plans import best_of_batch
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
-from scaleplan.estimator.placement import job_domain
+from scaleplan.estimator.placement import plans_domain
 from scaleplan.estimator.plans import PlanConstraints, enumerate_plans
 from scaleplan.estimator.results import GB, EstimateResult, LayoutsResult
 from scaleplan.estimator.shapes import PlanShapes, plan_shapes, resolve_split
@@ -202,7 +202,7 @@ class Estimator:
         (counted as reserved; the suite's measurement replaces it); nothing on a serial-dispatch (CPU)
         profile, which has no device allocator or context."""
         st = {"stack": self.training_stack, "non_tn": non_tn_fp8(self.profile.gpu_name),
-              "scaleup_domain": job_domain(self.profile, plans.n_devices)}
+              "scaleup_domain": plans_domain(self.profile, plans.n_devices)}
         if self.tables.allocator is not None:
             frac, ctx = self.tables.allocator
         elif self.profile.serial_dispatch:

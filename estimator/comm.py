@@ -28,9 +28,9 @@ from scaleplan.estimator.context import EvalContext, Lookups
 from scaleplan.estimator.layerwise import Tensors, stage_tensors
 from scaleplan.estimator.layout import ParallelLayout, degree_groups
 from scaleplan.estimator.model_dims import Geometry
-from scaleplan.estimator.placement import job_domain
 from scaleplan.estimator.optimizer import GRAD_BYTES_COMM, PARAM_BYTES_COMM, dp_collectives, optimizer  # noqa: F401
 from scaleplan.estimator.params import dp_stages, stage_params  # noqa: F401  (dp_stages: re-exported)
+from scaleplan.estimator.placement import plans_domain
 from scaleplan.estimator.shapes import StageCounts, concat_stages, plan_shapes
 from scaleplan.estimator.sources import Recorder, _arr, distinct
 from scaleplan.estimator.tables import ANALYTIC, LookupResult, Tables
@@ -258,7 +258,7 @@ def _stage_collectives(lk: Lookups, g: Geometry, lay: ParallelLayout, stage: Sta
                  PARAM_BYTES_COMM: 1 if (stack.fp8_param and stack.recipe(g.precision)) else 2}
     colls = tuple((c, nbytes_of.get(b, b)) for c, b in opt.dp_collectives)
     per_tensor = stage_tensors(g, lay, stage) if ortho else (None, None)
-    out, gpn = [], job_domain(lk.profile, lay.n_devices)
+    out, gpn = [], plans_domain(lk.profile, lay.n_devices)
     for (params, group, layout, inter, nb), tensors in zip(dp_buckets(g, lay, gpn, stage), per_tensor):
         act = (group > 1) & (params > 0) & present
         rails = lay.ranks_per_node("edp", gpn) if layout == "strided" else None

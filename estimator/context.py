@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scaleplan.estimator.layout import ParallelLayout
 from scaleplan.estimator.model_dims import Geometry
-from scaleplan.estimator.placement import job_domain
+from scaleplan.estimator.placement import plans_domain
 from scaleplan.estimator.shapes import PlanShapes
 from scaleplan.estimator.sources import Recorder
 from scaleplan.estimator.tables import Tables
@@ -77,7 +77,7 @@ class EvalContext(Lookups):
         """GPUs of one scale-up (NVLink) domain as the plans' job holds it, where a parallel group is placed (the
         node, unless the profile's domain is larger: :meth:`ClusterProfile.job_domain` of the plans' world size,
         one for all plans of an evaluation)."""
-        return job_domain(self.profile, self.lay.n_devices)
+        return plans_domain(self.profile, self.lay.n_devices)
 
     @property
     def recipe(self) -> str | None:

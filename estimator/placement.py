@@ -4,7 +4,7 @@ A group of a plan is n ranks s apart in Megatron-Core's rank order (:data:`scale
 the groups of one kind are the progressions b + j s (j < n) with first ranks b = l + u s n (l < s,
 u < W / (s n)), W the plan's ranks. Ranks fill domains in order: rank r sits in domain r // D, D GPUs per domain
 as the job holds it (a node; on a GB200 NVL72, whose rack holds 72 GPUs in 18 trays of 4, the trays a job takes
-from each rack: :func:`job_domain`, 64 GPUs for a job of 256 under SLURM's --segment).
+from each rack: :func:`plans_domain`, 64 GPUs for a job of 256 under SLURM's --segment).
 
 Aligned groups: where s >= D, or D is a multiple of s and s n divides D or is a multiple of it, every group of the
 kind spans the same ceil(n / m) domains with m = min(max(floor(D / s), 1), n) ranks in each: the closed form the
@@ -51,7 +51,7 @@ def span(stride: ArrayLike, size: ArrayLike, world: ArrayLike, domain: int) -> t
     return doms.reshape(s.shape), per.reshape(s.shape)
 
 
-def job_domain(profile: ClusterProfile, n_devices: ArrayLike) -> int:
+def plans_domain(profile: ClusterProfile, n_devices: ArrayLike) -> int:
     """The scale-up domain D of the module docstring for plans of ``n_devices`` ranks (an array over plans, one
     value: every evaluation is of one world size): :meth:`ClusterProfile.job_domain`; the profile's domain for no
     plans. Raises ValueError where the plans' world sizes differ."""
