@@ -13,6 +13,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scaleplan.estimator.dispatch import (RUNTIME_SCALES, STACKS, UNTRACED_HOST_SHARE, host_untimed, law_in_force,
                                           untraced_host_note)
 from scaleplan.estimator.model_dims import Geometry, geometry, structure
@@ -251,26 +252,36 @@ class Estimator:
         return [est._result(g, ev, mem, i, spec.data.gbs * spec.data.seqlen, cap, mem_fraction,
                             device_only_s=None if alone is None else float(alone[i])) for i in range(len(plans))]
 
-    # host seconds of the host-free evaluation (:meth:`_device_only`): a positive scale, as the law requires, whose
-    # host terms are below a nanosecond per micro-batch
+    # host seconds of the host-free estimator (:meth:`host_free`): a positive scale, as the law requires, whose host
+    # terms are below a nanosecond per micro-batch
     HOST_FREE_SCALE = 1e-9
 
-    def _device_only(self, spec: Spec, g: Geometry, ev: Evaluation) -> np.ndarray | None:
-        """Seconds per step of the plans of ``ev`` at no host cost (the law's host terms x :data:`HOST_FREE_SCALE`),
-        shape (plans,): the GPU's work alone, which the host-bound warning of an untraced stack states
-        (:func:`~scaleplan.estimator.dispatch.untraced_host_note`). None where no plan carries that warning."""
-        share = ev.components["dispatch_floor"] / ev.t_iter
-        if not (host_untimed(self.dispatch, self.stack_key, self.host_scale != 1.0)
-                and np.any(share >= UNTRACED_HOST_SHARE)):
-            return None
-        free = self._host_free
-        if free is None:
+    def host_untimed_bound(self, share: ArrayLike) -> np.ndarray:
+        """Whether plans whose dispatch floor is ``share`` of their step (arrays) are host-bound on a stack whose host
+        is untimed: the law traced on another stack, no host scale of this one's, and the floor at least
+        :data:`~scaleplan.estimator.dispatch.UNTRACED_HOST_SHARE` (the condition of the ``dispatch_floor:`` warning,
+        :func:`~scaleplan.estimator.dispatch.untraced_host_note`)."""
+        return np.asarray(share) >= UNTRACED_HOST_SHARE if host_untimed(
+            self.dispatch, self.stack_key, self.host_scale != 1.0) else np.zeros(np.shape(share), dtype=bool)
+
+    def host_free(self) -> Estimator:
+        """This estimator (its stack, tables and calibration) with the law's host seconds taken to nothing
+        (x :data:`HOST_FREE_SCALE`): its plans' steps are the GPU's work alone, the end of the range an untimed host
+        leaves open that the law's own estimate does not give. Built once per estimator."""
+        if self._host_free is None:
             free = copy.copy(self)
             free._by_stack, free._given = {}, self._given[:2] + (self.HOST_FREE_SCALE,) + self._given[3:]
             free._calibrate_and_build()
             self._host_free = free
-        return free.model.evaluate(g, ev.plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
-                                   stack=spec.stack).t_iter
+        return self._host_free
+
+    def _device_only(self, spec: Spec, g: Geometry, ev: Evaluation) -> np.ndarray | None:
+        """Seconds per step of the plans of ``ev`` at no host cost (:meth:`host_free`), shape (plans,), which the
+        host-bound warning of an untimed stack states. None where no plan carries that warning."""
+        if not self.host_untimed_bound(ev.components["dispatch_floor"] / ev.t_iter).any():
+            return None
+        return self.host_free().model.evaluate(g, ev.plans, spec.data.gbs, spec.data.seqlen,
+                                               spec.optimizer.optimizer_type, stack=spec.stack).t_iter
 
     def evaluate(self, spec: Spec, n_devices: int, layouts: list[Layout] | ParallelLayout | None = None) -> Evaluation:
         """The time model's per-plan arrays for explicit layouts (default: the spec's own), validated by the

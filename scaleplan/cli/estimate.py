@@ -358,12 +358,13 @@ def layouts(
                         max_tp=max_tp, max_pp=max_pp, max_ep=max_ep, max_cp=max_cp, fold_experts=fold_experts,
                         uneven_stages=uneven_stages)
     est = _estimator(spec, profile, db, extrapolate, calibration)
-    from scaleplan.mosaic.edges import layouts_edges, widened_pass
+    from scaleplan.mosaic.edges import host_free_pass, layouts_edges, widened_pass
 
     res, edges = layouts_edges(est, spec, n, c, top)  # plan #1 on the largest mbs: one more, as the search does
-    wide = widened_pass(est, spec, n, c, res)  # what the flags left out, reported beside the ranking
-    if wide is not None:
-        edges["widened"] = wide
+    # beside the ranking: what the flags left out, and the ranking at no host cost where plan #1's host is untimed
+    for key, info in (("widened", widened_pass(est, spec, n, c, res)), ("host_free", host_free_pass(est, spec, n, c, res))):
+        if info is not None:
+            edges[key] = info
     _banner(res.analytic_components)
     out = _layouts_doc(res, geometry_dict(spec.model), provenance(est), spec, spec_path, n, mem_fraction)
     out["edges"] = edges

@@ -312,7 +312,45 @@ def widened_lines(info: dict | None, here: dict | None) -> list[str]:
     return [f"{head} plan #1 is {lay} at MFU {100 * b['mfu']:.1f}%, t_iter {b['t_iter_s']:.3g} s{beside}"]
 
 
+def host_free_pass(est, spec, n_devices: int, constraints, res) -> dict | None:
+    """Where plan #1 of `layouts` is host-bound on a stack whose host is untimed (its ``dispatch_floor:`` warning,
+    :meth:`Estimator.host_untimed_bound`), the ranking at no host cost (:meth:`Estimator.host_free`: the GPU's work
+    alone), as :func:`layouts_edges` ranks: the other end of the range that host leaves open, so a user reads whether
+    the recommendation holds across it. None otherwise. Returns {"share": plan #1's host share, "here_t_iter_s":
+    plan #1's step at no host cost, "best": {"layout", "mfu", "t_iter_s"} at no host cost, or None}."""
+    from scaleplan.specs import Layout
+
+    first = next(iter(res.ranked), None)
+    mine = est.for_stack(spec.stack, spec.model.precision)
+    share = None if first is None else first.breakdown_s["dispatch_floor"] / first.t_iter_s
+    if first is None or not mine.host_untimed_bound(share):
+        return None
+    free = mine.host_free()
+    best = next(iter(layouts_edges(free, spec, n_devices, constraints, 1)[0].ranked), None)
+    here = free.estimate(spec, n_devices, [Layout(**first.layout)])[0].t_iter_s
+    return {"share": float(share), "here_t_iter_s": float(here), "best": None if best is None else
+            {"layout": dict(best.layout), "mfu": float(best.mfu), "t_iter_s": float(best.t_iter_s)}}
+
+
+def host_free_lines(info: dict | None, here: dict | None) -> list[str]:
+    """:func:`host_free_pass`' report as one sentence; ``here``: plan #1 of the ranking shown ({"layout", "t_iter_s"})."""
+    if not info or here is None:
+        return []
+    head = (f"plan #1 is host-bound on a stack whose host is untimed ({100 * info['share']:.0f}% of its step); at no "
+            "host cost (the GPU's work alone)")
+    b = info["best"]
+    if b is None:
+        return [f"{head} no plan is feasible"]
+    if b["layout"] == here["layout"]:
+        return [f"{head} plan #1 stays, at {info['here_t_iter_s']:.3g} s against {here['t_iter_s']:.3g} s estimated"]
+    lay = " ".join(f"{k}={v}" for k, v in b["layout"].items())
+    return [(f"{head} plan #1 is {lay} at {b['t_iter_s']:.3g} s, MFU {100 * b['mfu']:.1f}% (plan #1 here: "
+             f"{info['here_t_iter_s']:.3g} s at no host cost, {here['t_iter_s']:.3g} s estimated)")]
+
+
 def layouts_lines(edges: dict, best: dict | None) -> list[str]:
     """Everything `layouts` says of its edges, for the terminal and the report: the micro-batch rule's lines
-    (:func:`layouts_edge_lines`) and the widened pass's (:func:`widened_lines`); ``best``: plan #1's JSON row."""
-    return layouts_edge_lines(edges) + widened_lines(edges.get("widened"), best)
+    (:func:`layouts_edge_lines`), the widened pass's (:func:`widened_lines`) and the host-free pass's
+    (:func:`host_free_lines`); ``best``: plan #1's JSON row."""
+    return layouts_edge_lines(edges) + widened_lines(edges.get("widened"), best) + \
+        host_free_lines(edges.get("host_free"), best)

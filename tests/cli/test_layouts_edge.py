@@ -132,3 +132,42 @@ def test_the_widened_report_says_when_nothing_changes_or_nothing_fits():
                     "with it plan #1 stays"]
     assert none[0].endswith("lift (layers_not_divisible_by_pp_vpp 12); with them no plan is feasible either")
     assert widened_lines(None, here) == []
+
+
+def test_a_host_bound_plan_1_on_an_untimed_host_is_ranked_again_at_no_host_cost(run, run_json, spec_file, recorded_db):
+    """The 700M model at micro-batch 1 with fused permutation is host-bound on a host nobody timed: `layouts` ranks
+    again at no host cost and reports that plan #1 beside its own, the one the public host_scale ranks first as it
+    vanishes, with plan #1's own step there; on the paper's stack, whose host the law was traced on, it does not."""
+    from scaleplan.estimator import Estimator, PlanConstraints
+    from scaleplan.specs import Layout, parse_spec
+
+    from .conftest import SPEC
+
+    args = ("layouts", spec_file, "--devices", 32, "--mbs", "1", "--top", "2", "--db", recorded_db)
+    doc = run_json(*args, "--stack", "permute_fusion=true")
+    info = doc["edges"]["host_free"]
+    spec = parse_spec({**SPEC, "stack": {"permute_fusion": True}})
+    free = Estimator("p6-b200.48xlarge", recorded_db, host_scale=1e-6)
+    want = free.layouts(spec, 32, PlanConstraints(mbs=(1,)), top=1).ranked[0]
+    assert info["best"]["layout"] == dict(want.layout)
+    assert abs(info["best"]["t_iter_s"] - want.t_iter_s) <= 1e-6 * want.t_iter_s
+    here = free.estimate(spec, 32, [Layout(**doc["best"]["layout"])])[0].t_iter_s
+    assert abs(info["here_t_iter_s"] - here) <= 1e-6 * here < doc["best"]["t_iter_s"]
+    assert info["share"] == doc["best"]["breakdown_s"]["dispatch_floor"] / doc["best"]["t_iter_s"] >= 0.1
+    code, out, _ = run(*args, "--stack", "permute_fusion=true")
+    assert code == 0 and "plan #1 is host-bound on a stack whose host is untimed" in " ".join(out.split())
+    assert "host_free" not in run_json(*args)["edges"]
+
+
+def test_the_host_free_sentence_names_the_other_plan_and_both_steps():
+    from scaleplan.mosaic.edges import host_free_lines
+
+    here = {"layout": {"pp": 1, "mbs": 1}, "t_iter_s": 12.5}
+    same = {"share": 0.61, "here_t_iter_s": 5.66, "best": {"layout": {"pp": 1, "mbs": 1}, "mfu": 0.1, "t_iter_s": 5.66}}
+    assert host_free_lines(same, here) == [
+        "plan #1 is host-bound on a stack whose host is untimed (61% of its step); at no host cost (the GPU's work "
+        "alone) plan #1 stays, at 5.66 s against 12.5 s estimated"]
+    other = {**same, "best": {"layout": {"pp": 2, "mbs": 1}, "mfu": 0.123, "t_iter_s": 4.5}}
+    assert host_free_lines(other, here)[0].endswith(
+        "plan #1 is pp=2 mbs=1 at 4.5 s, MFU 12.3% (plan #1 here: 5.66 s at no host cost, 12.5 s estimated)")
+    assert host_free_lines(None, here) == [] and host_free_lines(other, None) == []
