@@ -20,6 +20,8 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
 5. The same models at the other layouts Megatron-Bridge published on B200 for earlier containers, each with its
    container's stack (:data:`OTHER_LAYOUTS`): DeepSeek-V3 at PP 16 EP 8, GPT-OSS-120B at EP 64 (eight nodes),
    Qwen3-30B-A3B at micro-batch 1. Their MAPE is printed apart from the seven 26.04.01 rows and with them.
+6. The same table's GB200 runs of these models (:data:`GB200_RUNS`), on a profile with no measured table; a job of
+   256 GB200 takes 64 GPUs of each rack, as the launcher's --segment places it (ClusterProfile.job_domain).
 
 Then a diagnostic scan, applied to nothing: every published row with the dispatch law's host seconds scaled by
 a factor f (:func:`host_scan`), which shows how much of each row's error the host side can account for.
@@ -181,8 +183,7 @@ GB200_RUNS = [
      GB200, 256, Layout(pp=8, vpp=3, ep=32, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
                         decoder_last_pipeline_num_layers=11)),
     ("deepseek-v3 mxfp8 256 GB200, PP 4 x VP 4, EP 64", "deepseek-v3", DSV3,
-     {**{k: v for k, v in PUBLISHED_DSV3.items() if k != "a2a_overlap"}, "dispatcher": "hybridep",
-      "recompute_modules": ["mlp"]}, GB200, 256,
+     {**DSV3_2604, "recompute_modules": ["mlp"], "cuda_graphs": PUBLISHED_DSV3["cuda_graphs"]}, GB200, 256,
      Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=16,
             decoder_last_pipeline_num_layers=13)),
 ]
@@ -190,6 +191,7 @@ GB200_RUNS = [
 GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("the archive's other B200 layouts", [e[0] for e in OTHER_LAYOUTS]),
           ("GB200, every component analytic", [e[0] for e in GB200_RUNS]))
+
 
 def _spec(model: str, over: dict, stack: dict, profile: str):
     doc = spec_data(model)
