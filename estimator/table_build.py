@@ -11,7 +11,14 @@ import numpy as np
 from scaleplan.estimator import compose, floors
 from scaleplan.estimator.tables import COMPOSED, CollectiveTable, GridTable, Tables, fill_grid
 
-from scaleplan.db.measurements import FROM_PROFILE, SAME_DIE_GEMM, load_frames, named_profiles
+from scaleplan.db.measurements import (
+    FROM_PROFILE,
+    SAME_DIE_GEMM,
+    SCALED,
+    load_frames,
+    named_profiles,
+    part_scales,
+)
 from scaleplan.lazy import lazy_module
 from scaleplan.units import BYTES_PER_ELEMENT
 
@@ -44,7 +51,36 @@ def build_tables(profile: str, frames: dict[str, pd.DataFrame], peak_flops: floa
     _build_elementwise(tb, frames.get("elementwise", pd.DataFrame()))
     _build_dispatch(tb, frames.get("dispatch", pd.DataFrame()))
     _build_allocator(tb, frames.get("allocator", pd.DataFrame()))
+    _label_scaled(tb, frames)
     return tb
+
+
+# where each device suite's grids sit in Tables: attributes, and keys of each dtype's view in ``by_dtype``
+_SUITE_GRIDS = {"gemm": ((), ("gemm",)), "grouped_gemm": ((), ("grouped",)), "sdpa": (("sdpa_backends",), ()),
+                "router": (("topk", "permute"), ()), "vocab": ((), ("vocab",)), "elementwise": (("elementwise",), ())}
+
+
+def _grids(obj):
+    """Every GridTable in ``obj`` (a GridTable or nested dicts of them)."""
+    if isinstance(obj, GridTable):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _grids(v)
+
+
+def _label_scaled(tb: Tables, frames: dict[str, pd.DataFrame]) -> None:
+    """Label composed every lookup of a suite that holds rows of another part scaled to this one (``SCALED``:
+    measurements.scale_to_part): its times are a rule's, not this part's measurements. A suite that also holds
+    rows of its own is labelled composed whole (the grids do not keep whose rows they interpolate)."""
+    for suite, (attrs, views) in _SUITE_GRIDS.items():
+        df = frames.get(suite, pd.DataFrame())
+        if df.empty or SCALED not in df or not df[SCALED].notna().any():
+            continue
+        tb.scaled_from[suite] = ", ".join(sorted(df.loc[df[SCALED].notna(), FROM_PROFILE].astype(str).unique()))
+        found = [getattr(tb, a) for a in attrs] + [v.get(k) for v in tb.by_dtype.values() for k in views]
+        for g in (g for x in found for g in _grids(x)):
+            g.label = COMPOSED
 
 
 def _build_gemm(tb: Tables, df: pd.DataFrame, peak: float, same_die: pd.DataFrame | None = None) -> None:
@@ -380,7 +416,9 @@ def cached_tables(url: str, profile: str, peak_flops: float) -> Tables:
     from scaleplan.db.state_cache import cached_read
 
     # the profiles it borrows rows from are part of the key: an edited profile YAML rebuilds its tables
-    named = tuple(named_profiles(profile, f) for f in ("device_tables", "fp8_ratio_tables"))
+    named = tuple(named_profiles(profile, f) for f in ("device_tables", "fp8_ratio_tables", "scaled_device_tables"))
+    # an edited datasheet rescales: the factors are part of the key
+    named += tuple((tuple(sorted(peak.items())), hbm) for peak, hbm in (part_scales(profile, p) for p in named[-1]))
     tb = cached_read("tables", url, (profile, peak_flops, named), TABLE_MODULES,
                      lambda: build_tables(profile, load_frames(url, profile), peak_flops),
                      valid=lambda v: isinstance(v, Tables))

@@ -409,8 +409,7 @@ class Tables:
     # per precision ("bf16", "fp32", ...): the GEMM / grouped / vocab tables of that dtype's rows;
     # ``gemm``, ``grouped``, ``vocab`` hold bf16 (the default view); see :meth:`view`
     by_dtype: dict[str, dict] = field(default_factory=dict)
-    # the bf16 GEMM table scaled to a faster lane without rows of its own: (precision, ratio) -> GridTable
-    # (:meth:`view`)
+    # the bf16 GEMM table scaled to a faster lane without rows of its own (:meth:`view`): (precision, ratio) -> table
     lane_gemm: dict[tuple[str, float], GridTable] = field(default_factory=dict, repr=False, compare=False)
     # serial-dispatch host seconds (dispatch rows ``ops:<part>[:<ckpt>]``): (part, ckpt, dtype) ->
     # array of rows (tokens m, hidden n, experts k, seconds); see :meth:`host_time`
@@ -420,6 +419,7 @@ class Tables:
     # caching-allocator overhead measured by the bench suite 'allocator': (fraction of allocated,
     # bytes outside the allocator), medians over OK rows; None -> estimator.memory's defaults
     allocator: tuple[float, float] | None = None
+    scaled_from: dict[str, str] = field(default_factory=dict)  # suite -> the part whose rows, scaled, built it
     # (resolved url, profile, peak FLOP/s) the tables were read from (table_build.cached_tables); None
     # for tables built from frames in hand
     source: tuple | None = None

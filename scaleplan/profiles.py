@@ -82,6 +82,10 @@ class ClusterProfile(BaseModel):
     # and bf16 GEMM rows give, where this profile has no FP8 rows, its FP8 GEMM table: its bf16 table times
     # their FP8 / bf16 device-time ratio at each shape (estimator/table_build.py)
     fp8_ratio_tables: tuple[str, ...] = ()
+    # profiles of another part on this GPU's die (:data:`DIES`: an HGX B200 for a GB200, clocked and powered lower)
+    # whose single-device rows stand in for the kinds this profile and its device_tables lack, their times scaled
+    # by the two datasheets (scaleplan.db.measurements.part_scales); every lookup of them is labelled composed
+    scaled_device_tables: tuple[str, ...] = ()
 
     @property
     def scaleup_domain(self) -> int:
@@ -144,8 +148,10 @@ def gpu_model(name: str | None) -> str | None:
 
 # the compute die of a GPU model: GPUs on one die have the same SMs, clocks and tensor-core lanes (H100 SXM and
 # H200: GH100, 132 SMs, 989 / 1979 TFLOP/s dense bf16 / FP8; NVIDIA H100 and H200 datasheets), so a device-time
-# ratio between two lanes measured on one holds on the other; they differ in HBM (size, bandwidth)
-DIES = {"H100": "GH100", "H200": "GH100"}
+# ratio between two lanes measured on one holds on the other; they differ in HBM (size, bandwidth). The B200 of an
+# HGX board and the GB200's (two GB100 dies each, 148 SMs) differ in clocks and power as well: 2.25 and 2.5 PFLOP/s
+# dense bf16 (NVIDIA HGX B200 and GB200 NVL72 datasheets); a device time carries over scaled by their datasheets
+DIES = {"H100": "GH100", "H200": "GH100", "B200": "GB100", "GB200": "GB100"}
 # CUDA compute capability of a GPU model (NVIDIA's CUDA GPUs list): what a library's choice of kernel turns on
 COMPUTE_CAPABILITY = {"A100": 8.0, "H100": 9.0, "H200": 9.0, "GH200": 9.0, "B200": 10.0, "GB200": 10.0,
                       "B300": 10.3, "GB300": 10.3}
@@ -213,7 +219,8 @@ def profile_file(name: str) -> ClusterProfile:
             raise SpecError(f"profile {path.name}: {field}", first.get("input"), first["msg"]) from None
         raise SpecError(f"profile {path.name}", "...", str(e).splitlines()[0]) from None
     _check_device_tables(prof, path.name)
-    _check_same_die(prof, path.name)
+    _check_same_die(prof, path.name, "fp8_ratio_tables")
+    _check_same_die(prof, path.name, "scaled_device_tables", other_part=True)
     return prof
 
 
@@ -229,18 +236,22 @@ def _check_device_tables(prof: ClusterProfile, file: str) -> None:
                             f"a profile of the same GPU ({prof.gpu_name}; {other} is {theirs})")
 
 
-def _check_same_die(prof: ClusterProfile, file: str) -> None:
-    """Each of ``prof.fp8_ratio_tables`` is another known profile whose GPU is on this GPU's die (:data:`DIES`).
-    Raises SpecError naming the first that is not."""
-    for other in prof.fp8_ratio_tables:
+def _check_same_die(prof: ClusterProfile, file: str, field: str, other_part: bool = False) -> None:
+    """Each profile ``prof`` names in ``field`` (fp8_ratio_tables, scaled_device_tables) is another known profile
+    whose GPU is on this GPU's die (:data:`DIES`), with ``other_part`` of another GPU model (rows of the same model
+    are lent as measured: device_tables). Raises SpecError naming the first that is not."""
+    for other in getattr(prof, field):
         if other == prof.name or other not in profile_names():
-            raise SpecError(f"profile {file}: fp8_ratio_tables", other, "another built-in profile")
+            raise SpecError(f"profile {file}: {field}", other, "another built-in profile")
         theirs = profile_file(other).gpu_name
         die = DIES.get(gpu_model(prof.gpu_name) or "")
         if die is None or DIES.get(gpu_model(theirs) or "") != die:
-            raise SpecError(f"profile {file}: fp8_ratio_tables", other,
+            raise SpecError(f"profile {file}: {field}", other,
                             f"a profile of a GPU on the same die ({prof.gpu_name}; {other} is {theirs}; dies known: "
                             + ", ".join(sorted(set(DIES.values()))) + ")")
+        if other_part and gpu_model(theirs) == gpu_model(prof.gpu_name):
+            raise SpecError(f"profile {file}: {field}", other,
+                            f"another GPU model on the die ({other} is {theirs} too: name it in device_tables)")
 
 
 def max_devices(name: str) -> int:

@@ -148,8 +148,9 @@ def _platform_table(pl: dict, out: dict):
     from scaleplan.cli.search import _layout_cell, beyond_cell
 
     ev = pl["evidence"]
+    composed = f"composed from another part's rows: {', '.join(ev['composed'])}; " if ev.get("composed") else ""
     kind = "ANALYTIC (no measured table: wider draws)" if ev["analytic_platform"] else \
-        f"measured: {', '.join(ev['measured'])}; analytic: {', '.join(ev['analytic']) or 'none'}"
+        f"measured: {', '.join(ev['measured']) or 'none'}; {composed}analytic: {', '.join(ev['analytic']) or 'none'}"
     t = Table(title=f"{pl['profile']} ({pl['gpu_name']}, {pl['gpus_per_node']} per node, NVLink domain "
                     f"{pl['scaleup_domain']}): {kind}", box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left")
     fixed = out["question"]["target"] is not None and "spec" in out["question"]["target"]

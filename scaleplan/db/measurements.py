@@ -1,6 +1,7 @@
 """The measurement rows a profile's tables are built from (estimator/table_build.py builds them): one
 frame per bench suite, OK points of the runs of this profile's hardware only, plus the single-device rows
-of the profiles it names in ``device_tables`` (same GPU model) for the kinds of rows it lacks."""
+of the profiles it names in ``device_tables`` (same GPU model) for the kinds of rows it lacks, then those of its
+``scaled_device_tables`` (another part on the same die) with their times scaled to this part (:func:`scale_to_part`)."""
 from __future__ import annotations
 
 from scaleplan.lazy import lazy_module
@@ -24,6 +25,15 @@ DEVICE_SUITES = {"gemm": ("dtype",), "grouped_gemm": ("dtype",), "sdpa": ("backe
 FROM_PROFILE = "from_profile"
 # the frame of the dense GEMM rows of the profile's ``fp8_ratio_tables`` (GPUs on the same die)
 SAME_DIE_GEMM = "gemm_fp8_ratio"
+# the column of a row lent by a ``scaled_device_tables`` profile: the factor its times were scaled by
+SCALED = "time_scale"
+# the time columns of each device suite's rows, and the suites whose kernels run at the tensor cores' rate (scaled
+# by the ratio of dense peaks at the row's dtype; the LM-head GEMM of the vocab suite too); the others move bytes
+# (scaled by the ratio of HBM bandwidths). Allocator rows hold bytes: no time of theirs is read.
+TIME_COLUMNS = {"gemm": ("t_s", "t_p10_s", "t_p90_s"), "grouped_gemm": ("fwd_s", "bwd_s", "fwd_p10_s", "fwd_p90_s"),
+                "sdpa": ("fwd_s", "bwd_s"), "router": ("fwd_s", "bwd_s"), "elementwise": ("fwd_s", "bwd_s"),
+                "vocab": ("fwd_s", "bwd_s"), "allocator": ()}
+TENSOR_CORE_SUITES = ("gemm", "grouped_gemm", "sdpa")
 
 
 def _read_suite(conn, table: str, profile: str, run_cols: str = "") -> pd.DataFrame:
@@ -57,6 +67,41 @@ def lend_rows(own: pd.DataFrame, lender: pd.DataFrame, cols: tuple[str, ...]) ->
     return own if lent.empty else pd.concat([own, lent], ignore_index=True) if not own.empty else lent
 
 
+def part_scales(profile: str, lender: str) -> tuple[dict[str, float], float]:
+    """How much faster ``profile``'s part runs than ``lender``'s, a part on the same die (scaled_device_tables):
+    (per dtype, the lender's dense peak over this profile's, FLOP/s / FLOP/s; the ratio of HBM bandwidths, B/s / B/s).
+    A lender's device time times these is this part's: same SMs and tensor-core lanes at other clocks, the
+    datasheet peaks in the clocks' ratio. A dtype without a lane on either falls back to bf16's ratio."""
+    from scaleplan.profiles import profile_file
+
+    mine, theirs = profile_file(profile), profile_file(lender)
+    lanes = set(mine.peak_flops) & set(theirs.peak_flops)
+    peak = {dt: theirs.peak_flops[dt] / mine.peak_flops[dt] for dt in lanes}
+    return peak, theirs.hbm_bandwidth / mine.hbm_bandwidth
+
+
+def scale_to_part(df: pd.DataFrame, suite: str, scales: tuple[dict[str, float], float]) -> pd.DataFrame:
+    """``df`` (rows of ``suite`` a same-die part measured) with its times in this part's seconds (:func:`part_scales`'
+    ``scales``), each row's factor in :data:`SCALED`."""
+    if df.empty:
+        return df
+    peak, hbm = scales
+    dt = df["dtype"].astype(str) if "dtype" in df else pd.Series("bf16", index=df.index)
+    on_tensor_cores = dt.map(lambda d: peak.get(d, peak.get("bf16", hbm))).astype(float)
+    if suite in TENSOR_CORE_SUITES:
+        f = on_tensor_cores
+    elif suite == "vocab":
+        f = on_tensor_cores.where(df["op"] == "lm_head_gemm", hbm)
+    else:
+        f = pd.Series(hbm, index=df.index, dtype=float)
+    out = df.assign(**{SCALED: f})
+    for col in (c for c in TIME_COLUMNS[suite] if c in out):
+        out[col] = out[col] * f
+    if "flops_per_s" in out:
+        out["flops_per_s"] = out["flops_per_s"] / f
+    return out
+
+
 def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
     """Read every measurement table of ``profile`` (OK rows), with the kinds of device rows it lacks lent
     by its ``device_tables`` profiles (:func:`lend_rows`); each row says whose it is in
@@ -74,6 +119,7 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
     run_cols = run_columns_sql({c["name"] for c in inspect(eng).get_columns("bench_run")}) \
         if "bench_run" in names else ""
     lenders = named_profiles(profile, "device_tables")
+    parts = [(other, part_scales(profile, other)) for other in named_profiles(profile, "scaled_device_tables")]
     with eng.connect() as conn:
         for suite, table in SUITE_TABLE.items():
             have = table in names and "bench_run" in names
@@ -82,6 +128,9 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
             for other in lenders if have and suite in DEVICE_SUITES else ():
                 theirs = _read_suite(conn, table, other, run_cols).assign(**{FROM_PROFILE: other})
                 out[suite] = lend_rows(out[suite], theirs, DEVICE_SUITES[suite])
+            for other, scales in parts if have and suite in DEVICE_SUITES else ():  # after the measured lenders
+                theirs = scale_to_part(_read_suite(conn, table, other, run_cols), suite, scales)
+                out[suite] = lend_rows(out[suite], theirs.assign(**{FROM_PROFILE: other}), DEVICE_SUITES[suite])
         # the dense GEMM rows of the profiles on the same die, for the FP8 / bf16 ratio (table_build._build_gemm)
         have = {SUITE_TABLE["gemm"], "bench_run"} <= names
         same_die = [_read_suite(conn, SUITE_TABLE["gemm"], other, run_cols).assign(**{FROM_PROFILE: other})

@@ -275,9 +275,11 @@ def planned_to(r) -> str:
 def evidence_json(ctx: Context, name: str) -> dict:
     """Which components of ``name``'s time model read measured tables and which are analytic, and its MFU error."""
     est = ctx.ests[name]
-    n = est.tables.n_points
-    tables = {k: (f"measured ({v} points)" if v else "analytic") for k, v in n.items()}
-    return {"tables": tables, "measured": sorted(k for k, v in n.items() if v),
+    n, scaled = est.tables.n_points, est.tables.scaled_from  # scaled: another part's rows (composed)
+    tables = {k: (f"composed ({v} points of {scaled[k]}, scaled to this part)" if k in scaled else
+                  f"measured ({v} points)" if v else "analytic") for k, v in n.items()}
+    return {"tables": tables, "measured": sorted(k for k, v in n.items() if v and k not in scaled),
+            "composed": sorted(k for k in n if k in scaled),
             "analytic": sorted(k for k, v in n.items() if not v), "analytic_platform": not any(n.values()),
             "dispatch_law": str(getattr(est.dispatch, "source", "")), "mfu_error": ctx.sigma[name].to_dict(),
             "observed_runs": ctx.pd.runs[name].to_dict()}

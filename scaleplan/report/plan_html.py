@@ -101,7 +101,8 @@ def point_row(pl: dict, p: dict) -> list[str]:
             _num(p["days"], "{:.3g}"), band, _num(p.get("p_reach"), "{:.0%}"), f"{p['gpu_hours']:,.0f}",
             "-" if p["cost_usd"] is None else f"{p['cost_usd']:,.0f}", _model(b), _num(b["d_tokens"] / 1e12, "{:.3g}"),
             _num(100 * b["mfu"], "{:.1f}"), _num(b["mem_per_device_gb"], "{:.0f}"), _layout(b),
-            "analytic" if ev["analytic_platform"] else "measured: " + ", ".join(ev["measured"]),
+            "analytic" if ev["analytic_platform"] else "measured: " + (", ".join(ev["measured"]) or "none")
+            + ("; composed: " + ", ".join(ev["composed"]) if ev.get("composed") else ""),
             _beyond(p)]
 
 

@@ -79,9 +79,12 @@ def test_json_prices_evidence_and_uncertainty(run_json, recorded_db):
     assert pl["p5.48xlarge"]["price"]["date"] and "AWS" in pl["p5.48xlarge"]["price"]["source"]
     assert pl[B200]["price"] == {"usd_per_gpu_hour": 6.1, "source": "--price", "date": None}
     assert pl[GB200]["price"] is None and out["overall"]["by"] == "gpu-hours"
-    # each component measured or analytic per platform; GB200 has no table: analytic, drawn wider
-    assert pl[GB200]["evidence"]["analytic_platform"] and not pl[B200]["evidence"]["analytic_platform"]
+    # each component measured, composed or analytic per platform; GB200 has no table of its own: its kernels are
+    # the B200's rows scaled to it (composed), its fabric analytic, drawn wider
+    assert not pl[GB200]["evidence"]["analytic_platform"] and not pl[B200]["evidence"]["analytic_platform"]
     assert "gemm" in pl[B200]["evidence"]["measured"] and pl[GB200]["evidence"]["measured"] == []
+    assert {"gemm", "grouped_gemm", "sdpa"} <= set(pl[GB200]["evidence"]["composed"])
+    assert pl[B200]["evidence"]["composed"] == [] and "collectives" in pl[GB200]["evidence"]["analytic"]
     b, g = (next(p for p in pl[k]["points"] if p["n_devices"] == 128) for k in (B200, GB200))
     assert g["plan"]["evidence_sigma"] > b["plan"]["evidence_sigma"]
     width = lambda p: p["days_p95"] / p["days_p05"]  # noqa: E731

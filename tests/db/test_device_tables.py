@@ -4,6 +4,7 @@ attention and top-k (../shared, read at test time) beside scaleplan's own single
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -116,3 +117,61 @@ def test_an_fp8_ratio_profile_off_the_die_or_unknown_is_refused_in_one_line(tmp_
     ok = tmp_path / "ok.yaml"
     ok.write_text(open(_profile_yaml(tmp_path, [], "NVIDIA H100 80GB HBM3")).read() + "fp8_ratio_tables: [h200-single]\n")
     assert profile_file(str(ok)).fp8_ratio_tables == ("h200-single",)
+
+
+B200, GB200 = "p6-b200.48xlarge", "p6e-gb200.36xlarge"
+
+
+def test_gb200_takes_the_b200_rows_at_its_own_clocks(recorded_db):
+    """A GB200 has no table of its own: each B200 row stands in with its time scaled by the two datasheets, the
+    tensor-core kinds by the dense peaks at the row's dtype, the rest by the HBM bandwidths."""
+    gb, b = profile_file(GB200), profile_file(B200)
+    mine, theirs = load_frames(recorded_db, GB200), load_frames(recorded_db, B200)
+    for suite, col in (("gemm", "t_s"), ("sdpa", "fwd_s"), ("router", "fwd_s"), ("vocab", "bwd_s")):
+        m, t = mine[suite].set_index("id"), theirs[suite].set_index("id")
+        assert len(m) == len(t) > 0 and set(m[FROM_PROFILE]) == {B200}, suite
+        for i in t.index[:: max(1, len(t) // 25)]:
+            dt, op = str(t.at[i, "dtype"]), str(t.at[i, "op"]) if "op" in t else ""
+            on_tc = suite in ("gemm", "sdpa") or op == "lm_head_gemm"
+            f = b.peak_flops[dt] / gb.peak_flops[dt] if on_tc else b.hbm_bandwidth / gb.hbm_bandwidth
+            assert m.at[i, col] == pytest.approx(t.at[i, col] * f, rel=1e-12), (suite, i)
+    assert {"bf16", "fp8"} <= set(mine["gemm"]["dtype"].astype(str))  # both lanes, each at its own ratio
+    assert mine["collectives"].empty and mine["dispatch"].empty  # the fabric and the host are never lent
+
+
+def test_an_estimate_on_gb200_reads_the_scaled_rows_labelled_composed(recorded_db):
+    from scaleplan.estimator.api import Estimator
+
+    from scaleplan.specs import Layout, parse_spec
+
+    def at(profile):
+        spec = parse_spec({"model": {"n_layers": 4, "hidden_sz": 2048, "inter_sz": 4096, "n_q_heads": 16,
+                                     "n_kv_heads": 8, "head_dim": 128, "vocab_sz": 32000,
+                                     "moe": {"n_experts": 16, "experts_per_token": 2, "expert_inter_sz": 1024}},
+                           "data": {"gbs": 16, "seqlen": 4096}, "hardware": {"node_type": profile}})
+        return Estimator(profile, recorded_db, use_calibration=False).estimate(
+            spec, 4, [Layout(ep=4, mbs=1, ckpt="none")])[0]
+
+    gb, b = at(GB200), at(B200)
+    for comp in ("experts", "sdpa", "attn_proj"):
+        assert b.sources[comp] != "composed" and gb.sources[comp] == "composed", comp
+    ratio = profile_file(B200).peak("bf16") / profile_file(GB200).peak("bf16")
+    assert gb.breakdown_s["sdpa"] == pytest.approx(b.breakdown_s["sdpa"] * ratio, rel=1e-9)
+    assert gb.breakdown_s["attn_proj"] == pytest.approx(b.breakdown_s["attn_proj"] * ratio, rel=1e-9)
+
+
+@pytest.mark.parametrize("gpu, other, why", [("NVIDIA GB200", "p6e-gb200.36xlarge", "another built-in profile"),
+                                             ("NVIDIA GB200", "nope", "another built-in profile"),
+                                             ("NVIDIA GB200", "h200-single", "same die"),
+                                             ("NVIDIA B200", "p6-b200.48xlarge", "device_tables")])
+def test_a_scaled_lender_must_be_another_part_on_the_die(tmp_path, gpu, other, why):
+    """scaled_device_tables names another GPU model on this GPU's die; the same model is lent unscaled
+    (device_tables), another die's rows would stand in for another chip."""
+    p = tmp_path / "node.yaml"
+    p.write_text(Path(_profile_yaml(tmp_path, [], gpu)).read_text() + f"scaled_device_tables: [{other}]\n")
+    if other == "p6e-gb200.36xlarge":  # a profile of that name is built in: this file is another one
+        p.write_text(p.read_text().replace("name: node", f"name: {other}"))
+    with pytest.raises(SpecError) as e:
+        profile_file(str(p))
+    msg = str(e.value)
+    assert "scaled_device_tables" in msg and other in msg and why in msg and "\n" not in msg
