@@ -163,7 +163,8 @@ OTHER_LAYOUTS = [
 
 
 # GB200_RUNS: the same table's GB200 rows (26.04.01 container), each with its Megatron-Bridge 0.4.2 GB200 workload,
-# on a profile with no measured table (every component analytic). 256 GPUs take 64 of each rack's 72 under the
+# on a profile with no table of its own: its kernels the B200's rows scaled to its datasheet (scaled_device_tables),
+# its fabric analytic. 256 GPUs take 64 of each rack's 72 under the
 # launcher's --segment (ClusterProfile.job_domain), so EP 32 and 64 stay on NVLink.
 # * Qwen3-30B-A3B GB200 FP8_MX V1: micro-batch 4, HybridEP, CUDA graphs over moe_router and moe_preprocess.
 # * GPT-OSS-120B GB200 BF16 V2: EP 64, the all-to-all overlapped (moe_a2a_overlap; no shared expert to overlap).
@@ -190,7 +191,7 @@ GB200_RUNS = [
 # the published rows' groups, in print order: (label, example names)
 GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("the archive's other B200 layouts", [e[0] for e in OTHER_LAYOUTS]),
-          ("GB200, every component analytic", [e[0] for e in GB200_RUNS]))
+          ("GB200, kernels from the B200's rows scaled", [e[0] for e in GB200_RUNS]))
 
 
 def _spec(model: str, over: dict, stack: dict, profile: str):
