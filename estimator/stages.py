@@ -91,8 +91,11 @@ def stage_dispatch(ctx: EvalContext, law: DispatchLaw, st: StageCounts) -> np.nd
     (:func:`~scaleplan.estimator.dispatch.dispatch_time`), with what the plans' training stack launches
     beyond the stack the law was counted on (:func:`~scaleplan.estimator.kernel_counts.stack_extra_kernels`):
     the EP host term once per MoE block the stage holds (a dense block launches no token permute or
-    all-to-all)."""
+    all-to-all). Zero where the stack replays the whole step as one CUDA graph (Stack.captures_step): the host
+    reads each micro-batch's inputs into the graph's buffers and launches it once (not costed)."""
     g, lay = ctx.g, ctx.lay
+    if ctx.stack.captures_step():  # one graph replays the step: nothing is launched or waited for one by one
+        return np.zeros(ctx.P)
     n_moe = st.n_moe if g.is_moe else 0.0
     E_loc = ctx.shapes.E_loc if g.is_moe else 0.0
     extra = 0.0

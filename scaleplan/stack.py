@@ -36,8 +36,10 @@ GROUPED_GEMMS = ("per_expert", "grouped")
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 # --fp8-recipe: per-tensor delayed or current (tensorwise) scaling, 1x128 / 128x128 blocks, MXFP8 (1x32, E8M0)
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
-# --cuda-graph-modules with --cuda-graph-impl transformer_engine (per-layer graphs)
-CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess")
+# --cuda-graph-modules with --cuda-graph-impl transformer_engine (per-layer graphs), or full_iteration alone: the
+# whole forward-backward step of every micro-batch one graph (--cuda-graph-impl full_iteration, core_v0.19.0
+# full_cuda_graph.FullCudaGraphWrapper), as Megatron-Bridge's 26.06 MXFP8 recipes on GB200, GB300 and B300 run
+CUDA_GRAPH_MODULES = ("attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration")
 # --recompute-modules under --recompute-granularity selective (TransformerConfig.recompute_modules; gdn_norm_out,
 # the GatedDeltaNet norm, has no model here): estimator/recompute.py says what each frees and re-runs
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
@@ -54,7 +56,7 @@ Experts = Literal["grouped", "sequential"]
 GroupedGemm = Literal["per_expert", "grouped"]
 Dispatcher = Literal["alltoall", "allgather", "deepep", "hybridep"]
 Fp8Recipe = Literal["delayed", "tensorwise", "blockwise", "mxfp8"]
-GraphModule = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess"]
+GraphModule = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "full_iteration"]
 RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 CrossEntropy = Literal["native", "te", "unfused"]
 RouterDtype = Literal["fp32", "fp64", "model"]
@@ -117,9 +119,16 @@ class Stack(BaseModel):
         if self.a2a_overlap and "moe" in (self.recompute_modules or ()):
             raise FieldCheck("a2a_overlap", True, "true only without moe in recompute_modules (Megatron-Core "
                              "refuses to recompute the MoE block under --overlap-moe-expert-parallel-comm)")
+        if self.captures_step():
+            _check_full_iteration(self)
         if self.grouped_gemm == "grouped" and self.experts != "grouped":
             raise FieldCheck("grouped_gemm", "grouped", "grouped only with experts: grouped (TE GroupedLinear)")
         return self
+
+    def captures_step(self) -> bool:
+        """Whether the whole forward-backward step replays as one CUDA graph (cuda_graphs: full_iteration): the host
+        issues no kernel of it one by one and reads nothing back from the device inside it."""
+        return "full_iteration" in self.cuda_graphs
 
     def recipe(self, precision: str) -> str | None:
         """The FP8 recipe the time and memory models cost: this stack's, the default for an FP8 model, or
@@ -153,6 +162,23 @@ class Stack(BaseModel):
             if v != default:
                 parts.append(f"{name}={'+'.join(v) or 'none' if isinstance(v, tuple) else str(v).lower()}")
         return "megatron" + (f"[{','.join(parts)}]" if parts else "")
+
+
+def _check_full_iteration(stack: Stack) -> None:
+    """Megatron-LM's rules for --cuda-graph-impl full_iteration (core_v0.19.0 arguments.py): no per-layer modules
+    beside it, the loss's NaN check off (it reads the loss on the host); and a capture holds no host read of the
+    token counts, which every dispatcher but HybridEP makes (estimator/dispatch.HOST_SYNCS: HybridEP sizes its
+    buffers on the host under --moe-expert-rank-capacity-factor, as Megatron-Bridge's full-iteration recipes set
+    it). Raises FieldCheck."""
+    if stack.cuda_graphs != ("full_iteration",):
+        raise FieldCheck("cuda_graphs", list(stack.cuda_graphs), "full_iteration alone (Megatron-LM: "
+                         "--cuda-graph-modules must be empty with --cuda-graph-impl full_iteration)")
+    if stack.nan_check:
+        raise FieldCheck("nan_check", True, "false with cuda_graphs full_iteration (Megatron-LM asserts "
+                         "--no-check-for-nan-in-loss-and-grad: the check reads the loss on the host)")
+    if stack.dispatcher != "hybridep":
+        raise FieldCheck("dispatcher", stack.dispatcher, "hybridep with cuda_graphs full_iteration (the others read "
+                         "the token counts on the host, which a captured step cannot)")
 
 
 PAPER_STACK = Stack()

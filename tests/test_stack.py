@@ -46,6 +46,12 @@ def test_an_fp8_model_defaults_to_current_scaling_and_the_key_names_only_departu
     ({"cuda_graphs": ["moe"]}, "bf16", "stack.cuda_graphs", "moe"),
     ({"experts": "sequential", "grouped_gemm": "grouped"}, "bf16", "stack.grouped_gemm", "grouped"),
     ({"grouped_gemm": "grouped", "fp8_recipe": "delayed"}, "fp8", "stack.grouped_gemm", "grouped"),
+    # a captured step (Megatron-LM's --cuda-graph-impl full_iteration): alone, without the loss's host read, and
+    # on the one dispatcher that reads no token count on the host
+    ({"cuda_graphs": ["full_iteration", "attn"], "nan_check": False, "dispatcher": "hybridep"}, "bf16",
+     "stack.cuda_graphs", ["full_iteration", "attn"]),
+    ({"cuda_graphs": ["full_iteration"], "dispatcher": "hybridep"}, "bf16", "stack.nan_check", True),
+    ({"cuda_graphs": ["full_iteration"], "nan_check": False}, "bf16", "stack.dispatcher", "alltoall"),
 ])
 def test_a_bad_stack_is_one_line_naming_the_field_and_value(stack, precision, field, value):
     with pytest.raises(SpecError) as e:
@@ -69,3 +75,9 @@ def test_parse_stack_overrides_a_base_and_names_a_bad_key_or_value():
         with pytest.raises(SpecError) as e:
             parse_stack(text)
         assert e.value.field == field and "\n" not in str(e.value), text
+
+
+def test_a_captured_step_is_a_stack_of_its_own():
+    s = _spec({"cuda_graphs": ["full_iteration"], "nan_check": False, "dispatcher": "hybridep"}).stack
+    assert s.captures_step() and not _spec({"cuda_graphs": ["attn"]}).stack.captures_step()
+    assert s.key() == "megatron[dispatcher=hybridep,cuda_graphs=full_iteration,nan_check=false]"

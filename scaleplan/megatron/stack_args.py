@@ -40,7 +40,9 @@ def stack_args(stack: Stack, precision: str, moe: bool) -> list[list[str]]:
             out.append(["--moe-router-dtype", stack.router_dtype])
         if stack.a2a_overlap:  # Megatron-Bridge sets the two together (utils/overrides.py moe_a2a_overlap)
             out += [["--overlap-moe-expert-parallel-comm"], ["--delay-wgrad-compute"]]
-    if stack.cuda_graphs:
+    if stack.captures_step():
+        out.append(["--cuda-graph-impl", "full_iteration"])
+    elif stack.cuda_graphs:
         out += [["--cuda-graph-impl", "transformer_engine"], ["--cuda-graph-modules", *stack.cuda_graphs]]
     recipe = stack.recipe(precision)
     if recipe:
@@ -106,9 +108,12 @@ def stack_from_dump(a: dict[str, Any], where: str) -> dict[str, Any]:
                                         and not a["accumulate_allreduce_grads_in_fp32"] and a.get("bf16")):
         block["grads_fp32"] = False
     impl = a.get("cuda_graph_impl") or "none"
-    if impl not in ("none", "transformer_engine", "local"):
-        raise SpecError(f"{where}: cuda_graph_impl", impl, "none, local or transformer_engine (per-layer graphs)")
-    if impl != "none":
+    if impl not in ("none", "transformer_engine", "local", "full_iteration"):
+        raise SpecError(f"{where}: cuda_graph_impl", impl, "none, local, transformer_engine (per-layer graphs) or "
+                        "full_iteration")
+    if impl == "full_iteration":
+        block["cuda_graphs"] = ["full_iteration"]
+    elif impl != "none":
         block["cuda_graphs"] = list(_modules(a.get("cuda_graph_modules")) or ("attn", "mlp"))
     if not a.get("cross_entropy_loss_fusion"):
         block["cross_entropy"] = "unfused"

@@ -252,6 +252,19 @@ def test_a_stack_round_trips_through_emit_and_log(run, tmp_path, validation_dir)
     assert parse_spec(r["spec"]).stack.key("fp8") == planned.stack.key("fp8") != "megatron"
 
 
+def test_a_captured_step_round_trips_through_emit_and_log(run, tmp_path, validation_dir):
+    """cuda_graphs full_iteration: emitted as --cuda-graph-impl full_iteration without modules (Megatron-LM refuses
+    them beside it), read back from the run's log as the same stack."""
+    from scaleplan.specs import parse_spec
+
+    doc = yaml.safe_load((validation_dir / "models.yaml").read_text())["moe-5p4b"]
+    doc = {**doc, "data": {**doc["data"], "gbs": 256},
+           "stack": {"cuda_graphs": ["full_iteration"], "nan_check": False, "dispatcher": "hybridep"}}
+    emitted, r = _emit_and_read_back(run, tmp_path, doc)
+    assert "--cuda-graph-impl full_iteration" in emitted and "--cuda-graph-modules" not in emitted
+    assert parse_spec(r["spec"]).stack == parse_spec(doc).stack
+
+
 def test_recompute_modules_the_loss_and_the_shared_expert_round_trip(run, tmp_path, validation_dir):
     """A stack naming its own --recompute-modules (selective = core_attn and moe_act), TE's cross-entropy and the
     shared expert not overlapped: emitted as Megatron-LM's flags, read back from the run's log as the same stack."""
