@@ -102,7 +102,10 @@ PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               "qwen3-30b-a3b mxfp8 8 GB200": 26112,
                               "gpt-oss-120b bf16 64 GB200, EP 64, a2a overlap": 16640,
                               "qwen3-235b-a22b mxfp8 256 GB200, PP 8 x VP 3, EP 32": 5680,
-                              "deepseek-v3 mxfp8 256 GB200, PP 4 x VP 4, EP 64": 4256}
+                              "deepseek-v3 mxfp8 256 GB200, PP 4 x VP 4, EP 64": 4256,
+                              # the 26.06 container's GB200 rows (CAPTURED_RUNS; the archive at v0.6.0)
+                              "qwen3-30b-a3b mxfp8 8 GB200, 26.06, step captured": 40706,
+                              "qwen3-235b-a22b mxfp8 256 GB200, 26.06, step captured": 7376}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -188,10 +191,27 @@ GB200_RUNS = [
      Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=16,
             decoder_last_pipeline_num_layers=13)),
 ]
+# CAPTURED_RUNS: the two Qwen3 GB200 jobs as the 26.06 container runs them (Megatron-Bridge 0.5.0 GB200 FP8_MX
+# workloads, the layouts above): the whole step one CUDA graph (cuda_graph_impl full_iteration; set_full_iter_cg_configs:
+# expert capacity 1.5 per rank, a paged activation stash), the all-to-all overlapped (moe_a2a_overlap), and two device
+# changes scaleplan does not cost: FP8 attention (fp8_dot_product_attention) and the CuTe DSL fused grouped MLP
+# (cutedsl_fused_grouped_mlp). No host launch is left: these rows read the device side alone, which those two changes
+# make faster than costed here.
+CAPTURED = {"cuda_graphs": ["full_iteration"], "a2a_overlap": True, "shared_expert_overlap": False}
+CAPTURED_RUNS = [
+    ("qwen3-30b-a3b mxfp8 8 GB200, 26.06, step captured", "qwen3-30b-a3b", QWEN_FP8, {**PUBLISHED_QWEN, **CAPTURED},
+     GB200, 8, Layout(ep=8, mbs=4, ckpt="none")),
+    ("qwen3-235b-a22b mxfp8 256 GB200, 26.06, step captured", "qwen3-235b-a22b", QWEN_235B,
+     {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", **CAPTURED}, GB200, 256,
+     Layout(pp=8, vpp=3, ep=32, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
+            decoder_last_pipeline_num_layers=11)),
+]
 # the published rows' groups, in print order: (label, example names)
 GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("the archive's other B200 layouts", [e[0] for e in OTHER_LAYOUTS]),
-          ("GB200, kernels from the B200's rows scaled", [e[0] for e in GB200_RUNS]))
+          ("GB200, kernels from the B200's rows scaled", [e[0] for e in GB200_RUNS]),
+          ("GB200 26.06, the step captured (FP8 attention, fused grouped MLP not costed)",
+           [e[0] for e in CAPTURED_RUNS]))
 
 
 def _spec(model: str, over: dict, stack: dict, profile: str):
@@ -205,7 +225,7 @@ def _spec(model: str, over: dict, stack: dict, profile: str):
 
 def run(db: str | None, host_scale: float | None = None) -> list[dict]:
     out = []
-    for name, model, over, stack, profile, n, layout in EXAMPLES + OTHER_LAYOUTS + GB200_RUNS:
+    for name, model, over, stack, profile, n, layout in EXAMPLES + OTHER_LAYOUTS + GB200_RUNS + CAPTURED_RUNS:
         spec = _spec(model, over, stack, profile)
         est = Estimator(profile, db, use_calibration=False, host_scale=host_scale)
         r = est.estimate(spec, n, [layout])[0]
