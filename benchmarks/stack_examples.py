@@ -105,7 +105,8 @@ PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               "deepseek-v3 mxfp8 256 GB200, PP 4 x VP 4, EP 64": 4256,
                               # the 26.06 container's GB200 rows (CAPTURED_RUNS; the archive at v0.6.0)
                               "qwen3-30b-a3b mxfp8 8 GB200, 26.06, step captured": 40706,
-                              "qwen3-235b-a22b mxfp8 256 GB200, 26.06, step captured": 7376}
+                              "qwen3-235b-a22b mxfp8 256 GB200, 26.06, step captured": 7376,
+                              "deepseek-v3 mxfp8 256 GB200, 26.06, step captured": 4969}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -191,12 +192,13 @@ GB200_RUNS = [
      Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=16,
             decoder_last_pipeline_num_layers=13)),
 ]
-# CAPTURED_RUNS: the two Qwen3 GB200 jobs as the 26.06 container runs them (Megatron-Bridge 0.5.0 GB200 FP8_MX
-# workloads, the layouts above): the whole step one CUDA graph (cuda_graph_impl full_iteration; set_full_iter_cg_configs:
-# expert capacity 1.5 per rank, a paged activation stash), the all-to-all overlapped (moe_a2a_overlap), and two device
-# changes scaleplan does not cost: FP8 attention (fp8_dot_product_attention) and the CuTe DSL fused grouped MLP
-# (cutedsl_fused_grouped_mlp). No host launch is left: these rows read the device side alone, which those two changes
-# make faster than costed here.
+# CAPTURED_RUNS: three GB200 jobs above as the 26.06 container runs them (Megatron-Bridge 0.5.0 GB200 FP8_MX
+# workloads, the same layouts): the whole step one CUDA graph (cuda_graph_impl full_iteration; for Qwen3
+# set_full_iter_cg_configs: expert capacity 1.5 per rank, a paged activation stash), the all-to-all overlapped
+# (moe_a2a_overlap), and device changes scaleplan does not cost: the CuTe DSL fused grouped MLP
+# (cutedsl_fused_grouped_mlp) and, for Qwen3, FP8 attention (fp8_dot_product_attention). DeepSeek-V3's recompute
+# modules are mla_up_proj. No host launch is left: these rows read the device side alone, which the uncosted
+# changes make faster than costed here.
 CAPTURED = {"cuda_graphs": ["full_iteration"], "a2a_overlap": True, "shared_expert_overlap": False}
 CAPTURED_RUNS = [
     ("qwen3-30b-a3b mxfp8 8 GB200, 26.06, step captured", "qwen3-30b-a3b", QWEN_FP8, {**PUBLISHED_QWEN, **CAPTURED},
@@ -205,12 +207,15 @@ CAPTURED_RUNS = [
      {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", **CAPTURED}, GB200, 256,
      Layout(pp=8, vpp=3, ep=32, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
             decoder_last_pipeline_num_layers=11)),
+    ("deepseek-v3 mxfp8 256 GB200, 26.06, step captured", "deepseek-v3", DSV3, {**DSV3_2604, **CAPTURED}, GB200, 256,
+     Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=16,
+            decoder_last_pipeline_num_layers=13)),
 ]
 # the published rows' groups, in print order: (label, example names)
 GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("the archive's other B200 layouts", [e[0] for e in OTHER_LAYOUTS]),
           ("GB200, kernels from the B200's rows scaled", [e[0] for e in GB200_RUNS]),
-          ("GB200 26.06, the step captured (FP8 attention, fused grouped MLP not costed)",
+          ("GB200 26.06, the step captured (fused grouped MLP, FP8 attention not costed)",
            [e[0] for e in CAPTURED_RUNS]))
 
 
