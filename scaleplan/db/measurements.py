@@ -164,18 +164,22 @@ def coverage(frames: dict[str, pd.DataFrame], law_source: str | None = None) -> 
     stands in), or for dispatch without rows the profile's trace-derived law (``law_source``: its source
     text) when it has one. One dict per suite, in :data:`SUITE_TABLE` order. The dense GEMM rows of the profiles
     on the same die (:data:`SAME_DIE_GEMM`) are listed under gemm as "<profile> (FP8 / bf16 ratio)" where the
-    profile has bf16 rows and no FP8 rows of its own (estimator/table_build.py composes its FP8 table from them)."""
+    profile has bf16 rows and no FP8 rows of its own (estimator/table_build.py composes its FP8 table from them).
+    A suite holding another part's rows scaled to this one (scaled_device_tables) is "composed", those rows listed
+    as "<profile> (scaled to this part)"."""
     out = []
     for suite in SUITE_TABLE:
         df = frames.get(suite, pd.DataFrame())
-        src = "measured" if not df.empty else (f"profile law ({law_source})" if suite == "dispatch" and law_source
-                                               else "analytic")
+        scaled = not df.empty and SCALED in df and bool(df[SCALED].notna().any())
+        src = "composed" if scaled else "measured" if not df.empty else (
+            f"profile law ({law_source})" if suite == "dispatch" and law_source else "analytic")
         row = {"suite": suite, "components": SUITE_COMPONENTS[suite], "source": src, "from": {}}
         if not df.empty:
             cols = [c for c in DEVICE_SUITES.get(suite, ("collective", "layout")) if c in df.columns]
             for prof, g in df.groupby(FROM_PROFILE) if FROM_PROFILE in df.columns else [("?", df)]:
                 kinds = g.groupby(cols).size() if cols else pd.Series({"all": len(g)})
-                row["from"][str(prof)] = {(" ".join(map(str, k)) if isinstance(k, tuple) else str(k)): int(n)
+                who = f"{prof} (scaled to this part)" if SCALED in g and g[SCALED].notna().any() else str(prof)
+                row["from"][who] = {(" ".join(map(str, k)) if isinstance(k, tuple) else str(k)): int(n)
                                           for k, n in kinds.items()}
         die, dts = frames.get(SAME_DIE_GEMM, pd.DataFrame()), set(df["dtype"]) if "dtype" in df else set()
         if suite == "gemm" and not die.empty and "bf16" in dts and "fp8" not in dts:

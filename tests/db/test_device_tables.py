@@ -137,6 +137,9 @@ def test_gb200_takes_the_b200_rows_at_its_own_clocks(recorded_db):
             assert m.at[i, col] == pytest.approx(t.at[i, col] * f, rel=1e-12), (suite, i)
     assert {"bf16", "fp8"} <= set(mine["gemm"]["dtype"].astype(str))  # both lanes, each at its own ratio
     assert mine["collectives"].empty and mine["dispatch"].empty  # the fabric and the host are never lent
+    rows = {r["suite"]: r for r in coverage(mine)}
+    assert rows["sdpa"]["source"] == "composed" and set(rows["sdpa"]["from"]) == {f"{B200} (scaled to this part)"}
+    assert rows["collectives"]["source"] == "analytic"
 
 
 def test_an_estimate_on_gb200_reads_the_scaled_rows_labelled_composed(recorded_db):
