@@ -447,6 +447,9 @@ class Estimator:
         ana = [k for k, v in src.items() if v == "analytic"]
         if ana:
             warnings.append("analytic (no measured table): " + ", ".join(ana))
+        if self.tables.scaled_from:  # another part's rows at this part's datasheet (scaled_device_tables)
+            warnings.append("composed from another part's measured rows scaled to this one's datasheet: "
+                            + "; ".join(f"{k} ({v})" for k, v in sorted(self.tables.scaled_from.items())))
         host_note = untraced_host_note(self.dispatch, self.stack_key, bd["dispatch_floor"] / float(ev.t_iter[i]),
                                        self.host_scale != 1.0, device_only_s)
         if host_note:

@@ -158,6 +158,8 @@ def test_an_estimate_on_gb200_reads_the_scaled_rows_labelled_composed(recorded_d
     gb, b = at(GB200), at(B200)
     for comp in ("experts", "sdpa", "attn_proj"):
         assert b.sources[comp] != "composed" and gb.sources[comp] == "composed", comp
+    said = [w for w in gb.warnings if w.startswith("composed from another part")]
+    assert len(said) == 1 and f"sdpa ({B200})" in said[0] and not any("another part" in w for w in b.warnings)
     ratio = profile_file(B200).peak("bf16") / profile_file(GB200).peak("bf16")
     assert gb.breakdown_s["sdpa"] == pytest.approx(b.breakdown_s["sdpa"] * ratio, rel=1e-9)
     assert gb.breakdown_s["attn_proj"] == pytest.approx(b.breakdown_s["attn_proj"] * ratio, rel=1e-9)
