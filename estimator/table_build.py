@@ -15,6 +15,7 @@ from scaleplan.db.measurements import (
     FROM_PROFILE,
     SAME_DIE_GEMM,
     SCALED,
+    is_scaled,
     load_frames,
     named_profiles,
     part_scales,
@@ -75,7 +76,7 @@ def _label_scaled(tb: Tables, frames: dict[str, pd.DataFrame]) -> None:
     rows of its own is labelled composed whole (the grids do not keep whose rows they interpolate)."""
     for suite, (attrs, views) in _SUITE_GRIDS.items():
         df = frames.get(suite, pd.DataFrame())
-        if df.empty or SCALED not in df or not df[SCALED].notna().any():
+        if not is_scaled(df):
             continue
         tb.scaled_from[suite] = ", ".join(sorted(df.loc[df[SCALED].notna(), FROM_PROFILE].astype(str).unique()))
         found = [getattr(tb, a) for a in attrs] + [v.get(k) for v in tb.by_dtype.values() for k in views]

@@ -146,11 +146,11 @@ def gpu_model(name: str | None) -> str | None:
     return m.group(1) if m else name.strip().upper()
 
 
-# the compute die of a GPU model: GPUs on one die have the same SMs, clocks and tensor-core lanes (H100 SXM and
-# H200: GH100, 132 SMs, 989 / 1979 TFLOP/s dense bf16 / FP8; NVIDIA H100 and H200 datasheets), so a device-time
-# ratio between two lanes measured on one holds on the other; they differ in HBM (size, bandwidth). The B200 of an
-# HGX board and the GB200's (two GB100 dies each, 148 SMs) differ in clocks and power as well: 2.25 and 2.5 PFLOP/s
-# dense bf16 (NVIDIA HGX B200 and GB200 NVL72 datasheets); a device time carries over scaled by their datasheets
+# the compute die of a GPU model: GPUs on one die have the same SMs and tensor-core lanes, so a device-time ratio
+# between two lanes measured on one holds on the other. H100 SXM and H200 (GH100, 989 / 1979 TFLOP/s dense bf16 /
+# FP8 each; NVIDIA H100 and H200 datasheets) share clocks too and differ in HBM; the B200 of an HGX board and a
+# GB200's (one dual-die Blackwell GPU) differ in clocks and power as well (2.25 and 2.5 PFLOP/s dense bf16; NVIDIA
+# HGX B200 and GB200 NVL72 datasheets), so a device time carries over scaled by the datasheets (scaled_device_tables)
 DIES = {"H100": "GH100", "H200": "GH100", "B200": "GB100", "GB200": "GB100"}
 # CUDA compute capability of a GPU model (NVIDIA's CUDA GPUs list): what a library's choice of kernel turns on
 COMPUTE_CAPABILITY = {"A100": 8.0, "H100": 9.0, "H200": 9.0, "GH200": 9.0, "B200": 10.0, "GB200": 10.0,

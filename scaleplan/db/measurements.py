@@ -67,9 +67,15 @@ def lend_rows(own: pd.DataFrame, lender: pd.DataFrame, cols: tuple[str, ...]) ->
     return own if lent.empty else pd.concat([own, lent], ignore_index=True) if not own.empty else lent
 
 
+def is_scaled(df: pd.DataFrame) -> bool:
+    """Whether ``df`` holds rows of another part scaled to this one (:func:`scale_to_part`)."""
+    return not df.empty and SCALED in df and bool(df[SCALED].notna().any())
+
+
 def part_scales(profile: str, lender: str) -> tuple[dict[str, float], float]:
-    """How much faster ``profile``'s part runs than ``lender``'s, a part on the same die (scaled_device_tables):
-    (per dtype, the lender's dense peak over this profile's, FLOP/s / FLOP/s; the ratio of HBM bandwidths, B/s / B/s).
+    """The factors a device time ``lender`` measured is multiplied by to be ``profile``'s, a part on the same die
+    (scaled_device_tables): (per dtype, the lender's dense peak over this profile's, FLOP/s / FLOP/s; the lender's
+    HBM bandwidth over this profile's, B/s / B/s).
     A lender's device time times these is this part's: same SMs and tensor-core lanes at other clocks, the
     datasheet peaks in the clocks' ratio. A dtype without a lane on either falls back to bf16's ratio."""
     from scaleplan.profiles import profile_file
@@ -170,15 +176,14 @@ def coverage(frames: dict[str, pd.DataFrame], law_source: str | None = None) -> 
     out = []
     for suite in SUITE_TABLE:
         df = frames.get(suite, pd.DataFrame())
-        scaled = not df.empty and SCALED in df and bool(df[SCALED].notna().any())
-        src = "composed" if scaled else "measured" if not df.empty else (
+        src = "composed" if is_scaled(df) else "measured" if not df.empty else (
             f"profile law ({law_source})" if suite == "dispatch" and law_source else "analytic")
         row = {"suite": suite, "components": SUITE_COMPONENTS[suite], "source": src, "from": {}}
         if not df.empty:
             cols = [c for c in DEVICE_SUITES.get(suite, ("collective", "layout")) if c in df.columns]
             for prof, g in df.groupby(FROM_PROFILE) if FROM_PROFILE in df.columns else [("?", df)]:
                 kinds = g.groupby(cols).size() if cols else pd.Series({"all": len(g)})
-                who = f"{prof} (scaled to this part)" if SCALED in g and g[SCALED].notna().any() else str(prof)
+                who = f"{prof} (scaled to this part)" if is_scaled(g) else str(prof)
                 row["from"][who] = {(" ".join(map(str, k)) if isinstance(k, tuple) else str(k)): int(n)
                                           for k, n in kinds.items()}
         die, dts = frames.get(SAME_DIE_GEMM, pd.DataFrame()), set(df["dtype"]) if "dtype" in df else set()
