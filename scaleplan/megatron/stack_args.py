@@ -17,6 +17,9 @@ from scaleplan.stack import ROUTER_DTYPES, Stack
 GROUPED_KERNEL_NOTE = ("grouped GEMM kernel: Transformer Engine >= 2.17 (cuBLASLt >= 13.3) with "
                        "NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM=1 in the environment of every rank (one grouped "
                        "GEMM per expert projection); without it TE runs one GEMM per local expert")
+CAPTURED_STEP_NOTE = ("full-iteration CUDA graph: the step must read no token count on the host; Megatron-Bridge's "
+                      "recipes add --moe-expert-rank-capacity-factor 1.5 with --moe-paged-stash (HybridEP buffers "
+                      "sized on the host) or the CuTe DSL fused grouped MLP, neither costed here")
 # Megatron-Core refuses delayed scaling with the moe_act / layernorm recompute (TransformerConfig.__post_init__)
 DELAYED_RECOMPUTE = ("super-selective",)
 
@@ -64,7 +67,7 @@ def stack_notes(stack: Stack, ckpt: str, precision: str) -> list[str]:
     if stack.recipe(precision) == "delayed" and ckpt in DELAYED_RECOMPUTE:
         raise SpecError("--layout ckpt", ckpt, "none, selective or full with stack.fp8_recipe delayed "
                         "(Megatron-Core refuses delayed scaling with the moe_act / layernorm recompute)")
-    return [GROUPED_KERNEL_NOTE] if stack.grouped_gemm == "grouped" else []
+    return [GROUPED_KERNEL_NOTE] * (stack.grouped_gemm == "grouped") + [CAPTURED_STEP_NOTE] * stack.captures_step()
 
 
 def _modules(value: Any) -> tuple[str, ...]:

@@ -262,6 +262,7 @@ def test_a_captured_step_round_trips_through_emit_and_log(run, tmp_path, validat
            "stack": {"cuda_graphs": ["full_iteration"], "nan_check": False, "dispatcher": "hybridep"}}
     emitted, r = _emit_and_read_back(run, tmp_path, doc)
     assert "--cuda-graph-impl full_iteration" in emitted and "--cuda-graph-modules" not in emitted
+    assert "full-iteration CUDA graph: the step must read no token count on the host" in emitted  # a comment line
     assert parse_spec(r["spec"]).stack == parse_spec(doc).stack
 
 
