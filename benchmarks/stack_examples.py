@@ -106,7 +106,8 @@ PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               # the 26.06 container's GB200 rows (CAPTURED_RUNS; the archive at v0.6.0)
                               "qwen3-30b-a3b mxfp8 8 GB200, 26.06, step captured": 40706,
                               "qwen3-235b-a22b mxfp8 256 GB200, 26.06, step captured": 7376,
-                              "deepseek-v3 mxfp8 256 GB200, 26.06, step captured": 4969}
+                              "deepseek-v3 mxfp8 256 GB200, 26.06, step captured": 4969,
+                              "gpt-oss-120b mxfp8 64 GB200, 26.06, step captured": 28947}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -192,13 +193,13 @@ GB200_RUNS = [
      Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=16,
             decoder_last_pipeline_num_layers=13)),
 ]
-# CAPTURED_RUNS: three GB200 jobs above as the 26.06 container runs them (Megatron-Bridge 0.5.0 GB200 FP8_MX
+# CAPTURED_RUNS: the four GB200 jobs above as the 26.06 container runs them (Megatron-Bridge 0.5.0 GB200 FP8_MX
 # workloads, the same layouts): the whole step one CUDA graph (cuda_graph_impl full_iteration; for Qwen3
 # set_full_iter_cg_configs: expert capacity 1.5 per rank, a paged activation stash), the all-to-all overlapped
 # (moe_a2a_overlap), and device changes scaleplan does not cost: the CuTe DSL fused grouped MLP
-# (cutedsl_fused_grouped_mlp) and, for Qwen3, FP8 attention (fp8_dot_product_attention). DeepSeek-V3's recompute
-# modules are mla_up_proj. No host launch is left: these rows read the device side alone, which the uncosted
-# changes make faster than costed here.
+# (cutedsl_fused_grouped_mlp) and, for Qwen3 and GPT-OSS, FP8 attention (fp8_dot_product_attention). DeepSeek-V3's
+# recompute modules are mla_up_proj; GPT-OSS runs MXFP8 (FP8_MX V2) with HybridEP and no recompute. No host launch
+# is left: these rows read the device side alone, which the uncosted changes make faster than costed here.
 CAPTURED = {"cuda_graphs": ["full_iteration"], "a2a_overlap": True, "shared_expert_overlap": False}
 CAPTURED_RUNS = [
     ("qwen3-30b-a3b mxfp8 8 GB200, 26.06, step captured", "qwen3-30b-a3b", QWEN_FP8, {**PUBLISHED_QWEN, **CAPTURED},
@@ -210,6 +211,9 @@ CAPTURED_RUNS = [
     ("deepseek-v3 mxfp8 256 GB200, 26.06, step captured", "deepseek-v3", DSV3, {**DSV3_2604, **CAPTURED}, GB200, 256,
      Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=16,
             decoder_last_pipeline_num_layers=13)),
+    ("gpt-oss-120b mxfp8 64 GB200, 26.06, step captured", "gpt-oss-120b", {**GPT_OSS, "model": {"precision": "fp8"}},
+     {**PUBLISHED_GPT_OSS, "fp8_recipe": "mxfp8", "fp8_param": True, "dispatcher": "hybridep", "recompute_modules": None,
+      **CAPTURED}, GB200, 64, Layout(ep=64, mbs=4, ckpt="none")),
 ]
 # the published rows' groups, in print order: (label, example names)
 GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
