@@ -106,3 +106,18 @@ def test_search_mem_fraction_caps_memory(recorded_db, run_json):
     assert all(r["mem_per_device_gb"] <= 0.6 * HBM_GB for r in low["top"])
     full = run_json(*SMALL_SEARCH, "--db", recorded_db, "--mem-fraction", "1")
     assert max(r["mem_per_device_gb"] for r in full["top"]) > 0.6 * HBM_GB  # the cap binds at 0.6
+
+
+def test_a_profile_reading_another_parts_rows_names_it(recorded_db, run_json, run, spec_file):
+    """GB200 has no run of its own; its tables are p6-b200's rows scaled to it: the provenance names that profile,
+    how its rows are read and its runs, and the human line no longer says all analytic."""
+    out = run_json("estimate", spec_file, "--devices", "32", "--db", recorded_db, "--profile", "p6e-gb200.36xlarge")
+    p = out[0]["provenance"]
+    assert p["table_runs"] == [] and [b["profile"] for b in p["borrowed"]] == [PROFILE]
+    assert p["borrowed"][0]["how"] == "scaled to this part"
+    assert {r["id"] for r in p["borrowed"][0]["table_runs"]} == {r["id"] for r in run_json(
+        "estimate", spec_file, "--devices", "32", "--db", recorded_db)[0]["provenance"]["table_runs"]}
+    code, text_out, err = run("estimate", spec_file, "--devices", "32", "--db", recorded_db, "--profile",
+                              "p6e-gb200.36xlarge")
+    assert code == 0, err
+    assert f"table runs: none; rows of {PROFILE} (scaled to this part)" in " ".join(text_out.split())
