@@ -18,7 +18,7 @@ from scaleplan.estimator.dispatch import (RUNTIME_SCALES, STACKS, UNTRACED_HOST_
                                           untraced_host_note)
 from scaleplan.estimator.model_dims import Geometry, geometry, structure
 from scaleplan.estimator.memory import RESERVE_BYTES, STAGES, StageMemory, allocated_reserved, memory_breakdown, state_bytes
-from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout
+from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout, stack_rules
 from scaleplan.estimator.best_plans import best_of_batch
 from scaleplan.estimator.model import ChiCoefficients, DispatchLaw, Evaluation, TimeModel
 from scaleplan.estimator.placement import plans_domain
@@ -144,9 +144,10 @@ class Estimator:
 
     def runnable(self, c: PlanConstraints) -> PlanConstraints:
         """``c`` restricted to the plans this estimator's training stack runs (Megatron-Core refuses some layouts
-        under --overlap-moe-expert-parallel-comm: estimator/layout.py's a2a_overlap rules)."""
-        a2a = self.training_stack.a2a_overlap
-        return c if c.a2a_overlap == a2a else dataclasses.replace(c, a2a_overlap=a2a)
+        under --overlap-moe-expert-parallel-comm or per-layer CUDA graphs: estimator/layout.py's stack
+        rules)."""
+        facts = stack_rules(self.training_stack)
+        return c if all(getattr(c, k) == v for k, v in facts.items()) else dataclasses.replace(c, **facts)
 
     @classmethod
     def from_frames(cls, profile: str | ClusterProfile, frames: dict[str, pd.DataFrame],
@@ -293,7 +294,8 @@ class Estimator:
         g = geometry(spec.model)
         plans = layouts if isinstance(layouts, ParallelLayout) else \
             ParallelLayout.from_specs(layouts or [spec.default_layout()], n_devices)
-        plans.validate(LayoutContext(g, n_devices, spec.data.gbs, spec.data.seqlen, a2a_overlap=spec.stack.a2a_overlap))
+        ctx = LayoutContext(g, n_devices, spec.data.gbs, spec.data.seqlen, **stack_rules(spec.stack))
+        plans.validate(ctx)
         plans = resolve_split(g, plans)  # the uneven split the results state and the arguments emit
         ev = est.model.evaluate(g, plans, spec.data.gbs, spec.data.seqlen, spec.optimizer.optimizer_type,
                                 stack=spec.stack)

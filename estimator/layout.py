@@ -24,6 +24,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -34,6 +35,9 @@ from scaleplan.estimator.sources import distinct
 
 from scaleplan.errors import SpecError
 from scaleplan.specs import Layout
+
+if TYPE_CHECKING:
+    from scaleplan.stack import Stack
 
 # group -> (stride between its ranks, its size) in Megatron-Core's rank order (module docstring)
 GROUPS: dict[str, Callable[[ParallelLayout], tuple[np.ndarray, np.ndarray]]] = {
@@ -261,6 +265,14 @@ class LayoutContext:
     fold_experts: bool = True
     uneven_stages: bool = True
     a2a_overlap: bool = False  # the stack runs --overlap-moe-expert-parallel-comm (Stack.a2a_overlap)
+    layer_graphs: bool = False  # the stack captures per-layer CUDA graphs (cuda_graphs but full_iteration)
+
+
+def stack_rules(stack: Stack) -> dict[str, bool]:
+    """The facts of a training stack (a :class:`~scaleplan.stack.Stack`) that Megatron-Core's layout rules
+    read, as :class:`LayoutContext` and PlanConstraints name them."""
+    layer_graphs = bool(stack.cuda_graphs) and not stack.captures_step()
+    return {"a2a_overlap": stack.a2a_overlap, "layer_graphs": layer_graphs}
 
 
 @dataclass(frozen=True)
@@ -404,6 +416,14 @@ for _name, _field, _allowed, _ok in (
         ("a2a_overlap_not_full", "ckpt", "not full under stack.a2a_overlap (Megatron-Core's rule)",
          lambda lo: lo.ckpt != CkptMode.FULL.value)):
     rule(_name, _field, _allowed, geometric=False)(lambda lo, c, ok=_ok: ok(lo) | (not c.a2a_overlap))
+
+
+# core_v0.19.0 TransformerConfig.__post_init__: with CUDA graphs, recompute_granularity full only under
+# cuda_graph_impl full_iteration ("full recompute is only supported with full iteration CUDA graph")
+@rule("layer_graphs_not_full", "ckpt", "not full under per-layer stack.cuda_graphs (Megatron-Core: full "
+      "recompute only with cuda_graphs full_iteration)", geometric=False)
+def _layer_graphs(lo, c):
+    return (lo.ckpt != CkptMode.FULL.value) | (not c.layer_graphs)
 
 
 @rule("heads_not_divisible_by_tp", "tp", "must divide n_q_heads={n_q_heads}")

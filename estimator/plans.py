@@ -58,6 +58,7 @@ class PlanConstraints:
     fold_experts: bool = False
     uneven_stages: bool = False
     a2a_overlap: bool = False  # only the plans --overlap-moe-expert-parallel-comm runs (the Estimator's stack sets it)
+    layer_graphs: bool = False  # only what per-layer CUDA graphs run (no full recompute; set by the stack)
 
 
 def _divisors(n: int) -> list[int]:
@@ -122,7 +123,8 @@ def _enumerate(g: Geometry, n_devices: int, gbs: int, c: PlanConstraints,
                seqlen: int | None = None) -> tuple[ParallelLayout, dict[str, int], int]:
     axes = plan_axes(n_devices, c)
     # the paper's P_disc unless asked for more: the expert mesh inside DP, the layers split evenly
-    ctx = LayoutContext(g, n_devices, gbs, seqlen, c.fold_experts, c.uneven_stages, c.a2a_overlap)
+    ctx = LayoutContext(g, n_devices, gbs, seqlen, c.fold_experts, c.uneven_stages, c.a2a_overlap,
+                        c.layer_graphs)
     plans, counts, total = enumerate_grid(axes, ctx)
     return resolve_split(g, plans), counts, total  # an uneven split stated where the even one does not exist
 

@@ -203,7 +203,7 @@ def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bo
     rules (:data:`~scaleplan.estimator.layout.RULES`) judge the plans; a broken one raises SpecError naming
     where the degree came from (the --layout text or the spec file).
     """
-    from scaleplan.estimator.layout import MODEL_PARALLEL, LayoutContext, ParallelLayout
+    from scaleplan.estimator.layout import MODEL_PARALLEL, LayoutContext, ParallelLayout, stack_rules
     from scaleplan.estimator.model_dims import geometry
 
     base = spec.default_layout()
@@ -217,7 +217,7 @@ def what_if_layouts(spec, spec_path, n: int, texts: list[str], devices_given: bo
     plans = ParallelLayout.from_specs(los, n)
     # the mesh first, then a batch no dp divides: its hint names a layout that passes every rule
     v = plans.first_violation(LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen,
-                                            a2a_overlap=spec.stack.a2a_overlap),
+                                            **stack_rules(spec.stack)),
                               prefer=("mesh_not_dividing_devices", "gbs_not_divisible"))
     if v is not None:
         text, lo = (texts or [None])[v.plan], los[v.plan]

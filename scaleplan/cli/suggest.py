@@ -42,10 +42,10 @@ def _grid(spec, want, n: int):
 
 
 def _valid(spec, lay, n: int) -> np.ndarray:
-    from scaleplan.estimator.layout import LayoutContext
+    from scaleplan.estimator.layout import LayoutContext, stack_rules
     from scaleplan.estimator.model_dims import geometry
 
-    ctx = LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen, a2a_overlap=spec.stack.a2a_overlap)
+    ctx = LayoutContext(geometry(spec.model), n, spec.data.gbs, spec.data.seqlen, **stack_rules(spec.stack))
     return lay.rule_codes(ctx) == 0
 
 

@@ -33,3 +33,27 @@ def test_a_captured_step_is_the_gpus_work_alone(recorded_db):
     # and it is what the per-layer stack comes to as its host cost vanishes (the host-free scale of the estimator)
     assert step.t_iter_s == pytest.approx(_est(recorded_db, LAYERS, "none", host_scale=1e-9).t_iter_s, rel=1e-6)
 
+
+
+
+def test_per_layer_graphs_refuse_full_recompute_and_a_captured_step_takes_it(recorded_db):
+    """core_v0.19.0 TransformerConfig: with CUDA graphs, full recompute only under full_iteration. A layout asking
+    for it under per-layer graphs is one line naming ckpt, and a search under them never enumerates it; a captured
+    step runs it."""
+    from scaleplan.errors import SpecError
+    from scaleplan.estimator.layout import LayoutContext, ParallelLayout, stack_rules
+    from scaleplan.estimator.model_dims import geometry
+    from scaleplan.estimator.plans import PlanConstraints
+
+    with pytest.raises(SpecError) as e:
+        _est(recorded_db, LAYERS, "full")
+    assert e.value.field.endswith("ckpt") and "full_iteration" in str(e.value) and "\n" not in str(e.value)
+    assert _est(recorded_db, STEP, "full").t_iter_s > 0
+    spec = parse_spec({"model": MODEL, "data": {"gbs": 64, "seqlen": 4096}, "stack": LAYERS})
+    plans = ParallelLayout.from_specs([Layout(ep=8, mbs=1, ckpt=m) for m in ("none", "full")], 8)
+    why = plans.reasons(LayoutContext(geometry(spec.model), 8, 64, 4096, **stack_rules(spec.stack)))
+    assert list(why) == [None, "layer_graphs_not_full"]
+    est = Estimator(B200, recorded_db, use_calibration=False)
+    assert est.for_stack(spec.stack, "bf16").runnable(PlanConstraints()).layer_graphs
+    captured = parse_spec({"model": MODEL, "data": {"gbs": 64, "seqlen": 4096}, "stack": STEP}).stack
+    assert not est.for_stack(captured, "bf16").runnable(PlanConstraints()).layer_graphs
