@@ -263,8 +263,11 @@ _IGNORED = {
 
 
 def stack_features(m: ModelBlock) -> dict[str, bool]:
-    """The model features the stack's rules read (scaleplan.stack.check_for_model): MLA, a shared expert."""
-    return {"mla": m.mla is not None, "shared_expert": bool(m.moe and m.moe.shared_expert_inter_sz)}
+    """The model features the stack's rules read (scaleplan.stack.check_for_model): MLA, a shared expert, a dense
+    (non-MoE) block."""
+    moe = m.moe
+    dense = moe is None or moe.first_dense_layers > 0 or moe.moe_frequency > 1
+    return {"mla": m.mla is not None, "shared_expert": bool(moe and moe.shared_expert_inter_sz), "dense_block": dense}
 
 
 class Spec(BaseModel):

@@ -110,6 +110,11 @@ class Stack(BaseModel):
                 raise FieldCheck(name, list(mods), "each module at most once")
         if "moe_preprocess" in self.cuda_graphs and "moe_router" not in self.cuda_graphs:
             raise FieldCheck("cuda_graphs", list(self.cuda_graphs), "moe_preprocess only together with moe_router")
+        if {"moe", "moe_router"} <= set(self.cuda_graphs):  # core_v0.19.0 TransformerConfig.__post_init__
+            raise FieldCheck("cuda_graphs", list(self.cuda_graphs), "moe or moe_router, not both (Megatron-Core)")
+        if "moe_router" in self.cuda_graphs and "moe" in (self.recompute_modules or ()):
+            raise FieldCheck("recompute_modules", list(self.recompute_modules or ()), "without moe while moe_router "
+                             "is captured (Megatron-Core refuses moe recompute with the router's CUDA graph)")
         if self.a2a_overlap and self.shared_expert_overlap:
             raise FieldCheck("a2a_overlap", True, "true only with shared_expert_overlap: false (Megatron-Core "
                              "refuses --overlap-moe-expert-parallel-comm with --moe-shared-expert-overlap)")
@@ -186,12 +191,13 @@ _DEFAULTS = {name: getattr(PAPER_STACK, name) for name in Stack.model_fields}
 
 
 def check_for_model(stack: Stack, precision: str, capacity_factor: float | None, *, mla: bool = False,
-                    shared_expert: bool = False) -> None:
+                    shared_expert: bool = False, dense_block: bool = True) -> None:
     """Cross-field rules between the stack and the model. Raises SpecError (one line): an FP8 recipe or FP8
     weights on a model that is not FP8; the grouped GEMM kernel with a recipe TE runs per expert; a captured
     MoE layer ("moe") without a capacity factor (Megatron-Core captures whole MoE layers only when they drop
-    and pad: CudaGraphModule.moe); a recompute module Megatron-Core refuses for this model and stack
-    (:func:`check_recompute`). ``mla``: the model has multi-latent attention; ``shared_expert``: a shared expert."""
+    and pad: CudaGraphModule.moe); a captured dense MLP ("mlp") on a model without a dense block; a recompute
+    module Megatron-Core refuses for this model and stack (:func:`check_recompute`). ``mla``: the model has
+    multi-latent attention; ``shared_expert``: a shared expert; ``dense_block``: a block without experts."""
     if precision != "fp8" and stack.fp8_recipe is not None:
         raise SpecError("stack.fp8_recipe", stack.fp8_recipe, "set only with model.precision fp8")
     if precision != "fp8" and stack.fp8_param:
@@ -200,6 +206,9 @@ def check_for_model(stack: Stack, precision: str, capacity_factor: float | None,
         raise SpecError("stack.grouped_gemm", "grouped", f"per_expert with the {stack.recipe(precision)} recipe: "
                         "TE's grouped-tensor path runs bf16, tensorwise and mxfp8 only and falls back to one GEMM "
                         "per expert otherwise (is_module_grouped_tensor_path_supported)")
+    if "mlp" in stack.cuda_graphs and not dense_block:  # core_v0.19.0: "mlp cuda graph is only supported for dense"
+        raise SpecError("stack.cuda_graphs", "mlp", "a capture of dense MLPs needs a dense block (model.moe."
+                        "first_dense_layers > 0 or moe_frequency > 1); capture moe_router and moe_preprocess instead")
     if "moe" in stack.cuda_graphs and (capacity_factor is None or capacity_factor == 1.0):
         raise SpecError("stack.cuda_graphs", "moe", "a whole MoE layer is captured only with drop-and-pad "
                         "(model.moe.capacity_factor != 1); capture moe_router and moe_preprocess instead")

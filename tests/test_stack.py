@@ -52,6 +52,10 @@ def test_an_fp8_model_defaults_to_current_scaling_and_the_key_names_only_departu
      "stack.cuda_graphs", ["full_iteration", "attn"]),
     ({"cuda_graphs": ["full_iteration"], "dispatcher": "hybridep"}, "bf16", "stack.nan_check", True),
     ({"cuda_graphs": ["full_iteration"], "nan_check": False}, "bf16", "stack.dispatcher", "alltoall"),
+    # core_v0.19.0 TransformerConfig: the whole MoE layer or its router, not both; no MoE recompute under the
+    # router's graph
+    ({"cuda_graphs": ["moe", "moe_router"]}, "bf16", "stack.cuda_graphs", ["moe", "moe_router"]),
+    ({"cuda_graphs": ["moe_router"], "recompute_modules": ["moe"]}, "bf16", "stack.recompute_modules", ["moe"]),
 ])
 def test_a_bad_stack_is_one_line_naming_the_field_and_value(stack, precision, field, value):
     with pytest.raises(SpecError) as e:
@@ -81,3 +85,12 @@ def test_a_captured_step_is_a_stack_of_its_own():
     s = _spec({"cuda_graphs": ["full_iteration"], "nan_check": False, "dispatcher": "hybridep"}).stack
     assert s.captures_step() and not _spec({"cuda_graphs": ["attn"]}).stack.captures_step()
     assert s.key() == "megatron[dispatcher=hybridep,cuda_graphs=full_iteration,nan_check=false]"
+
+
+def test_a_dense_mlp_graph_needs_a_dense_block():
+    """core_v0.19.0: "mlp cuda graph is only supported for dense layers": refused where every block is MoE, taken
+    where the first block is dense (MODEL's default first_dense_layers 1)."""
+    assert _spec({"cuda_graphs": ["attn", "mlp"]}).stack.cuda_graphs == ("attn", "mlp")
+    with pytest.raises(SpecError) as e:
+        _spec({"cuda_graphs": ["mlp"]}, first_dense_layers=0)
+    assert e.value.field == "stack.cuda_graphs" and e.value.value == "mlp" and "\n" not in str(e.value)
