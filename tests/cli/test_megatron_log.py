@@ -263,6 +263,9 @@ def test_a_captured_step_round_trips_through_emit_and_log(run, tmp_path, validat
     emitted, r = _emit_and_read_back(run, tmp_path, doc)
     assert "--cuda-graph-impl full_iteration" in emitted and "--cuda-graph-modules" not in emitted
     assert "full-iteration CUDA graph: the step must read no token count on the host" in emitted  # a comment line
+    ns, _ = mlm.parse(mlm.argv(emitted))  # the flags against Megatron-LM's flag table of the targeted version
+    assert ns["cuda_graph_impl"] == "full_iteration" and ns["check_for_nan_in_loss_and_grad"] is False
+    assert ns["moe_flex_dispatcher_backend"] == "hybridep"
     assert parse_spec(r["spec"]).stack == parse_spec(doc).stack
 
 
