@@ -12,6 +12,7 @@ from scaleplan.estimator import compose, floors
 from scaleplan.estimator.tables import COMPOSED, CollectiveTable, GridTable, Tables, fill_grid
 
 from scaleplan.db.measurements import (
+    BORROWED_ROWS,
     FROM_PROFILE,
     SAME_DIE_GEMM,
     SCALED,
@@ -417,9 +418,10 @@ def cached_tables(url: str, profile: str, peak_flops: float) -> Tables:
     from scaleplan.db.state_cache import cached_read
 
     # the profiles it borrows rows from are part of the key: an edited profile YAML rebuilds its tables
-    named = tuple(named_profiles(profile, f) for f in ("device_tables", "fp8_ratio_tables", "scaled_device_tables"))
+    named = tuple(named_profiles(profile, f) for f in BORROWED_ROWS)
     # an edited datasheet rescales: the factors are part of the key
-    named += tuple((tuple(sorted(peak.items())), hbm) for peak, hbm in (part_scales(profile, p) for p in named[-1]))
+    scales = (part_scales(profile, p) for p in named_profiles(profile, "scaled_device_tables"))
+    named += tuple((tuple(sorted(peak.items())), hbm) for peak, hbm in scales)
     tb = cached_read("tables", url, (profile, peak_flops, named), TABLE_MODULES,
                      lambda: build_tables(profile, load_frames(url, profile), peak_flops),
                      valid=lambda v: isinstance(v, Tables))

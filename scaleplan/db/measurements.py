@@ -25,6 +25,10 @@ DEVICE_SUITES = {"gemm": ("dtype",), "grouped_gemm": ("dtype",), "sdpa": ("backe
 FROM_PROFILE = "from_profile"
 # the frame of the dense GEMM rows of the profile's ``fp8_ratio_tables`` (GPUs on the same die)
 SAME_DIE_GEMM = "gemm_fp8_ratio"
+# the profile fields naming other profiles whose rows a profile's tables may read, and how each is read (the table
+# cache's key, db coverage, an answer's provenance)
+BORROWED_ROWS = {"device_tables": "lent", "fp8_ratio_tables": "FP8 / bf16 ratio",
+                 "scaled_device_tables": "scaled to this part"}
 # the column of a row lent by a ``scaled_device_tables`` profile: the factor its times were scaled by
 SCALED = "time_scale"
 # the time columns of each device suite's rows, and the suites whose kernels run at the tensor cores' rate (scaled
@@ -183,13 +187,13 @@ def coverage(frames: dict[str, pd.DataFrame], law_source: str | None = None) -> 
             cols = [c for c in DEVICE_SUITES.get(suite, ("collective", "layout")) if c in df.columns]
             for prof, g in df.groupby(FROM_PROFILE) if FROM_PROFILE in df.columns else [("?", df)]:
                 kinds = g.groupby(cols).size() if cols else pd.Series({"all": len(g)})
-                who = f"{prof} (scaled to this part)" if is_scaled(g) else str(prof)
+                who = f"{prof} ({BORROWED_ROWS['scaled_device_tables']})" if is_scaled(g) else str(prof)
                 row["from"][who] = {(" ".join(map(str, k)) if isinstance(k, tuple) else str(k)): int(n)
                                           for k, n in kinds.items()}
         die, dts = frames.get(SAME_DIE_GEMM, pd.DataFrame()), set(df["dtype"]) if "dtype" in df else set()
         if suite == "gemm" and not die.empty and "bf16" in dts and "fp8" not in dts:
             for prof, g in die.groupby(FROM_PROFILE):
-                row["from"][f"{prof} (FP8 / bf16 ratio)"] = {str(k): int(n) for k, n in g.groupby("dtype").size().items()}
+                row["from"][f"{prof} ({BORROWED_ROWS['fp8_ratio_tables']})"] = {str(k): int(n) for k, n in g.groupby("dtype").size().items()}
         out.append(row)
     return out
 

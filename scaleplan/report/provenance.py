@@ -123,21 +123,18 @@ def _read_table_runs(url: str, profile: str) -> list[dict[str, Any]]:
              "source_file": r[5], "n_points": counts[r[0]]} for r in rows if r[0] in counts]
 
 
-# the profile fields naming other profiles whose rows its tables may read, and how they read them
-BORROWED = {"device_tables": "lent", "fp8_ratio_tables": "FP8 / bf16 ratio", "scaled_device_tables":
-            "scaled to this part"}
-
-
 def provenance(est) -> dict[str, Any]:
     """What ``est`` computes from: profile, extrapolate mode, calibration rows in force (empty list:
     uncalibrated, chi_sys = 1 and the profile's dispatch law), the dispatch law's source, the table runs, and
-    ``borrowed``: the other profiles its tables may read rows of (:data:`BORROWED`), each with how and its runs."""
+    ``borrowed``: the other profiles its tables may read rows of (measurements.BORROWED_ROWS), each with how and
+    its runs."""
+    from scaleplan.db.measurements import BORROWED_ROWS
     from scaleplan.db.session import resolve_url
 
     url = resolve_url(est.db_url)
     cals = calibrations(url, _calibration_ids(est))
     borrowed = [{"profile": other, "how": how, "table_runs": table_runs(url, other)}
-                for field, how in BORROWED.items() for other in getattr(est.profile, field, ())]
+                for field, how in BORROWED_ROWS.items() for other in getattr(est.profile, field, ())]
     return {"profile": est.profile.name, "extrapolate": est.extrapolate,
             "calibration": cals, "calibration_used": bool(cals),
             "dispatch_law": str(getattr(est.dispatch, "source", "default")),
