@@ -21,7 +21,10 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
    container's stack (:data:`OTHER_LAYOUTS`): DeepSeek-V3 at PP 16 EP 8, GPT-OSS-120B at EP 64 (eight nodes),
    Qwen3-30B-A3B at micro-batch 1. Their MAPE is printed apart from the seven 26.04.01 rows and with them.
 6. The same table's GB200 runs of these models (:data:`GB200_RUNS`), on a profile with no measured table; a job of
-   256 GB200 takes 64 GPUs of each rack, as the launcher's --segment places it (ClusterProfile.job_domain).
+   256 GB200 takes 64 GPUs of each rack, as the launcher's --segment places it (ClusterProfile.job_domain); and the
+   26.06 container's GB200 runs, the whole step one CUDA graph (:data:`CAPTURED_RUNS`).
+7. Qwen3-30B-A3B on 16 H100 in bf16 as Megatron-Bridge's controlled comparisons measured it (:data:`H100_RUNS`):
+   HybridEP or the all-to-all dispatcher, the all-to-all overlapped or not, CUDA graphs or eager.
 
 Then a diagnostic scan, applied to nothing: every published row with the dispatch law's host seconds scaled by
 a factor f (:func:`host_scan`), which shows how much of each row's error the host side can account for.
@@ -215,12 +218,39 @@ CAPTURED_RUNS = [
      {**PUBLISHED_GPT_OSS, "fp8_recipe": "mxfp8", "fp8_param": True, "dispatcher": "hybridep", "recompute_modules": None,
       **CAPTURED}, GB200, 64, Layout(ep=64, mbs=4, ckpt="none")),
 ]
+# H100_RUNS: Qwen3-30B-A3B on 16 H100 (two nodes: EP 16 spans them), bf16, micro-batch 1, global batch 1024, sequence
+# 4096, routing forced to balance, as Megatron-Bridge's own controlled comparisons measured them, each published as
+# seconds per step (NVIDIA-NeMo/Megatron-Bridge v0.6.0 skills/nemo-mbridge-perf-moe-comm-overlap and
+# -perf-cuda-graphs; docs/training/cuda-graphs.md, PR #3868):
+# * the H100 BF16 V1 workload (HybridEP, TE CUDA graphs over moe_router and moe_preprocess), the all-to-all not
+#   overlapped and overlapped (--overlap-moe-expert-parallel-comm, delayed wgrad off; 2026-07-25, iterations 5-20 and
+#   41-50); its rank-0 Nsight profile: 463,348 kernels and 22.821 s of GPU-active time in the 24.71 s step;
+# * the all-to-all dispatcher, permute fusion off, no CUDA graphs, not overlapped and overlapped (2026-05-18,
+#   iterations 3-8); and with TE graphs over attn, moe_router and moe_preprocess (replay iterations 5-8: 42.00 s,
+#   against 41.36 s eager in the same comparison).
+BF16_H100 = {"model": {"precision": "bf16"}, "data": {"gbs": 1024, "seqlen": 4096, "microbatch_sz": 1}}
+H100_HYBRIDEP = {"dispatcher": "hybridep", "cuda_graphs": ["moe_router", "moe_preprocess"], "permute_fusion": True,
+                 "router_fusion": True, "grads_fp32": False, "cross_entropy": "te", "nan_check": False,
+                 "router_dtype": "model"}
+H100_ALLTOALL = {**{k: v for k, v in H100_HYBRIDEP.items() if k not in ("dispatcher", "cuda_graphs")},
+                 "permute_fusion": False}
+EP_OVERLAP = {"a2a_overlap": True, "shared_expert_overlap": False}
+H100_EP16 = ("qwen3-30b-a3b", BF16_H100)
+H100_RUNS = [(name, *H100_EP16, stack, "p5.48xlarge", 16, Layout(ep=16, mbs=1, ckpt="none")) for name, stack in (
+    ("qwen3-30b-a3b bf16 16 H100, HybridEP", H100_HYBRIDEP),
+    ("qwen3-30b-a3b bf16 16 H100, HybridEP, a2a overlap", {**H100_HYBRIDEP, **EP_OVERLAP}),
+    ("qwen3-30b-a3b bf16 16 H100, all-to-all, eager", H100_ALLTOALL),
+    ("qwen3-30b-a3b bf16 16 H100, all-to-all, eager, a2a overlap", {**H100_ALLTOALL, **EP_OVERLAP}),
+    ("qwen3-30b-a3b bf16 16 H100, all-to-all, CUDA graphs", {**H100_ALLTOALL,
+                                                            "cuda_graphs": ["attn", "moe_router", "moe_preprocess"]}))]
+PUBLISHED_STEP_S = dict(zip((r[0] for r in H100_RUNS), (24.7138, 20.992, 41.25, 31.31, 42.00)))
 # the published rows' groups, in print order: (label, example names)
 GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("the archive's other B200 layouts", [e[0] for e in OTHER_LAYOUTS]),
           ("GB200, kernels from the B200's rows scaled", [e[0] for e in GB200_RUNS]),
           ("GB200 26.06, the step captured (fused grouped MLP, FP8 attention not costed)",
-           [e[0] for e in CAPTURED_RUNS]))
+           [e[0] for e in CAPTURED_RUNS]),
+          ("H100, Megatron-Bridge's controlled comparisons (seconds per step)", [e[0] for e in H100_RUNS]))
 
 
 def _spec(model: str, over: dict, stack: dict, profile: str):
@@ -234,13 +264,13 @@ def _spec(model: str, over: dict, stack: dict, profile: str):
 
 def run(db: str | None, host_scale: float | None = None) -> list[dict]:
     out = []
-    for name, model, over, stack, profile, n, layout in EXAMPLES + OTHER_LAYOUTS + GB200_RUNS + CAPTURED_RUNS:
+    for name, model, over, stack, profile, n, layout in EXAMPLES + OTHER_LAYOUTS + GB200_RUNS + CAPTURED_RUNS + H100_RUNS:
         spec = _spec(model, over, stack, profile)
         est = Estimator(profile, db, use_calibration=False, host_scale=host_scale)
         r = est.estimate(spec, n, [layout])[0]
         top = sorted(r.breakdown_s.items(), key=lambda kv: -kv[1])[:6]
         tok = PUBLISHED_TOKENS_PER_GPU_S.get(name)
-        published = spec.data.gbs * spec.data.seqlen / (n * tok) if tok else None
+        published = spec.data.gbs * spec.data.seqlen / (n * tok) if tok else PUBLISHED_STEP_S.get(name)
         out.append({"example": name, "t_iter_s": r.t_iter_s, "published_t_iter_s": published, "mfu": r.mfu,
                     "feasible": r.feasible,
                     "mem_gb": r.mem_per_device_gb, "mem_breakdown_gb": r.mem_breakdown_gb,
