@@ -221,7 +221,7 @@ CAPTURED_RUNS = [
 # H100_RUNS: Qwen3-30B-A3B on 16 H100 (two nodes: EP 16 spans them), bf16, micro-batch 1, global batch 1024, sequence
 # 4096, routing forced to balance, as Megatron-Bridge's own controlled comparisons measured them, each published as
 # seconds per step (NVIDIA-NeMo/Megatron-Bridge v0.6.0 skills/nemo-mbridge-perf-moe-comm-overlap and
-# -perf-cuda-graphs; docs/training/cuda-graphs.md, PR #3868):
+# -perf-cuda-graphs; its CUDA-graphs training doc, PR #3868):
 # * the H100 BF16 V1 workload (HybridEP, TE CUDA graphs over moe_router and moe_preprocess), the all-to-all not
 #   overlapped and overlapped (--overlap-moe-expert-parallel-comm, delayed wgrad off; 2026-07-25, iterations 5-20 and
 #   41-50); its rank-0 Nsight profile: 463,348 kernels and 22.821 s of GPU-active time in the 24.71 s step;
