@@ -418,7 +418,7 @@ def cached_tables(url: str, profile: str, peak_flops: float) -> Tables:
     from scaleplan.db.state_cache import cached_read
 
     # the profiles it borrows rows from are part of the key: an edited profile YAML rebuilds its tables
-    named = tuple(named_profiles(profile, f) for f in BORROWED_ROWS)
+    named = tuple(named_profiles(profile, f) for f in (*BORROWED_ROWS, "device_tables_first"))
     # an edited datasheet rescales: the factors are part of the key
     scales = (part_scales(profile, p) for p in named_profiles(profile, "scaled_device_tables"))
     named += tuple((tuple(sorted(peak.items())), hbm) for peak, hbm in scales)

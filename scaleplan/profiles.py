@@ -21,6 +21,9 @@ from scaleplan.yamlio import load_yaml
 # The most nodes a profile can mean (2^16: 524,288 GPUs at 8 per node, beyond any cluster built so far).
 # A profile may set a lower ``max_nodes``; the local machine (cpu-local) is one node.
 MAX_NODES = 65_536
+# the suites that measure one device alone, which device_tables may lend (scaleplan.db.measurements.DEVICE_SUITES
+# says what tells one kind of their rows from another)
+DeviceSuite = Literal["gemm", "grouped_gemm", "sdpa", "router", "elementwise", "vocab", "allocator"]
 
 
 class DispatchDefaults(BaseModel):
@@ -78,6 +81,10 @@ class ClusterProfile(BaseModel):
     # element-wise, vocabulary, allocator) fill the kinds of rows this node type's own runs lack
     # (scaleplan.db.measurements.load_frames); never the host (dispatch) or fabric (collectives) rows
     device_tables: tuple[str, ...] = ()
+    # suites (of measurements.DEVICE_SUITES) in which the device_tables' rows come first: of every kind they hold,
+    # this node type's own rows are not read. For a node type whose recorded rows of a suite time each call with
+    # host work in it and whose device_tables measured the same GPU's device time (p5.48xlarge: dense GEMMs)
+    device_tables_first: tuple[DeviceSuite, ...] = ()
     # profiles of another GPU on this GPU's die (:data:`DIES`: an H200 for an H100) whose measured dense FP8
     # and bf16 GEMM rows give, where this profile has no FP8 rows, its FP8 GEMM table: its bf16 table times
     # their FP8 / bf16 device-time ratio at each shape (estimator/table_build.py)
@@ -226,7 +233,11 @@ def profile_file(name: str) -> ClusterProfile:
 
 def _check_device_tables(prof: ClusterProfile, file: str) -> None:
     """Each of ``prof.device_tables`` is another known profile of the same GPU model (a table of another
-    GPU would stand in for this one's). Raises SpecError naming the first that is not."""
+    GPU would stand in for this one's), and ``prof.device_tables_first`` names suites only where some profile
+    lends them. Raises SpecError naming the first that is not."""
+    if prof.device_tables_first and not prof.device_tables:
+        raise SpecError(f"profile {file}: device_tables_first", ", ".join(prof.device_tables_first),
+                        "suites some profile in device_tables lends (it names none)")
     for other in prof.device_tables:
         if other == prof.name or other not in profile_names():
             raise SpecError(f"profile {file}: device_tables", other, "another built-in profile")

@@ -13,11 +13,12 @@ SUITE_TABLE = {"gemm": "gemm_point", "grouped_gemm": "grouped_gemm_point", "sdpa
                "collectives": "collective_point", "dispatch": "dispatch_point",
                "allocator": "allocator_point"}
 
-# The suites that measure one device alone, and the columns that tell one kind of row from another in
-# each. A profile's ``device_tables`` lend their rows of a kind the profile has none of: an 8-GPU node
-# type whose own runs measured only dense GEMMs takes its grouped GEMMs, attention, router, element-wise,
-# vocabulary and allocator rows from a single-GPU machine of the same GPU. Not lent: dispatch (the host
-# CPU and driver set the launch gap) and collectives (the fabric).
+# The suites that measure one device alone (scaleplan.profiles.DeviceSuite), and the columns that tell one kind
+# of row from another in each. A profile's ``device_tables`` lend their rows of a kind the profile has none of
+# (or, in its ``device_tables_first`` suites, of every kind they hold): an 8-GPU node type whose own runs measured
+# only dense GEMMs takes its grouped GEMMs, attention, router, element-wise, vocabulary and allocator rows from a
+# single-GPU machine of the same GPU. Not lent: dispatch (the host CPU and driver set the launch gap) and
+# collectives (the fabric).
 DEVICE_SUITES = {"gemm": ("dtype",), "grouped_gemm": ("dtype",), "sdpa": ("backend", "dtype"),
                  "router": ("variant", "dtype"), "elementwise": ("op", "dtype"), "vocab": ("op", "dtype"),
                  "allocator": ()}
@@ -114,7 +115,8 @@ def scale_to_part(df: pd.DataFrame, suite: str, scales: tuple[dict[str, float], 
 
 def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
     """Read every measurement table of ``profile`` (OK rows), with the kinds of device rows it lacks lent
-    by its ``device_tables`` profiles (:func:`lend_rows`); each row says whose it is in
+    by its ``device_tables`` profiles (:func:`lend_rows`), or in its ``device_tables_first`` suites the lenders'
+    kinds in place of its own; each row says whose it is in
     :data:`FROM_PROFILE`. Also the dense GEMM rows of its ``fp8_ratio_tables`` profiles (:data:`SAME_DIE_GEMM`).
     Missing schema -> empty frames."""
     from sqlalchemy import inspect
@@ -128,7 +130,7 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
 
     run_cols = run_columns_sql({c["name"] for c in inspect(eng).get_columns("bench_run")}) \
         if "bench_run" in names else ""
-    lenders = named_profiles(profile, "device_tables")
+    lenders, first = named_profiles(profile, "device_tables"), named_profiles(profile, "device_tables_first")
     parts = [(other, part_scales(profile, other)) for other in named_profiles(profile, "scaled_device_tables")]
     with eng.connect() as conn:
         for suite, table in SUITE_TABLE.items():
@@ -137,7 +139,8 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
                 if have else pd.DataFrame()
             for other in lenders if have and suite in DEVICE_SUITES else ():
                 theirs = _read_suite(conn, table, other, run_cols).assign(**{FROM_PROFILE: other})
-                out[suite] = lend_rows(out[suite], theirs, DEVICE_SUITES[suite])
+                out[suite] = lend_rows(theirs, out[suite], DEVICE_SUITES[suite]) if suite in first \
+                    else lend_rows(out[suite], theirs, DEVICE_SUITES[suite])
             for other, scales in parts if have and suite in DEVICE_SUITES else ():  # after the measured lenders
                 theirs = scale_to_part(_read_suite(conn, table, other, run_cols), suite, scales)
                 out[suite] = lend_rows(out[suite], theirs.assign(**{FROM_PROFILE: other}), DEVICE_SUITES[suite])
@@ -150,8 +153,8 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
 
 
 def named_profiles(profile: str, field: str) -> tuple[str, ...]:
-    """The profiles a built-in profile or profile YAML names in ``field`` (``device_tables``,
-    ``fp8_ratio_tables``); none for a name no profile file has."""
+    """What a built-in profile or profile YAML names in ``field`` (the profiles of ``device_tables``,
+    ``fp8_ratio_tables``; the suites of ``device_tables_first``); none for a name no profile file has."""
     from scaleplan.errors import SpecError
     from scaleplan.profiles import profile_file
 

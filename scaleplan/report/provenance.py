@@ -133,8 +133,11 @@ def provenance(est) -> dict[str, Any]:
 
     url = resolve_url(est.db_url)
     cals = calibrations(url, _calibration_ids(est))
-    borrowed = [{"profile": other, "how": how, "table_runs": table_runs(url, other)}
-                for field, how in BORROWED_ROWS.items() for other in getattr(est.profile, field, ())]
+    first = getattr(est.profile, "device_tables_first", ())
+    how_of = {**BORROWED_ROWS, "device_tables": BORROWED_ROWS["device_tables"]
+              + (f" (in place of its own: {', '.join(first)})" if first else "")}
+    borrowed = [{"profile": other, "how": how_of[field], "table_runs": table_runs(url, other)}
+                for field in BORROWED_ROWS for other in getattr(est.profile, field, ())]
     return {"profile": est.profile.name, "extrapolate": est.extrapolate,
             "calibration": cals, "calibration_used": bool(cals),
             "dispatch_law": str(getattr(est.dispatch, "source", "default")),

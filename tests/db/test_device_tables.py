@@ -33,17 +33,68 @@ def both_db(tmp_path_factory, recorded_db) -> str:
     return url
 
 
-def test_h100_node_keeps_its_recorded_gemms_and_takes_the_single_gpu_device_tables(both_db, recorded_dir):
+def test_h100_node_takes_the_single_gpu_device_tables_and_its_device_timed_gemms_first(both_db, recorded_dir):
     fr = load_frames(both_db, "p5.48xlarge")
     gemm = pd.read_parquet(recorded_dir / "gemm_util.parquet").reset_index()
-    want = int(((gemm["GPU_MODEL"] == "H100") & (gemm["status"] == "OK")).sum())
-    assert set(fr["gemm"][FROM_PROFILE]) == {"p5.48xlarge"} and len(fr["gemm"]) == want
+    ok = (gemm["GPU_MODEL"] == "H100") & (gemm["status"] == "OK")
     lender = load_frames(both_db, "h100-single")  # the single-GPU machine's own tables
+    # device_tables_first: [gemm]: the lender's bf16 rows in place of the recorded bf16 ones; the recorded
+    # kinds the lender has none of (fp16) stay
+    whose = fr["gemm"].groupby(["dtype", FROM_PROFILE]).size().to_dict()
+    assert whose == {("bf16", "h100-single"): len(lender["gemm"]),
+                     ("fp16", "p5.48xlarge"): int((ok & (gemm["dtype"] == "fp16")).sum())}
     for suite in DEVICE:
         assert set(fr[suite][FROM_PROFILE]) == {"h100-single"}, suite
         assert len(fr[suite]) == len(lender[suite]) > 0, suite
     # the host's launch gap and the fabric are the node type's own: never lent
     assert not lender["dispatch"].empty and fr["dispatch"].empty and fr["collectives"].empty
+
+
+def test_the_recorded_h100_gemms_hold_a_per_call_floor_the_device_timed_rows_do_not(both_db, recorded_dir):
+    """Why p5.48xlarge reads its dense GEMMs from h100-single first: the recorded rows sit on a flat floor over
+    decades of work far above the device-timed shortest call, and run slower than the device-timed rows of the
+    same shapes at the sizes a micro-batch's GEMMs have, while agreeing where the work dwarfs any per-call cost."""
+    from scaleplan.estimator.floors import detect_floor
+
+    gemm = pd.read_parquet(recorded_dir / "gemm_util.parquet").reset_index()
+    rec = gemm[(gemm["GPU_MODEL"] == "H100") & (gemm["status"] == "OK") & (gemm["dtype"] == "bf16")]
+    rec = rec.assign(t_s=rec["time_ms_med"] / 1e3)
+    own = load_frames(both_db, "h100-single")["gemm"]
+    own = own[own["dtype"] == "bf16"]
+    floor = detect_floor(2.0 * rec["M"] * rec["N"] * rec["K"], rec["t_s"])
+    assert floor is not None and floor.decades > 5 and floor.t_s > 2.0 * own["t_s"].min()
+    both = rec.merge(own, left_on=["M", "N", "K"], right_on=["m", "n", "k"], suffixes=("_rec", "_own"))
+    ratio, work = both["t_s_rec"] / both["t_s_own"], 2.0 * both["M"] * both["N"] * both["K"]
+    assert len(both) > 100
+    assert ratio[(work >= 1e10) & (work < 1e11)].median() > 1.3
+    assert abs(ratio[work >= 1e12].median() - 1.0) < 0.05
+
+
+@pytest.mark.parametrize("line, bad", [("device_tables_first: [sdpa2]\n", "sdpa2"),
+                                       ("device_tables_first: [collectives]\n", "collectives")])
+def test_device_tables_first_names_a_device_suite_in_one_line(tmp_path, line, bad):
+    p = Path(_profile_yaml(tmp_path, ["h100-single"]))
+    p.write_text(p.read_text() + line)
+    with pytest.raises(SpecError) as e:
+        profile_file(str(p))
+    msg = str(e.value)
+    assert "device_tables_first" in msg and bad in msg and "gemm" in msg and "\n" not in msg
+
+
+def test_the_suites_a_profile_may_take_first_are_the_device_suites():
+    from typing import get_args
+
+    from scaleplan.db.measurements import DEVICE_SUITES
+    from scaleplan.profiles import DeviceSuite
+
+    assert set(get_args(DeviceSuite)) == set(DEVICE_SUITES)
+
+
+def test_device_tables_first_without_a_lender_is_refused(tmp_path):
+    p = Path(_profile_yaml(tmp_path, []))
+    p.write_text(p.read_text() + "device_tables_first: [gemm]\n")
+    with pytest.raises(SpecError, match="device_tables_first"):
+        profile_file(str(p))
 
 
 def test_h200_node_takes_only_the_kinds_of_rows_it_lacks(both_db):
