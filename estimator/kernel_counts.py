@@ -56,6 +56,15 @@ here for its stack: the traces count launches a reading of the code does not nam
 casts, copies and memsets, sorting passes). A change to those parts moves the launches by that factor
 (:func:`framework_scale`); GEMMs and TE's quantize kernels are single C++ launches, counted one each.
 
+On stock Megatron-Core (any stack the spec describes, beside the law counted on the paper's stack:
+:func:`counted_as_stock`) the host issues fewer launches per named kernel than the paper's traces counted: Megatron-Bridge's rank-0 Nsight profile of
+one step of its H100 BF16 V1 Qwen3-30B-A3B workload holds 463,348 kernels, 151 per layer and micro-batch, where
+the law's 4.9 per named kernel gives that stack 252. The host's count there is the stack's named kernels at that
+profile's :func:`stock_framework_scale` (2.7), GEMMs and quantize kernels one each (:func:`host_framework_scale`).
+The device-side framework term (estimator/model.py) keeps the law's count: it is not a launch count but the
+device time of the work no table costs at the shortest kernel's time each, and the GB200 steps captured whole,
+which read the device side alone, land within 1% with it (docs/accuracy.md).
+
 CUDA graphs (``stack.cuda_graphs``): the captured parts launch as one graph per pass
 (:func:`graph_savings`); their kernels still run on the device, only the host stops issuing them.
 """
@@ -187,15 +196,16 @@ PAPER_STACK = Stack()
 # quantize kernels are single C++ launches and count one each (the law's kappa1, 7.29 per local expert, is
 # the 8 per-expert GEMMs named here).
 FRAMEWORK_PARTS = ("router_scores", "permute", "a2a", "unpermute", "expert_act", "fp8_padding")
+# the framework kernels of an MoE layer no stack choice changes, in full-recompute units: the attention block, the
+# router's gating GEMM and the token counts
+NAMED_FIXED = sum(2.0 * f + b for f, b in (ATTENTION_KERNELS, GATING_KERNELS, PREPROCESS_KERNELS))
 
 
 def named_framework_kernels(stack: Stack, E_loc: ArrayLike, ep: ArrayLike,
                             precision: str = 'bf16') -> np.ndarray:
     """Framework kernels named per MoE layer and micro-batch in full-recompute units: the attention block, the
     router's gating GEMM, the token counts and :data:`FRAMEWORK_PARTS` (arrays over plans)."""
-    c = moe_layer_counts(stack, E_loc, ep, precision)
-    fixed = sum(2.0 * f + b for f, b in (ATTENTION_KERNELS, GATING_KERNELS, PREPROCESS_KERNELS))
-    return fixed + c.full_recompute_units(FRAMEWORK_PARTS)
+    return NAMED_FIXED + moe_layer_counts(stack, E_loc, ep, precision).full_recompute_units(FRAMEWORK_PARTS)
 
 
 def framework_scale(kappa0: float) -> float:
@@ -204,18 +214,62 @@ def framework_scale(kappa0: float) -> float:
     return float(kappa0 / named_framework_kernels(PAPER_STACK, np.array([16.0]), np.array([8]))[0])
 
 
+# Megatron-Bridge's rank-0 Nsight profile of one step of its H100 BF16 V1 Qwen3-30B-A3B workload (NVIDIA-NeMo/
+# Megatron-Bridge v0.6.0 skills/nemo-mbridge-perf-moe-comm-overlap, the overlap-off case: 16 H100, EP 16, micro-batch
+# 1, global batch 1024, 48 MoE layers, 128 experts top-8): its kernels, its layers x micro-batches (1024 sequences
+# over 16 data-parallel ranks), its local experts and EP, and its stack (qwen3_workload_base_configs H100_BF16_V1)
+STOCK_TRACE_KERNELS = 463_348
+STOCK_TRACE_LAYER_MICROBATCHES = 48 * 64
+STOCK_TRACE_E_LOC, STOCK_TRACE_EP = 8.0, 16
+STOCK_TRACE_STACK = Stack(dispatcher="hybridep", permute_fusion=True, router_fusion=True, grads_fp32=False,
+                          cuda_graphs=("moe_router", "moe_preprocess"), cross_entropy="te", nan_check=False,
+                          router_dtype="model")
+
+
+def stock_framework_scale() -> float:
+    """Launches per named framework kernel on stock Megatron-Core: the kernels of one layer and micro-batch of the
+    :data:`STOCK_TRACE_KERNELS` profile (the step's embedding, loss and optimizer kernels, a few thousand, left in),
+    less its named GEMMs and graph launches, over the framework kernels named for its stack that the host issues
+    there (no recompute: forward + backward; the captured router and token counts are not issued)."""
+    E, ep = np.array([STOCK_TRACE_E_LOC]), np.array([STOCK_TRACE_EP])
+    c = moe_layer_counts(STOCK_TRACE_STACK, E, ep, "bf16")
+    launched = sum(sum(fb) for fb in (ATTENTION_KERNELS, GATING_KERNELS, PREPROCESS_KERNELS))
+    launched = launched + float(sum(c.total(FRAMEWORK_PARTS))[0])
+    captured = sum(GATING_KERNELS) + sum(PREPROCESS_KERNELS) + float(sum(c.total(("router_scores",)))[0])
+    other = float(sum(c.total([k for k in c.fwd if k not in FRAMEWORK_PARTS]))[0])
+    graphs = 2.0 * len(STOCK_TRACE_STACK.cuda_graphs)  # one launch per captured module and pass
+    per_layer = STOCK_TRACE_KERNELS / STOCK_TRACE_LAYER_MICROBATCHES
+    return (per_layer - other - graphs) / (launched - captured)
+
+
+def counted_as_stock(stack: Stack, law_stack: Stack) -> bool:
+    """Whether the host's launches on ``stack`` are stock Megatron-Core's: a stack other than ``law_stack`` when
+    the law was counted on the paper's stack (a law traced on the user's own stack speaks for their framework)."""
+    return stack != law_stack and law_stack == PAPER_STACK
+
+
+def host_framework_scale(stack: Stack, law_stack: Stack, kappa0: float) -> float:
+    """Launches per named framework kernel the host issues on ``stack``: stock Megatron-Core's
+    (:func:`stock_framework_scale`) where :func:`counted_as_stock`, else the law's (:func:`framework_scale`)."""
+    return stock_framework_scale() if counted_as_stock(stack, law_stack) else framework_scale(kappa0)
+
+
 def kappa_delta(stack: Stack, E_loc: ArrayLike, ep: ArrayLike, precision: str, kappa0: float,
                 glu: bool = True, shared_expert: bool = False, law_stack: Stack = PAPER_STACK,
-                law_precision: str = 'bf16') -> np.ndarray:
+                law_precision: str = 'bf16', scale: float | None = None) -> np.ndarray:
     """Kernels per MoE layer and micro-batch (full-recompute units, the law's) that ``stack`` launches more
-    than ``law_stack``, the stack the law in force was counted on (arrays over plans): framework parts at
-    :func:`framework_scale` launches each, GEMMs and quantize kernels one."""
+    than ``law_stack``, the stack the law in force was counted on (arrays over plans): framework kernels at
+    ``scale`` launches each on ``stack`` (default the law's :func:`framework_scale`) and the law's on
+    ``law_stack``, GEMMs and quantize kernels one."""
     mine = moe_layer_counts(stack, E_loc, ep, precision, glu, shared_expert)
     theirs = moe_layer_counts(law_stack, E_loc, ep, law_precision, glu, shared_expert)
     other = [k for k in mine.fwd if k not in FRAMEWORK_PARTS]
-    d_fw = mine.full_recompute_units(FRAMEWORK_PARTS) - theirs.full_recompute_units(FRAMEWORK_PARTS)
+    s_law = framework_scale(kappa0)
+    s = s_law if scale is None else scale
+    d_fw = s * (NAMED_FIXED + mine.full_recompute_units(FRAMEWORK_PARTS)) \
+        - s_law * (NAMED_FIXED + theirs.full_recompute_units(FRAMEWORK_PARTS))
     d_other = mine.full_recompute_units(other) - theirs.full_recompute_units(other)
-    return framework_scale(kappa0) * d_fw + d_other
+    return d_fw + d_other
 
 
 def _captured(stack: Stack, counts: LayerCounts) -> dict[str, tuple]:
@@ -239,12 +293,14 @@ def _captured(stack: Stack, counts: LayerCounts) -> dict[str, tuple]:
     return out
 
 
-def graph_savings(stack: Stack, counts: LayerCounts, kappa0: float, moe_layer: bool = True) -> np.ndarray:
+def graph_savings(stack: Stack, counts: LayerCounts, kappa0: float, moe_layer: bool = True,
+                  scale: float | None = None) -> np.ndarray:
     """Launches per layer and micro-batch (full-recompute units) the host no longer issues one by one because
-    ``stack`` captures them in CUDA graphs (framework kernels at :func:`framework_scale` launches each), less
-    the graph launches that replace them (one per captured module and pass; the forward graph replays again
-    under full recompute). ``moe_layer``: the layer is an MoE layer (else only ``attn`` and ``mlp`` apply)."""
-    scale, saved = framework_scale(kappa0), 0.0
+    ``stack`` captures them in CUDA graphs (framework kernels at ``scale`` launches each, default the law's
+    :func:`framework_scale`), less the graph launches that replace them (one per captured module and pass; the
+    forward graph replays again under full recompute). ``moe_layer``: the layer is an MoE layer (else only
+    ``attn`` and ``mlp`` apply)."""
+    scale, saved = framework_scale(kappa0) if scale is None else scale, 0.0
     for module, (fw, other) in _captured(stack, counts).items():
         if (module == "mlp" and moe_layer) or (module.startswith("moe") and not moe_layer):
             continue
@@ -270,13 +326,15 @@ def stack_extra_kernels(stack: Stack, law_stack: Stack, E_loc: ArrayLike, ep: Ar
                         kappa0: float, glu: bool = True, shared_expert: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(per MoE layer, per dense layer) kernels per micro-batch in full-recompute units that the host issues for
     ``stack`` beyond what the law counts on ``law_stack`` (arrays over plans): :func:`kappa_delta` and
-    :func:`dense_layer_delta`, less what CUDA graphs take off the host (:func:`graph_savings`)."""
+    :func:`dense_layer_delta`, less what CUDA graphs take off the host (:func:`graph_savings`), framework kernels
+    at :func:`host_framework_scale` launches each."""
     law_precision = "fp8" if law_stack.fp8_recipe else "bf16"
     counts = moe_layer_counts(stack, E_loc, ep, precision, glu, shared_expert)
-    moe = kappa_delta(stack, E_loc, ep, precision, kappa0, glu, shared_expert, law_stack, law_precision) \
-        - graph_savings(stack, counts, kappa0, moe_layer=True)
+    s = host_framework_scale(stack, law_stack, kappa0)
+    moe = kappa_delta(stack, E_loc, ep, precision, kappa0, glu, shared_expert, law_stack, law_precision, s) \
+        - graph_savings(stack, counts, kappa0, moe_layer=True, scale=s)
     dense = dense_layer_delta(stack, precision, law_stack, law_precision) \
-        - graph_savings(stack, counts, kappa0, moe_layer=False)
+        - graph_savings(stack, counts, kappa0, moe_layer=False, scale=s)
     return moe, dense + 0.0 * moe
 
 

@@ -8,11 +8,17 @@ import numpy as np
 import pytest
 from scaleplan.estimator.kernel_counts import (
     FRAMEWORK_PARTS,
+    PAPER_STACK,
+    STOCK_TRACE_STACK,
+    counted_as_stock,
     framework_scale,
     graph_savings,
+    host_framework_scale,
     kappa_delta,
     moe_layer_counts,
     named_framework_kernels,
+    stack_extra_kernels,
+    stock_framework_scale,
 )
 
 from scaleplan.stack import Stack
@@ -136,6 +142,42 @@ def test_kappa_delta_is_zero_on_the_laws_own_stack_and_removes_the_per_expert_ge
     fused = kappa_delta(Stack(router_fusion=True), E, ep, "bf16", KAPPA0)
     np.testing.assert_allclose(fused, -23 * framework_scale(KAPPA0))
     assert "expert_gemms" not in FRAMEWORK_PARTS and "fp8_quantize" not in FRAMEWORK_PARTS
+
+
+def test_stock_launches_per_named_kernel_are_the_published_profiles():
+    """Megatron-Bridge's rank-0 Nsight profile of one step of its H100 BF16 V1 Qwen3-30B-A3B workload holds 463,348
+    kernels: 48 layers x 64 micro-batches, no recompute. The host issues, per layer and micro-batch, the named
+    framework kernels of attention 8 + 12, the fused permutation 4 + 1, HybridEP's dispatch and combine 4 + 4, the
+    unpermutation 1 + 1 and the weighted SwiGLU 1 + 1 (the gating GEMM, the token counts and the fused top-k replay
+    in the moe_router and moe_preprocess graphs: 2 graphs x 2 passes), and 8 local experts' fc1 and fc2 GEMMs,
+    forward 16, data and weight gradients 32."""
+    issued, gemms, graphs = 20 + 5 + 8 + 2 + 2, 16 + 32, 4
+    assert stock_framework_scale() == pytest.approx((463_348 / (48 * 64) - gemms - graphs) / issued)
+    assert 2.0 < stock_framework_scale() < framework_scale(KAPPA0) / 1.5
+
+
+def test_the_host_counts_the_profiled_stacks_launches_near_the_profile():
+    """The law's count on the paper's stack plus what the profiled stack issues beyond it (full-recompute units,
+    then no recompute's 3/4 of them: estimator/ckpt.py) lands within 10% of the profile's 151 per layer and
+    micro-batch (its forward share and the law's 7.29 launches per local expert against the 8 GEMMs named)."""
+    E, ep = np.array([8.0]), np.array([16])
+    per_moe, _ = stack_extra_kernels(STOCK_TRACE_STACK, PAPER_STACK, E, ep, "bf16", KAPPA0)
+    law = KAPPA0 + 7.29 * 8
+    assert 0.75 * (law + per_moe[0]) == pytest.approx(463_348 / (48 * 64), rel=0.10)
+
+
+def test_a_spec_stack_launches_as_stock_megatron_core_beside_the_papers_law_only():
+    fused = Stack(router_fusion=True)
+    assert counted_as_stock(fused, PAPER_STACK) and not counted_as_stock(PAPER_STACK, PAPER_STACK)
+    assert host_framework_scale(fused, PAPER_STACK, KAPPA0) == stock_framework_scale()
+    # a law traced on the user's own stack counts their framework's launches for every stack
+    own = Stack(permute_fusion=True)
+    assert not counted_as_stock(fused, own) and host_framework_scale(fused, own, KAPPA0) == framework_scale(KAPPA0)
+    # the fused router's stack names 130 - 23 framework kernels (full-recompute units, EP 8, 16 local experts): at
+    # the stock scale it issues that many at s each, where the law counts the paper's 130 at its own scale
+    E, ep, s = np.array([16.0]), np.array([8]), stock_framework_scale()
+    np.testing.assert_allclose(kappa_delta(fused, E, ep, "bf16", KAPPA0, scale=s),
+                               s * 107 - framework_scale(KAPPA0) * 130)
 
 
 def test_cuda_graphs_save_the_host_launches_of_what_they_capture():

@@ -55,12 +55,13 @@ def test_the_grouped_kernel_takes_the_per_expert_gemm_launches_off_the_host(reco
     """TE's GroupedLinear launches one cuBLAS GEMM per local expert: fc1 and fc2 forward (twice under full
     recompute) and their data and weight gradients, 8 per expert; the grouped kernel launches 8 in all. On 16
     local experts the host launches 120 fewer kernels per MoE layer (eight per expert, less the grouped kernel's
-    eight), at the law's t_gap each."""
+    eight), at the law's t_gap each: two stock stacks apart in that option alone (GEMMs count one launch each at
+    any framework scale)."""
     est = Estimator(P, db_url=recorded_db, use_calibration=False)
     g = geometry(_spec().model)
     lay = ParallelLayout.of(pp=2, dp=2, ep=8, ckpt=np.array([3]))
     per_stack = []
-    for st in (Stack(), Stack(grouped_gemm="grouped")):
+    for st in (Stack(permute_fusion=True), Stack(permute_fusion=True, grouped_gemm="grouped")):
         ctx = context(est, g, lay, E_loc=[16.0])
         ctx = type(ctx)(**{**ctx.__dict__, "stack": st})
         per_stack.append(float(stage_dispatch(ctx, est.dispatch, ctx.shapes.first)[0]))
