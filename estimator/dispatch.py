@@ -155,19 +155,20 @@ HOST_SYNCS = {"alltoall": 1, "allgather": 1, "deepep": 1, "hybridep": 1}
 
 
 def ep_host_time(law: DispatchLaw, law_dispatcher: str, dispatcher: str, units: ArrayLike,
-                 forward_passes: ArrayLike, drop_pad: bool = False) -> np.ndarray:
+                 forward_passes: ArrayLike, drop_pad: bool = False, stock: bool = False) -> np.ndarray:
     """Host seconds per MoE layer and micro-batch of ``dispatcher``'s token path beyond its kernels (arrays over
-    plans). The law's t_ep_host was read from traces of ``law_dispatcher``'s path (the profiles': the all-to-all
-    dispatcher, kernel_launch.py's "token-permute and all-to-all host work"): the same dispatcher pays it in the
-    plans' kernel ``units``. The all-to-all's path is Python around every exchange (the counts' all-gather and
-    device-to-host copies, split lists, one NCCL send and receive per peer, chunk sorts); the fused DeepEP and
-    HybridEP dispatchers and the all-gather one run single C++ calls or collectives (counted as kernels) and keep
-    only their host syncs (:data:`HOST_SYNCS`): each costs one launch gap t_gap, the stream left empty until the
-    host issues the next kernel, once per forward pass (``forward_passes``: 1, or 2 where the MoE forward is
-    re-run). HybridEP with ``drop_pad`` has no sync. Another pairing (a law traced on a fused dispatcher, plans
-    on the all-to-all) keeps the law's term."""
+    plans). The law's t_ep_host was read from traces of ``law_dispatcher``'s path on the law's stack (the
+    profiles': the paper's all-to-all dispatcher, kernel_launch.py's "token-permute and all-to-all host work", a
+    residual of its 700M runs' traces): that path pays it in the plans' kernel ``units``. Stock Megatron-Core
+    (``stock``: kernel_counts.counted_as_stock) runs its all-to-all path as kernels the count holds (the counts'
+    all-gather, the permutation, one all_to_all_single per exchange, the chunk sorts) and one host sync on the
+    split sizes (token_dispatcher.py _maybe_dtoh_and_synchronize); the fused DeepEP and HybridEP dispatchers and
+    the all-gather one likewise run single C++ calls or collectives. Each of these keeps only its host syncs
+    (:data:`HOST_SYNCS`): each costs one launch gap t_gap, the stream left empty until the host issues the next
+    kernel, once per forward pass (``forward_passes``: 1, or 2 where the MoE forward is re-run). HybridEP with
+    ``drop_pad`` has no sync. A law traced on a fused dispatcher keeps its term for every dispatcher."""
     units = np.asarray(units, dtype=float)
-    if dispatcher == law_dispatcher or law_dispatcher != "alltoall" or dispatcher == "alltoall":
+    if law_dispatcher != "alltoall" or (dispatcher == "alltoall" and not stock):
         return law.t_ep_host_s * units
     syncs = 0 if (dispatcher == "hybridep" and drop_pad) else HOST_SYNCS[dispatcher]
     return syncs * law.t_gap_s * np.asarray(forward_passes, dtype=float) + 0.0 * units

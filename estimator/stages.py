@@ -11,7 +11,7 @@ import numpy as np
 from scaleplan.estimator.ckpt import FULL_UNITS, recompute
 from scaleplan.estimator.context import EvalContext
 from scaleplan.estimator.dispatch import DispatchLaw, dispatch_time, ep_host_time
-from scaleplan.estimator.kernel_counts import expert_bias_kernels, stack_extra_kernels
+from scaleplan.estimator.kernel_counts import counted_as_stock, expert_bias_kernels, stack_extra_kernels
 from scaleplan.estimator.kernels import LayerKernels, bias_product_bytes
 from scaleplan.estimator.pipeline import Middle, StageWork
 from scaleplan.estimator.shapes import StageCounts
@@ -109,7 +109,8 @@ def stage_dispatch(ctx: EvalContext, law: DispatchLaw, st: StageCounts) -> np.nd
     r = recompute(lay.ckpt, ctx.stack.recompute_modules)
     units = r.units / FULL_UNITS
     drop_pad = bool(np.all(np.asarray(g.capacity_factor) != 1.0))
-    ep_host = ep_host_time(law, law_stack.dispatcher, ctx.stack.dispatcher, units, 1.0 + r.block + r.moe, drop_pad)
+    ep_host = ep_host_time(law, law_stack.dispatcher, ctx.stack.dispatcher, units, 1.0 + r.block + r.moe, drop_pad,
+                           counted_as_stock(ctx.stack, law_stack))
     return dispatch_time(law, st.n_layers, E_loc, lay.ckpt, n_moe, lay.ep, extra, units, ep_host)
 
 

@@ -78,6 +78,9 @@ def test_each_dispatcher_pays_the_host_path_its_code_runs():
     np.testing.assert_allclose(ep_host_time(law, "alltoall", "hybridep", units, once, drop_pad=True), [0.0, 0.0])
     # a law traced on a fused dispatcher says nothing of the all-to-all's path: its own term stays
     np.testing.assert_allclose(ep_host_time(law, "deepep", "alltoall", units, once), [7.5e-3, 1e-2])
+    # stock Megatron-Core's all-to-all path is kernels and one sync on the split sizes, not the paper's residual
+    np.testing.assert_allclose(ep_host_time(law, "alltoall", "alltoall", units, twice, stock=True), [20e-6, 40e-6])
+    np.testing.assert_allclose(ep_host_time(law, "deepep", "alltoall", units, once, stock=True), [7.5e-3, 1e-2])
     # in the law: 2 MoE layers under EP, the EP term replaced by the dispatcher's
     t = dispatch_time(law, 2, 8, np.array(CkptMode.FULL.value), 2, np.array(4), ep_host_s=np.array(20e-6))
     assert float(t) == pytest.approx(2 * (600 + 40) * 20e-6 + 2 * 20e-6)
