@@ -70,6 +70,7 @@ CUDA graphs (``stack.cuda_graphs``): the captured parts launch as one graph per 
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -226,6 +227,7 @@ STOCK_TRACE_STACK = Stack(dispatcher="hybridep", permute_fusion=True, router_fus
                           router_dtype="model")
 
 
+@functools.cache
 def stock_framework_scale() -> float:
     """Launches per named framework kernel on stock Megatron-Core: the kernels of one layer and micro-batch of the
     :data:`STOCK_TRACE_KERNELS` profile (the step's embedding, loss and optimizer kernels, a few thousand, left in),
