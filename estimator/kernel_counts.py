@@ -57,10 +57,11 @@ casts, copies and memsets, sorting passes). A change to those parts moves the la
 (:func:`framework_scale`); GEMMs and TE's quantize kernels are single C++ launches, counted one each.
 
 On stock Megatron-Core (any stack the spec describes, beside the law counted on the paper's stack:
-:func:`counted_as_stock`) the host issues fewer launches per named kernel than the paper's traces counted: Megatron-Bridge's rank-0 Nsight profile of
-one step of its H100 BF16 V1 Qwen3-30B-A3B workload holds 463,348 kernels, 151 per layer and micro-batch, where
-the law's 4.9 per named kernel gives that stack 252. The host's count there is the stack's named kernels at that
-profile's :func:`stock_framework_scale` (2.7), GEMMs and quantize kernels one each (:func:`host_framework_scale`).
+:func:`counted_as_stock`) the host issues fewer launches per named kernel than the paper's traces counted:
+Megatron-Bridge's rank-0 Nsight profile of one step of its H100 BF16 V1 Qwen3-30B-A3B workload holds 463,348
+kernels, 151 per layer and micro-batch, where the law's 4.9 per named kernel gives that stack 252. The host's count
+there is the stack's named kernels at that profile's :func:`stock_framework_scale` (2.7), GEMMs and quantize kernels
+one each (:func:`host_framework_scale`).
 The device-side framework term (estimator/model.py) keeps the law's count: it is not a launch count but the
 device time of the work no table costs at the shortest kernel's time each, and the GB200 steps captured whole,
 which read the device side alone, land within 1% with it (docs/accuracy.md).
