@@ -221,8 +221,8 @@ def framework_scale(kappa0: float) -> float:
 # 1, global batch 1024, 48 MoE layers, 128 experts top-8): its kernels, its layers x micro-batches (1024 sequences
 # over 16 data-parallel ranks), its local experts and EP, and its stack (qwen3_workload_base_configs H100_BF16_V1)
 STOCK_TRACE_KERNELS = 463_348
-STOCK_TRACE_LAYER_MICROBATCHES = 48 * 64
-STOCK_TRACE_E_LOC, STOCK_TRACE_EP = 8.0, 16
+STOCK_TRACE_LAYER_MICROBATCHES = 48 * (1024 // 16)
+STOCK_TRACE_E_LOC, STOCK_TRACE_EP = 128 / 16, 16
 STOCK_TRACE_STACK = Stack(dispatcher="hybridep", permute_fusion=True, router_fusion=True, grads_fp32=False,
                           cuda_graphs=("moe_router", "moe_preprocess"), cross_entropy="te", nan_check=False,
                           router_dtype="model")
