@@ -231,3 +231,14 @@ def test_a_scaled_lender_must_be_another_part_on_the_die(tmp_path, gpu, other, w
         profile_file(str(p))
     msg = str(e.value)
     assert "scaled_device_tables" in msg and other in msg and why in msg and "\n" not in msg
+
+
+def test_the_provenance_says_whose_rows_come_first(both_db):
+    """An answer's provenance names the lender and that its rows stand in place of the profile's own dense GEMMs."""
+    from scaleplan.estimator.api import Estimator
+    from scaleplan.report.provenance import provenance
+
+    p = provenance(Estimator("p5.48xlarge", both_db))
+    lent = next(b for b in p["borrowed"] if b["profile"] == "h100-single")
+    assert lent["how"] == "lent (in place of its own: gemm)" and lent["table_runs"]
+    assert {r["suite"] for r in lent["table_runs"]} >= {"gemm", "grouped_gemm"}
