@@ -16,6 +16,7 @@ from scaleplan.cli._common import (
     JsonOpt,
     LawOpt,
     MemFractionOpt,
+    StackOpt,
     db_url,
     escape,
     float_list,
@@ -92,6 +93,7 @@ def search(
                                       "value there and search again (once; the output says which)."),
     wide: bool = typer.Option(False, "--wide", help="Every column of the candidate table (default: the columns that "
                               "decide, fitting 80-120 columns)."),
+    stack: str = StackOpt,
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:
@@ -122,8 +124,20 @@ def _request(p: dict):
     return SearchRequest(
         profile=p["profile"], nodes=int_list("--nodes", p["nodes"]), days=float_list("--days", p["days"]),
         ckpt=parse_ckpt_modes(p["ckpt"]), calibration_id=cal_id, use_calibration=use_cal, db_url=db_url(p["db"]),
-        robust=p["robust_quantile"] if p["robust"] else None,
+        robust=p["robust_quantile"] if p["robust"] else None, stack=_ladder_stack(p.get("stack")),
         **lists, **{k: p[k] for k in _PASSED_AS_IS})
+
+
+def _ladder_stack(text: str | None):
+    """The training stack of --stack for the ladder's models (bf16, a shared expert, the first block dense), or
+    None for the paper's. Raises SpecError (one line) for an unknown option or one those models cannot run."""
+    if not text:
+        return None
+    from scaleplan.stack import check_for_model, parse_stack
+
+    st = parse_stack(text)
+    check_for_model(st, "bf16", None, shared_expert=True, dense_block=True)
+    return st
 
 
 # options that go into the SearchRequest unchanged (same name, already a number, a path or None)

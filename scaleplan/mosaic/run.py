@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from scaleplan.errors import SpecError
 from scaleplan.units import MEM_FRACTION, SEARCH_MBS  # the headroom and micro-batch sizes of layouts and search alike
+
+if TYPE_CHECKING:
+    from scaleplan.stack import Stack
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,7 @@ class SearchRequest:
     html: Path | None = None
     progress: bool = True
     extend_edges: bool = True
+    stack: Stack | None = None  # the training stack the plans run on (None: the paper's; scaleplan.stack)
 
 
 @dataclass
@@ -123,10 +127,12 @@ def check_request(r: SearchRequest) -> None:
 
 
 def _estimator(r: SearchRequest, extrapolate: str):
+    """The estimator of ``r``'s plans: its profile and tables, on ``r.stack`` (the ladder's bf16 models) where given."""
     from scaleplan.estimator import Estimator
 
-    return Estimator(profile=r.profile, db_url=r.db_url, extrapolate=extrapolate, calibration_id=r.calibration_id,
-                     use_calibration=r.use_calibration)
+    est = Estimator(profile=r.profile, db_url=r.db_url, extrapolate=extrapolate, calibration_id=r.calibration_id,
+                    use_calibration=r.use_calibration)
+    return est if r.stack is None else est.for_stack(r.stack, "bf16")
 
 
 def ladder_grid(r: SearchRequest):
@@ -197,6 +203,7 @@ def _document(report: SearchReport, m, est, loaded) -> dict[str, Any]:
     out["law"] = loaded.source
     out["law_support"] = loaded.support.to_dict()
     out["profile"] = est.profile.name
+    out["stack"] = est.stack_key
     if unc:
         out.update(unc[0])
     if len(results) > 1:

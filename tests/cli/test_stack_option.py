@@ -1,11 +1,11 @@
-"""--stack on estimate and layouts: the training stack over the spec's stack block, and a bad option or FP8
-recipe refused in one line with exit 2."""
+"""--stack on estimate, layouts and search: the training stack over the spec's stack block (search: the
+ladder's), and a bad option or FP8 recipe refused in one line with exit 2."""
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from .conftest import SPEC
+from .conftest import SMALL_SEARCH, SPEC
 
 
 def test_estimate_costs_the_stack_given_on_the_command_line(run_json, spec_file, recorded_db):
@@ -87,3 +87,28 @@ def test_calibrate_list_shows_the_stack_key_whole(run, sqlite_url):
                                 cv_error=None, n_obs=1, notes="", stack=key)
     code, out, _ = run("calibrate", "list", "--db", sqlite_url)
     assert code == 0 and key in out
+
+
+def test_search_costs_the_stack_given_and_emits_it(run_json, recorded_db, tmp_path):
+    """search --stack plans the ladder on that training stack: its JSON names the stack, the spec it emits holds
+    the stack block, and estimating that spec (which costs its stack) gives the search's MFU; on the paper's stack
+    the same grid's optimum costs otherwise (stock Megatron-Core's host is counted as measured)."""
+    stack = "permute_fusion=true,router_fusion=true,dispatcher=hybridep"
+    spec_path = tmp_path / "opt.yaml"
+    out = run_json(*SMALL_SEARCH, "--db", recorded_db, "--stack", stack, "--emit-spec", spec_path)
+    assert out["stack"].startswith("megatron[") and "hybridep" in out["stack"]
+    emitted = yaml.safe_load(spec_path.read_text())
+    assert emitted["stack"] == {"permute_fusion": True, "router_fusion": True, "dispatcher": "hybridep"}
+    best = out["best"]
+    est = run_json("estimate", spec_path, "--db", recorded_db)
+    assert est[0]["mfu"] == pytest.approx(best["mfu"], rel=1e-9)
+    paper = run_json("estimate", spec_path, "--db", recorded_db, "--stack", "permute_fusion=false,"
+                     "router_fusion=false,dispatcher=alltoall")
+    assert paper[0]["t_iter_s"] != pytest.approx(est[0]["t_iter_s"], rel=1e-3)
+    assert run_json(*SMALL_SEARCH, "--db", recorded_db)["stack"] == "megatron"
+
+
+@pytest.mark.parametrize("stack, field", [("bogus=1", "--stack"), ("fp8_recipe=mxfp8", "stack.fp8_recipe")])
+def test_search_refuses_a_stack_the_ladder_cannot_run_in_one_line(run, recorded_db, stack, field):
+    code, out, err = run(*SMALL_SEARCH, "--db", recorded_db, "--stack", stack)
+    assert code == 2 and field in err and len(err.strip().splitlines()) == 1
