@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from scaleplan.cli._common import CKPT_ALL, DbOpt, ExtrapOpt, JsonOpt, LawOpt, MemFractionOpt
+from scaleplan.cli._common import CKPT_ALL, DbOpt, ExtrapOpt, JsonOpt, LawOpt, MemFractionOpt, StackOpt
 from scaleplan.cli.estimate import EmitOpt, EmitSpecOpt, HtmlOpt
 from scaleplan.mosaic.run import SearchRequest as D  # the search's defaults (the paper's envelope); a light import
 
@@ -69,6 +69,7 @@ def plan(
     emit: str = EmitOpt,
     emit_spec: Path = EmitSpecOpt,
     html: Path = HtmlOpt,
+    stack: str = StackOpt,
     db: str = DbOpt,
     json_out: bool = JsonOpt,
 ) -> None:

@@ -68,13 +68,28 @@ def request(p: dict[str, Any]):
             "extrapolate", "law_name", "mem_fraction")
     search = SearchRequest(profile=(platforms or ("-",))[0], nodes=(1,), days=(1.0,), ckpt=parse_ckpt_modes(p["ckpt"]),
                            calibration_id=cal_id, use_calibration=use_cal, db_url=db_url(p["db"]),
-                           extend_edges=False, **lists, **{k: p[k] for k in same})
+                           extend_edges=False, stack=_stack(p.get("stack"), p["spec"]), **lists,
+                           **{k: p[k] for k in same})
     return PlanRequest(search=search, platforms=platforms, nodes=parse_nodes(p["nodes"], platforms),
                        max_gpus=p["max_gpus"], target_loss=p["target_loss"], spec=p["spec"], tokens=p["tokens"],
                        max_days=p["max_days"], max_gpu_hours=p["max_gpu_hours"], max_cost=p["max_cost"],
                        prices=parse_prices(p["price"]), goodput=_goodput(p), pick=p["pick"],
                        confidence=p["confidence"], emit=p["emit"],
                        emit_spec=p["emit_spec"], html=p["html"])
+
+
+def _stack(text: str | None, spec_path):
+    """--stack: for the ladder (scaleplan.cli.search's rules), or over --spec's own stack block checked against its
+    model, as estimate reads it. None without --stack."""
+    if not text:
+        return None
+    if spec_path is None:
+        from scaleplan.cli.search import ladder_stack
+
+        return ladder_stack(text)
+    from scaleplan.cli.estimate import _load_spec
+
+    return _load_spec(spec_path, text).stack
 
 
 def show(report, json_out: bool) -> None:

@@ -124,11 +124,11 @@ def _request(p: dict):
     return SearchRequest(
         profile=p["profile"], nodes=int_list("--nodes", p["nodes"]), days=float_list("--days", p["days"]),
         ckpt=parse_ckpt_modes(p["ckpt"]), calibration_id=cal_id, use_calibration=use_cal, db_url=db_url(p["db"]),
-        robust=p["robust_quantile"] if p["robust"] else None, stack=_ladder_stack(p.get("stack")),
+        robust=p["robust_quantile"] if p["robust"] else None, stack=ladder_stack(p.get("stack")),
         **lists, **{k: p[k] for k in _PASSED_AS_IS})
 
 
-def _ladder_stack(text: str | None):
+def ladder_stack(text: str | None):
     """The training stack of --stack for the ladder's models (bf16, a shared expert, the first block dense), or
     None for the paper's. Raises SpecError (one line) for an unknown option or one those models cannot run."""
     if not text:

@@ -48,6 +48,8 @@ class Context:
         loaded = load_law_full(s.db_url if s.law_name else None, s.law_name)
         ests = {p: Estimator(profile=p, db_url=s.db_url, extrapolate=s.extrapolate, use_calibration=s.use_calibration)
                 for p in r.platforms}
+        if s.stack is not None and r.spec is None:  # plan --stack: the ladder's bf16 models on that training stack
+            ests = {p: e.for_stack(s.stack, "bf16") for p, e in ests.items()}
         grid = ladder_grid(s)
         geoms = enumerate_geometries(grid)
         if geoms.empty and r.spec is None:
@@ -180,10 +182,11 @@ def spec_points(ctx: Context) -> dict:
     r, pdr = ctx.r, ctx.pd
     spec = load_spec(r.spec)
     d = spec.data
+    stack = r.search.stack or spec.stack  # --stack over the spec's own stack block, as estimate reads them
     cons = PlanConstraints(mbs=r.search.mbs, ckpt=ctx.bank.constraints.ckpt, mem_fraction=r.search.mem_fraction)
     out = {}
     for k in ctx.keys:
-        est = ctx.ests[k[0]]
+        est = ctx.ests[k[0]].for_stack(stack, spec.model.precision)
         res = est.best_plans([spec.model], ctx.n_dev(k), d.gbs, d.seqlen, spec.optimizer.optimizer_type, cons)[0]
         if res is None:
             out[k] = None

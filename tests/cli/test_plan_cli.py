@@ -44,6 +44,8 @@ def _one_line_error(code: int, err: str, *phrases: str) -> str:
     (["--target-loss", "1.4", "--confidence", "0.3"], ["--confidence", "a probability in [0.5, 1)"]),
     (["--target-loss", "1.4", "--confidence", "nan"], ["--confidence", "a probability in [0.5, 1)"]),
     (["--target-loss", "1.4", "--confidence", "0.9", "--samples", "0"], ["--confidence", "--samples > 0"]),
+    (["--target-loss", "1.4", "--stack", "bogus=1"], ["--stack", "key=value"]),
+    (["--target-loss", "1.4", "--stack", "fp8_recipe=mxfp8"], ["stack.fp8_recipe", "model.precision fp8"]),
 ])
 def test_bad_input_is_one_line_naming_the_option(run, args, phrases):
     code, _, err = run("plan", *args)
@@ -160,3 +162,25 @@ def test_the_confidence_and_the_flags_in_text_json_and_html(run, run_json, runti
     assert f"cheapest ({c['nodes']} nodes) lies beyond what was measured: {c['plan']['beyond'][0]}" in shown
     code, _, err = run("plan", "--target-loss", "1.0", *args[3:])
     _one_line_error(code, err, "the law's range binds", "in 90% of the draws")
+
+
+@pytest.mark.recorded
+def test_a_fixed_model_is_planned_on_its_spec_stack_or_on_stack(run_json, recorded_db, tmp_path):
+    """plan --spec costs the spec's own stack block (as estimate does), --stack over it; the ladder's plans take
+    --stack too. A stock HybridEP stack and the paper's stack plan the same model to different windows."""
+    import yaml
+
+    from .conftest import SPEC
+
+    stock = {"permute_fusion": True, "router_fusion": True, "dispatcher": "hybridep"}
+    with_stack, bare = tmp_path / "stack.yaml", tmp_path / "bare.yaml"
+    with_stack.write_text(yaml.safe_dump({**SPEC, "stack": stock}))
+    bare.write_text(yaml.safe_dump(SPEC))
+    args = ["--tokens", "2e11", "--platforms", B200, "--nodes", "4", "--samples", "0", "--db", recorded_db]
+
+    def days(spec, *more):
+        return run_json("plan", "--spec", spec, *args, *more)["platforms"][0]["points"][0]["days"]
+
+    on_stack = days(with_stack)
+    assert on_stack == pytest.approx(days(bare, "--stack", ",".join(f"{k}={v}".lower() for k, v in stock.items())))
+    assert on_stack != pytest.approx(days(bare), rel=1e-3)
