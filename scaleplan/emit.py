@@ -28,6 +28,7 @@ from scaleplan.megatron.args import (  # noqa: F401  (Megatron-LM arguments: re-
     render_megatron,
 )
 from scaleplan.specs import Layout, ModelBlock, Spec, parse_spec
+from scaleplan.stack import Stack
 from scaleplan.yamlio import load_yaml
 
 
@@ -75,8 +76,9 @@ def _features(m: ModelBlock) -> dict[str, Any]:
 
 
 def spec_document(model: ModelBlock, layout: dict[str, Any] | Layout, *, gbs: int, seqlen: int, optimizer: str,
-                  node_type: str, n_devices: int) -> dict[str, Any]:
-    """The spec mapping of ``model`` trained under ``layout`` on ``n_devices`` devices of ``node_type``.
+                  node_type: str, n_devices: int, stack: Stack | None = None) -> dict[str, Any]:
+    """The spec mapping of ``model`` trained under ``layout`` on ``n_devices`` devices of ``node_type``, on
+    training ``stack`` (its ``stack`` block: the fields off the paper's defaults; none for the paper's stack).
 
     The layout goes to ``parallelism`` (tp, cp, pp, dp, ep, etp, vpp), ``data.microbatch_sz`` (mbs) and
     ``performance.activation_checkpointing_type`` (ckpt). Raises SpecError when the result does not validate.
@@ -91,15 +93,18 @@ def spec_document(model: ModelBlock, layout: dict[str, Any] | Layout, *, gbs: in
         "hardware": {"node_type": node_type},
         "parallelism": {k: lo[k] for k in (*LAYOUT_FIELDS, *SPLIT_FIELDS) if k in lo and k not in ("mbs", "ckpt")},
     }
+    block = stack.model_dump(mode="json", exclude_defaults=True) if stack is not None else {}
+    if block:
+        doc["stack"] = block
     parse_spec(doc, source="emitted spec")  # a written spec must load: fail here, not in the user's estimate
     return doc
 
 
 def spec_from(spec: Spec, layout: dict[str, Any] | Layout, n_devices: int) -> dict[str, Any]:
-    """A copy of ``spec`` with its layout replaced by ``layout`` (for ``layouts --emit-spec``)."""
+    """A copy of ``spec`` with its layout replaced by ``layout`` (for ``layouts --emit-spec``), its stack kept."""
     return spec_document(spec.model, layout, gbs=spec.data.gbs, seqlen=spec.data.seqlen,
                          optimizer=spec.optimizer.optimizer_type, node_type=spec.hardware.node_type,
-                         n_devices=n_devices)
+                         n_devices=n_devices, stack=spec.stack)
 
 
 def spec_text(doc: dict[str, Any], header: str = "") -> str:
@@ -162,7 +167,7 @@ def add_geometry(row: dict[str, Any] | None, grid) -> None:
 
 
 def search_spec(row: dict[str, Any], grid, *, gbs: int, seqlen: int, optimizer: str, node_type: str,
-                n_devices: int) -> dict[str, Any]:
-    """The spec document of a search candidate: its ladder model under its best layout."""
+                n_devices: int, stack: Stack | None = None) -> dict[str, Any]:
+    """The spec document of a search candidate: its ladder model under its best layout, on ``stack``."""
     return spec_document(ladder_model_of(row, grid), row["layout"], gbs=gbs, seqlen=seqlen, optimizer=optimizer,
-                         node_type=node_type, n_devices=n_devices)
+                         node_type=node_type, n_devices=n_devices, stack=stack)

@@ -58,10 +58,7 @@ def add_launch_outputs(out: dict[str, Any], res0, grid, est, env0, mem_fraction:
     doc = None
     if best is not None:
         doc = search_spec(best, grid, gbs=env0.gbs, seqlen=env0.seqlen, optimizer=env0.optimizer,
-                          node_type=est.profile.name, n_devices=res0.n_devices)
-        stack = est.training_stack.model_dump(mode="json", exclude_defaults=True)
-        if stack:  # the stack the plans were costed on (search --stack), so its flags are emitted too
-            doc["stack"] = stack
+                          node_type=est.profile.name, n_devices=res0.n_devices, stack=est.training_stack)
     if emit is not None:
         from scaleplan.megatron.args import megatron_text
         from scaleplan.specs import parse_spec

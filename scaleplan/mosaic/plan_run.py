@@ -182,7 +182,7 @@ def spec_points(ctx: Context) -> dict:
     r, pdr = ctx.r, ctx.pd
     spec = load_spec(r.spec)
     d = spec.data
-    stack = r.search.stack or spec.stack  # --stack over the spec's own stack block, as estimate reads them
+    stack = _spec_stack(r, spec)
     cons = PlanConstraints(mbs=r.search.mbs, ckpt=ctx.bank.constraints.ckpt, mem_fraction=r.search.mem_fraction)
     out = {}
     for k in ctx.keys:
@@ -431,6 +431,12 @@ def launch_outputs(ctx: Context, out: dict, point: dict | None) -> None:
         out["html"] = str(r.html)
 
 
+def _spec_stack(r, spec):
+    """The training stack a --spec target is planned on: --stack over the spec's own stack block (as estimate
+    reads them; the request holds --stack already applied over the spec's)."""
+    return r.search.stack or spec.stack
+
+
 def _emit_fixed_model(ctx: Context, out: dict, point: dict) -> None:
     """--emit-spec / --emit megatron of a spec target: the spec's model under the chosen point's layout."""
     from scaleplan.emit import spec_document, write_spec
@@ -441,7 +447,7 @@ def _emit_fixed_model(ctx: Context, out: dict, point: dict) -> None:
     spec = load_spec(r.spec)
     doc = spec_document(spec.model, point["plan"]["layout"], gbs=spec.data.gbs, seqlen=spec.data.seqlen,
                         optimizer=spec.optimizer.optimizer_type, node_type=point["profile"],
-                        n_devices=point["n_devices"])
+                        n_devices=point["n_devices"], stack=_spec_stack(r, spec))
     what = f"{r.spec} on {pp.label(point)}: predicted MFU {100 * point['plan']['mfu']:.2f}%, {r.tokens:.4g} tokens"
     if r.emit == "megatron":
         out["megatron_args"] = megatron_text(parse_spec(doc), point["plan"]["layout"], point["n_devices"],

@@ -112,3 +112,19 @@ def test_search_costs_the_stack_given_and_emits_it(run_json, recorded_db, tmp_pa
 def test_search_refuses_a_stack_the_ladder_cannot_run_in_one_line(run, recorded_db, stack, field):
     code, out, err = run(*SMALL_SEARCH, "--db", recorded_db, "--stack", stack)
     assert code == 2 and field in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_emitted_spec_keeps_the_stack_it_was_costed_on(run_json, recorded_db, tmp_path):
+    """layouts and plan --emit-spec write the spec's stack block with the chosen layout, so estimating what they
+    wrote costs the same stack (and gives their MFU)."""
+    stock = {"permute_fusion": True, "router_fusion": True, "dispatcher": "hybridep"}
+    src = tmp_path / "stack.yaml"
+    src.write_text(yaml.safe_dump({**SPEC, "stack": stock}))
+    out_layouts, out_plan = tmp_path / "layouts.yaml", tmp_path / "plan.yaml"
+    best = run_json("layouts", src, "--devices", 32, "--top", 1, "--db", recorded_db, "--emit-spec",
+                    out_layouts)["best"]
+    assert yaml.safe_load(out_layouts.read_text())["stack"] == stock
+    assert run_json("estimate", out_layouts, "--db", recorded_db)[0]["mfu"] == pytest.approx(best["mfu"], rel=1e-9)
+    run_json("plan", "--spec", src, "--tokens", "2e11", "--platforms", "p6-b200.48xlarge", "--nodes", "4",
+             "--samples", "0", "--db", recorded_db, "--emit-spec", out_plan)
+    assert yaml.safe_load(out_plan.read_text())["stack"] == stock
