@@ -161,7 +161,7 @@ def _device_count(spec, devices: int | None) -> int:
     return n
 
 
-def _load_spec(spec_path, stack: str | None = None):
+def load_spec_with_stack(spec_path, stack: str | None = None):
     """The spec at ``spec_path``, its training stack overridden by ``stack`` (--stack key=value pairs); a note on
     stderr for each field read but not used (Spec.ignored)."""
     spec = specs.load_spec(spec_path)
@@ -261,7 +261,7 @@ def estimate(
 
     emit_mod.check_emit(emit)
     check_mem_fraction(mem_fraction)
-    spec = _load_spec(spec_path, stack)
+    spec = load_spec_with_stack(spec_path, stack)
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     layouts = what_if_layouts(spec, spec_path, n, layout or [], devices is not None)
@@ -347,7 +347,7 @@ def layouts(
     from scaleplan.report.provenance import provenance
 
     emit_mod.check_emit(emit, files={"--emit-spec": emit_spec, "--html": html})
-    spec = _load_spec(spec_path, stack)
+    spec = load_spec_with_stack(spec_path, stack)
     emit_mod.check_emit(emit, spec.optimizer.optimizer_type)
     n = _device_count(spec, devices)
     modes = specs.parse_ckpt_modes(ckpt)

@@ -87,9 +87,9 @@ def _stack(text: str | None, spec_path):
         from scaleplan.cli.search import ladder_stack
 
         return ladder_stack(text)
-    from scaleplan.cli.estimate import _load_spec
+    from scaleplan.cli.estimate import load_spec_with_stack
 
-    return _load_spec(spec_path, text).stack
+    return load_spec_with_stack(spec_path, text).stack
 
 
 def show(report, json_out: bool) -> None:
