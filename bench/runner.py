@@ -36,7 +36,9 @@ REQUIRED = {"gemm": "t_s", "collectives": "t_s", "dispatch": "wall_per_kernel_s"
 Event = Callable[[str, dict[str, Any]], None]
 
 # GPU name fragment -> profile, for a single GPU and for a full node of that GPU
-_GPU_PROFILES = (  # first match wins: "GB200" before "B200", which it contains
+_GPU_PROFILES = (  # first match wins: "GB200" before "B200", "GB300" before "B300", which they contain
+    ("GB300", "p6e-gb300.36xlarge", "p6e-gb300.36xlarge"),
+    ("B300", "p6-b300.48xlarge", "p6-b300.48xlarge"),
     ("GB200", "p6e-gb200.36xlarge", "p6e-gb200.36xlarge"),
     ("B200", "p6-b200.48xlarge", "p6-b200.48xlarge"),
     ("H200", "h200-single", "p5en.48xlarge"),

@@ -25,6 +25,8 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
    26.06 container's GB200 runs, the whole step one CUDA graph (:data:`CAPTURED_RUNS`).
 7. Qwen3-30B-A3B on 16 H100 in bf16 as Megatron-Bridge's controlled comparisons measured it (:data:`H100_RUNS`):
    HybridEP or the all-to-all dispatcher, the all-to-all overlapped or not, CUDA graphs or eager.
+8. The same table's B300 and GB300 runs of the four models (:data:`BLACKWELL_ULTRA_RUNS`), on profiles with no
+   measured table: their kernels the B200's rows scaled to their datasheets.
 
 Then a diagnostic scan, applied to nothing: every published row with the dispatch law's host seconds scaled by
 a factor f (:func:`host_scan`), which shows how much of each row's error the host side can account for.
@@ -111,7 +113,16 @@ PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               "qwen3-30b-a3b mxfp8 8 GB200, 26.06, step captured": 40706,
                               "qwen3-235b-a22b mxfp8 256 GB200, 26.06, step captured": 7376,
                               "deepseek-v3 mxfp8 256 GB200, 26.06, step captured": 4969,
-                              "gpt-oss-120b mxfp8 64 GB200, 26.06, step captured": 28947}
+                              "gpt-oss-120b mxfp8 64 GB200, 26.06, step captured": 28947,
+                              # B300 and GB300, the 26.04.01 container (BLACKWELL_ULTRA_RUNS)
+                              "qwen3-30b-a3b mxfp8 8 B300": 30720,
+                              "qwen3-30b-a3b mxfp8 8 GB300": 31744,
+                              "gpt-oss-120b bf16 64 B300, EP 8, HybridEP": 15232,
+                              "gpt-oss-120b bf16 64 GB300, EP 64": 19200,
+                              "qwen3-235b-a22b mxfp8 256 B300, PP 8, micro-batch 2": 5936,
+                              "qwen3-235b-a22b mxfp8 256 GB300, PP 4 x VP 12, EP 32": 6944,
+                              "deepseek-v3 mxfp8 256 B300, PP 8, EP 8": 3456,
+                              "deepseek-v3 mxfp8 256 GB300, PP 2 x VP 8, EP 32": 4992}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -219,6 +230,49 @@ CAPTURED_RUNS = [
      {**PUBLISHED_GPT_OSS, "fp8_recipe": "mxfp8", "fp8_param": True, "dispatcher": "hybridep", "recompute_modules": None,
       **CAPTURED}, GB200, 64, Layout(ep=64, mbs=4, ckpt="none")),
 ]
+# BLACKWELL_ULTRA_RUNS: the same table's B300 and GB300 rows (26.04.01 container), each with its Megatron-Bridge 0.4.2
+# workload, on profiles with no measured table: their kernels the B200's rows scaled to their datasheets (the same
+# bf16 and FP8 peaks on a B300: factor 1), their fabric analytic at 800 Gb/s per GPU.
+# * Qwen3-30B-A3B B300 / GB300 FP8_MX V1: micro-batch 8, HybridEP, CUDA graphs over moe_router and moe_preprocess.
+# * GPT-OSS-120B B300 BF16 V2: EP 8, HybridEP, CUDA graphs over attn, moe_router and moe_preprocess, no recompute;
+#   GB300 BF16 V2: EP 64, the all-to-all dispatcher, the same graphs, no recompute.
+# * Qwen3-235B-A22B B300 FP8_MX V2: PP 8 (11 + 6 x 12 + 11), EP 8, micro-batch 2, HybridEP, no graphs; GB300 FP8_MX V2:
+#   PP 4 x VP 12 (two layers a virtual stage with the embedding and loss counted: 23 + 24 + 24 + 23), EP 32,
+#   micro-batch 2, HybridEP, graphs over attn, moe_router and moe_preprocess.
+# * DeepSeek-V3 B300 V2: PP 8 (the recipe's (8, 1) layout: embedding + 8, 6 x 8, 5 + MTP + loss), EP 8, micro-batch
+#   2, HybridEP, graphs over attn, moe_router and moe_preprocess, --recompute-modules mla_up_proj; GB300 V2: PP 2 x VP
+#   8 ("Et*4|(t*4|)*14tmL": 32 + 29 layers), EP 32, micro-batch 2, HybridEP, no graphs, mla_up_proj.
+B300, GB300 = "p6-b300.48xlarge", "p6e-gb300.36xlarge"
+QWEN_MBS8 = {**QWEN_FP8, "data": {**QWEN_FP8["data"], "microbatch_sz": 8}}
+QWEN_ULTRA = {**PUBLISHED_QWEN, "cuda_graphs": ["moe_router", "moe_preprocess"]}
+GPT_OSS_ULTRA = {**{k: v for k, v in PUBLISHED_GPT_OSS.items() if k != "recompute_modules"},
+                 "cuda_graphs": ["attn", "moe_router", "moe_preprocess"]}
+QWEN_235B_MBS2 = {**QWEN_235B, "data": {**QWEN_235B["data"], "microbatch_sz": 2}}
+DSV3_MBS2 = {**DSV3, "data": {**DSV3["data"], "microbatch_sz": 2}}
+BLACKWELL_ULTRA_RUNS = [
+    ("qwen3-30b-a3b mxfp8 8 B300", "qwen3-30b-a3b", QWEN_MBS8, QWEN_ULTRA, B300, 8, Layout(ep=8, mbs=8, ckpt="none")),
+    ("qwen3-30b-a3b mxfp8 8 GB300", "qwen3-30b-a3b", QWEN_MBS8, QWEN_ULTRA, GB300, 8,
+     Layout(ep=8, mbs=8, ckpt="none")),
+    ("gpt-oss-120b bf16 64 B300, EP 8, HybridEP", "gpt-oss-120b", GPT_OSS, {**GPT_OSS_ULTRA, "dispatcher": "hybridep"},
+     B300, 64, Layout(ep=8, mbs=4, ckpt="none")),
+    ("gpt-oss-120b bf16 64 GB300, EP 64", "gpt-oss-120b", GPT_OSS, GPT_OSS_ULTRA, GB300, 64,
+     Layout(ep=64, mbs=4, ckpt="none")),
+    ("qwen3-235b-a22b mxfp8 256 B300, PP 8, micro-batch 2", "qwen3-235b-a22b", QWEN_235B_MBS2,
+     {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep"}, B300, 256,
+     Layout(pp=8, ep=8, mbs=2, ckpt="none", decoder_first_pipeline_num_layers=11,
+            decoder_last_pipeline_num_layers=11)),
+    ("qwen3-235b-a22b mxfp8 256 GB300, PP 4 x VP 12, EP 32", "qwen3-235b-a22b", QWEN_235B_MBS2,
+     {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", "cuda_graphs": ["attn", "moe_router", "moe_preprocess"]},
+     GB300, 256, Layout(pp=4, vpp=12, ep=32, mbs=2, ckpt="none", decoder_first_pipeline_num_layers=23,
+                        decoder_last_pipeline_num_layers=23)),
+    ("deepseek-v3 mxfp8 256 B300, PP 8, EP 8", "deepseek-v3", DSV3_MBS2,
+     {**DSV3_2604, "cuda_graphs": PUBLISHED_DSV3["cuda_graphs"]}, B300, 256,
+     Layout(pp=8, ep=8, mbs=2, ckpt="selective", decoder_first_pipeline_num_layers=8,
+            decoder_last_pipeline_num_layers=5)),
+    ("deepseek-v3 mxfp8 256 GB300, PP 2 x VP 8, EP 32", "deepseek-v3", DSV3_MBS2, DSV3_2604, GB300, 256,
+     Layout(pp=2, vpp=8, ep=32, mbs=2, ckpt="selective", decoder_first_pipeline_num_layers=32,
+            decoder_last_pipeline_num_layers=29)),
+]
 # H100_RUNS: Qwen3-30B-A3B on 16 H100 (two nodes: EP 16 spans them), bf16, micro-batch 1, global batch 1024, sequence
 # 4096, routing forced to balance, as Megatron-Bridge's own controlled comparisons measured them, each published as
 # seconds per step (NVIDIA-NeMo/Megatron-Bridge v0.6.0 skills/nemo-mbridge-perf-moe-comm-overlap and
@@ -247,13 +301,15 @@ H100_CASES = (
 H100_RUNS = [(name, *H100_EP16, stack, "p5.48xlarge", 16, Layout(ep=16, mbs=1, ckpt="none"))
              for name, stack, _ in H100_CASES]
 PUBLISHED_STEP_S = {name: step for name, _, step in H100_CASES}
+ALL_RUNS = EXAMPLES + OTHER_LAYOUTS + GB200_RUNS + CAPTURED_RUNS + H100_RUNS + BLACKWELL_ULTRA_RUNS  # print order
 # the published rows' groups, in print order: (label, example names)
 GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("the archive's other B200 layouts", [e[0] for e in OTHER_LAYOUTS]),
           ("GB200, kernels from the B200's rows scaled", [e[0] for e in GB200_RUNS]),
           ("GB200 26.06, the step captured (fused grouped MLP, FP8 attention not costed)",
            [e[0] for e in CAPTURED_RUNS]),
-          ("H100, Megatron-Bridge's controlled comparisons (seconds per step)", [e[0] for e in H100_RUNS]))
+          ("H100, Megatron-Bridge's controlled comparisons (seconds per step)", [e[0] for e in H100_RUNS]),
+          ("B300 and GB300, kernels from the B200's rows scaled", [e[0] for e in BLACKWELL_ULTRA_RUNS]))
 
 
 def _spec(model: str, over: dict, stack: dict, profile: str):
@@ -267,7 +323,7 @@ def _spec(model: str, over: dict, stack: dict, profile: str):
 
 def run(db: str | None, host_scale: float | None = None) -> list[dict]:
     out = []
-    for name, model, over, stack, profile, n, layout in EXAMPLES + OTHER_LAYOUTS + GB200_RUNS + CAPTURED_RUNS + H100_RUNS:
+    for name, model, over, stack, profile, n, layout in ALL_RUNS:
         spec = _spec(model, over, stack, profile)
         est = Estimator(profile, db, use_calibration=False, host_scale=host_scale)
         r = est.estimate(spec, n, [layout])[0]

@@ -89,9 +89,10 @@ class ClusterProfile(BaseModel):
     # and bf16 GEMM rows give, where this profile has no FP8 rows, its FP8 GEMM table: its bf16 table times
     # their FP8 / bf16 device-time ratio at each shape (estimator/table_build.py)
     fp8_ratio_tables: tuple[str, ...] = ()
-    # profiles of another part on this GPU's die (:data:`DIES`: an HGX B200 for a GB200, clocked and powered lower)
-    # whose single-device rows stand in for the kinds this profile and its device_tables lack, their times scaled
-    # by the two datasheets (scaleplan.db.measurements.part_scales); every lookup of them is labelled composed
+    # profiles of another part of this GPU's tensor-core generation (:data:`TENSOR_CORE_GENERATION`: an HGX B200 for
+    # a GB200, clocked and powered higher, or for a B300) whose single-device rows stand in for the kinds this profile
+    # and its device_tables lack, their times scaled by the two datasheets (scaleplan.db.measurements.part_scales);
+    # every lookup of them is labelled composed
     scaled_device_tables: tuple[str, ...] = ()
 
     @property
@@ -159,6 +160,15 @@ def gpu_model(name: str | None) -> str | None:
 # GB200's (one dual-die Blackwell GPU) differ in clocks and power as well (2.25 and 2.5 PFLOP/s dense bf16; NVIDIA
 # HGX B200 and GB200 NVL72 datasheets), so a device time carries over scaled by the datasheets (scaled_device_tables)
 DIES = {"H100": "GH100", "H200": "GH100", "B200": "GB100", "GB200": "GB100"}
+# the tensor-core generation of a GPU model: parts of one generation run the same tensor-core instructions at the
+# same rate per SM and clock for the dtypes a measured table holds, so a device time carries from one part to
+# another at the ratio of their datasheet peaks (scaled_device_tables; scaleplan.db.measurements.part_scales). A
+# B300 (Blackwell Ultra) is a new die of the Blackwell generation: the HGX B300 and HGX B200 datasheets give the
+# same dense bf16, FP8 and TF32 peaks per GPU (2.25, 4.5, 1.125 PFLOP/s), NVFP4 1.5x and the attention softmax's
+# exponentials 2x (which the B200's rows at the datasheets' ratio do not see: a B300's attention is costed at the
+# B200's speed)
+TENSOR_CORE_GENERATION = {"H100": "Hopper", "H200": "Hopper", "GH200": "Hopper", "B200": "Blackwell",
+                          "GB200": "Blackwell", "B300": "Blackwell", "GB300": "Blackwell"}
 # CUDA compute capability of a GPU model (NVIDIA's CUDA GPUs list): what a library's choice of kernel turns on
 COMPUTE_CAPABILITY = {"A100": 8.0, "H100": 9.0, "H200": 9.0, "GH200": 9.0, "B200": 10.0, "GB200": 10.0,
                       "B300": 10.3, "GB300": 10.3}
@@ -226,8 +236,9 @@ def profile_file(name: str) -> ClusterProfile:
             raise SpecError(f"profile {path.name}: {field}", first.get("input"), first["msg"]) from None
         raise SpecError(f"profile {path.name}", "...", str(e).splitlines()[0]) from None
     _check_device_tables(prof, path.name)
-    _check_same_die(prof, path.name, "fp8_ratio_tables")
-    _check_same_die(prof, path.name, "scaled_device_tables", other_part=True)
+    _check_same_kind(prof, path.name, "fp8_ratio_tables", DIES, "die")
+    _check_same_kind(prof, path.name, "scaled_device_tables", TENSOR_CORE_GENERATION, "tensor-core generation",
+                     other_part=True)
     return prof
 
 
@@ -247,22 +258,24 @@ def _check_device_tables(prof: ClusterProfile, file: str) -> None:
                             f"a profile of the same GPU ({prof.gpu_name}; {other} is {theirs})")
 
 
-def _check_same_die(prof: ClusterProfile, file: str, field: str, other_part: bool = False) -> None:
-    """Each profile ``prof`` names in ``field`` (fp8_ratio_tables, scaled_device_tables) is another known profile
-    whose GPU is on this GPU's die (:data:`DIES`), with ``other_part`` of another GPU model (rows of the same model
+def _check_same_kind(prof: ClusterProfile, file: str, field: str, kinds: dict[str, str], kind: str,
+                     other_part: bool = False) -> None:
+    """Each profile ``prof`` names in ``field`` is another known profile whose GPU is of this GPU's ``kind`` in
+    ``kinds`` (fp8_ratio_tables: the same die, :data:`DIES`; scaled_device_tables: the same tensor-core
+    generation, :data:`TENSOR_CORE_GENERATION`), with ``other_part`` of another GPU model (rows of the same model
     are lent as measured: device_tables). Raises SpecError naming the first that is not."""
     for other in getattr(prof, field):
         if other == prof.name or other not in profile_names():
             raise SpecError(f"profile {file}: {field}", other, "another built-in profile")
         theirs = profile_file(other).gpu_name
-        die = DIES.get(gpu_model(prof.gpu_name) or "")
-        if die is None or DIES.get(gpu_model(theirs) or "") != die:
+        mine = kinds.get(gpu_model(prof.gpu_name) or "")
+        if mine is None or kinds.get(gpu_model(theirs) or "") != mine:
             raise SpecError(f"profile {file}: {field}", other,
-                            f"a profile of a GPU on the same die ({prof.gpu_name}; {other} is {theirs}; dies known: "
-                            + ", ".join(sorted(set(DIES.values()))) + ")")
+                            f"a profile of a GPU of the same {kind} ({prof.gpu_name}; {other} is {theirs}; known: "
+                            + ", ".join(sorted(set(kinds.values()))) + ")")
         if other_part and gpu_model(theirs) == gpu_model(prof.gpu_name):
             raise SpecError(f"profile {file}: {field}", other,
-                            f"another GPU model on the die ({other} is {theirs} too: name it in device_tables)")
+                            f"another GPU model of the {kind} ({other} is {theirs} too: name it in device_tables)")
 
 
 def max_devices(name: str) -> int:

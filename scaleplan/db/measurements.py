@@ -1,7 +1,7 @@
 """The measurement rows a profile's tables are built from (estimator/table_build.py builds them): one
 frame per bench suite, OK points of the runs of this profile's hardware only, plus the single-device rows
 of the profiles it names in ``device_tables`` (same GPU model) for the kinds of rows it lacks, then those of its
-``scaled_device_tables`` (another part on the same die) with their times scaled to this part (:func:`scale_to_part`)."""
+``scaled_device_tables`` (another part of the same tensor-core generation) with their times scaled to this part (:func:`scale_to_part`)."""
 from __future__ import annotations
 
 from scaleplan.lazy import lazy_module
@@ -78,11 +78,12 @@ def is_scaled(df: pd.DataFrame) -> bool:
 
 
 def part_scales(profile: str, lender: str) -> tuple[dict[str, float], float]:
-    """The factors a device time ``lender`` measured is multiplied by to be ``profile``'s, a part on the same die
-    (scaled_device_tables): (per dtype, the lender's dense peak over this profile's, FLOP/s / FLOP/s; the lender's
-    HBM bandwidth over this profile's, B/s / B/s).
-    A lender's device time times these is this part's: same SMs and tensor-core lanes at other clocks, the
-    datasheet peaks in the clocks' ratio. A dtype without a lane on either falls back to bf16's ratio."""
+    """The factors a device time ``lender`` measured is multiplied by to be ``profile``'s, a part of the same
+    tensor-core generation (scaled_device_tables): (per dtype, the lender's dense peak over this profile's,
+    FLOP/s / FLOP/s; the lender's HBM bandwidth over this profile's, B/s / B/s).
+    A lender's device time times these is this part's: the same tensor-core lanes per SM and clock at other clocks
+    or SM counts, which the datasheet peaks carry (scaleplan.profiles.TENSOR_CORE_GENERATION). A dtype without a
+    lane on either falls back to bf16's ratio."""
     from scaleplan.profiles import profile_file
 
     mine, theirs = profile_file(profile), profile_file(lender)
@@ -92,7 +93,7 @@ def part_scales(profile: str, lender: str) -> tuple[dict[str, float], float]:
 
 
 def scale_to_part(df: pd.DataFrame, suite: str, scales: tuple[dict[str, float], float]) -> pd.DataFrame:
-    """``df`` (rows of ``suite`` a same-die part measured) with its times in this part's seconds (:func:`part_scales`'
+    """``df`` (rows of ``suite`` another part of the generation measured) with its times in this part's seconds (:func:`part_scales`'
     ``scales``), each row's factor in :data:`SCALED`."""
     if df.empty:
         return df

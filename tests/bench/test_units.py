@@ -205,6 +205,8 @@ def test_nvml_index_follows_cuda_visible_devices(monkeypatch):
         ("NVIDIA H200", 1, "h200-single"),
         ("NVIDIA H200", 8, "p5en.48xlarge"),
         ("NVIDIA B200", 8, "p6-b200.48xlarge"),
+        ("NVIDIA B300 SXM6 AC", 8, "p6-b300.48xlarge"),
+        ("NVIDIA GB300", 4, "p6e-gb300.36xlarge"),
         ("NVIDIA H100 80GB HBM3", 8, "p5.48xlarge"),
         ("NVIDIA H100 80GB HBM3", 1, "h100-single"),
         ("NVIDIA A100-SXM4-40GB", 8, "p4d.24xlarge"),

@@ -171,13 +171,15 @@ def test_an_fp8_ratio_profile_off_the_die_or_unknown_is_refused_in_one_line(tmp_
 
 
 B200, GB200 = "p6-b200.48xlarge", "p6e-gb200.36xlarge"
+B300, GB300 = "p6-b300.48xlarge", "p6e-gb300.36xlarge"
 
 
-def test_gb200_takes_the_b200_rows_at_its_own_clocks(recorded_db):
-    """A GB200 has no table of its own: each B200 row stands in with its time scaled by the two datasheets, the
-    tensor-core kinds by the dense peaks at the row's dtype, the rest by the HBM bandwidths."""
-    gb, b = profile_file(GB200), profile_file(B200)
-    mine, theirs = load_frames(recorded_db, GB200), load_frames(recorded_db, B200)
+@pytest.mark.parametrize("part", [GB200, B300, GB300])
+def test_a_blackwell_part_takes_the_b200_rows_at_its_own_clocks(recorded_db, part):
+    """A GB200, B300 or GB300 has no table of its own: each B200 row stands in with its time scaled by the two
+    datasheets, the tensor-core kinds by the dense peaks at the row's dtype, the rest by the HBM bandwidths."""
+    gb, b = profile_file(part), profile_file(B200)
+    mine, theirs = load_frames(recorded_db, part), load_frames(recorded_db, B200)
     for suite, col in (("gemm", "t_s"), ("sdpa", "fwd_s"), ("router", "fwd_s"), ("vocab", "bwd_s")):
         m, t = mine[suite].set_index("id"), theirs[suite].set_index("id")
         assert len(m) == len(t) > 0 and set(m[FROM_PROFILE]) == {B200}, suite
@@ -218,11 +220,15 @@ def test_an_estimate_on_gb200_reads_the_scaled_rows_labelled_composed(recorded_d
 
 @pytest.mark.parametrize("gpu, other, why", [("NVIDIA GB200", "p6e-gb200.36xlarge", "another built-in profile"),
                                              ("NVIDIA GB200", "nope", "another built-in profile"),
-                                             ("NVIDIA GB200", "h200-single", "same die"),
+                                             ("NVIDIA GB200", "h200-single", "same tensor-core generation"),
+                                             ("NVIDIA B300", "h200-single", "same tensor-core generation"),
+                                             ("NVIDIA H100 80GB HBM3", "p6-b200.48xlarge",
+                                              "same tensor-core generation"),
                                              ("NVIDIA B200", "p6-b200.48xlarge", "device_tables")])
-def test_a_scaled_lender_must_be_another_part_on_the_die(tmp_path, gpu, other, why):
-    """scaled_device_tables names another GPU model on this GPU's die; the same model is lent unscaled
-    (device_tables), another die's rows would stand in for another chip."""
+def test_a_scaled_lender_must_be_another_part_of_the_generation(tmp_path, gpu, other, why):
+    """scaled_device_tables names another GPU model of this GPU's tensor-core generation (a B200 for a GB200 or a
+    B300); the same model is lent unscaled (device_tables), another generation's rows would stand in for other
+    tensor cores."""
     p = tmp_path / "node.yaml"
     p.write_text(Path(_profile_yaml(tmp_path, [], gpu)).read_text() + f"scaled_device_tables: [{other}]\n")
     if other == "p6e-gb200.36xlarge":  # a profile of that name is built in: this file is another one
@@ -242,3 +248,28 @@ def test_the_provenance_says_whose_rows_come_first(both_db):
     lent = next(b for b in p["borrowed"] if b["profile"] == "h100-single")
     assert lent["how"] == "lent (in place of its own: gemm)" and lent["table_runs"]
     assert {r["suite"] for r in lent["table_runs"]} >= {"gemm", "grouped_gemm"}
+
+
+def test_a_b300_holds_the_published_b300_layout_that_a_b200_cannot(recorded_db):
+    """Megatron-Bridge's B300 workload of Qwen3-30B-A3B (8 GPUs, EP 8, micro-batch 8, MXFP8, HybridEP) ran on B300s;
+    the same count of Megatron-Core's memory (the allocator rows are lent, the bytes unscaled) is over a B200's HBM
+    and within a B300's, as each profile's capacity says."""
+    from scaleplan.catalogue import spec_data
+    from scaleplan.estimator.api import Estimator
+    from scaleplan.units import MEM_FRACTION
+
+    from scaleplan.specs import Layout, parse_spec
+
+    def at(profile):
+        doc = spec_data("qwen3-30b-a3b")
+        spec = parse_spec({**doc, "model": {**doc["model"], "precision": "fp8"},
+                           "data": {**doc["data"], "gbs": 512, "seqlen": 4096, "microbatch_sz": 8},
+                           "hardware": {"node_type": profile},
+                           "stack": {"dispatcher": "hybridep", "fp8_recipe": "mxfp8", "fp8_param": True,
+                                     "permute_fusion": True, "router_fusion": True}})
+        return Estimator(profile, recorded_db, use_calibration=False).estimate(spec, 8, [Layout(ep=8, mbs=8, ckpt="none")])[0]
+
+    b, u = at(B200), at(B300)
+    assert b.mem_per_device_gb == pytest.approx(u.mem_per_device_gb, rel=1e-9)
+    assert profile_file(B200).hbm_bytes * MEM_FRACTION < 1e9 * u.mem_per_device_gb <= profile_file(B300).hbm_bytes
+    assert u.feasible and not b.feasible
