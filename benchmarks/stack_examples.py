@@ -25,8 +25,8 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
    26.06 container's GB200 runs, the whole step one CUDA graph (:data:`CAPTURED_RUNS`).
 7. Qwen3-30B-A3B on 16 H100 in bf16 as Megatron-Bridge's controlled comparisons measured it (:data:`H100_RUNS`):
    HybridEP or the all-to-all dispatcher, the all-to-all overlapped or not, CUDA graphs or eager.
-8. The same table's B300 and GB300 runs of the four models (:data:`BLACKWELL_ULTRA_RUNS`), on profiles with no
-   measured table: their kernels the B200's rows scaled to their datasheets.
+8. The same table's B300 and GB300 runs of the four models and Kimi-K2's GB300 run (:data:`BLACKWELL_ULTRA_RUNS`),
+   on profiles with no measured table: their kernels the B200's rows scaled to their datasheets.
 
 Then a diagnostic scan, applied to nothing: every published row with the dispatch law's host seconds scaled by
 a factor f (:func:`host_scan`), which shows how much of each row's error the host side can account for.
@@ -122,7 +122,8 @@ PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               "qwen3-235b-a22b mxfp8 256 B300, PP 8, micro-batch 2": 5936,
                               "qwen3-235b-a22b mxfp8 256 GB300, PP 4 x VP 12, EP 32": 6944,
                               "deepseek-v3 mxfp8 256 B300, PP 8, EP 8": 3456,
-                              "deepseek-v3 mxfp8 256 GB300, PP 2 x VP 8, EP 32": 4992}
+                              "deepseek-v3 mxfp8 256 GB300, PP 2 x VP 8, EP 32": 4992,
+                              "kimi-k2 mxfp8 256 GB300, PP 4 x VP 4, EP 64, Muon": 5328}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -242,7 +243,14 @@ CAPTURED_RUNS = [
 # * DeepSeek-V3 B300 V2: PP 8 (the recipe's (8, 1) layout: embedding + 8, 6 x 8, 5 + MTP + loss), EP 8, micro-batch
 #   2, HybridEP, graphs over attn, moe_router and moe_preprocess, --recompute-modules mla_up_proj; GB300 V2: PP 2 x VP
 #   8 ("Et*4|(t*4|)*14tmL": 32 + 29 layers), EP 32, micro-batch 2, HybridEP, no graphs, mla_up_proj.
+# * Kimi-K2 GB300 (the only system it was published on): PP 4 x VP 4 (the recipe's (4, 4) layout: embedding + 4, 14 x 4,
+#   1 + loss: 16 + 16 + 16 + 13 layers), EP 64, micro-batch 2, global batch 4096, HybridEP, no graphs,
+#   --recompute-modules mla_up_proj, the distributed Muon optimizer (kimi_k2_pretrain_config's default; with MXFP8 it
+#   turns FP8 parameter gather off), gradients reduced in bf16, routing forced to balance.
 B300, GB300 = "p6-b300.48xlarge", "p6e-gb300.36xlarge"
+KIMI_K2 = {"model": {"precision": "fp8"}, "data": {"gbs": 4096, "seqlen": 4096, "microbatch_sz": 2},
+           "optimizer": {"optimizer_type": "muon"}}
+PUBLISHED_KIMI_K2 = {**DSV3_2604, "fp8_param": False}
 QWEN_MBS8 = {**QWEN_FP8, "data": {**QWEN_FP8["data"], "microbatch_sz": 8}}
 QWEN_ULTRA = {**PUBLISHED_QWEN, "cuda_graphs": ["moe_router", "moe_preprocess"]}
 GPT_OSS_ULTRA = {**{k: v for k, v in PUBLISHED_GPT_OSS.items() if k != "recompute_modules"},
@@ -272,6 +280,9 @@ BLACKWELL_ULTRA_RUNS = [
     ("deepseek-v3 mxfp8 256 GB300, PP 2 x VP 8, EP 32", "deepseek-v3", DSV3_MBS2, DSV3_2604, GB300, 256,
      Layout(pp=2, vpp=8, ep=32, mbs=2, ckpt="selective", decoder_first_pipeline_num_layers=32,
             decoder_last_pipeline_num_layers=29)),
+    ("kimi-k2 mxfp8 256 GB300, PP 4 x VP 4, EP 64, Muon", "kimi-k2", KIMI_K2, PUBLISHED_KIMI_K2, GB300, 256,
+     Layout(pp=4, vpp=4, ep=64, mbs=2, ckpt="selective", decoder_first_pipeline_num_layers=16,
+            decoder_last_pipeline_num_layers=13)),
 ]
 # H100_RUNS: Qwen3-30B-A3B on 16 H100 (two nodes: EP 16 spans them), bf16, micro-batch 1, global batch 1024, sequence
 # 4096, routing forced to balance, as Megatron-Bridge's own controlled comparisons measured them, each published as
@@ -315,7 +326,7 @@ GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
 def _spec(model: str, over: dict, stack: dict, profile: str):
     doc = spec_data(model)
     doc = {**doc, "model": {**doc["model"], **over.get("model", {})}, "data": {**doc["data"], **over["data"]},
-           "hardware": {"node_type": profile}}
+           "optimizer": {**doc.get("optimizer", {}), **over.get("optimizer", {})}, "hardware": {"node_type": profile}}
     if stack:
         doc["stack"] = stack
     return parse_spec(doc)
