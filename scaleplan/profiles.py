@@ -90,9 +90,9 @@ class ClusterProfile(BaseModel):
     # their FP8 / bf16 device-time ratio at each shape (estimator/table_build.py)
     fp8_ratio_tables: tuple[str, ...] = ()
     # profiles of another part of this GPU's tensor-core generation (:data:`TENSOR_CORE_GENERATION`: an HGX B200 for
-    # a GB200, clocked and powered higher, or for a B300) whose single-device rows stand in for the kinds this profile
-    # and its device_tables lack, their times scaled by the two datasheets (scaleplan.db.measurements.part_scales);
-    # every lookup of them is labelled composed
+    # a GB200, the same die at higher clocks, or for a B300, a new die) whose single-device rows stand in for the
+    # kinds this profile and its device_tables lack, their times scaled by the two datasheets
+    # (scaleplan.db.measurements.part_scales); every lookup of them is labelled composed
     scaled_device_tables: tuple[str, ...] = ()
 
     @property
@@ -158,7 +158,7 @@ def gpu_model(name: str | None) -> str | None:
 # between two lanes measured on one holds on the other. H100 SXM and H200 (GH100, 989 / 1979 TFLOP/s dense bf16 /
 # FP8 each; NVIDIA H100 and H200 datasheets) share clocks too and differ in HBM; the B200 of an HGX board and a
 # GB200's (one dual-die Blackwell GPU) differ in clocks and power as well (2.25 and 2.5 PFLOP/s dense bf16; NVIDIA
-# HGX B200 and GB200 NVL72 datasheets), so a device time carries over scaled by the datasheets (scaled_device_tables)
+# HGX B200 and GB200 NVL72 datasheets): what fp8_ratio_tables asks of a lender
 DIES = {"H100": "GH100", "H200": "GH100", "B200": "GB100", "GB200": "GB100"}
 # the tensor-core generation of a GPU model: parts of one generation run the same tensor-core instructions at the
 # same rate per SM and clock for the dtypes a measured table holds, so a device time carries from one part to

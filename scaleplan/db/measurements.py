@@ -1,7 +1,8 @@
 """The measurement rows a profile's tables are built from (estimator/table_build.py builds them): one
 frame per bench suite, OK points of the runs of this profile's hardware only, plus the single-device rows
 of the profiles it names in ``device_tables`` (same GPU model) for the kinds of rows it lacks, then those of its
-``scaled_device_tables`` (another part of the same tensor-core generation) with their times scaled to this part (:func:`scale_to_part`)."""
+``scaled_device_tables`` (another part of the same tensor-core generation) with their times scaled to this part
+(:func:`scale_to_part`)."""
 from __future__ import annotations
 
 from scaleplan.lazy import lazy_module
@@ -93,8 +94,8 @@ def part_scales(profile: str, lender: str) -> tuple[dict[str, float], float]:
 
 
 def scale_to_part(df: pd.DataFrame, suite: str, scales: tuple[dict[str, float], float]) -> pd.DataFrame:
-    """``df`` (rows of ``suite`` another part of the generation measured) with its times in this part's seconds (:func:`part_scales`'
-    ``scales``), each row's factor in :data:`SCALED`."""
+    """``df`` (rows of ``suite`` another part of the generation measured) with its times in this part's seconds
+    (:func:`part_scales`' ``scales``), each row's factor in :data:`SCALED`."""
     if df.empty:
         return df
     peak, hbm = scales

@@ -267,7 +267,8 @@ def test_a_b300_holds_the_published_b300_layout_that_a_b200_cannot(recorded_db):
                            "hardware": {"node_type": profile},
                            "stack": {"dispatcher": "hybridep", "fp8_recipe": "mxfp8", "fp8_param": True,
                                      "permute_fusion": True, "router_fusion": True}})
-        return Estimator(profile, recorded_db, use_calibration=False).estimate(spec, 8, [Layout(ep=8, mbs=8, ckpt="none")])[0]
+        est = Estimator(profile, recorded_db, use_calibration=False)
+        return est.estimate(spec, 8, [Layout(ep=8, mbs=8, ckpt="none")])[0]
 
     b, u = at(B200), at(B300)
     assert b.mem_per_device_gb == pytest.approx(u.mem_per_device_gb, rel=1e-9)
