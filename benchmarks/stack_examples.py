@@ -47,6 +47,12 @@ from scaleplan.estimator.kernel_counts import STOCK_TRACE_STACK
 from scaleplan.catalogue import spec_data
 from scaleplan.specs import Layout, parse_spec
 
+
+def _with_mbs(over: dict, mbs: int) -> dict:
+    """Spec overrides ``over`` with their data block's micro-batch size set to ``mbs`` (the run's layout's)."""
+    return {**over, "data": {**over["data"], "microbatch_sz": mbs}}
+
+
 QWEN_FP8 = {"model": {"precision": "fp8"}, "data": {"gbs": 512, "seqlen": 4096, "microbatch_sz": 4}}
 # every published stack: Megatron-Bridge's performance overrides turn the loss's NaN check off
 # (utils/overrides.py _set_common_perf_overrides: rerun_state_machine.check_for_nan_in_loss = False); the Qwen3 and
@@ -144,7 +150,7 @@ EXAMPLES = [
      {**PUBLISHED_GPT_OSS, "fp8_recipe": "mxfp8", "fp8_param": True}, "p6-b200.48xlarge", 64,
      Layout(ep=8, mbs=4, ckpt="selective")),
     ("gpt-oss-120b bf16 64 H100, published stack, PP 4", "gpt-oss-120b",
-     {"data": {**GPT_OSS["data"], "microbatch_sz": 1}}, PUBLISHED_GPT_OSS, "p5.48xlarge", 64,
+     _with_mbs(GPT_OSS, 1), PUBLISHED_GPT_OSS, "p5.48xlarge", 64,
      Layout(pp=4, ep=8, mbs=1, ckpt="selective")),
     ("qwen3-235b-a22b mxfp8 256 B200, published stack, PP 8", "qwen3-235b-a22b", QWEN_235B, PUBLISHED_QWEN_235B,
      "p6-b200.48xlarge", 256, Layout(pp=8, ep=8, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
@@ -178,7 +184,7 @@ OTHER_LAYOUTS = [
     ("gpt-oss-120b bf16 64 B200, 26.02 stack, EP 64", "gpt-oss-120b", GPT_OSS, PUBLISHED_GPT_OSS,
      "p6-b200.48xlarge", 64, Layout(ep=64, mbs=4, ckpt="selective")),
     ("qwen3-30b-a3b mxfp8 8 B200, 26.02 stack, micro-batch 1", "qwen3-30b-a3b",
-     {**QWEN_FP8, "data": {**QWEN_FP8["data"], "microbatch_sz": 1}}, QWEN_2602, "p6-b200.48xlarge", 8,
+     _with_mbs(QWEN_FP8, 1), QWEN_2602, "p6-b200.48xlarge", 8,
      Layout(ep=8, mbs=1, ckpt="none")),
 ]
 
@@ -251,12 +257,12 @@ B300, GB300 = "p6-b300.48xlarge", "p6e-gb300.36xlarge"
 KIMI_K2 = {"model": {"precision": "fp8"}, "data": {"gbs": 4096, "seqlen": 4096, "microbatch_sz": 2},
            "optimizer": {"optimizer_type": "muon"}}
 PUBLISHED_KIMI_K2 = {**DSV3_2604, "fp8_param": False}
-QWEN_MBS8 = {**QWEN_FP8, "data": {**QWEN_FP8["data"], "microbatch_sz": 8}}
+QWEN_MBS8 = _with_mbs(QWEN_FP8, 8)
 QWEN_ULTRA = {**PUBLISHED_QWEN, "cuda_graphs": ["moe_router", "moe_preprocess"]}
 GPT_OSS_ULTRA = {**{k: v for k, v in PUBLISHED_GPT_OSS.items() if k != "recompute_modules"},
                  "cuda_graphs": ["attn", "moe_router", "moe_preprocess"]}
-QWEN_235B_MBS2 = {**QWEN_235B, "data": {**QWEN_235B["data"], "microbatch_sz": 2}}
-DSV3_MBS2 = {**DSV3, "data": {**DSV3["data"], "microbatch_sz": 2}}
+QWEN_235B_MBS2 = _with_mbs(QWEN_235B, 2)
+DSV3_MBS2 = _with_mbs(DSV3, 2)
 BLACKWELL_ULTRA_RUNS = [
     ("qwen3-30b-a3b mxfp8 8 B300", "qwen3-30b-a3b", QWEN_MBS8, QWEN_ULTRA, B300, 8, Layout(ep=8, mbs=8, ckpt="none")),
     ("qwen3-30b-a3b mxfp8 8 GB300", "qwen3-30b-a3b", QWEN_MBS8, QWEN_ULTRA, GB300, 8,
