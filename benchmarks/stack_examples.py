@@ -45,12 +45,35 @@ from scaleplan.estimator import Estimator
 from scaleplan.estimator.kernel_counts import STOCK_TRACE_STACK
 
 from scaleplan.catalogue import spec_data
+from scaleplan.megatron.pipeline_split import LAYOUT_FIELD, stated_split
 from scaleplan.specs import Layout, parse_spec
 
 
 def _with_mbs(over: dict, mbs: int) -> dict:
     """Spec overrides ``over`` with their data block's micro-batch size set to ``mbs`` (the run's layout's)."""
     return {**over, "data": {**over["data"], "microbatch_sz": mbs}}
+
+
+def _split(model: str, pp: int, layout: str | None = None) -> dict:
+    """The first and last pipeline stage's decoder layers of a recipe's run of catalogue ``model`` on ``pp`` stages,
+    as Megatron-LM reads them (scaleplan.megatron.pipeline_split.stated_split): from its
+    --pipeline-model-parallel-layout string ``layout``, else from the embedding and the loss counted in the split
+    (the Qwen3 recipes' account_for_embedding/loss_in_pipeline_split)."""
+    m = spec_data(model)["model"]
+    args = {"num_layers": m["n_layers"], "mtp_num_layers": m.get("mtp_layers", 0)}
+    if layout:
+        args[LAYOUT_FIELD] = layout
+    else:
+        args.update(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    first, last = stated_split(args, pp, "stack_examples")
+    return {"decoder_first_pipeline_num_layers": first, "decoder_last_pipeline_num_layers": last}
+
+
+# Megatron-Bridge's DeepSeek-V3 layouts (recipes/deepseek/deepseek_v3.py set_deepseek_v3_pipeline_model_parallel_layout:
+# 16 chunks for PP x VP 16 x 1, 8 x 2, 4 x 4 and the performance scripts' 2 x 8; the PP 8 x 1 map) and Kimi-K2's (4, 4)
+# (recipes/kimi/kimi_k2.py _get_kimi_k2_pipeline_layout), in Megatron-LM's layout syntax
+DSV3_LAYOUT, DSV3_PP8_LAYOUT = "Et*4|(t*4|)*14tmL", "Et*8|(t*8|)*6t*5mL"
+KIMI_K2_LAYOUT = "Et*4|(t*4|)*14tL"
 
 
 QWEN_FP8 = {"model": {"precision": "fp8"}, "data": {"gbs": 512, "seqlen": 4096, "microbatch_sz": 4}}
@@ -153,15 +176,13 @@ EXAMPLES = [
      _with_mbs(GPT_OSS, 1), PUBLISHED_GPT_OSS, "p5.48xlarge", 64,
      Layout(pp=4, ep=8, mbs=1, ckpt="selective")),
     ("qwen3-235b-a22b mxfp8 256 B200, published stack, PP 8", "qwen3-235b-a22b", QWEN_235B, PUBLISHED_QWEN_235B,
-     "p6-b200.48xlarge", 256, Layout(pp=8, ep=8, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
-                                     decoder_last_pipeline_num_layers=11)),
+     "p6-b200.48xlarge", 256, Layout(pp=8, ep=8, mbs=1, ckpt="none", **_split("qwen3-235b-a22b", 8))),
     ("qwen3-235b-a22b fp8 256 H100, published stack, PP 8 x VP 4", "qwen3-235b-a22b", QWEN_235B,
      PUBLISHED_QWEN_235B_H100, "p5.48xlarge", 256,
-     Layout(tp=2, pp=8, vpp=4, ep=32, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
-            decoder_last_pipeline_num_layers=11)),
+     Layout(tp=2, pp=8, vpp=4, ep=32, mbs=1, ckpt="none", **_split("qwen3-235b-a22b", 8))),
     ("deepseek-v3 mxfp8 256 B200, published stack, PP 8 x VP 2", "deepseek-v3", DSV3, PUBLISHED_DSV3,
-     "p6-b200.48xlarge", 256, Layout(pp=8, vpp=2, ep=32, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=8,
-                                     decoder_last_pipeline_num_layers=5)),
+     "p6-b200.48xlarge", 256,
+     Layout(pp=8, vpp=2, ep=32, mbs=1, ckpt="selective", **_split("deepseek-v3", 8, DSV3_LAYOUT))),
 ]
 
 # The issue's seven runs above are the 26.04.01 container's. OTHER_LAYOUTS: the same models on the same systems at
@@ -179,8 +200,7 @@ QWEN_2602 = {**{k: v for k, v in PUBLISHED_QWEN.items() if k != "dispatcher"},
              "cuda_graphs": ["moe_router", "moe_preprocess"]}
 OTHER_LAYOUTS = [
     ("deepseek-v3 mxfp8 256 B200, 26.04 stack, PP 16", "deepseek-v3", DSV3, DSV3_2604, "p6-b200.48xlarge", 256,
-     Layout(pp=16, ep=8, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=4,
-            decoder_last_pipeline_num_layers=1)),
+     Layout(pp=16, ep=8, mbs=1, ckpt="selective", **_split("deepseek-v3", 16, DSV3_LAYOUT))),
     ("gpt-oss-120b bf16 64 B200, 26.02 stack, EP 64", "gpt-oss-120b", GPT_OSS, PUBLISHED_GPT_OSS,
      "p6-b200.48xlarge", 64, Layout(ep=64, mbs=4, ckpt="selective")),
     ("qwen3-30b-a3b mxfp8 8 B200, 26.02 stack, micro-batch 1", "qwen3-30b-a3b",
@@ -208,12 +228,10 @@ GB200_RUNS = [
      Layout(ep=64, mbs=4, ckpt="selective")),
     ("qwen3-235b-a22b mxfp8 256 GB200, PP 8 x VP 3, EP 32", "qwen3-235b-a22b", QWEN_235B,
      {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", "cuda_graphs": ["attn", "moe_router", "moe_preprocess"]},
-     GB200, 256, Layout(pp=8, vpp=3, ep=32, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
-                        decoder_last_pipeline_num_layers=11)),
+     GB200, 256, Layout(pp=8, vpp=3, ep=32, mbs=1, ckpt="none", **_split("qwen3-235b-a22b", 8))),
     ("deepseek-v3 mxfp8 256 GB200, PP 4 x VP 4, EP 64", "deepseek-v3", DSV3,
      {**DSV3_2604, "recompute_modules": ["mlp"], "cuda_graphs": PUBLISHED_DSV3["cuda_graphs"]}, GB200, 256,
-     Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=16,
-            decoder_last_pipeline_num_layers=13)),
+     Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", **_split("deepseek-v3", 4, DSV3_LAYOUT))),
 ]
 # CAPTURED_RUNS: the four GB200 jobs above as the 26.06 container runs them (Megatron-Bridge 0.5.0 GB200 FP8_MX
 # workloads, the same layouts): the whole step one CUDA graph (cuda_graph_impl full_iteration; for Qwen3
@@ -228,11 +246,9 @@ CAPTURED_RUNS = [
      GB200, 8, Layout(ep=8, mbs=4, ckpt="none")),
     ("qwen3-235b-a22b mxfp8 256 GB200, 26.06, step captured", "qwen3-235b-a22b", QWEN_235B,
      {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", **CAPTURED}, GB200, 256,
-     Layout(pp=8, vpp=3, ep=32, mbs=1, ckpt="none", decoder_first_pipeline_num_layers=11,
-            decoder_last_pipeline_num_layers=11)),
+     Layout(pp=8, vpp=3, ep=32, mbs=1, ckpt="none", **_split("qwen3-235b-a22b", 8))),
     ("deepseek-v3 mxfp8 256 GB200, 26.06, step captured", "deepseek-v3", DSV3, {**DSV3_2604, **CAPTURED}, GB200, 256,
-     Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", decoder_first_pipeline_num_layers=16,
-            decoder_last_pipeline_num_layers=13)),
+     Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", **_split("deepseek-v3", 4, DSV3_LAYOUT))),
     ("gpt-oss-120b mxfp8 64 GB200, 26.06, step captured", "gpt-oss-120b", {**GPT_OSS, "model": {"precision": "fp8"}},
      {**PUBLISHED_GPT_OSS, "fp8_recipe": "mxfp8", "fp8_param": True, "dispatcher": "hybridep", "recompute_modules": None,
       **CAPTURED}, GB200, 64, Layout(ep=64, mbs=4, ckpt="none")),
@@ -273,22 +289,17 @@ BLACKWELL_ULTRA_RUNS = [
      Layout(ep=64, mbs=4, ckpt="none")),
     ("qwen3-235b-a22b mxfp8 256 B300, PP 8, micro-batch 2", "qwen3-235b-a22b", QWEN_235B_MBS2,
      {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep"}, B300, 256,
-     Layout(pp=8, ep=8, mbs=2, ckpt="none", decoder_first_pipeline_num_layers=11,
-            decoder_last_pipeline_num_layers=11)),
+     Layout(pp=8, ep=8, mbs=2, ckpt="none", **_split("qwen3-235b-a22b", 8))),
     ("qwen3-235b-a22b mxfp8 256 GB300, PP 4 x VP 12, EP 32", "qwen3-235b-a22b", QWEN_235B_MBS2,
      {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", "cuda_graphs": ["attn", "moe_router", "moe_preprocess"]},
-     GB300, 256, Layout(pp=4, vpp=12, ep=32, mbs=2, ckpt="none", decoder_first_pipeline_num_layers=23,
-                        decoder_last_pipeline_num_layers=23)),
+     GB300, 256, Layout(pp=4, vpp=12, ep=32, mbs=2, ckpt="none", **_split("qwen3-235b-a22b", 4))),
     ("deepseek-v3 mxfp8 256 B300, PP 8, EP 8", "deepseek-v3", DSV3_MBS2,
      {**DSV3_2604, "cuda_graphs": PUBLISHED_DSV3["cuda_graphs"]}, B300, 256,
-     Layout(pp=8, ep=8, mbs=2, ckpt="selective", decoder_first_pipeline_num_layers=8,
-            decoder_last_pipeline_num_layers=5)),
+     Layout(pp=8, ep=8, mbs=2, ckpt="selective", **_split("deepseek-v3", 8, DSV3_PP8_LAYOUT))),
     ("deepseek-v3 mxfp8 256 GB300, PP 2 x VP 8, EP 32", "deepseek-v3", DSV3_MBS2, DSV3_2604, GB300, 256,
-     Layout(pp=2, vpp=8, ep=32, mbs=2, ckpt="selective", decoder_first_pipeline_num_layers=32,
-            decoder_last_pipeline_num_layers=29)),
+     Layout(pp=2, vpp=8, ep=32, mbs=2, ckpt="selective", **_split("deepseek-v3", 2, DSV3_LAYOUT))),
     ("kimi-k2 mxfp8 256 GB300, PP 4 x VP 4, EP 64, Muon", "kimi-k2", KIMI_K2, PUBLISHED_KIMI_K2, GB300, 256,
-     Layout(pp=4, vpp=4, ep=64, mbs=2, ckpt="selective", decoder_first_pipeline_num_layers=16,
-            decoder_last_pipeline_num_layers=13)),
+     Layout(pp=4, vpp=4, ep=64, mbs=2, ckpt="selective", **_split("kimi-k2", 4, KIMI_K2_LAYOUT))),
 ]
 # H100_RUNS: Qwen3-30B-A3B on 16 H100 (two nodes: EP 16 spans them), bf16, micro-batch 1, global batch 1024, sequence
 # 4096, routing forced to balance, as Megatron-Bridge's own controlled comparisons measured them, each published as
