@@ -27,6 +27,8 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
    HybridEP or the all-to-all dispatcher, the all-to-all overlapped or not, CUDA graphs or eager.
 8. The same table's B300 and GB300 runs of the four models and Kimi-K2's GB300 run (:data:`BLACKWELL_ULTRA_RUNS`),
    on profiles with no measured table: their kernels the B200's rows scaled to their datasheets.
+9. The 26.06 container's B300 and GB300 rows that run a new stack or layout (:data:`ULTRA_26_06_RUNS`): the step
+   captured on GB300 and B300 (as the GB200's 26.06 rows), GPT-OSS-120B in MXFP8 on B300.
 
 Then a diagnostic scan, applied to nothing: every published row with the dispatch law's host seconds scaled by
 a factor f (:func:`host_scan`), which shows how much of each row's error the host side can account for.
@@ -152,7 +154,15 @@ PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               "qwen3-235b-a22b mxfp8 256 GB300, PP 4 x VP 12, EP 32": 6944,
                               "deepseek-v3 mxfp8 256 B300, PP 8, EP 8": 3456,
                               "deepseek-v3 mxfp8 256 GB300, PP 2 x VP 8, EP 32": 4992,
-                              "kimi-k2 mxfp8 256 GB300, PP 4 x VP 4, EP 64, Muon": 5328}
+                              "kimi-k2 mxfp8 256 GB300, PP 4 x VP 4, EP 64, Muon": 5328,
+                              # B300 and GB300, the 26.06 container (ULTRA_26_06_RUNS; the archive at v0.6.0)
+                              "qwen3-30b-a3b mxfp8 8 GB300, 26.06, step captured": 45275,
+                              "qwen3-30b-a3b mxfp8 8 B300, 26.06, step captured": 40769,
+                              "qwen3-235b-a22b mxfp8 256 GB300, 26.06, step captured": 9015,
+                              "deepseek-v3 mxfp8 256 GB300, 26.06, step captured": 6338,
+                              "deepseek-v3 mxfp8 256 GB300, 26.06, step captured, GBS 15360": 6422,
+                              "gpt-oss-120b mxfp8 64 GB300, 26.06, step captured, EP 16": 33166,
+                              "gpt-oss-120b mxfp8 64 B300, 26.06, EP 8, HybridEP": 18534}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -301,6 +311,38 @@ BLACKWELL_ULTRA_RUNS = [
     ("kimi-k2 mxfp8 256 GB300, PP 4 x VP 4, EP 64, Muon", "kimi-k2", KIMI_K2, PUBLISHED_KIMI_K2, GB300, 256,
      Layout(pp=4, vpp=4, ep=64, mbs=2, ckpt="selective", **_split("kimi-k2", 4, KIMI_K2_LAYOUT))),
 ]
+# ULTRA_26_06_RUNS: the 26.06 container's B300 and GB300 rows whose stack or layout is not already a row above (its
+# DeepSeek-V3 B300, Kimi-K2 GB300 and Qwen3-30B-A3B H100 rows repeat a 26.04.01 row's workload), each with its
+# Megatron-Bridge 0.5.0 workload; added after the model was built, and nothing was changed for them.
+# * Qwen3-30B-A3B GB300 and B300 FP8_MX V1: micro-batch 8, HybridEP, the step captured and the all-to-all overlapped
+#   (as CAPTURED_RUNS), the CuTe DSL fused grouped MLP and FP8 attention (not costed).
+# * Qwen3-235B-A22B GB300 FP8_MX V2: PP 4 x VP 12, EP 32, micro-batch 2, HybridEP, the step captured.
+# * DeepSeek-V3 GB300 FP8_MX V2: PP 2 x VP 8 ("Et*4|(t*4|)*14tmL"), EP 32, micro-batch 1, HybridEP, the step captured,
+#   no recompute (recompute_modules []), FP8 attention; at global batch 4096 and 15360 (FP8_MX_GBS15360).
+# * GPT-OSS-120B GB300 FP8_MX V2: EP 16, micro-batch 4, HybridEP, the step captured, no recompute; B300 FP8_MX V2 (the
+#   B300 BF16 V2 workload in MXFP8): EP 8, HybridEP, graphs over attn, moe_router and moe_preprocess, no recompute.
+QWEN_CAPTURED = {**PUBLISHED_QWEN, **CAPTURED}
+DSV3_CAPTURED = {**DSV3_2604, **CAPTURED, "recompute_modules": None}
+GPT_OSS_MXFP8 = {"fp8_recipe": "mxfp8", "fp8_param": True, "dispatcher": "hybridep"}
+ULTRA_26_06_RUNS = [
+    ("qwen3-30b-a3b mxfp8 8 GB300, 26.06, step captured", "qwen3-30b-a3b", QWEN_MBS8, QWEN_CAPTURED, GB300, 8,
+     Layout(ep=8, mbs=8, ckpt="none")),
+    ("qwen3-30b-a3b mxfp8 8 B300, 26.06, step captured", "qwen3-30b-a3b", QWEN_MBS8, QWEN_CAPTURED, B300, 8,
+     Layout(ep=8, mbs=8, ckpt="none")),
+    ("qwen3-235b-a22b mxfp8 256 GB300, 26.06, step captured", "qwen3-235b-a22b", QWEN_235B_MBS2,
+     {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", **CAPTURED}, GB300, 256,
+     Layout(pp=4, vpp=12, ep=32, mbs=2, ckpt="none", **_split("qwen3-235b-a22b", 4))),
+    ("deepseek-v3 mxfp8 256 GB300, 26.06, step captured", "deepseek-v3", DSV3, DSV3_CAPTURED, GB300, 256,
+     Layout(pp=2, vpp=8, ep=32, mbs=1, ckpt="none", **_split("deepseek-v3", 2, DSV3_LAYOUT))),
+    ("deepseek-v3 mxfp8 256 GB300, 26.06, step captured, GBS 15360", "deepseek-v3",
+     {**DSV3, "data": {**DSV3["data"], "gbs": 15360}}, DSV3_CAPTURED, GB300, 256,
+     Layout(pp=2, vpp=8, ep=32, mbs=1, ckpt="none", **_split("deepseek-v3", 2, DSV3_LAYOUT))),
+    ("gpt-oss-120b mxfp8 64 GB300, 26.06, step captured, EP 16", "gpt-oss-120b",
+     {**GPT_OSS, "model": {"precision": "fp8"}}, {**GPT_OSS_ULTRA, **GPT_OSS_MXFP8, **CAPTURED}, GB300, 64,
+     Layout(ep=16, mbs=4, ckpt="none")),
+    ("gpt-oss-120b mxfp8 64 B300, 26.06, EP 8, HybridEP", "gpt-oss-120b", {**GPT_OSS, "model": {"precision": "fp8"}},
+     {**GPT_OSS_ULTRA, **GPT_OSS_MXFP8}, B300, 64, Layout(ep=8, mbs=4, ckpt="none")),
+]
 # H100_RUNS: Qwen3-30B-A3B on 16 H100 (two nodes: EP 16 spans them), bf16, micro-batch 1, global batch 1024, sequence
 # 4096, routing forced to balance, as Megatron-Bridge's own controlled comparisons measured them, each published as
 # seconds per step (NVIDIA-NeMo/Megatron-Bridge v0.6.0 skills/nemo-mbridge-perf-moe-comm-overlap and
@@ -329,7 +371,8 @@ H100_CASES = (
 H100_RUNS = [(name, *H100_EP16, stack, "p5.48xlarge", 16, Layout(ep=16, mbs=1, ckpt="none"))
              for name, stack, _ in H100_CASES]
 PUBLISHED_STEP_S = {name: step for name, _, step in H100_CASES}
-ALL_RUNS = EXAMPLES + OTHER_LAYOUTS + GB200_RUNS + CAPTURED_RUNS + H100_RUNS + BLACKWELL_ULTRA_RUNS  # print order
+ALL_RUNS = (EXAMPLES + OTHER_LAYOUTS + GB200_RUNS + CAPTURED_RUNS + H100_RUNS + BLACKWELL_ULTRA_RUNS
+            + ULTRA_26_06_RUNS)  # print order
 # the published rows' groups, in print order: (label, example names)
 GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("the archive's other B200 layouts", [e[0] for e in OTHER_LAYOUTS]),
@@ -337,7 +380,9 @@ GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("GB200 26.06, the step captured (fused grouped MLP, FP8 attention not costed)",
            [e[0] for e in CAPTURED_RUNS]),
           ("H100, Megatron-Bridge's controlled comparisons (seconds per step)", [e[0] for e in H100_RUNS]),
-          ("B300 and GB300, kernels from the B200's rows scaled", [e[0] for e in BLACKWELL_ULTRA_RUNS]))
+          ("B300 and GB300, kernels from the B200's rows scaled", [e[0] for e in BLACKWELL_ULTRA_RUNS]),
+          ("B300 and GB300 26.06 (added unchanged; captured rows: fused grouped MLP, FP8 attention not costed)",
+           [e[0] for e in ULTRA_26_06_RUNS]))
 
 
 def _spec(model: str, over: dict, stack: dict, profile: str):
