@@ -96,6 +96,9 @@ GPT_OSS = {"data": {"gbs": 1280, "seqlen": 4096, "microbatch_sz": 4}}
 # micro-batch 4, H100 PP 4 micro-batch 1). HybridEP is the B300 V2 workload's, not the B200's.
 PUBLISHED_GPT_OSS = {"permute_fusion": True, "router_fusion": True, "grads_fp32": False, "cross_entropy": "te",
                      "recompute_modules": ["layernorm", "moe_act"], "nan_check": False, "router_dtype": "model"}
+# its MXFP8 runs: the spec's precision and the stack's recipe (bf16_with_mxfp8_mixed: FP8 primary weights)
+GPT_OSS_FP8 = {**GPT_OSS, "model": {"precision": "fp8"}}
+MXFP8 = {"fp8_recipe": "mxfp8", "fp8_param": True}
 
 # the H100 FP8 workload (16 GPUs, EP 16, micro-batch 1, global batch 1024, HybridEP, no CUDA graphs) and
 # bf16_with_fp8_current_scaling_mixed (tensorwise, FP8 primary weights; first/last layers bf16 off in the perf config)
@@ -179,8 +182,8 @@ EXAMPLES = [
      Layout(ep=8, mbs=4, ckpt="none")),
     ("gpt-oss-120b bf16 64 B200, published stack", "gpt-oss-120b", GPT_OSS, PUBLISHED_GPT_OSS,
      "p6-b200.48xlarge", 64, Layout(ep=8, mbs=4, ckpt="selective")),
-    ("gpt-oss-120b mxfp8 64 B200, published stack", "gpt-oss-120b", {**GPT_OSS, "model": {"precision": "fp8"}},
-     {**PUBLISHED_GPT_OSS, "fp8_recipe": "mxfp8", "fp8_param": True}, "p6-b200.48xlarge", 64,
+    ("gpt-oss-120b mxfp8 64 B200, published stack", "gpt-oss-120b", GPT_OSS_FP8,
+     {**PUBLISHED_GPT_OSS, **MXFP8}, "p6-b200.48xlarge", 64,
      Layout(ep=8, mbs=4, ckpt="selective")),
     ("gpt-oss-120b bf16 64 H100, published stack, PP 4", "gpt-oss-120b",
      _with_mbs(GPT_OSS, 1), PUBLISHED_GPT_OSS, "p5.48xlarge", 64,
@@ -251,16 +254,18 @@ GB200_RUNS = [
 # recompute modules are mla_up_proj; GPT-OSS runs MXFP8 (FP8_MX V2) with HybridEP and no recompute. No host launch
 # is left: these rows read the device side alone, which the uncosted changes make faster than costed here.
 CAPTURED = {"cuda_graphs": ["full_iteration"], "a2a_overlap": True, "shared_expert_overlap": False}
+QWEN_CAPTURED = {**PUBLISHED_QWEN, **CAPTURED}
+QWEN_235B_CAPTURED = {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", **CAPTURED}
 CAPTURED_RUNS = [
-    ("qwen3-30b-a3b mxfp8 8 GB200, 26.06, step captured", "qwen3-30b-a3b", QWEN_FP8, {**PUBLISHED_QWEN, **CAPTURED},
+    ("qwen3-30b-a3b mxfp8 8 GB200, 26.06, step captured", "qwen3-30b-a3b", QWEN_FP8, QWEN_CAPTURED,
      GB200, 8, Layout(ep=8, mbs=4, ckpt="none")),
     ("qwen3-235b-a22b mxfp8 256 GB200, 26.06, step captured", "qwen3-235b-a22b", QWEN_235B,
-     {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", **CAPTURED}, GB200, 256,
+     QWEN_235B_CAPTURED, GB200, 256,
      Layout(pp=8, vpp=3, ep=32, mbs=1, ckpt="none", **_split("qwen3-235b-a22b", 8))),
     ("deepseek-v3 mxfp8 256 GB200, 26.06, step captured", "deepseek-v3", DSV3, {**DSV3_2604, **CAPTURED}, GB200, 256,
      Layout(pp=4, vpp=4, ep=64, mbs=1, ckpt="selective", **_split("deepseek-v3", 4, DSV3_LAYOUT))),
-    ("gpt-oss-120b mxfp8 64 GB200, 26.06, step captured", "gpt-oss-120b", {**GPT_OSS, "model": {"precision": "fp8"}},
-     {**PUBLISHED_GPT_OSS, "fp8_recipe": "mxfp8", "fp8_param": True, "dispatcher": "hybridep", "recompute_modules": None,
+    ("gpt-oss-120b mxfp8 64 GB200, 26.06, step captured", "gpt-oss-120b", GPT_OSS_FP8,
+     {**PUBLISHED_GPT_OSS, **MXFP8, "dispatcher": "hybridep", "recompute_modules": None,
       **CAPTURED}, GB200, 64, Layout(ep=64, mbs=4, ckpt="none")),
 ]
 # BLACKWELL_ULTRA_RUNS: the same table's B300 and GB300 rows (26.04.01 container), each with its Megatron-Bridge 0.4.2
@@ -321,16 +326,15 @@ BLACKWELL_ULTRA_RUNS = [
 #   no recompute (recompute_modules []), FP8 attention; at global batch 4096 and 15360 (FP8_MX_GBS15360).
 # * GPT-OSS-120B GB300 FP8_MX V2: EP 16, micro-batch 4, HybridEP, the step captured, no recompute; B300 FP8_MX V2 (the
 #   B300 BF16 V2 workload in MXFP8): EP 8, HybridEP, graphs over attn, moe_router and moe_preprocess, no recompute.
-QWEN_CAPTURED = {**PUBLISHED_QWEN, **CAPTURED}
 DSV3_CAPTURED = {**DSV3_2604, **CAPTURED, "recompute_modules": None}
-GPT_OSS_MXFP8 = {"fp8_recipe": "mxfp8", "fp8_param": True, "dispatcher": "hybridep"}
+GPT_OSS_HYBRIDEP_MXFP8 = {**GPT_OSS_ULTRA, **MXFP8, "dispatcher": "hybridep"}
 ULTRA_26_06_RUNS = [
     ("qwen3-30b-a3b mxfp8 8 GB300, 26.06, step captured", "qwen3-30b-a3b", QWEN_MBS8, QWEN_CAPTURED, GB300, 8,
      Layout(ep=8, mbs=8, ckpt="none")),
     ("qwen3-30b-a3b mxfp8 8 B300, 26.06, step captured", "qwen3-30b-a3b", QWEN_MBS8, QWEN_CAPTURED, B300, 8,
      Layout(ep=8, mbs=8, ckpt="none")),
     ("qwen3-235b-a22b mxfp8 256 GB300, 26.06, step captured", "qwen3-235b-a22b", QWEN_235B_MBS2,
-     {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep", **CAPTURED}, GB300, 256,
+     QWEN_235B_CAPTURED, GB300, 256,
      Layout(pp=4, vpp=12, ep=32, mbs=2, ckpt="none", **_split("qwen3-235b-a22b", 4))),
     ("deepseek-v3 mxfp8 256 GB300, 26.06, step captured", "deepseek-v3", DSV3, DSV3_CAPTURED, GB300, 256,
      Layout(pp=2, vpp=8, ep=32, mbs=1, ckpt="none", **_split("deepseek-v3", 2, DSV3_LAYOUT))),
@@ -338,10 +342,10 @@ ULTRA_26_06_RUNS = [
      {**DSV3, "data": {**DSV3["data"], "gbs": 15360}}, DSV3_CAPTURED, GB300, 256,
      Layout(pp=2, vpp=8, ep=32, mbs=1, ckpt="none", **_split("deepseek-v3", 2, DSV3_LAYOUT))),
     ("gpt-oss-120b mxfp8 64 GB300, 26.06, step captured, EP 16", "gpt-oss-120b",
-     {**GPT_OSS, "model": {"precision": "fp8"}}, {**GPT_OSS_ULTRA, **GPT_OSS_MXFP8, **CAPTURED}, GB300, 64,
+     GPT_OSS_FP8, {**GPT_OSS_HYBRIDEP_MXFP8, **CAPTURED}, GB300, 64,
      Layout(ep=16, mbs=4, ckpt="none")),
-    ("gpt-oss-120b mxfp8 64 B300, 26.06, EP 8, HybridEP", "gpt-oss-120b", {**GPT_OSS, "model": {"precision": "fp8"}},
-     {**GPT_OSS_ULTRA, **GPT_OSS_MXFP8}, B300, 64, Layout(ep=8, mbs=4, ckpt="none")),
+    ("gpt-oss-120b mxfp8 64 B300, 26.06, EP 8, HybridEP", "gpt-oss-120b", GPT_OSS_FP8,
+     GPT_OSS_HYBRIDEP_MXFP8, B300, 64, Layout(ep=8, mbs=4, ckpt="none")),
 ]
 # H100_RUNS: Qwen3-30B-A3B on 16 H100 (two nodes: EP 16 spans them), bf16, micro-batch 1, global batch 1024, sequence
 # 4096, routing forced to balance, as Megatron-Bridge's own controlled comparisons measured them, each published as
