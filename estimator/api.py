@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 from scaleplan.estimator.dispatch import (RUNTIME_SCALES, STACKS, UNTRACED_HOST_SHARE, host_untimed, law_in_force,
-                                          untraced_host_note)
+                                          lent_host_ratio, untraced_host_note)
 from scaleplan.estimator.model_dims import Geometry, geometry, structure
 from scaleplan.estimator.memory import RESERVE_BYTES, STAGES, StageMemory, allocated_reserved, memory_breakdown, state_bytes
 from scaleplan.estimator.layout import DEGREE_FIELDS, LayoutContext, ParallelLayout, stack_rules
@@ -161,7 +161,7 @@ class Estimator:
         runtime scales a 'dispatch' calibration carries."""
         rows = self._calibration_rows(cal_id) if use else {}
         law, scales = law_in_force(self.profile.dispatch, self.tables.t_gap_s, self.tables.t_host_s,
-                                   rows.get("dispatch"))
+                                   rows.get("dispatch"), self._lent_host_ratio())
         self.host_scale, self.kernel_scale, self.ep_host_scale = (scales[k] for k in RUNTIME_SCALES)
         chi = ChiCoefficients()
         c = rows.get("chi_sys")
@@ -170,6 +170,16 @@ class Estimator:
             chi = ChiCoefficients(float(co.get("c_a2a", 0.0)), float(co.get("c_pp", 0.0)),
                                   float(co.get("c_ovl", 0.0)), c.id, float(co.get("c_level", 0.0)))
         return law, chi
+
+    def _lent_host_ratio(self) -> float | None:
+        """Where the profile uses another's dispatch law (``dispatch_from``) and this host's dispatch rows are
+        measured: :func:`~scaleplan.estimator.dispatch.lent_host_ratio` against the lender's rows in the same
+        database; else None."""
+        lender, src = self.profile.dispatch_from, self.tables.source
+        if lender is None or not self.tables.t_gap_s or src is None:
+            return None
+        theirs = cached_tables(src[0], lender, load_profile(lender).peak("bf16"))
+        return lent_host_ratio(self.tables.t_gap_s, theirs.t_gap_s)
 
     def _apply_host_scale(self) -> None:
         """Scale the host side of dispatch by ``self.host_scale`` (the per-op host cost measured on a

@@ -66,20 +66,23 @@ RUNTIME_SCALES = ("host_scale", "kernel_scale", "ep_host_scale")  # carried by a
 
 
 def law_in_force(profile_law: DispatchDefaults | None, table_t_gap_s: float | None,
-                 table_t_host_s: float | None, calibration: Any = None) -> tuple[DispatchLaw,
-                 dict[str, float]]:
+                 table_t_host_s: float | None, calibration: Any = None,
+                 host_ratio: float | None = None) -> tuple[DispatchLaw, dict[str, float]]:
     """The dispatch law a prediction uses, and the runtime scales (:data:`RUNTIME_SCALES`, 1 unless set).
 
     Precedence, lowest first: the module defaults; the profile's trace-derived law (``profile_law``, a
-    profile's ``dispatch`` block or None); the profile's measured dispatch rows (their isolated-chain gap
-    ``table_t_gap_s`` only where the profile has no block-level gap; their ``table_t_host_s`` always);
-    a 'dispatch' calibration row (``calibration``: .id and .coefficients; each coefficient it carries
+    profile's ``dispatch`` block or None), its host terms (t_gap, t_ep_host, t_host) times ``host_ratio`` where
+    the law is another host's (:func:`lent_host_ratio`); the profile's measured dispatch rows (their
+    isolated-chain gap ``table_t_gap_s`` only where the profile has no block-level gap; their ``table_t_host_s``
+    always); a 'dispatch' calibration row (``calibration``: .id and .coefficients; each coefficient it carries
     replaces the one below, and it carries the runtime scales). Explicit scales given to the Estimator
     override the calibration's (applied by the caller). Seconds."""
     law = DispatchLaw()
     if profile_law is not None:
-        p = profile_law
-        law = DispatchLaw(p.kappa0, p.kappa1, p.t_gap_s, p.t_host_s, f"profile ({p.source})", p.t_ep_host_s)
+        p, r = profile_law, host_ratio or 1.0
+        source = f"profile ({p.source})" + (f" x {r:.2f}, this host's measured launch gap over the lender's"
+                                            if host_ratio else "")
+        law = DispatchLaw(p.kappa0, p.kappa1, p.t_gap_s * r, p.t_host_s * r, source, p.t_ep_host_s * r)
     elif table_t_gap_s:
         law.t_gap_s, law.source = table_t_gap_s, "dispatch table"
     if table_t_host_s:
@@ -94,6 +97,15 @@ def law_in_force(profile_law: DispatchDefaults | None, table_t_gap_s: float | No
                       str(getattr(calibration, "stack", law.kappa_stack)) if co.get("kappa_from_traces")
                       else law.kappa_stack)
     return law, {k: float(co.get(k, 1.0)) for k in RUNTIME_SCALES}
+
+
+def lent_host_ratio(t_gap_s: float | None, lender_t_gap_s: float | None) -> float | None:
+    """The factor a law traced on another host (a profile's ``dispatch_from``) takes for this one: this host's
+    isolated-chain launch gap over the lender's, both measured by ``scaleplan bench run --suite dispatch``
+    (estimator/table_build._build_dispatch); None unless both are. The traced gap is a multiple of the chain gap
+    on the hosts measured both ways (p6-b200: 27 us traced, 15.9 us chain; H100 hosts: 18 and 11.1 us), so the
+    ratio of chain gaps carries the lender's traced law to this host."""
+    return t_gap_s / lender_t_gap_s if t_gap_s and lender_t_gap_s else None
 
 
 def dispatch_time(law: DispatchLaw, L_stage: ArrayLike, E_loc: ArrayLike, ckc: ArrayLike,

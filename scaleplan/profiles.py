@@ -64,6 +64,10 @@ class ClusterProfile(BaseModel):
     scaleout_bandwidth: float = Field(ge=0)
     measure_peak: bool = False
     dispatch: DispatchDefaults | None = None
+    # another built-in profile whose traced dispatch law this node type uses (:func:`_lent_dispatch`; one place for a
+    # law several node types share), its host terms scaled by the two hosts' measured launch gaps where
+    # `scaleplan bench run --suite dispatch` has run on both (estimator/dispatch.lent_host_ratio)
+    dispatch_from: str | None = None
     # the host issues each op on the cores that compute it (a CPU "device"): dispatch adds to compute
     serial_dispatch: bool = False
     # the largest cluster of this node type a plan may ask for (N_dev <= max_nodes * gpus_per_node)
@@ -235,11 +239,31 @@ def profile_file(name: str) -> ClusterProfile:
             field = ".".join(str(x) for x in first["loc"]) or "<profile>"
             raise SpecError(f"profile {path.name}: {field}", first.get("input"), first["msg"]) from None
         raise SpecError(f"profile {path.name}", "...", str(e).splitlines()[0]) from None
+    prof = _lent_dispatch(prof, path.name)
     _check_device_tables(prof, path.name)
     _check_same_kind(prof, path.name, "fp8_ratio_tables", DIES, "die")
     _check_same_kind(prof, path.name, "scaled_device_tables", TENSOR_CORE_GENERATION, "tensor-core generation",
                      other_part=True)
     return prof
+
+
+def _lent_dispatch(prof: ClusterProfile, file: str) -> ClusterProfile:
+    """``prof`` with ``dispatch`` set to the law of the profile its ``dispatch_from`` names, its source saying whose
+    law it is and that this node type's host is not measured; ``prof`` itself where it names none. Raises
+    SpecError (one line) where the field names no other built-in profile with a dispatch law, or stands beside a
+    dispatch block of its own."""
+    other = prof.dispatch_from
+    if other is None:
+        return prof
+    if prof.dispatch is not None:
+        raise SpecError(f"profile {file}: dispatch_from", other, "only without a dispatch block (one law a profile)")
+    if other == prof.name or other not in profile_names():
+        raise SpecError(f"profile {file}: dispatch_from", other, "another built-in profile")
+    law = profile_file(other).dispatch
+    if law is None:
+        raise SpecError(f"profile {file}: dispatch_from", other, "a profile with a dispatch law (its YAML has none)")
+    source = f"{other}'s law from {law.source}; {prof.name}'s own host is not measured"
+    return prof.model_copy(update={"dispatch": law.model_copy(update={"source": source})})
 
 
 def _check_device_tables(prof: ClusterProfile, file: str) -> None:

@@ -274,3 +274,56 @@ def test_a_b300_holds_the_published_b300_layout_that_a_b200_cannot(recorded_db):
     assert b.mem_per_device_gb == pytest.approx(u.mem_per_device_gb, rel=1e-9)
     assert profile_file(B200).hbm_bytes * MEM_FRACTION < 1e9 * u.mem_per_device_gb <= profile_file(B300).hbm_bytes
     assert u.feasible and not b.feasible
+
+
+@pytest.mark.parametrize("part", [B300, GB200, GB300])
+def test_a_part_whose_host_is_unmeasured_uses_the_named_profiles_law_and_says_so(part):
+    """dispatch_from: the profile takes the law of the profile it names, every term of it, and its source names
+    that profile and says this node type's own host is not measured (one place for a law several parts share)."""
+    mine, lender = profile_file(part).dispatch, profile_file(B200).dispatch
+    terms = ("t_gap_s", "kappa0", "kappa1", "t_ep_host_s", "t_host_s")
+    assert [getattr(mine, t) for t in terms] == [getattr(lender, t) for t in terms]
+    assert mine.source.startswith(f"{B200}'s law from {lender.source}") and f"{part}'s own host" in mine.source
+
+
+@pytest.mark.parametrize("extra, why", [("dispatch_from: nope\n", "another built-in profile"),
+                                        ("dispatch_from: node\n", "another built-in profile"),
+                                        ("dispatch_from: cpu-local\n", "a profile with a dispatch law"),
+                                        ("dispatch_from: h100-single\ndispatch: {t_gap_s: 1.0e-5, kappa0: 1, "
+                                         "kappa1: 1, source: x}\n", "without a dispatch block")])
+def test_a_lent_dispatch_law_that_cannot_be_read_is_refused_in_one_line(tmp_path, extra, why):
+    p = tmp_path / "node.yaml"
+    p.write_text(Path(_profile_yaml(tmp_path, [])).read_text() + extra)
+    with pytest.raises(SpecError) as e:
+        profile_file(str(p))
+    msg = str(e.value)
+    assert "dispatch_from" in msg and why in msg and "\n" not in msg
+
+
+def _chain_rows(url: str, profile: str, gap_s: float) -> None:
+    """A measured dispatch run of ``profile``: launch-bound chains (device busy a tenth of each gap)."""
+    from scaleplan.db import models as m
+
+    with dbs.session_scope(url) as s:
+        run = m.BenchRun(suite="dispatch", profile=profile, source="measured", status="complete")
+        s.add(run)
+        s.flush()
+        s.add_all([m.DispatchPoint(run_id=run.id, mode="gemm", m=64, n=64, k=64, dtype="bf16", chain_len=n,
+                                   wall_per_kernel_s=gap_s, active_per_kernel_s=gap_s / 10) for n in (100, 1000)])
+
+
+def test_a_lent_law_follows_this_hosts_measured_launch_gap(tmp_path):
+    """Once `bench run --suite dispatch` has measured both hosts, a B300's law is p6-b200's traced one times the
+    two measured chain gaps' ratio; before, p6-b200's as it is; the lender's own law never moves."""
+    from scaleplan.estimator import Estimator
+
+    traced = profile_file(B200).dispatch.t_gap_s
+    urls = {}
+    for name, hosts in (("lender", {B200: 20e-6}), ("both", {B200: 20e-6, B300: 30e-6})):
+        urls[name] = f"sqlite:///{tmp_path / name}.db"
+        dbs.upgrade(urls[name])
+        for profile, gap in hosts.items():
+            _chain_rows(urls[name], profile, gap)
+    assert Estimator(B300, urls["lender"], use_calibration=False).dispatch.t_gap_s == pytest.approx(traced)
+    assert Estimator(B300, urls["both"], use_calibration=False).dispatch.t_gap_s == pytest.approx(traced * 1.5)
+    assert Estimator(B200, urls["both"], use_calibration=False).dispatch.t_gap_s == pytest.approx(traced)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from scaleplan.estimator.ckpt import CkptMode
-from scaleplan.estimator.dispatch import DispatchLaw, dispatch_time, law_in_force
+from scaleplan.estimator.dispatch import DispatchLaw, dispatch_time, law_in_force, lent_host_ratio
 
 from scaleplan.profiles import DispatchDefaults
 
@@ -84,3 +84,16 @@ def test_each_dispatcher_pays_the_host_path_its_code_runs():
     # in the law: 2 MoE layers under EP, the EP term replaced by the dispatcher's
     t = dispatch_time(law, 2, 8, np.array(CkptMode.FULL.value), 2, np.array(4), ep_host_s=np.array(20e-6))
     assert float(t) == pytest.approx(2 * (600 + 40) * 20e-6 + 2 * 20e-6)
+
+
+def test_a_lent_law_takes_this_hosts_launch_speed_where_both_hosts_are_measured():
+    """A law traced on another host (a profile's dispatch_from) times this host's measured chain gap over the
+    lender's: every host term scales by it, the kernel counts do not, a measured t_host still replaces; without
+    both gaps measured there is no ratio and the law stays the lender's."""
+    law, _ = law_in_force(BLOCK, None, None, None, host_ratio=1.5)
+    assert (law.t_gap_s, law.t_host_s, law.t_ep_host_s) == pytest.approx((40.5e-6, 1.5e-3, 3e-4))
+    assert (law.kappa0, law.kappa1) == (600.0, 7.0) and "x 1.50" in law.source
+    law, _ = law_in_force(BLOCK, 30e-6, 4e-3, None, host_ratio=1.5)
+    assert (law.t_gap_s, law.t_host_s) == pytest.approx((40.5e-6, 4e-3))
+    assert lent_host_ratio(30e-6, 20e-6) == pytest.approx(1.5)
+    assert lent_host_ratio(None, 20e-6) is None and lent_host_ratio(30e-6, None) is None
