@@ -103,8 +103,8 @@ def lent_host_ratio(t_gap_s: float | None, lender_t_gap_s: float | None) -> floa
     """The factor a law traced on another host (a profile's ``dispatch_from``) takes for this one: this host's
     isolated-chain launch gap over the lender's, both measured by ``scaleplan bench run --suite dispatch``
     (estimator/table_build._build_dispatch); None unless both are. The traced gap is a multiple of the chain gap
-    on the hosts measured both ways (p6-b200: 27 us traced, 15.9 us chain; H100 hosts: 18 and 11.1 us), so the
-    ratio of chain gaps carries the lender's traced law to this host."""
+    (p6-b200, the one host measured both ways: 27 us traced, 15.9 us chain) taken here as the stack's, the same on
+    both hosts, so the ratio of chain gaps carries the lender's traced law to this host."""
     return t_gap_s / lender_t_gap_s if t_gap_s and lender_t_gap_s else None
 
 
