@@ -249,7 +249,7 @@ def profile_file(name: str) -> ClusterProfile:
 
 def _lent_dispatch(prof: ClusterProfile, file: str) -> ClusterProfile:
     """``prof`` with ``dispatch`` set to the law of the profile its ``dispatch_from`` names, its source saying whose
-    law it is and that this node type's host is not measured; ``prof`` itself where it names none. Raises
+    law it is and that this node type's host was not traced; ``prof`` itself where it names none. Raises
     SpecError (one line) where the field names no other built-in profile with a dispatch law, or stands beside a
     dispatch block of its own."""
     other = prof.dispatch_from
@@ -262,7 +262,7 @@ def _lent_dispatch(prof: ClusterProfile, file: str) -> ClusterProfile:
     law = profile_file(other).dispatch
     if law is None:
         raise SpecError(f"profile {file}: dispatch_from", other, "a profile with a dispatch law (its YAML has none)")
-    source = f"{other}'s law from {law.source}; {prof.name}'s own host is not measured"
+    source = f"{other}'s law from {law.source}; {prof.name}'s own host not traced"
     return prof.model_copy(update={"dispatch": law.model_copy(update={"source": source})})
 
 
