@@ -165,7 +165,12 @@ PUBLISHED_TOKENS_PER_GPU_S = {"qwen3-30b-a3b fp8, published stack": 27136,
                               "deepseek-v3 mxfp8 256 GB300, 26.06, step captured": 6338,
                               "deepseek-v3 mxfp8 256 GB300, 26.06, step captured, GBS 15360": 6422,
                               "gpt-oss-120b mxfp8 64 GB300, 26.06, step captured, EP 16": 33166,
-                              "gpt-oss-120b mxfp8 64 B300, 26.06, EP 8, HybridEP": 18534}
+                              "gpt-oss-120b mxfp8 64 B300, 26.06, EP 8, HybridEP": 18534,
+                              # the archive's earlier containers on B300, GB200 and GB300 (ARCHIVE_PAIRS)
+                              "deepseek-v3 mxfp8 256 B300, 26.04 stack, PP 16": 3131,
+                              "qwen3-235b-a22b mxfp8 256 B300, 26.04 stack, all-to-all": 4865,
+                              "qwen3-235b-a22b mxfp8 256 GB300, 26.02.01 stack, PP 4, no VP": 6583,
+                              "qwen3-235b-a22b mxfp8 256 GB200, 26.02.01 stack, PP 8, no VP": 5530}
 
 # (name, catalogue model, spec overrides, stack block, profile, devices, layout)
 EXAMPLES = [
@@ -347,6 +352,30 @@ ULTRA_26_06_RUNS = [
     ("gpt-oss-120b mxfp8 64 B300, 26.06, EP 8, HybridEP", "gpt-oss-120b", GPT_OSS_FP8,
      GPT_OSS_HYBRIDEP_MXFP8, B300, 64, Layout(ep=8, mbs=4, ckpt="none")),
 ]
+# ARCHIVE_PAIRS: rows of the archive's earlier containers (Megatron-Bridge v0.4.0 for 26.04, v0.3.1 for 26.02.01, as
+# its docs/versions1.json pairs them) that differ from a row above in one stated choice; added unchanged, as the 26.06
+# rows were. The other rows of those containers repeat a workload above, or state a layout no preset of their tag
+# has (Qwen3-30B-A3B H100 PP 2 x VP 12 and Qwen3-235B-A22B B300 PP 8 x VP 4 in 26.02.01: the 26.02 presets' columns)
+# and are left out.
+# * DeepSeek-V3 B300, 26.04 (B300_FP8_MX_V2): PP 16 (the recipe's layout), EP 8, micro-batch 1, HybridEP, no graphs,
+#   --recompute-modules mla_up_proj: the B200 PP 16 row's stack (DSV3_2604) on a B300.
+# * Qwen3-235B-A22B B300, 26.04: the 26.04.01 B300 row's layout on the all-to-all dispatcher (HybridEP came to the
+#   B300 presets after v0.4.0).
+# * Qwen3-235B-A22B GB300 and GB200, 26.02.01 (GB300 / GB200_FP8_MX_V2): PP 4 EP 32 micro-batch 2 and PP 8 EP 32
+#   micro-batch 1 without virtual stages, HybridEP, graphs over attn, moe_router and moe_preprocess: the 26.04.01
+#   rows' layouts without their VP 12 and VP 3.
+QWEN_235B_GRAPHED = {**PUBLISHED_QWEN_235B, "dispatcher": "hybridep",
+                     "cuda_graphs": ["attn", "moe_router", "moe_preprocess"]}
+ARCHIVE_PAIRS = [
+    ("deepseek-v3 mxfp8 256 B300, 26.04 stack, PP 16", "deepseek-v3", DSV3, DSV3_2604, B300, 256,
+     Layout(pp=16, ep=8, mbs=1, ckpt="selective", **_split("deepseek-v3", 16, DSV3_LAYOUT))),
+    ("qwen3-235b-a22b mxfp8 256 B300, 26.04 stack, all-to-all", "qwen3-235b-a22b", QWEN_235B_MBS2,
+     PUBLISHED_QWEN_235B, B300, 256, Layout(pp=8, ep=8, mbs=2, ckpt="none", **_split("qwen3-235b-a22b", 8))),
+    ("qwen3-235b-a22b mxfp8 256 GB300, 26.02.01 stack, PP 4, no VP", "qwen3-235b-a22b", QWEN_235B_MBS2,
+     QWEN_235B_GRAPHED, GB300, 256, Layout(pp=4, ep=32, mbs=2, ckpt="none", **_split("qwen3-235b-a22b", 4))),
+    ("qwen3-235b-a22b mxfp8 256 GB200, 26.02.01 stack, PP 8, no VP", "qwen3-235b-a22b", QWEN_235B,
+     QWEN_235B_GRAPHED, GB200, 256, Layout(pp=8, ep=32, mbs=1, ckpt="none", **_split("qwen3-235b-a22b", 8))),
+]
 # H100_RUNS: Qwen3-30B-A3B on 16 H100 (two nodes: EP 16 spans them), bf16, micro-batch 1, global batch 1024, sequence
 # 4096, routing forced to balance, as Megatron-Bridge's own controlled comparisons measured them, each published as
 # seconds per step (NVIDIA-NeMo/Megatron-Bridge v0.6.0 skills/nemo-mbridge-perf-moe-comm-overlap and
@@ -376,7 +405,7 @@ H100_RUNS = [(name, *H100_EP16, stack, "p5.48xlarge", 16, Layout(ep=16, mbs=1, c
              for name, stack, _ in H100_CASES]
 PUBLISHED_STEP_S = {name: step for name, _, step in H100_CASES}
 ALL_RUNS = (EXAMPLES + OTHER_LAYOUTS + GB200_RUNS + CAPTURED_RUNS + H100_RUNS + BLACKWELL_ULTRA_RUNS
-            + ULTRA_26_06_RUNS)  # print order
+            + ULTRA_26_06_RUNS + ARCHIVE_PAIRS)  # print order
 # the published rows' groups, in print order: (label, example names)
 GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("the archive's other B200 layouts", [e[0] for e in OTHER_LAYOUTS]),
@@ -386,7 +415,8 @@ GROUPS = (("the 26.04.01 container on B200 and H100", [e[0] for e in EXAMPLES]),
           ("H100, Megatron-Bridge's controlled comparisons (seconds per step)", [e[0] for e in H100_RUNS]),
           ("B300 and GB300, kernels from the B200's rows scaled", [e[0] for e in BLACKWELL_ULTRA_RUNS]),
           ("B300 and GB300 26.06 (added unchanged; captured rows: fused grouped MLP, FP8 attention not costed)",
-           [e[0] for e in ULTRA_26_06_RUNS]))
+           [e[0] for e in ULTRA_26_06_RUNS]),
+          ("the archive's B300, GB200 and GB300 pairs (26.02.01, 26.04; added unchanged)", [e[0] for e in ARCHIVE_PAIRS]))
 
 
 def _spec(model: str, over: dict, stack: dict, profile: str):
