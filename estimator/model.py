@@ -232,7 +232,8 @@ class TimeModel:
         the rounding of either sum, so that it never exceeds the t_iter it bounds. The search skips the
         plans that cannot be their geometry's best with it (``best_plans._candidates``)."""
         ctx, st = part.ctx, part.st
-        t_part = ctx.shapes.n_mb * st.period + st.ramp / np.asarray(ctx.lay.vpp, dtype=float) + self._pp_p2p(ctx, part.k)
+        t_part = (ctx.shapes.n_mb * st.period + st.ramp / np.asarray(ctx.lay.vpp, dtype=float)
+                  + self._pp_p2p(ctx, part.k, st.period))
         ep_nodes, pp_hops, deep, t_a2a_wire = self._desync_inputs(part)
         c = self.chi_c
         slope = 1.0 + c.c_level + c.c_pp * pp_hops + c.c_ovl * deep
@@ -276,7 +277,7 @@ class TimeModel:
             dispatch_floor=n_mb * (st.period_disp - w.t_cmp),
             bubble=st.ramp_disp / vpp,
             vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
-            pp_p2p=self._pp_p2p(ctx, k), dp_comm=t_dp,
+            pp_p2p=self._pp_p2p(ctx, k, st.period), dp_comm=t_dp,
             bias_sync=bias_sync_time(ctx, deg), optimizer=t_opt)
 
     def _desync_inputs(self, part: Pipelined) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -357,8 +358,9 @@ class TimeModel:
         vocab = Vocab(k.t_first, k.t_last_f, k.t_last_b - x_lb, x_lb, ctx.stack.nan_check)
         return stage_periods(ctx.lay.pp, w.first, w.middle, w.last, vocab, self.serial)
 
-    def _pp_p2p(self, ctx: EvalContext, k: LayerKernels) -> np.ndarray:
-        """PP send/recv seconds per iteration (0 where PP = 1)."""
+    def _pp_p2p(self, ctx: EvalContext, k: LayerKernels, period: np.ndarray) -> np.ndarray:
+        """PP send/recv seconds per iteration (0 where PP = 1) that no compute hides; ``period``: the pacing
+        stage's seconds per micro-batch (forward and backward)."""
         lay, g, prof = ctx.lay, ctx.g, self.prof
         pp, vpp, n_mb = lay.pp, lay.vpp, ctx.shapes.n_mb
         # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); charged at the inter-node cost
@@ -369,10 +371,15 @@ class TimeModel:
         t_p2p = np.where(p2p_inter, P2P_LAT_INTER_S, P2P_LAT_INTRA_S) + p2p_bytes / np.maximum(p2p_bw, 1.0)
         ctx.rec.mark("pp_p2p", np.where(pp > 1, ANALYTIC, 0))
         # non-interleaved: the blocking exchanges on the 1F1B critical path, once per slot at PP = 2 and
-        # twice from PP = 3 (exchanges.critical_exchanges); interleaved (VPP > 1, overlapped p2p): a
-        # micro-batch crosses each of this rank's VPP chunk boundaries once forward, once backward
+        # twice from PP = 3 (exchanges.critical_exchanges). Interleaved (VPP > 1): a micro-batch crosses each of
+        # this rank's VPP chunk boundaries once forward, once backward, each exchange posted before the next
+        # chunk's compute and waited on after it (--overlap-p2p-communication: Megatron-LM's default and
+        # Megatron-Bridge's at VP > 1; schedules.forward_backward_pipelining_with_interleaving), so only what
+        # outlasts that compute shows; the window taken is a chunk's forward, a third of its period
+        window = np.asarray(period, dtype=float) / (3.0 * vpp)
         n_x = np.where(vpp > 1, 2 * (vpp * n_mb + pp - 1), critical_exchanges(pp, n_mb))
-        return np.where(pp > 1, n_x * t_p2p, 0.0)
+        t_x = np.where(vpp > 1, np.maximum(t_p2p - window, 0.0), t_p2p)
+        return np.where(pp > 1, n_x * t_x, 0.0)
 
     def _dp_and_optimizer(self, part: Pipelined, optimizer: str,
                           deg: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

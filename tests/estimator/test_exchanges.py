@@ -50,3 +50,20 @@ def test_model_charges_the_critical_exchanges_at_the_p2p_cost(sqlite_url):
     for pp, n_x in ((2, 16 + 1), (4, 2 * (32 + 4) - 5)):
         r = est.estimate(spec, 32, [Layout(pp=pp, ep=8, mbs=1, ckpt="full")])[0]
         assert r.breakdown_s["pp_p2p"] == pytest.approx(n_x * t_x, rel=1e-9), pp
+
+
+def test_interleaved_exchanges_show_only_what_outlasts_the_chunk_they_overlap(sqlite_url):
+    """VPP > 1 posts each exchange before the next chunk's compute and waits after it (Megatron-LM's default
+    --overlap-p2p-communication): on the NIC they are hidden; over a link a thousand times slower part of each
+    shows, less than the whole 2 (VPP n_mb + PP - 1) exchanges the blocking count would charge."""
+    from scaleplan.profiles import load_profile
+
+    spec = parse_spec(moe_spec())
+    lay = Layout(pp=2, vpp=2, ep=8, mbs=1, ckpt="full")
+    nic = Estimator("p6-b200.48xlarge", db_url=sqlite_url).estimate(spec, 32, [lay])[0]
+    assert nic.breakdown_s["pp_p2p"] == 0.0
+    prof = load_profile("p6-b200.48xlarge")
+    slow = prof.model_copy(update={"scaleout_bandwidth": prof.scaleout_bandwidth / 1000})
+    r = Estimator(slow, db_url=sqlite_url).estimate(spec, 32, [lay])[0]
+    n_x, t_x = 2 * (2 * 16 + 1), 25e-6 + 8192 * 2048 * 2 / (prof.scaleout_bandwidth / 1000)
+    assert 0.5 * n_x * t_x < r.breakdown_s["pp_p2p"] < n_x * t_x
