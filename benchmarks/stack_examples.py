@@ -29,6 +29,8 @@ recipes, NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs: qwen3 and gpt_
    on profiles with no measured table: their kernels the B200's rows scaled to their datasheets.
 9. The 26.06 container's B300 and GB300 rows that run a new stack or layout (:data:`ULTRA_26_06_RUNS`): the step
    captured on GB300 and B300 (as the GB200's 26.06 rows), GPT-OSS-120B in MXFP8 on B300.
+10. Rows of the archive's earlier containers that differ from a row above in one stated choice (:data:`ARCHIVE_PAIRS`):
+   a dispatcher, a part, or virtual stages.
 
 Then a diagnostic scan, applied to nothing: every published row with the dispatch law's host seconds scaled by
 a factor f (:func:`host_scan`), which shows how much of each row's error the host side can account for.
