@@ -142,6 +142,15 @@ class Pipelined:
                          *(_take_plans(x, idx, P) for x in (self.k, self.lt, self.w, self.st, self.t_step_host)))
 
 
+def _chunk_forward(part: Pipelined) -> np.ndarray:
+    """The forward GPU seconds per micro-batch of the smaller end stage's virtual chunk (shape (P,)), its blocks
+    (the shapes record's ``chunk_layers``) each at a block's forward (:class:`~scaleplan.estimator.stages.LayerTotals`:
+    an MoE block's in an MoE model): what an overlapped interleaved exchange hides under."""
+    sh, lt = part.ctx.shapes, part.lt
+    return np.minimum(sh.first.chunk_layers, sh.last.chunk_layers) * (lt.moe_f if part.ctx.g.is_moe else lt.dense_f)
+
+
+
 def _take_plans(x, idx: np.ndarray, P: int):
     """``x`` at the plans ``idx``: an array over the P plans gathered, a dataclass field by field, a scalar
     (one value for every plan) kept. Raises ValueError on an array of any other shape (it would be
@@ -233,7 +242,7 @@ class TimeModel:
         plans that cannot be their geometry's best with it (``best_plans._candidates``)."""
         ctx, st = part.ctx, part.st
         t_part = (ctx.shapes.n_mb * st.period + st.ramp / np.asarray(ctx.lay.vpp, dtype=float)
-                  + self._pp_p2p(ctx, part.k, st.period))
+                  + self._pp_p2p(ctx, part.k, _chunk_forward(part)))
         ep_nodes, pp_hops, deep, t_a2a_wire = self._desync_inputs(part)
         c = self.chi_c
         slope = 1.0 + c.c_level + c.c_pp * pp_hops + c.c_ovl * deep
@@ -277,7 +286,7 @@ class TimeModel:
             dispatch_floor=n_mb * (st.period_disp - w.t_cmp),
             bubble=st.ramp_disp / vpp,
             vocab=n_mb * (st.period - st.period_disp) + (st.ramp - st.ramp_disp) / vpp,
-            pp_p2p=self._pp_p2p(ctx, k, st.period), dp_comm=t_dp,
+            pp_p2p=self._pp_p2p(ctx, k, _chunk_forward(part)), dp_comm=t_dp,
             bias_sync=bias_sync_time(ctx, deg), optimizer=t_opt)
 
     def _desync_inputs(self, part: Pipelined) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -358,9 +367,9 @@ class TimeModel:
         vocab = Vocab(k.t_first, k.t_last_f, k.t_last_b - x_lb, x_lb, ctx.stack.nan_check)
         return stage_periods(ctx.lay.pp, w.first, w.middle, w.last, vocab, self.serial)
 
-    def _pp_p2p(self, ctx: EvalContext, k: LayerKernels, period: np.ndarray) -> np.ndarray:
-        """PP send/recv seconds per iteration (0 where PP = 1) that no compute hides; ``period``: the pacing
-        stage's seconds per micro-batch (forward and backward)."""
+    def _pp_p2p(self, ctx: EvalContext, k: LayerKernels, window: np.ndarray) -> np.ndarray:
+        """PP send/recv seconds per iteration (0 where PP = 1) that no compute hides; ``window``: the seconds an
+        interleaved exchange can hide under (:func:`_chunk_forward`)."""
         lay, g, prof = ctx.lay, ctx.g, self.prof
         pp, vpp, n_mb = lay.pp, lay.vpp, ctx.shapes.n_mb
         # PP send/recv of [T/TP, d] activations (fwd) and grads (bwd); charged at the inter-node cost
@@ -375,8 +384,7 @@ class TimeModel:
         # this rank's VPP chunk boundaries once forward, once backward, each exchange posted before the next
         # chunk's compute and waited on after it (--overlap-p2p-communication: Megatron-LM's default and
         # Megatron-Bridge's at VP > 1; schedules.forward_backward_pipelining_with_interleaving), so only what
-        # outlasts that compute shows; the window taken is a chunk's forward, a third of its period
-        window = np.asarray(period, dtype=float) / (3.0 * vpp)
+        # outlasts that compute shows; the window taken is a chunk's forward, the shorter of its two passes
         n_x = np.where(vpp > 1, 2 * (vpp * n_mb + pp - 1), critical_exchanges(pp, n_mb))
         t_x = np.where(vpp > 1, np.maximum(t_p2p - window, 0.0), t_p2p)
         return np.where(pp > 1, n_x * t_x, 0.0)
