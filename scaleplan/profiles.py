@@ -98,6 +98,10 @@ class ClusterProfile(BaseModel):
     # kinds this profile and its device_tables lack, their times scaled by the two datasheets
     # (scaleplan.db.measurements.part_scales); every lookup of them is labelled composed
     scaled_device_tables: tuple[str, ...] = ()
+    # profiles whose node has this node's scale-up fabric (the same NVLink generation, per-GPU bandwidth and node
+    # size: an HGX B300's baseboard is an HGX B200's NVLink 5), whose collective rows of groups inside one node stand
+    # in for the kinds this profile lacks (scaleplan.db.measurements.load_frames); never their inter-node rows
+    fabric_tables: tuple[str, ...] = ()
 
     @property
     def scaleup_domain(self) -> int:
@@ -244,7 +248,24 @@ def profile_file(name: str) -> ClusterProfile:
     _check_same_kind(prof, path.name, "fp8_ratio_tables", DIES, "die")
     _check_same_kind(prof, path.name, "scaled_device_tables", TENSOR_CORE_GENERATION, "tensor-core generation",
                      other_part=True)
+    _check_fabric(prof, path.name)
     return prof
+
+
+def _check_fabric(prof: ClusterProfile, file: str) -> None:
+    """Each of ``prof.fabric_tables`` is another known profile whose node has this node's scale-up fabric: the same
+    GPUs per node and scale-up domain and the same scale-up bandwidth. Raises SpecError naming the first that is
+    not."""
+    for other in prof.fabric_tables:
+        if other == prof.name or other not in profile_names():
+            raise SpecError(f"profile {file}: fabric_tables", other, "another built-in profile")
+        theirs = profile_file(other)
+        mine_f = (prof.gpus_per_node, prof.scaleup_domain, prof.scaleup_bandwidth)
+        their_f = (theirs.gpus_per_node, theirs.scaleup_domain, theirs.scaleup_bandwidth)
+        if mine_f != their_f:
+            raise SpecError(f"profile {file}: fabric_tables", other,
+                            f"a profile of the same scale-up fabric (GPUs per node, scale-up domain, scale-up bytes/s: "
+                            f"{mine_f} here, {their_f} there)")
 
 
 def _lent_dispatch(prof: ClusterProfile, file: str) -> ClusterProfile:

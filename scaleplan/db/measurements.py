@@ -2,7 +2,7 @@
 frame per bench suite, OK points of the runs of this profile's hardware only, plus the single-device rows
 of the profiles it names in ``device_tables`` (same GPU model) for the kinds of rows it lacks, then those of its
 ``scaled_device_tables`` (another part of the same tensor-core generation) with their times scaled to this part
-(:func:`scale_to_part`)."""
+(:func:`scale_to_part`), and the intra-node collective rows of its ``fabric_tables`` (the same scale-up fabric)."""
 from __future__ import annotations
 
 from scaleplan.lazy import lazy_module
@@ -30,7 +30,10 @@ SAME_DIE_GEMM = "gemm_fp8_ratio"
 # the profile fields naming other profiles whose rows a profile's tables may read, and how each is read (the table
 # cache's key, db coverage, an answer's provenance)
 BORROWED_ROWS = {"device_tables": "lent", "fp8_ratio_tables": "FP8 / bf16 ratio",
-                 "scaled_device_tables": "scaled to this part"}
+                 "scaled_device_tables": "scaled to this part", "fabric_tables": "lent"}
+# the columns that tell one kind of collective row from another; a ``fabric_tables`` profile lends only rows whose
+# group stays inside one node (inter_node false): the scale-up fabric the two node types share, not their NICs
+COLLECTIVE_KINDS = ("collective", "layout", "inter_node")
 # the column of a row lent by a ``scaled_device_tables`` profile: the factor its times were scaled by
 SCALED = "time_scale"
 # the time columns of each device suite's rows, and the suites whose kernels run at the tensor cores' rate (scaled
@@ -146,6 +149,10 @@ def load_frames(url: str | None, profile: str) -> dict[str, pd.DataFrame]:
             for other, scales in parts if have and suite in DEVICE_SUITES else ():  # after the measured lenders
                 theirs = scale_to_part(_read_suite(conn, table, other, run_cols), suite, scales)
                 out[suite] = lend_rows(out[suite], theirs.assign(**{FROM_PROFILE: other}), DEVICE_SUITES[suite])
+            for other in named_profiles(profile, "fabric_tables") if have and suite == "collectives" else ():
+                theirs = _read_suite(conn, table, other, run_cols)
+                theirs = theirs[~theirs["inter_node"].astype(bool)] if not theirs.empty else theirs
+                out[suite] = lend_rows(out[suite], theirs.assign(**{FROM_PROFILE: other}), COLLECTIVE_KINDS)
         # the dense GEMM rows of the profiles on the same die, for the FP8 / bf16 ratio (table_build._build_gemm)
         have = {SUITE_TABLE["gemm"], "bench_run"} <= names
         same_die = [_read_suite(conn, SUITE_TABLE["gemm"], other, run_cols).assign(**{FROM_PROFILE: other})

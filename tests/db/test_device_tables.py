@@ -189,10 +189,12 @@ def test_a_blackwell_part_takes_the_b200_rows_at_its_own_clocks(recorded_db, par
             f = b.peak_flops[dt] / gb.peak_flops[dt] if on_tc else b.hbm_bandwidth / gb.hbm_bandwidth
             assert m.at[i, col] == pytest.approx(t.at[i, col] * f, rel=1e-12), (suite, i)
     assert {"bf16", "fp8"} <= set(mine["gemm"]["dtype"].astype(str))  # both lanes, each at its own ratio
-    assert mine["collectives"].empty and mine["dispatch"].empty  # the fabric and the host are never lent
+    assert mine["dispatch"].empty  # the host is never lent
+    # the fabric is lent only where the node's is the lender's (fabric_tables: a B300's; a GB200 / GB300 tray's not)
+    assert mine["collectives"].empty == (B200 not in gb.fabric_tables)
     rows = {r["suite"]: r for r in coverage(mine)}
     assert rows["sdpa"]["source"] == "composed" and set(rows["sdpa"]["from"]) == {f"{B200} (scaled to this part)"}
-    assert rows["collectives"]["source"] == "analytic"
+    assert rows["collectives"]["source"] == ("measured" if gb.fabric_tables else "analytic")
 
 
 def test_an_estimate_on_gb200_reads_the_scaled_rows_labelled_composed(recorded_db):
@@ -327,3 +329,28 @@ def test_a_lent_law_follows_this_hosts_measured_launch_gap(tmp_path):
     assert Estimator(B300, urls["lender"], use_calibration=False).dispatch.t_gap_s == pytest.approx(traced)
     assert Estimator(B300, urls["both"], use_calibration=False).dispatch.t_gap_s == pytest.approx(traced * 1.5)
     assert Estimator(B200, urls["both"], use_calibration=False).dispatch.t_gap_s == pytest.approx(traced)
+
+
+def test_a_b300_takes_the_b200s_collectives_inside_a_node_and_none_across_nodes(recorded_db):
+    """fabric_tables: an HGX B300 node has an HGX B200's NVLink fabric, so p6-b200's measured collectives of groups
+    inside one node stand in for its own; the groups that leave the node ran over other NICs and are not lent."""
+    mine, lender = load_frames(recorded_db, B300)["collectives"], load_frames(recorded_db, B200)["collectives"]
+    intra = lender[~lender["inter_node"].astype(bool)]
+    assert not intra.empty and lender["inter_node"].astype(bool).any()  # the recorded rows hold both
+    assert len(mine) == len(intra) and not mine["inter_node"].astype(bool).any()
+    assert set(mine[FROM_PROFILE]) == {B200}
+
+
+@pytest.mark.parametrize("other, why", [("nope", "another built-in profile"), ("node", "another built-in profile"),
+                                        ("h200-single", "same scale-up fabric"),
+                                        ("p5.48xlarge", "same scale-up fabric")])
+def test_a_fabric_lender_of_another_fabric_is_refused_in_one_line(tmp_path, other, why):
+    p = tmp_path / "node.yaml"
+    p.write_text(Path(_profile_yaml(tmp_path, [], "NVIDIA B300")).read_text().replace("450e9", "900e9")
+                 + f"fabric_tables: [{other}]\n")
+    with pytest.raises(SpecError) as e:
+        profile_file(str(p))
+    msg = str(e.value)
+    assert "fabric_tables" in msg and other in msg and why in msg and "\n" not in msg
+    p.write_text(p.read_text().replace(f"fabric_tables: [{other}]", f"fabric_tables: [{B200}]"))
+    assert profile_file(str(p)).fabric_tables == (B200,)  # 8 GPUs a node on 900 GB/s NVLink, as p6-b200
