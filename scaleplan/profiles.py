@@ -252,14 +252,20 @@ def profile_file(name: str) -> ClusterProfile:
     return prof
 
 
+def _named(prof: ClusterProfile, file: str, field: str, other: str) -> ClusterProfile:
+    """The profile ``other`` that ``prof``'s ``field`` names. Raises SpecError (one line) unless it is another
+    built-in profile."""
+    if other == prof.name or other not in profile_names():
+        raise SpecError(f"profile {file}: {field}", other, "another built-in profile")
+    return profile_file(other)
+
+
 def _check_fabric(prof: ClusterProfile, file: str) -> None:
     """Each of ``prof.fabric_tables`` is another known profile whose node has this node's scale-up fabric: the same
     GPUs per node and scale-up domain and the same scale-up bandwidth. Raises SpecError naming the first that is
     not."""
     for other in prof.fabric_tables:
-        if other == prof.name or other not in profile_names():
-            raise SpecError(f"profile {file}: fabric_tables", other, "another built-in profile")
-        theirs = profile_file(other)
+        theirs = _named(prof, file, "fabric_tables", other)
         mine_f = (prof.gpus_per_node, prof.scaleup_domain, prof.scaleup_bandwidth)
         their_f = (theirs.gpus_per_node, theirs.scaleup_domain, theirs.scaleup_bandwidth)
         if mine_f != their_f:
@@ -278,9 +284,7 @@ def _lent_dispatch(prof: ClusterProfile, file: str) -> ClusterProfile:
         return prof
     if prof.dispatch is not None:
         raise SpecError(f"profile {file}: dispatch_from", other, "only without a dispatch block (one law a profile)")
-    if other == prof.name or other not in profile_names():
-        raise SpecError(f"profile {file}: dispatch_from", other, "another built-in profile")
-    law = profile_file(other).dispatch
+    law = _named(prof, file, "dispatch_from", other).dispatch
     if law is None:
         raise SpecError(f"profile {file}: dispatch_from", other, "a profile with a dispatch law (its YAML has none)")
     source = f"{other}'s law from {law.source}; {prof.name}'s own host not traced"
@@ -295,9 +299,7 @@ def _check_device_tables(prof: ClusterProfile, file: str) -> None:
         raise SpecError(f"profile {file}: device_tables_first", ", ".join(prof.device_tables_first),
                         "suites some profile in device_tables lends (it names none)")
     for other in prof.device_tables:
-        if other == prof.name or other not in profile_names():
-            raise SpecError(f"profile {file}: device_tables", other, "another built-in profile")
-        theirs = profile_file(other).gpu_name
+        theirs = _named(prof, file, "device_tables", other).gpu_name
         if gpu_model(theirs) != gpu_model(prof.gpu_name):
             raise SpecError(f"profile {file}: device_tables", other,
                             f"a profile of the same GPU ({prof.gpu_name}; {other} is {theirs})")
@@ -310,9 +312,7 @@ def _check_same_kind(prof: ClusterProfile, file: str, field: str, kinds: dict[st
     generation, :data:`TENSOR_CORE_GENERATION`), with ``other_part`` of another GPU model (rows of the same model
     are lent as measured: device_tables). Raises SpecError naming the first that is not."""
     for other in getattr(prof, field):
-        if other == prof.name or other not in profile_names():
-            raise SpecError(f"profile {file}: {field}", other, "another built-in profile")
-        theirs = profile_file(other).gpu_name
+        theirs = _named(prof, file, field, other).gpu_name
         mine = kinds.get(gpu_model(prof.gpu_name) or "")
         if mine is None or kinds.get(gpu_model(theirs) or "") != mine:
             raise SpecError(f"profile {file}: {field}", other,
