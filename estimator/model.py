@@ -150,7 +150,6 @@ def _chunk_forward(part: Pipelined) -> np.ndarray:
     return np.minimum(sh.first.chunk_layers, sh.last.chunk_layers) * (lt.moe_f if part.ctx.g.is_moe else lt.dense_f)
 
 
-
 def _take_plans(x, idx: np.ndarray, P: int):
     """``x`` at the plans ``idx``: an array over the P plans gathered, a dataclass field by field, a scalar
     (one value for every plan) kept. Raises ValueError on an array of any other shape (it would be

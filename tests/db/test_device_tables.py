@@ -281,7 +281,7 @@ def test_a_b300_holds_the_published_b300_layout_that_a_b200_cannot(recorded_db):
 @pytest.mark.parametrize("part", [B300, GB200, GB300])
 def test_a_part_whose_host_is_unmeasured_uses_the_named_profiles_law_and_says_so(part):
     """dispatch_from: the profile takes the law of the profile it names, every term of it, and its source names
-    that profile and says this node type's own host is not measured (one place for a law several parts share)."""
+    that profile and says this node type's own host was not traced (one place for a law several parts share)."""
     mine, lender = profile_file(part).dispatch, profile_file(B200).dispatch
     terms = ("t_gap_s", "kappa0", "kappa1", "t_ep_host_s", "t_host_s")
     assert [getattr(mine, t) for t in terms] == [getattr(lender, t) for t in terms]

@@ -91,9 +91,10 @@ def test_a_lent_law_takes_this_hosts_launch_speed_where_both_hosts_are_measured(
     lender's: every host term scales by it, the kernel counts do not, a measured t_host still replaces; without
     both gaps measured there is no ratio and the law stays the lender's."""
     law, _ = law_in_force(BLOCK, None, None, None, host_ratio=1.5)
-    assert (law.t_gap_s, law.t_host_s, law.t_ep_host_s) == pytest.approx((40.5e-6, 1.5e-3, 3e-4))
-    assert (law.kappa0, law.kappa1) == (600.0, 7.0) and "x 1.50" in law.source
+    host = (BLOCK.t_gap_s, BLOCK.t_host_s, BLOCK.t_ep_host_s)
+    assert (law.t_gap_s, law.t_host_s, law.t_ep_host_s) == pytest.approx(tuple(1.5 * x for x in host))
+    assert (law.kappa0, law.kappa1) == (BLOCK.kappa0, BLOCK.kappa1) and "x 1.50" in law.source
     law, _ = law_in_force(BLOCK, 30e-6, 4e-3, None, host_ratio=1.5)
-    assert (law.t_gap_s, law.t_host_s) == pytest.approx((40.5e-6, 4e-3))
+    assert (law.t_gap_s, law.t_host_s) == pytest.approx((1.5 * BLOCK.t_gap_s, 4e-3))
     assert lent_host_ratio(30e-6, 20e-6) == pytest.approx(1.5)
     assert lent_host_ratio(None, 20e-6) is None and lent_host_ratio(30e-6, None) is None
