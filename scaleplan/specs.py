@@ -419,23 +419,26 @@ def parse_spec(data: Any, source: str = "<spec>") -> Spec:
 
 
 def load_spec(path: str | Path) -> Spec:
-    """Load and validate a model spec YAML file, or the catalogue's spec of a model name (``deepseek-v3``,
-    scaleplan.catalogue) when no file of that name exists.
+    """Load and validate a model spec YAML file, or, when no file of that name exists, the catalogue's spec of a
+    model name (``deepseek-v3``, scaleplan.catalogue) or a published run's (its id, scaleplan.published).
 
     Raises:
         SpecError: unreadable file, bad YAML, or an invalid field (message names the field path).
     """
     p = Path(path)
     if not p.exists():
-        from scaleplan import catalogue
+        from scaleplan import catalogue, published
 
         data = catalogue.spec_data(str(path))
+        if data is None:
+            data = published.spec_data(str(path))
         if data is not None:
             return parse_spec(data, source=str(path))
     try:
         text = p.read_text()
     except OSError as e:
-        raise SpecError("spec", str(path), f"a readable YAML file or a catalogue model name (scaleplan spec list) "
+        raise SpecError("spec", str(path), f"a readable YAML file, a catalogue model name (scaleplan spec list) or a "
+                        f"published run (scaleplan spec published) "
                         f"({e.strerror})") from None
     except UnicodeDecodeError:
         raise SpecError("spec", str(path), "a UTF-8 text YAML file") from None

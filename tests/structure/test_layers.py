@@ -19,7 +19,7 @@ ENTRY_POINTS = {"scaleplan.__main__", "scaleplan.console"}
 LAYERS = {
     "scaleplan.specs": 1, "scaleplan.stack": 1, "scaleplan.geometry": 1, "scaleplan.profiles": 1, "scaleplan.errors": 1,
     "scaleplan.units": 1, "scaleplan.progress": 1, "scaleplan.lazy": 1, "scaleplan.yamlio": 1,
-    "scaleplan.catalogue": 1, "scaleplan.hf_config": 1,
+    "scaleplan.catalogue": 1, "scaleplan.published": 1, "scaleplan.hf_config": 1,
     "scaleplan.db": 2, "scaleplan.reference": 3, "scaleplan.estimator": 4, "scaleplan.bench": 4,
     "scaleplan.calibrate": 5, "scaleplan.mosaic": 5, "scaleplan.validate": 5, "scaleplan.emit": 5,
     "scaleplan.megatron": 5, "scaleplan.report": 5, "scaleplan.cli": 6,

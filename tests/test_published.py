@@ -1,0 +1,69 @@
+"""The published runs (scaleplan/published): each a spec a command accepts by its id, its end stages' layers the ones
+its stated split gives, its measured step the publisher's throughput turned into seconds (the CLI:
+tests/cli/test_published_cli.py)."""
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from scaleplan import catalogue, published
+from scaleplan.errors import SpecError
+from scaleplan.megatron.pipeline_split import LAYOUT_FIELD, stated_split
+from scaleplan.specs import Layout, load_spec, parse_spec
+from scaleplan.yamlio import load_yaml
+
+RUNS = published.runs()
+RAW = {e["id"]: e for g in load_yaml(resources.files(published).joinpath("runs.yaml").read_text())["groups"]
+       for e in g["runs"]}
+# a small published run every test database can cost (8 B200, the recorded B200 tables)
+SMALL = "qwen3-30b-a3b-fp8-published-stack"
+
+
+def test_ids_and_names_are_unique_and_every_group_has_runs():
+    assert len({r.id for r in RUNS}) == len({r.name for r in RUNS}) == len(RUNS)
+    assert {r.group for r in RUNS} == {label for label, _ in published.groups()}
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: r.id)
+def test_each_run_is_a_spec_of_its_catalogue_model_at_its_layout(run):
+    spec = parse_spec(run.doc, source=run.id)
+    lay = Layout(**run.layout)
+    base = parse_spec(catalogue.spec_data(run.model), source=run.model)
+    assert spec.model.n_layers == base.model.n_layers and spec.model.moe == base.model.moe
+    assert spec.hardware.node_type == run.system and spec.device_count() == run.devices
+    assert (spec.data.microbatch_sz, spec.performance.activation_checkpointing_type) == (lay.mbs, lay.ckpt)
+    assert run.devices % (lay.tp * lay.cp * lay.pp) == 0
+    assert spec.data.gbs % (run.devices // (lay.tp * lay.cp * lay.pp) * lay.mbs) == 0
+
+
+@pytest.mark.parametrize("run", [r for r in RUNS if RAW[r.id].get("split")], ids=lambda r: r.id)
+def test_the_end_stages_layers_are_what_the_stated_split_gives(run):
+    """The layout's first and last stage layers, read back through Megatron-LM's rules from the split the run states
+    (its --pipeline-model-parallel-layout string, or the embedding and loss counted in the split)."""
+    split, m = RAW[run.id]["split"], run.doc["model"]
+    args = {"num_layers": m["n_layers"], "mtp_num_layers": m.get("mtp_layers", 0)}
+    if "pipeline_layout" in split:
+        args[LAYOUT_FIELD] = split["pipeline_layout"]
+    else:
+        args.update(account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    first, last = stated_split(args, run.layout["pp"], run.id)
+    assert (run.layout["decoder_first_pipeline_num_layers"], run.layout["decoder_last_pipeline_num_layers"]) == (
+        first, last)
+
+
+def test_measured_step_is_the_published_throughput_in_seconds():
+    for run in RUNS:
+        pub = RAW[run.id].get("published") or {}
+        if "tokens_per_gpu_s" in pub:
+            tokens = run.doc["data"]["gbs"] * run.doc["data"]["seqlen"]
+            assert run.published_step_s * run.devices * pub["tokens_per_gpu_s"] == pytest.approx(tokens)
+        else:
+            assert run.published_step_s == pub.get("step_s")
+
+
+def test_a_run_id_is_a_spec_name_and_an_unknown_one_is_refused():
+    assert load_spec(SMALL) == parse_spec(published.find(SMALL).doc, source=SMALL)
+    assert published.find(SMALL.upper()) is published.find(SMALL)
+    with pytest.raises(SpecError, match="published run"):
+        load_spec("no-such-run")
