@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str, bool, str]] = {
     "law": ("law", "app", True, "Evaluate, fit and optimise the joint MoE scaling law."),
     "search": ("search", "search", False,
                "MOSAIC: the loss-optimal MoE geometry, tokens and layout for a cluster and window."),
-    "spec": ("spec", "app", True, "Write a spec from a Hugging Face config; list the catalogue's models."),
+    "spec": ("spec", "app", True, "Write a spec from a Hugging Face config; list the catalogue's models and published runs."),
     "plan": ("plan", "plan", False, "The cheapest and fastest cluster, window and platform that reach a target loss "
              "(or train a model on D tokens), the frontier between, and the best loss a budget buys."),
     "validate": ("validate", "validate", False, "Run real training steps of a spec and compare with the prediction."),

@@ -269,7 +269,9 @@ def estimate(
     res = est.estimate(spec, n, layouts, mem_fraction=mem_fraction)
     _banner([k for r in res for k, v in r.sources.items() if v == "analytic" and r.breakdown_s.get(k, 0) > 0])
     geom, prov = geometry_dict(spec.model), provenance(est)
-    docs = [{**r.to_dict(), "geometry": geom, "provenance": prov} for r in res]
+    measured = measured_steps(res, spec, spec_path, n, est.profile.name)
+    docs = [{**r.to_dict(), "geometry": geom, "provenance": prov,
+             **({"measured": m} if m else {})} for r, m in zip(res, measured, strict=True)]
     if emit is not None:
         _print_megatron(docs, _emit_estimates(docs, res, spec, spec_path, n, est.profile, tokens, mem_fraction,
                                               emit == "megatron-hybrid"), want_json(json_out))
@@ -277,6 +279,28 @@ def estimate(
         print_json(docs)
     else:
         _print_estimates(res, f"{spec_path} on {n} x {est.profile.name}", spec, spec_path, geom, prov)
+        for r, m in zip(res, measured, strict=True):
+            if m:
+                stdout.print(f"measured: {m['step_s']:.3f} s per step ({m['group']}; scaleplan spec published "
+                             f"{m['id']}); predicted / measured {r.t_iter_s / m['step_s']:.2f}", highlight=False)
+
+
+def measured_steps(res, spec, spec_path, n: int, profile: str) -> list[dict | None]:
+    """For each estimate, the published step time of the run ``spec_path`` names (scaleplan.published) where the
+    estimate is that run: its system, device count, batch, stack and layout (its dp derived); else None.
+    ``{"id", "group", "step_s"}``."""
+    from scaleplan import published
+    from scaleplan.specs import Layout, parse_spec
+
+    run = None if Path(spec_path).exists() else published.find(str(spec_path))
+    if run is None or run.published_step_s is None or (profile, n) != (run.system, run.devices):
+        return [None] * len(res)
+    ran = parse_spec(run.doc, source=run.id)
+    if (spec.stack, spec.data, spec.model) != (ran.stack, ran.data, ran.model):
+        return [None] * len(res)
+    want = Layout(**run.layout).model_dump(exclude={"dp"})
+    hit = {"id": run.id, "group": run.group, "step_s": run.published_step_s}
+    return [hit if {k: r.layout.get(k) for k in want} == want else None for r in res]
 
 
 def _print_megatron(docs: list[dict], refused: list[str], as_json: bool) -> None:

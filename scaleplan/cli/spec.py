@@ -1,4 +1,5 @@
-"""`scaleplan spec`: write a spec from a Hugging Face config (``from-hf``), list and show the catalogue's models.
+"""`scaleplan spec`: write a spec from a Hugging Face config (``from-hf``), list and show the catalogue's models and
+the published runs (``published``).
 
 Never imports torch (planner command).
 """
@@ -93,3 +94,48 @@ def show(name: str = typer.Argument(..., metavar="NAME", help="A catalogue model
         return
     header = f"{e['title']}: " + "\n".join(f"{k}: {v}" for k, v in e["sources"].items())
     _write(e["spec"], None, header)
+
+
+@app.command("published")
+def published_(name: str = typer.Argument(None, metavar="[ID]", help="A published run's id: print its spec."),
+               json_out: bool = JsonOpt) -> None:
+    """Published training runs of the catalogue's models (each usable as a spec by its id): the system, devices,
+    layout and stack each ran and the step time its publisher measured; with an ID, that run's spec."""
+    from scaleplan import published
+
+    if name is not None:
+        run = published.find(name)
+        if run is None:
+            raise SpecError("ID", name, "a published run's id (scaleplan spec published lists them)")
+        if want_json(json_out):
+            print_json({**_run_row(run), "spec": run.doc})
+            return
+        import textwrap
+
+        about = "\n".join(textwrap.fill(p, 110) for p in dict(published.groups())[run.group].splitlines())
+        _write(run.doc, None, f"{run.name}: {run.group}; measured {_step(run)}\n{about}")
+        return
+    rows = [_run_row(r) for r in published.runs()]
+    if want_json(json_out):
+        print_json({"runs": rows, "groups": [{"label": g, "about": a} for g, a in published.groups()]})
+        return
+    from rich.table import Table
+
+    t = Table(title="published runs (scaleplan spec published ID for a run's spec; scaleplan estimate ID to predict it)")
+    for c in ("id", "system", "devices", "layout", "measured step (s)"):
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(r["id"], r["system"], str(r["devices"]), r["layout"],
+                  "-" if r["published_step_s"] is None else f"{r['published_step_s']:.2f}")
+    stdout.print(t)
+
+
+def _run_row(run) -> dict:
+    lay = ",".join(f"{k}={v}" for k, v in run.layout.items() if not k.startswith("decoder_"))
+    return {"id": run.id, "name": run.name, "group": run.group, "model": run.model, "system": run.system,
+            "devices": run.devices, "layout": lay, "published_step_s": run.published_step_s}
+
+
+def _step(run) -> str:
+    return "no published figure (a comparison run)" if run.published_step_s is None else \
+        f"{run.published_step_s:.3f} s per step"
