@@ -6,6 +6,7 @@ from __future__ import annotations
 from importlib import resources
 
 import pytest
+from scaleplan.estimator import Estimator
 
 from scaleplan import catalogue, published
 from scaleplan.errors import SpecError
@@ -67,3 +68,12 @@ def test_a_run_id_is_a_spec_name_and_an_unknown_one_is_refused():
     assert published.find(SMALL.upper()) is published.find(SMALL)
     with pytest.raises(SpecError, match="published run"):
         load_spec("no-such-run")
+
+
+def test_every_published_layout_is_predicted_to_fit(recorded_db):
+    """The layouts that ran are predicted to fit (the comparison rows need not: GPT-OSS-120B on the paper's stack without
+    recompute needs 250-265 GB per B200)."""
+    for run in (r for r in RUNS if r.published_step_s is not None):
+        res = Estimator(run.system, recorded_db, use_calibration=False).estimate(
+            parse_spec(run.doc, source=run.id), run.devices, [Layout(**run.layout)])[0]
+        assert res.feasible, (run.id, res.reason, res.mem_per_device_gb)
