@@ -98,10 +98,12 @@ def show(name: str = typer.Argument(..., metavar="NAME", help="A catalogue model
 
 @app.command("published")
 def published_(name: str = typer.Argument(None, metavar="[ID]", help="A published run's id: print its spec."),
+               model: str = typer.Option(None, "--model", help="Only the runs of this catalogue model (name or "
+                                         "alias)."),
                json_out: bool = JsonOpt) -> None:
     """Published training runs of the catalogue's models (each usable as a spec by its id): the system, devices,
     layout and stack each ran and the step time its publisher measured; with an ID, that run's spec."""
-    from scaleplan import published
+    from scaleplan import catalogue, published
 
     if name is not None:
         run = published.find(name)
@@ -115,7 +117,12 @@ def published_(name: str = typer.Argument(None, metavar="[ID]", help="A publishe
         about = "\n".join(textwrap.fill(p, 110) for p in dict(published.groups())[run.group].splitlines())
         _write(run.doc, None, f"{run.name}: {run.group}; measured {_step(run)}\n{about}")
         return
-    rows = [_run_row(r) for r in published.runs()]
+    runs = published.runs()
+    if model is not None:
+        if catalogue.resolve(model) is None:
+            raise SpecError("--model", model, f"one of {', '.join(catalogue.names())}")
+        runs = [r for r in runs if r.model == catalogue.resolve(model)]
+    rows = [_run_row(r) for r in runs]
     if want_json(json_out):
         print_json({"runs": rows, "groups": [{"label": g, "about": a} for g, a in published.groups()]})
         return

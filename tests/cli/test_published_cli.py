@@ -18,6 +18,10 @@ def test_spec_published_lists_every_run_and_prints_one(run, run_json, tmp_path):
     assert load_spec(tmp_path / "run.yaml") == load_spec(SMALL)  # the printed spec is the run's
     code, out, err = run("spec", "published", "nope")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "nope" in err
+    ids = [x["id"] for x in run_json("spec", "published", "--model", "Qwen/Qwen3-235B-A22B")["runs"]]
+    assert ids == [r.id for r in published.runs() if r.model == "qwen3-235b-a22b"] and ids
+    code, out, err = run("spec", "published", "--model", "llama")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "llama" in err
 
 
 def test_estimate_of_a_run_prints_its_measured_step_for_its_own_layout_only(run, run_json, recorded_db):
