@@ -72,7 +72,7 @@ def _estimator(spec, profile, db, extrapolate, calibration: str | None = None):
                      calibration_id=cal_id, use_calibration=use)
 
 
-def _layout_text(lo: dict) -> str:
+def layout_arg(lo: dict) -> str:
     """A layout dict as --layout text (every field, ParallelLayout's order, then a stated stage split)."""
     from scaleplan.estimator.layout import FIELDS, SPLIT_FIELDS
 
@@ -87,7 +87,7 @@ def _emit_estimates(docs: list[dict], res, spec, spec_path, n: int, profile, tok
 
     refused, usable_gb, gpus_per_node = [], mem_fraction * profile.hbm_bytes / 1e9, profile.gpus_per_node
     for i, (d, r) in enumerate(zip(docs, res), 1):
-        lay = _layout_text(d["layout"])
+        lay = layout_arg(d["layout"])
         if not r.feasible:
             why = r.reason or "infeasible"
             if why == "memory":
@@ -442,7 +442,7 @@ def _layouts_outputs(out: dict, spec, n: int, est, emit, emit_spec, html) -> Non
     if (emit or emit_spec) and best is None:
         raise SpecError("--emit/--emit-spec", "no feasible plan", "a spec with at least one feasible plan")
     if emit is not None:
-        lay = _layout_text(best["layout"])
+        lay = layout_arg(best["layout"])
         from scaleplan.megatron.args import megatron_text
 
         out["megatron_args"] = megatron_text(spec, best["layout"], n, est.profile.gpus_per_node,

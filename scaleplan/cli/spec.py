@@ -138,7 +138,9 @@ def published_(name: str = typer.Argument(None, metavar="[ID]", help="A publishe
 
 
 def _run_row(run) -> dict:
-    lay = ",".join(f"{k}={v}" for k, v in run.layout.items() if not k.startswith("decoder_"))
+    from scaleplan.cli.estimate import layout_arg
+
+    lay = layout_arg(run.layout)  # as --layout reads it
     return {"id": run.id, "name": run.name, "group": run.group, "model": run.model, "system": run.system,
             "devices": run.devices, "layout": lay, "published_step_s": run.published_step_s}
 
